@@ -1,0 +1,379 @@
+//! Dot products of one weight row with one activation row, per format, per ISA tier.
+//!
+//! The quantized kernels compute each group's integer sum exactly and then combine the groups
+//! with the same f32 operations in the same order on every tier, so a SIMD result is
+//! bit-identical to the scalar one. The f32/bf16 kernels differ from the scalar reference only
+//! by summation order.
+
+use crate::act::QuantRow;
+use crate::isa::Isa;
+use crate::quant::{bf16_to_f32, q4_value};
+
+/// `a · b` in f32.
+#[inline]
+pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: the tier says AVX2 and FMA are present.
+        return unsafe { x86::dot_f32(a, b) };
+    }
+    let _ = isa;
+    scalar::dot_f32(a, b)
+}
+
+/// `w · x` with `w` in bf16 bits.
+#[inline]
+pub fn dot_bf16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: as above.
+        return unsafe { x86::dot_bf16(w, x) };
+    }
+    let _ = isa;
+    scalar::dot_bf16(w, x)
+}
+
+/// `w · a` with `w` a q8 row (`wq`, `wd` scales) and `a` quantized with the same group.
+#[inline]
+pub fn dot_q8(isa: Isa, wq: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+    debug_assert_eq!(wq.len(), a.q.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && a.group % 32 == 0 {
+        // SAFETY: as above; the group is a whole number of 32-byte vectors.
+        return unsafe { x86::dot_q8(wq, wd, a) };
+    }
+    let _ = isa;
+    scalar::dot_q8(wq, wd, a)
+}
+
+/// `w · a` with `w` a q4 row (`q4_lohi32` layout) and `a` quantized with the same group.
+#[inline]
+pub fn dot_q4(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+    debug_assert_eq!(wq.len() * 2, a.q.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && a.group % 32 == 0 {
+        // SAFETY: as above; every block is 32 values (16 bytes).
+        return unsafe { x86::dot_q4(wq, wd, a) };
+    }
+    let _ = isa;
+    scalar::dot_q4(wq, wd, a)
+}
+
+/// The reference kernels.
+pub mod scalar {
+    use super::*;
+
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        // eight partial sums: the order the SIMD kernels use, and what lets the compiler
+        // vectorize this loop on its own
+        let mut acc = [0f32; 8];
+        let n8 = a.len() / 8 * 8;
+        for i in (0..n8).step_by(8) {
+            for l in 0..8 {
+                acc[l] += a[i + l] * b[i + l];
+            }
+        }
+        let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for i in n8..a.len() {
+            s += a[i] * b[i];
+        }
+        s
+    }
+
+    pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+        let mut acc = [0f32; 8];
+        let n8 = w.len() / 8 * 8;
+        for i in (0..n8).step_by(8) {
+            for l in 0..8 {
+                acc[l] += bf16_to_f32(w[i + l]) * x[i + l];
+            }
+        }
+        let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for i in n8..w.len() {
+            s += bf16_to_f32(w[i]) * x[i];
+        }
+        s
+    }
+
+    pub fn dot_q8(wq: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+        let g = a.group;
+        let mut acc = 0f32;
+        for gi in 0..wd.len() {
+            let mut isum = 0i32;
+            for j in gi * g..(gi + 1) * g {
+                isum += wq[j] as i32 * a.q[j] as i32;
+            }
+            acc += isum as f32 * (wd[gi] * a.scales[gi]);
+        }
+        acc
+    }
+
+    pub fn dot_q4(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+        let g = a.group;
+        let mut acc = 0f32;
+        for gi in 0..wd.len() {
+            let qg = &wq[gi * g / 2..(gi + 1) * g / 2];
+            let mut isum = 0i32;
+            for j in 0..g {
+                isum += q4_value(qg, g, j) * a.q[gi * g + j] as i32;
+            }
+            acc += isum as f32 * (wd[gi] * a.scales[gi]);
+        }
+        acc
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum_ps(v: __m256) -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn hsum_epi32(v: __m256i) -> i32 {
+        let lo = _mm256_castsi256_si128(v);
+        let hi = _mm256_extracti128_si256(v, 1);
+        let s = _mm_add_epi32(lo, hi);
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len();
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        // SAFETY: every load reads 8 floats below n.
+        unsafe {
+            while i + 16 <= n {
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), acc1);
+                i += 16;
+            }
+            if i + 8 <= n {
+                acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
+                i += 8;
+            }
+        }
+        let mut s = hsum_ps(_mm256_add_ps(acc0, acc1));
+        while i < n {
+            s += a[i] * b[i];
+            i += 1;
+        }
+        s
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+        let n = w.len();
+        let (pw, px) = (w.as_ptr(), x.as_ptr());
+        let mut acc0 = _mm256_setzero_ps();
+        let mut acc1 = _mm256_setzero_ps();
+        let mut i = 0;
+        // SAFETY: every load reads 8 values below n.
+        unsafe {
+            while i + 16 <= n {
+                let w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128(pw.add(i) as *const __m128i));
+                let w1 = _mm256_cvtepu16_epi32(_mm_loadu_si128(pw.add(i + 8) as *const __m128i));
+                let f0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+                let f1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+                acc0 = _mm256_fmadd_ps(f0, _mm256_loadu_ps(px.add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(f1, _mm256_loadu_ps(px.add(i + 8)), acc1);
+                i += 16;
+            }
+            if i + 8 <= n {
+                let w0 = _mm256_cvtepu16_epi32(_mm_loadu_si128(pw.add(i) as *const __m128i));
+                let f0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16));
+                acc0 = _mm256_fmadd_ps(f0, _mm256_loadu_ps(px.add(i)), acc0);
+                i += 8;
+            }
+        }
+        let mut s = hsum_ps(_mm256_add_ps(acc0, acc1));
+        while i < n {
+            s += bf16_to_f32(w[i]) * x[i];
+            i += 1;
+        }
+        s
+    }
+
+    /// Signed int8 x signed int8, 32 lanes -> 8 x i32 (maddubs needs an unsigned operand:
+    /// |w| times a with w's sign moved onto a).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn mul_i8_pairs(w: __m256i, a: __m256i) -> __m256i {
+        let aw = _mm256_sign_epi8(w, w);
+        let sa = _mm256_sign_epi8(a, w);
+        _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), _mm256_set1_epi16(1))
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_q8(wq: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+        let g = a.group;
+        let mut acc = 0f32;
+        for gi in 0..wd.len() {
+            let mut v = _mm256_setzero_si256();
+            let base = gi * g;
+            let mut j = 0;
+            while j < g {
+                // SAFETY: base + j + 32 <= (gi + 1) * g <= len.
+                let (w, x) = unsafe {
+                    (
+                        _mm256_loadu_si256(wq.as_ptr().add(base + j) as *const __m256i),
+                        _mm256_loadu_si256(a.q.as_ptr().add(base + j) as *const __m256i),
+                    )
+                };
+                v = _mm256_add_epi32(v, mul_i8_pairs(w, x));
+                j += 32;
+            }
+            acc += hsum_epi32(v) as f32 * (wd[gi] * a.scales[gi]);
+        }
+        acc
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_q4(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+        let g = a.group;
+        let mask = _mm_set1_epi8(0x0F);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = 0f32;
+        for gi in 0..wd.len() {
+            let mut v = _mm256_setzero_si256();
+            let mut j = 0;
+            while j < g {
+                let base = gi * g + j;
+                // SAFETY: 16 weight bytes hold values base..base+32, all inside the row.
+                let (b, x) = unsafe {
+                    (
+                        _mm_loadu_si128(wq.as_ptr().add(base / 2) as *const __m128i),
+                        _mm256_loadu_si256(a.q.as_ptr().add(base) as *const __m256i),
+                    )
+                };
+                let lo = _mm_and_si128(b, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+                let n = _mm256_set_m128i(hi, lo);
+                // n in [0, 15] is unsigned: maddubs(n, a) = sum n*a over pairs, no overflow
+                v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(n, x), ones));
+                j += 32;
+            }
+            let isum = hsum_epi32(v) - 8 * a.sums[gi];
+            acc += isum as f32 * (wd[gi] * a.scales[gi]);
+        }
+        acc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::act::QuantAct;
+    use crate::quant::{f32_to_bf16, quantize_q4_row, quantize_q8_row, GROUPS};
+
+    fn rnd(seed: &mut u64, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// f64 brute force of what the integer kernels compute from the quantized values.
+    fn brute_q(wv: &[i32], wd: &[f32], a: &QuantAct, g: usize) -> f64 {
+        let r = a.row(0);
+        (0..wd.len())
+            .map(|gi| {
+                let s: i64 = (gi * g..(gi + 1) * g).map(|j| wv[j] as i64 * r.q[j] as i64).sum();
+                s as f64 * wd[gi] as f64 * r.scales[gi] as f64
+            })
+            .sum()
+    }
+
+    #[test]
+    fn float_kernels_match_f64_on_awkward_sizes() {
+        let mut s = 3;
+        for isa in Isa::available() {
+            for n in [1, 7, 8, 15, 16, 17, 31, 33, 100, 257, 1000] {
+                let a = rnd(&mut s, n);
+                let b = rnd(&mut s, n);
+                let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+                let got = dot_f32(isa, &a, &b) as f64;
+                assert!((got - exact).abs() <= 1e-5 * (1.0 + n as f64).sqrt(), "{isa} n={n}");
+                let wb: Vec<u16> = a.iter().map(|v| f32_to_bf16(*v)).collect();
+                let exact: f64 = wb.iter().zip(&b).map(|(w, y)| bf16_to_f32(*w) as f64 * *y as f64).sum();
+                let got = dot_bf16(isa, &wb, &b) as f64;
+                assert!((got - exact).abs() <= 1e-5 * (1.0 + n as f64).sqrt(), "{isa} bf16 n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantized_kernels_are_bit_identical_across_tiers() {
+        let mut s = 11;
+        for g in GROUPS {
+            for ngroups in [1, 2, 3, 5, 16] {
+                let k = g * ngroups;
+                let w = rnd(&mut s, k);
+                let x: Vec<f32> = rnd(&mut s, k).iter().map(|v| v * 4.0).collect();
+                let mut a = QuantAct::default();
+                a.quantize(&x, k, g);
+                let mut q8 = vec![0i8; k];
+                let mut d8 = vec![0f32; ngroups];
+                quantize_q8_row(&w, g, &mut q8, &mut d8);
+                let mut q4 = vec![0u8; k / 2];
+                let mut d4 = vec![0f32; ngroups];
+                quantize_q4_row(&w, g, &mut q4, &mut d4);
+                let ref8 = scalar::dot_q8(&q8, &d8, a.row(0));
+                let ref4 = scalar::dot_q4(&q4, &d4, a.row(0));
+                let v8: Vec<i32> = q8.iter().map(|v| *v as i32).collect();
+                let v4: Vec<i32> = (0..ngroups)
+                    .flat_map(|gi| {
+                        let qg = &q4[gi * g / 2..(gi + 1) * g / 2];
+                        (0..g).map(move |j| q4_value(qg, g, j))
+                    })
+                    .collect();
+                let tol = |x: f64| 1e-5 * (1.0 + x.abs());
+                let b8 = brute_q(&v8, &d8, &a, g);
+                let b4 = brute_q(&v4, &d4, &a, g);
+                assert!((ref8 as f64 - b8).abs() <= tol(b8), "q8 g={g}");
+                assert!((ref4 as f64 - b4).abs() <= tol(b4), "q4 g={g}");
+                for isa in Isa::available() {
+                    assert_eq!(dot_q8(isa, &q8, &d8, a.row(0)).to_bits(), ref8.to_bits(), "{isa} q8 g={g}");
+                    assert_eq!(dot_q4(isa, &q4, &d4, a.row(0)).to_bits(), ref4.to_bits(), "{isa} q4 g={g}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_int8_values_do_not_overflow() {
+        // all +127 / -127: the maddubs pair sums sit at their largest
+        for g in [32, 128] {
+            let q8 = vec![-127i8; g];
+            let d8 = vec![1.0f32];
+            let x = vec![-1.0f32; g];
+            let mut a = QuantAct::default();
+            a.quantize(&x, g, g);
+            let want = (127 * 127 * g) as f32 * (1.0 / 127.0);
+            for isa in Isa::available() {
+                let got = dot_q8(isa, &q8, &d8, a.row(0));
+                assert!((got - want).abs() <= want * 1e-6, "{isa}: {got} vs {want}");
+            }
+        }
+    }
+}

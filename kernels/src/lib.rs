@@ -1,0 +1,17 @@
+//! Numeric kernels of moescope: the weight formats (f32, bf16, q8, q4), their dot products with
+//! a scalar reference and SIMD paths chosen at run time, and the element-wise ops of a
+//! transformer layer (RMSNorm, RoPE, softmax, SwiGLU).
+//!
+//! No I/O, no model knowledge and no threads: callers hand in slices and split the work.
+
+pub mod act;
+pub mod dot;
+pub mod isa;
+pub mod mat;
+pub mod ops;
+pub mod quant;
+
+pub use act::QuantAct;
+pub use isa::Isa;
+pub use mat::{Mat, MatData};
+pub use quant::Format;

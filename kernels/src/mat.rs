@@ -1,0 +1,177 @@
+//! A borrowed weight matrix in one of the storage formats, and its products with activations.
+
+use std::ops::Range;
+
+use crate::act::QuantAct;
+use crate::dot;
+use crate::isa::Isa;
+use crate::quant::{bf16_to_f32, dequantize_q4_row, dequantize_q8_row, Format};
+
+/// The values of a matrix, borrowed (usually from the mmapped package).
+#[derive(Debug, Clone, Copy)]
+pub enum MatData<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+    /// `q`: `[rows, cols]` int8; `scales`: `[rows, cols / group]`.
+    Q8 { q: &'a [i8], scales: &'a [f32], group: usize },
+    /// `q`: `[rows, cols / 2]` bytes in the `q4_lohi32` layout; `scales` as for Q8.
+    Q4 { q: &'a [u8], scales: &'a [f32], group: usize },
+}
+
+/// `[rows, cols]` weight matrix: `y = W x` maps `cols` inputs to `rows` outputs.
+#[derive(Debug, Clone, Copy)]
+pub struct Mat<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    pub data: MatData<'a>,
+}
+
+/// The activations a product reads: plain f32 rows for float weights, or the same rows
+/// quantized with the weight's group for quantized weights (see [`Mat::quant_group`]).
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// `[n, cols]`
+    F32(&'a [f32]),
+    Quant(&'a QuantAct),
+}
+
+impl<'a> Mat<'a> {
+    pub fn format(&self) -> Format {
+        match self.data {
+            MatData::F32(_) => Format::F32,
+            MatData::Bf16(_) => Format::Bf16,
+            MatData::Q8 { group, .. } => Format::Q8 { group },
+            MatData::Q4 { group, .. } => Format::Q4 { group },
+        }
+    }
+
+    /// The group the activations must be quantized with, or None for float weights.
+    pub fn quant_group(&self) -> Option<usize> {
+        self.format().group()
+    }
+
+    /// Row `r` as f32.
+    pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
+        let c = self.cols;
+        match self.data {
+            MatData::F32(w) => out.copy_from_slice(&w[r * c..(r + 1) * c]),
+            MatData::Bf16(w) => {
+                for (o, &b) in out.iter_mut().zip(&w[r * c..(r + 1) * c]) {
+                    *o = bf16_to_f32(b);
+                }
+            }
+            MatData::Q8 { q, scales, group } => {
+                let ng = c / group;
+                dequantize_q8_row(&q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], group, out)
+            }
+            MatData::Q4 { q, scales, group } => {
+                let ng = c / group;
+                dequantize_q4_row(&q[r * c / 2..(r + 1) * c / 2], &scales[r * ng..(r + 1) * ng], group, out)
+            }
+        }
+    }
+
+    /// Dot product of row `r` with input row `t`.
+    #[inline]
+    pub fn row_dot(&self, isa: Isa, r: usize, input: Input<'_>, t: usize) -> f32 {
+        let c = self.cols;
+        match (self.data, input) {
+            (MatData::F32(w), Input::F32(x)) => dot::dot_f32(isa, &w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
+            (MatData::Bf16(w), Input::F32(x)) => dot::dot_bf16(isa, &w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
+            (MatData::Q8 { q, scales, group }, Input::Quant(a)) => {
+                let ng = c / group;
+                dot::dot_q8(isa, &q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], a.row(t))
+            }
+            (MatData::Q4 { q, scales, group }, Input::Quant(a)) => {
+                let ng = c / group;
+                dot::dot_q4(isa, &q[r * c / 2..(r + 1) * c / 2], &scales[r * ng..(r + 1) * ng], a.row(t))
+            }
+            _ => panic!("moescope-kernels: input kind does not match the weight format (caller bug)"),
+        }
+    }
+
+    /// Products of rows `rows` with all `n` input rows, written weight-row-major:
+    /// `out[(r - rows.start) * n + t] = W[r] · x[t]`, `out.len() == rows.len() * n`.
+    /// Each weight row is read from memory once for the whole batch.
+    pub fn matmul_rows(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
+        debug_assert_eq!(out.len(), rows.len() * n);
+        match (self.data, input) {
+            // float weights with several inputs: widen the row to f32 once, then reuse it
+            (MatData::Bf16(_), Input::F32(x)) if n > 1 => {
+                let mut row = vec![0f32; self.cols];
+                let c = self.cols;
+                for (i, r) in rows.enumerate() {
+                    self.dequant_row(r, &mut row);
+                    for t in 0..n {
+                        out[i * n + t] = dot::dot_f32(isa, &row, &x[t * c..(t + 1) * c]);
+                    }
+                }
+            }
+            _ => {
+                for (i, r) in rows.enumerate() {
+                    for t in 0..n {
+                        out[i * n + t] = self.row_dot(isa, r, input, t);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{f32_to_bf16, quantize_q4_row, quantize_q8_row};
+
+    #[test]
+    fn matmul_rows_matches_dequantized_f64_product() {
+        let (rows, cols, n) = (5, 96, 3);
+        let mut s = 5u64;
+        let mut r = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+        let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
+        let wb: Vec<u16> = w.iter().map(|v| f32_to_bf16(*v)).collect();
+        let mut q8 = vec![0i8; rows * cols];
+        let mut d8 = vec![0f32; rows * cols / 32];
+        let mut q4 = vec![0u8; rows * cols / 2];
+        let mut d4 = vec![0f32; rows * cols / 32];
+        for i in 0..rows {
+            quantize_q8_row(&w[i * cols..(i + 1) * cols], 32, &mut q8[i * cols..(i + 1) * cols], &mut d8[i * 3..(i + 1) * 3]);
+            quantize_q4_row(&w[i * cols..(i + 1) * cols], 32, &mut q4[i * cols / 2..(i + 1) * cols / 2], &mut d4[i * 3..(i + 1) * 3]);
+        }
+        let mats = [
+            Mat { rows, cols, data: MatData::F32(&w) },
+            Mat { rows, cols, data: MatData::Bf16(&wb) },
+            Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group: 32 } },
+            Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32 } },
+        ];
+        let mut qa = QuantAct::default();
+        qa.quantize(&x, cols, 32);
+        for m in mats {
+            let input = if m.quant_group().is_some() { Input::Quant(&qa) } else { Input::F32(&x) };
+            for isa in Isa::available() {
+                let mut out = vec![0f32; 3 * n];
+                m.matmul_rows(isa, input, n, 1..4, &mut out);
+                let mut row = vec![0f32; cols];
+                for (i, rr) in (1..4).enumerate() {
+                    m.dequant_row(rr, &mut row);
+                    for t in 0..n {
+                        let xs: Vec<f32> = match input {
+                            Input::F32(x) => x[t * cols..(t + 1) * cols].to_vec(),
+                            Input::Quant(a) => {
+                                let q = a.row(t);
+                                (0..cols).map(|j| q.q[j] as f32 * q.scales[j / 32]).collect()
+                            }
+                        };
+                        let want: f64 = row.iter().zip(&xs).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let got = out[i * n + t] as f64;
+                        assert!((got - want).abs() < 1e-4, "{:?} {isa}: {got} vs {want}", m.format());
+                    }
+                }
+            }
+        }
+    }
+}

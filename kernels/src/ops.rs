@@ -1,0 +1,122 @@
+//! Element-wise and per-row operations of a transformer layer, in f32.
+
+/// RMSNorm of one row: `out = x / sqrt(mean(x^2) + eps) * w`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+    let inv = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = g * (v * inv);
+    }
+}
+
+/// RMSNorm of one row in place.
+pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let ss: f64 = x.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+    let inv = 1.0 / ((ss / x.len() as f64) as f32 + eps).sqrt();
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = g * (*v * inv);
+    }
+}
+
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `out[i] = silu(gate[i]) * up[i]` (the SwiGLU of Qwen's MLPs and experts).
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = silu(g) * u;
+    }
+}
+
+/// Softmax in place, max-subtracted.
+pub fn softmax_inplace(x: &mut [f32]) {
+    let m = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// `x += y`.
+pub fn add_inplace(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// Rotary embedding tables, computed the way transformers does in f32 so the angles round
+/// the same: `inv_freq[i] = 1 / theta^(2i / rot_dim)`, `angle = pos * inv_freq[i]`.
+#[derive(Debug, Clone)]
+pub struct Rope {
+    pub rot_dim: usize,
+    inv_freq: Vec<f32>,
+}
+
+impl Rope {
+    pub fn new(theta: f64, rot_dim: usize) -> Rope {
+        let inv_freq = (0..rot_dim / 2)
+            .map(|i| 1.0f32 / (theta as f32).powf((2 * i) as f32 / rot_dim as f32))
+            .collect();
+        Rope { rot_dim, inv_freq }
+    }
+
+    /// cos and sin of position `pos`, each `rot_dim / 2` long.
+    pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+        for (i, &f) in self.inv_freq.iter().enumerate() {
+            let a = pos as f32 * f;
+            cos[i] = a.cos();
+            sin[i] = a.sin();
+        }
+    }
+}
+
+/// Rotate-half (NeoX) RoPE on the first `2 * cos.len()` dims of one head vector.
+pub fn apply_rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = cos.len();
+    for i in 0..half {
+        let (a, b) = (x[i], x[i + half]);
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i] + a * sin[i];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_rotates_pairs_by_the_angle() {
+        let r = Rope::new(10000.0, 4);
+        let (mut c, mut s) = (vec![0.0; 2], vec![0.0; 2]);
+        r.cos_sin(3, &mut c, &mut s);
+        // pair (0, 2) turns by 3 rad, pair (1, 3) by 3 / 100 rad
+        let mut x = vec![1.0, 1.0, 0.0, 0.0];
+        apply_rope(&mut x, &c, &s);
+        assert!((x[0] - 3f32.cos()).abs() < 1e-6 && (x[2] - 3f32.sin()).abs() < 1e-6);
+        assert!((x[1] - 0.03f32.cos()).abs() < 1e-6 && (x[3] - 0.03f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_keeps_order() {
+        let mut x = vec![1.0, 3.0, -2.0, 3.0];
+        softmax_inplace(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[1] == x[3] && x[1] > x[0] && x[0] > x[2]);
+    }
+
+    #[test]
+    fn rms_norm_unit_rows() {
+        let x = vec![3.0, -4.0];
+        let mut o = vec![0.0; 2];
+        rms_norm(&x, &[1.0, 2.0], 0.0, &mut o);
+        let r = (12.5f32).sqrt();
+        assert!((o[0] - 3.0 / r).abs() < 1e-6 && (o[1] + 8.0 / r).abs() < 1e-6);
+    }
+}

@@ -1,0 +1,112 @@
+//! Command-line arguments as clap parses them (the low level); `cmd::*` validates them into
+//! the configuration a command runs with.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "moescope",
+    version,
+    about = "Run Mixture-of-Experts LLMs bigger than RAM, and watch how",
+    long_about = "Run Mixture-of-Experts LLMs bigger than RAM, and watch how.\n\nWith no command: chat with the built-in demo model (same as `moescope run`)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text: one prompt, or a chat REPL when no prompt is given.
+    Run(RunArgs),
+    /// Convert a HuggingFace checkpoint directory into a .moe package.
+    Convert(ConvertArgs),
+    /// Print a package's configuration, quantization and layout.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// A .moe package, or a HuggingFace directory (converted once into the cache directory).
+    /// Default: the built-in demo model.
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// Prompt text.
+    #[arg(short = 'p', long, conflicts_with = "prompt_ids")]
+    pub prompt: Option<String>,
+    /// Prompt as comma-separated token ids (for packages without a tokenizer).
+    #[arg(long, value_name = "ID,ID,...")]
+    pub prompt_ids: Option<String>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
+    pub n_predict: usize,
+    /// Do not stop at an end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Keep the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 20)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches P (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than P times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalize tokens seen in the last --repeat-last-n tokens (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed (default: from the clock; printed so a run can be repeated).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Apply the model's chat template to --prompt.
+    #[arg(long)]
+    pub chat: bool,
+    /// System message for --chat and the REPL.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Ask the template to skip thinking (`enable_thinking=false`, Qwen3).
+    #[arg(long)]
+    pub no_think: bool,
+    /// Compute threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// KV cache length in tokens (default: the smaller of the model's maximum and 8192).
+    #[arg(short = 'c', long)]
+    pub ctx_size: Option<usize>,
+    /// Print one JSON object (ids, text, timings) on stdout; progress goes to stderr.
+    #[arg(long)]
+    pub json: bool,
+    /// Write the raw logits that chose each generated token as float32 [N, vocab] .npy.
+    #[arg(long, value_name = "FILE.npy")]
+    pub logits_out: Option<PathBuf>,
+    /// Quantization when -m is a HuggingFace directory: bf16, q8, q4, q4g32.
+    #[arg(long, default_value = "q4")]
+    pub quant: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// HuggingFace model directory (config.json, *.safetensors, tokenizer files).
+    pub hf_dir: PathBuf,
+    /// Output package.
+    #[arg(short = 'o', long)]
+    pub output: PathBuf,
+    /// bf16, q8, q4 (int4, group 128) or q4g32 (int4, group 32).
+    #[arg(long, default_value = "q4")]
+    pub quant: String,
+}
+
+#[derive(Args, Debug)]
+pub struct InspectArgs {
+    pub file: PathBuf,
+    /// Print JSON for scripts.
+    #[arg(long)]
+    pub json: bool,
+}

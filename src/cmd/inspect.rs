@@ -1,0 +1,76 @@
+//! `moescope inspect FILE [--json]`: what a package holds and how it is laid out.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use moescope::package::{OpenOptions, Package};
+use serde_json::json;
+
+use crate::cli::InspectArgs;
+
+pub fn run(a: &InspectArgs) -> Result<()> {
+    let pkg = Package::open_with(&a.file, OpenOptions { verify_dense: true })?;
+    let m = &pkg.meta;
+    let (dense, experts, blob) = pkg.sizes();
+    let mut by_type: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for t in &m.tensors {
+        let e = by_type.entry(format!("{:?}", t.dtype).to_lowercase()).or_default();
+        e.0 += 1;
+        e.1 += t.length;
+    }
+    let ex = m.experts.as_ref();
+    let parts: Vec<_> = ex
+        .map(|e| {
+            e.parts
+                .iter()
+                .map(|p| json!({"name": p.name, "dtype": p.dtype, "shape": p.shape, "group": p.group, "bytes": p.length}))
+                .collect()
+        })
+        .unwrap_or_default();
+    let v = json!({
+        "file": a.file.display().to_string(),
+        "file_bytes": pkg.file_size(),
+        "format_version": pkg.header.version,
+        "name": m.name,
+        "converter": m.converter,
+        "config": m.model,
+        "quant": m.quant,
+        "tokenizer": m.tokenizer.tokenizer_json.is_some(),
+        "chat_template": m.tokenizer.chat_template.is_some(),
+        "regions": {
+            "metadata": {"offset": pkg.header.meta_offset, "bytes": pkg.header.meta_len},
+            "dense": {"offset": pkg.header.dense_offset, "bytes": dense, "tensors": m.tensors.len()},
+            "experts": {"offset": pkg.header.expert_offset, "bytes": experts,
+                        "layers": ex.map(|e| e.layers.len()).unwrap_or(0),
+                        "experts_per_layer": ex.map(|e| e.num_experts).unwrap_or(0),
+                        "bytes_per_expert": blob, "parts": parts},
+        },
+        "dense_by_type": by_type.iter().map(|(k, (n, b))| (k.clone(), json!({"tensors": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
+    });
+    if a.json {
+        println!("{v}");
+        return Ok(());
+    }
+    let c = &m.model;
+    let mb = |b: u64| format!("{:.2} MB", b as f64 / 1e6);
+    println!("{}  ({}, format v{}, {})", a.file.display(), m.name, pkg.header.version, mb(pkg.file_size()));
+    println!("architecture  {:?}, {} layers ({} MoE), hidden {}, vocab {}", c.arch, c.num_hidden_layers, c.moe_layers().len(), c.hidden_size, c.vocab_size);
+    println!("attention     {} query heads, {} kv heads, head_dim {}, rope_theta {}", c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rope_theta);
+    println!("experts       {} per layer, top-{}, intermediate {}, norm_topk_prob {}", c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob);
+    println!("context       max {} positions; eos ids {:?}", c.max_position_embeddings, c.eos_token_ids);
+    println!("quantization  {}: {}", m.quant.mode, m.quant.description);
+    println!("tokenizer     {}; chat template {}", if m.tokenizer.tokenizer_json.is_some() { "yes" } else { "none (token ids only)" }, if m.tokenizer.chat_template.is_some() { "yes" } else { "no" });
+    println!("metadata      {} at offset {}", mb(pkg.header.meta_len), pkg.header.meta_offset);
+    println!("dense         {} in {} tensors at offset {}", mb(dense), m.tensors.len(), pkg.header.dense_offset);
+    for (k, (n, b)) in &by_type {
+        println!("  {k:<6} {n:>5} tensors  {}", mb(*b));
+    }
+    if let Some(e) = ex {
+        println!("experts       {} in {} blobs ({} layers x {}) at offset {}", mb(experts), e.table.len(), e.layers.len(), e.num_experts, pkg.header.expert_offset);
+        println!("  per expert  {} bytes (one read), 4096-aligned", blob);
+        for p in &e.parts {
+            println!("  {:<10} {:?} {:?} group {:?}: {} bytes", p.name, p.dtype, p.shape, p.group, p.length);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,8 @@
+//! One module per subcommand.
+
+pub mod convert;
+pub mod inspect;
+pub mod interrupt;
+pub mod model_arg;
+pub mod repl;
+pub mod run;

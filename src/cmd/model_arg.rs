@@ -1,0 +1,72 @@
+//! `-m MODEL`: a package, a HuggingFace directory (converted once into the cache), or nothing
+//! (the built-in demo).
+
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use anyhow::{bail, Context, Result};
+
+use moescope::cache_dir::cache_dir;
+use moescope::convert::{convert_hf, ConvertOptions, QuantMode};
+use moescope::demo;
+use moescope::package::layout::VERSION;
+
+pub fn resolve(model: Option<&Path>, quant: &str) -> Result<PathBuf> {
+    let Some(m) = model else {
+        let dir = cache_dir().map_err(anyhow::Error::msg)?;
+        let (path, fresh) = demo::ensure_package(&dir).context("writing the built-in demo model")?;
+        eprintln!(
+            "moescope: built-in demo model (random weights: it babbles until a trained demo lands){}",
+            if fresh { format!("; written to {}", path.display()) } else { String::new() }
+        );
+        return Ok(path);
+    };
+    if m.is_file() {
+        return Ok(m.to_path_buf());
+    }
+    if !m.exists() {
+        bail!("{}: no such file or directory", m.display());
+    }
+    if !m.join("config.json").exists() {
+        bail!("{}: neither a .moe package nor a HuggingFace model directory (no config.json)", m.display());
+    }
+    let mode = QuantMode::parse(quant).map_err(anyhow::Error::msg)?;
+    let out = cache_dir().map_err(anyhow::Error::msg)?.join("converted").join(cache_name(m, mode)?);
+    if out.exists() {
+        eprintln!("moescope: using {} (converted earlier from {})", out.display(), m.display());
+        return Ok(out);
+    }
+    std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))
+        .with_context(|| format!("creating {}", out.display()))?;
+    eprintln!("moescope: converting {} ({}) into {}", m.display(), mode.name(), out.display());
+    let rep = convert_hf(m, &out, ConvertOptions { quant: mode, progress: true })?;
+    for w in &rep.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(out)
+}
+
+/// `<dir name>-<quant>-<fingerprint>.moe`: the fingerprint covers the directory's path, every
+/// file's name, size and modification time, the quantization and the package version, so any
+/// change to the checkpoint (or to the format) converts again.
+fn cache_name(dir: &Path, mode: QuantMode) -> Result<String> {
+    let canon = dir.canonicalize().with_context(|| format!("{}", dir.display()))?;
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(canon.as_os_str().as_encoded_bytes());
+    h.update(mode.name().as_bytes());
+    h.update(&VERSION.to_le_bytes());
+    let mut entries: Vec<_> = std::fs::read_dir(&canon)
+        .with_context(|| format!("{}", canon.display()))?
+        .filter_map(|e| e.ok())
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for e in entries {
+        let md = e.metadata().with_context(|| format!("{}", e.path().display()))?;
+        let mtime = md.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(0, |d| d.as_nanos());
+        h.update(e.file_name().as_encoded_bytes());
+        h.update(&md.len().to_le_bytes());
+        h.update(&mtime.to_le_bytes());
+    }
+    let name = canon.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
+    Ok(format!("{name}-{}-{:016x}.moe", mode.name(), h.digest()))
+}

@@ -1,0 +1,249 @@
+//! `moescope run`: one prompt (text, chat-templated text or token ids), or the REPL.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use moescope::engine::sampler::{Sampler, SamplerParams};
+use moescope::engine::tokenizer::StreamDecoder;
+use moescope::engine::{Engine, EngineOptions, GenRequest, GenStats};
+use moescope::engine::chat_template::Message;
+use moescope::model::KvCache;
+use moescope_kernels::Isa;
+use serde_json::json;
+
+use super::interrupt::{self, Generating};
+use super::model_arg;
+use crate::cli::RunArgs;
+
+/// The prompt, as given.
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// Validated arguments.
+pub struct RunConfig {
+    pub model: PathBuf,
+    pub prompt: Option<Prompt>,
+    pub max_tokens: usize,
+    pub ignore_eos: bool,
+    pub sampler: SamplerParams,
+    pub chat: bool,
+    pub system: Option<String>,
+    pub enable_thinking: Option<bool>,
+    pub engine: EngineOptions,
+    pub json: bool,
+    pub logits_out: Option<PathBuf>,
+}
+
+pub fn isa_from_env() -> Result<Isa> {
+    let cap = match std::env::var("MOESCOPE_ISA") {
+        Ok(v) if !v.is_empty() => Some(v.parse::<Isa>().map_err(|e| anyhow::anyhow!("MOESCOPE_ISA: {e}"))?),
+        _ => None,
+    };
+    Ok(Isa::detect_capped(cap))
+}
+
+fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    let ids: Vec<u32> = s
+        .split(',')
+        .map(|x| x.trim())
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse::<u32>().with_context(|| format!("--prompt-ids: '{x}' is not a token id")))
+        .collect::<Result<_>>()?;
+    if ids.is_empty() {
+        bail!("--prompt-ids: no token ids given");
+    }
+    Ok(ids)
+}
+
+impl RunConfig {
+    pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
+        let sampler = SamplerParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            min_p: a.min_p,
+            repeat_penalty: a.repeat_penalty,
+            repeat_last_n: a.repeat_last_n,
+            seed: a.seed.unwrap_or_else(|| {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+            }),
+        };
+        sampler.validate().map_err(anyhow::Error::msg)?;
+        let prompt = match (&a.prompt, &a.prompt_ids) {
+            (Some(t), None) => Some(Prompt::Text(t.clone())),
+            (None, Some(ids)) => Some(Prompt::Ids(parse_ids(ids)?)),
+            _ => None,
+        };
+        if a.chat && matches!(prompt, Some(Prompt::Ids(_))) {
+            bail!("--chat applies the chat template to --prompt text, not to --prompt-ids");
+        }
+        if prompt.is_none() && (a.json || a.logits_out.is_some()) {
+            bail!("--json and --logits-out need a prompt (--prompt or --prompt-ids)");
+        }
+        let threads = match a.threads {
+            Some(0) => bail!("--threads must be at least 1"),
+            Some(t) => t,
+            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        };
+        if a.ctx_size == Some(0) {
+            bail!("--ctx-size must be positive");
+        }
+        let model = model_arg::resolve(a.model.as_deref(), &a.quant)?;
+        Ok(RunConfig {
+            model,
+            prompt,
+            max_tokens: a.n_predict,
+            ignore_eos: a.ignore_eos,
+            sampler,
+            chat: a.chat,
+            system: a.system.clone(),
+            enable_thinking: a.no_think.then_some(false),
+            engine: EngineOptions { threads, ctx_size: a.ctx_size, isa: isa_from_env()? },
+            json: a.json,
+            logits_out: a.logits_out.clone(),
+        })
+    }
+}
+
+pub fn run(a: &RunArgs) -> Result<()> {
+    let cfg = RunConfig::from_args(a)?;
+    let engine = Engine::load(&cfg.model, cfg.engine)?;
+    let kv_mb = KvCache::bytes_at_capacity(&engine.model.cfg, engine.kv.capacity()) as f64 / 1e6;
+    eprintln!(
+        "moescope: {} ({}), {} threads, {} kernels, context {} tokens (KV cache up to {kv_mb:.1} MB)",
+        engine.package().meta.name,
+        engine.package().meta.quant.mode,
+        engine.exec.threads(),
+        engine.exec.isa,
+        engine.kv.capacity()
+    );
+    interrupt::install();
+    match &cfg.prompt {
+        Some(p) => one_shot(engine, &cfg, p),
+        None => super::repl::repl(engine, &cfg),
+    }
+}
+
+fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> {
+    let ids = match prompt {
+        Prompt::Ids(ids) => ids.clone(),
+        Prompt::Text(text) => {
+            let Some(tok) = &engine.tok else {
+                bail!("{}: this package has no tokenizer: give the prompt as --prompt-ids", cfg.model.display());
+            };
+            let text = if cfg.chat {
+                let tmpl = engine
+                    .template
+                    .as_ref()
+                    .ok_or_else(|| anyhow::anyhow!("{}: this package has no chat template (drop --chat)", cfg.model.display()))?;
+                let mut msgs = vec![];
+                if let Some(s) = &cfg.system {
+                    msgs.push(Message::new("system", s));
+                }
+                msgs.push(Message::new("user", text));
+                tmpl.render(&msgs, true, cfg.enable_thinking).map_err(anyhow::Error::msg)?
+            } else {
+                text.clone()
+            };
+            tok.encode(&text).map_err(anyhow::Error::msg)?
+        }
+    };
+    let vocab = engine.model.cfg.vocab_size;
+    if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        bail!("prompt token id {bad} is out of range (the vocabulary has {vocab} tokens)");
+    }
+    let mut sampler = Sampler::new(cfg.sampler);
+    let mut logits_rows: Vec<f32> = Vec::new();
+    let keep_logits = cfg.logits_out.is_some();
+    let stream = !cfg.json;
+    let tok = engine.tok.clone();
+    let mut dec = tok.as_deref().map(|t| StreamDecoder::new(t, true));
+    let mut out = std::io::stdout().lock();
+    let mut write_err: Option<std::io::Error> = None;
+    let stats = {
+        let _g = Generating::start();
+        let req = GenRequest { max_tokens: cfg.max_tokens, stop_at_eos: !cfg.ignore_eos, cancel: &interrupt::STOP };
+        engine.generate(&ids, &mut sampler, req, &mut |id, logits| {
+            if keep_logits {
+                logits_rows.extend_from_slice(logits);
+            }
+            if stream {
+                let piece = match dec.as_mut() {
+                    Some(d) => d.push(id).unwrap_or(None),
+                    None => Some(format!("{id} ")),
+                };
+                if let Some(p) = piece {
+                    if let Err(e) = out.write_all(p.as_bytes()).and_then(|_| out.flush()) {
+                        write_err = Some(e);
+                        return false;
+                    }
+                }
+            }
+            true
+        })?
+    };
+    if let Some(e) = write_err {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e).context("writing to stdout");
+        }
+    }
+    if stream {
+        if let Some(p) = dec.as_mut().and_then(|d| d.flush().ok().flatten()) {
+            let _ = out.write_all(p.as_bytes());
+        }
+        let _ = writeln!(out);
+    }
+    if let Some(path) = &cfg.logits_out {
+        moescope::npy::write_f32(path, &[stats.generated.len(), engine.model.cfg.vocab_size], &logits_rows)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if cfg.json {
+        let text = engine.tok.as_ref().map(|t| t.decode(&stats.generated, true)).transpose().map_err(anyhow::Error::msg)?;
+        let v = json!({
+            "model": engine.package().meta.name,
+            "quant": engine.package().meta.quant.mode,
+            "threads": engine.exec.threads(),
+            "isa": engine.exec.isa.name(),
+            "seed": cfg.sampler.seed,
+            "prompt_ids": ids,
+            "generated_ids": stats.generated,
+            "text": text,
+            "stop": stats.stop.name(),
+            "timings": timings_json(&stats),
+        });
+        writeln!(out, "{v}")?;
+    } else {
+        eprintln!("{}", stats_line(&stats, cfg.sampler.seed));
+    }
+    Ok(())
+}
+
+pub fn timings_json(s: &GenStats) -> serde_json::Value {
+    json!({
+        "prompt_tokens": s.prompt_evaluated,
+        "prompt_cached": s.prompt_cached,
+        "generated_tokens": s.generated.len(),
+        "prefill_ms": s.prefill_ms,
+        "decode_ms": s.decode_ms,
+        "ttft_ms": s.ttft_ms,
+        "prefill_tps": s.prefill_tps(),
+        "decode_tps": s.decode_tps(),
+    })
+}
+
+pub fn stats_line(s: &GenStats, seed: u64) -> String {
+    format!(
+        "[prefill {} tokens in {:.0} ms ({:.1} tok/s){} | decode {} tokens, {:.1} tok/s | ttft {:.0} ms | stop: {} | seed {seed}]",
+        s.prompt_evaluated,
+        s.prefill_ms,
+        s.prefill_tps(),
+        if s.prompt_cached > 0 { format!(", {} cached", s.prompt_cached) } else { String::new() },
+        s.generated.len(),
+        s.decode_tps(),
+        s.ttft_ms,
+        s.stop.name()
+    )
+}

@@ -1,0 +1,257 @@
+//! HuggingFace checkpoint -> `.moe` package, streamed tensor by tensor (and row chunk by row
+//! chunk), so peak memory is a few tensors whatever the model size.
+
+pub mod error;
+pub mod hf_config;
+pub mod plan;
+pub mod safetensors;
+pub mod source;
+pub mod tokenizer_files;
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use moescope_kernels::quant::{f32_to_bf16, quantize_q4_row, quantize_q8_row};
+use moescope_kernels::Format;
+use rayon::prelude::*;
+
+pub use error::ConvertError;
+pub use plan::QuantMode;
+pub use source::TensorSource;
+
+use crate::engine::tokenizer::Tok;
+use crate::model::config::ModelConfig;
+use crate::package::layout::{DType, ExpertRegion, Meta, QuantInfo, TensorEntry, TokenizerInfo, FORMAT_NAME, VERSION};
+use crate::package::writer::{plan as plan_offsets, BlobBuilder, PackageWriter};
+
+#[derive(Debug, Clone, Copy)]
+pub struct ConvertOptions {
+    pub quant: QuantMode,
+    /// Draw a progress bar (only ever on a terminal).
+    pub progress: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConvertReport {
+    pub out: PathBuf,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub warnings: Vec<String>,
+}
+
+/// Convert the HuggingFace model directory `dir` into the package `out`.
+pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<ConvertReport, ConvertError> {
+    let t0 = Instant::now();
+    let mut cfg = hf_config::read_config(dir)?;
+    let ck = safetensors::HfCheckpoint::open(dir)?;
+    let mut warnings = vec![];
+    let tok = match tokenizer_files::read_tokenizer(dir)? {
+        Some(t) => t,
+        None => {
+            warnings.push(format!(
+                "{}: no tokenizer.json: the package takes --prompt-ids only and shows token ids instead of text",
+                dir.display()
+            ));
+            TokenizerInfo::default()
+        }
+    };
+    add_tokenizer_eos(&mut cfg, &tok);
+    let name = dir
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| dir.display().to_string());
+    let bytes = write_package(&ck, &cfg, tok, &name, opts, out)?;
+    Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
+}
+
+/// The tokenizer's own end-of-sequence token (`<|im_end|>` for Qwen chat models) also stops
+/// generation, beside the ids in config.json / generation_config.json.
+pub fn add_tokenizer_eos(cfg: &mut ModelConfig, tok: &TokenizerInfo) {
+    let (Some(json), Some(eos)) = (&tok.tokenizer_json, &tok.eos_token) else {
+        return;
+    };
+    if let Ok(t) = Tok::from_json(json) {
+        if let Some(id) = t.token_id(eos) {
+            if !cfg.eos_token_ids.contains(&id) {
+                cfg.eos_token_ids.push(id);
+            }
+        }
+    }
+}
+
+/// Write a package of `cfg` with weights from `src`. Returns the package size in bytes.
+pub fn write_package(
+    src: &dyn TensorSource,
+    cfg: &ModelConfig,
+    tokenizer: TokenizerInfo,
+    name: &str,
+    opts: ConvertOptions,
+    out: &Path,
+) -> Result<u64, ConvertError> {
+    cfg.validate().map_err(|msg| ConvertError::File { path: out.to_path_buf(), msg: format!("model config: {msg}") })?;
+    let dense = plan::dense_tensors(cfg);
+    let moe_layers = cfg.moe_layers();
+    // everything must be there, with the right shape, before a byte is written
+    let check = |name: &str, want: &[usize]| -> Result<(), ConvertError> {
+        match src.shape(name) {
+            None => Err(ConvertError::MissingTensor { dir: PathBuf::from(src.origin(name)), name: name.into() }),
+            Some(s) if s != want => Err(ConvertError::Shape {
+                file: PathBuf::from(src.origin(name)),
+                name: name.into(),
+                found: s,
+                expected: want.to_vec(),
+            }),
+            Some(_) => Ok(()),
+        }
+    };
+    for t in &dense {
+        check(&t.name, &t.shape)?;
+    }
+    for &l in &moe_layers {
+        for e in 0..cfg.num_experts {
+            for (n, s) in plan::expert_tensors(cfg, l, e) {
+                check(&n, &s)?;
+            }
+        }
+    }
+
+    let entry = |name: &str, f: Format, shape: &[usize]| TensorEntry {
+        name: name.into(),
+        dtype: DType::of(f),
+        shape: shape.to_vec(),
+        group: f.group(),
+        layout: f.layout().into(),
+        offset: 0,
+        length: 0,
+        scales_offset: None,
+        xxh3: None,
+    };
+    let tensors: Vec<TensorEntry> = dense
+        .iter()
+        .map(|t| entry(&t.name, opts.quant.format(t.kind, *t.shape.last().unwrap_or(&1)), &t.shape))
+        .collect();
+    let experts = (!moe_layers.is_empty()).then(|| {
+        let parts = plan::expert_tensors(cfg, moe_layers[0], 0)
+            .iter()
+            .zip(["gate_proj", "up_proj", "down_proj"])
+            .map(|((_, s), pname)| {
+                let mut e = entry(pname, opts.quant.format(plan::Kind::Linear, s[1]), s);
+                e.xxh3 = None;
+                e
+            })
+            .collect();
+        ExpertRegion { layers: moe_layers.clone(), num_experts: cfg.num_experts, parts, blob_len: 0, table: vec![] }
+    });
+    let mut meta = Meta {
+        format: FORMAT_NAME.into(),
+        version: VERSION,
+        name: name.into(),
+        converter: format!("moescope {}", env!("CARGO_PKG_VERSION")),
+        model: cfg.clone(),
+        quant: QuantInfo { mode: opts.quant.name().into(), description: opts.quant.description() },
+        tokenizer,
+        tensors,
+        experts,
+    };
+    let header = plan_offsets(&mut meta);
+    let total = header.file_size;
+    let mut w = PackageWriter::create(out, meta, header)?;
+
+    let bar = if opts.progress && std::io::stderr().is_terminal() {
+        let b = ProgressBar::new(total);
+        b.set_style(
+            ProgressStyle::with_template("converting {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+
+    // dense tensors, in row chunks of at most ~16 M values
+    let mut x = Vec::new();
+    let (mut vals, mut scales) = (Vec::new(), Vec::new());
+    for t in &dense {
+        let e = w.begin_dense()?;
+        bar.set_message(t.name.clone());
+        let f = e.format().unwrap_or(Format::F32);
+        let (rows, cols) = e.rows_cols();
+        let chunk = (16 << 20) / cols.max(1);
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = chunk.clamp(1, rows - r0);
+            src.read_rows(&t.name, r0, n, &mut x)?;
+            encode_rows(f, &x, cols, &mut vals, &mut scales);
+            w.write_values(&vals)?;
+            w.push_scales(&scales);
+            bar.inc(vals.len() as u64 + scales.len() as u64 * 4);
+            r0 += n;
+        }
+        w.end_dense()?;
+    }
+
+    // experts: encoded a batch at a time on all cores, written in table order
+    if let Some(region) = w.meta().experts.clone() {
+        let fmts: Vec<Format> = region.parts.iter().map(|p| p.format().unwrap_or(Format::F32)).collect();
+        for &l in &moe_layers {
+            bar.set_message(format!("experts of layer {l}"));
+            for batch in (0..cfg.num_experts).collect::<Vec<_>>().chunks(8) {
+                let blobs: Vec<Result<Vec<u8>, ConvertError>> = batch
+                    .par_iter()
+                    .map(|&e| {
+                        let mut b = BlobBuilder::new(&region);
+                        let (mut x, mut vals, mut scales) = (Vec::new(), Vec::new(), Vec::new());
+                        for (p, (tname, shape)) in plan::expert_tensors(cfg, l, e).iter().enumerate() {
+                            src.read_rows(tname, 0, shape[0], &mut x)?;
+                            encode_rows(fmts[p], &x, shape[1], &mut vals, &mut scales);
+                            b.put(p, &vals, &scales);
+                        }
+                        Ok(b.buf)
+                    })
+                    .collect();
+                for blob in blobs {
+                    let blob = blob?;
+                    w.write_expert(&blob)?;
+                    bar.inc(blob.len() as u64);
+                }
+            }
+        }
+    }
+    w.finish()?;
+    bar.finish_and_clear();
+    Ok(total)
+}
+
+/// Encode rows of `x` (`[n, cols]`) in format `f`: value bytes into `vals`, scales into `scales`.
+pub fn encode_rows(f: Format, x: &[f32], cols: usize, vals: &mut Vec<u8>, scales: &mut Vec<f32>) {
+    vals.clear();
+    scales.clear();
+    match f {
+        Format::F32 => vals.extend_from_slice(bytemuck::cast_slice(x)),
+        Format::Bf16 => {
+            for v in x {
+                vals.extend_from_slice(&f32_to_bf16(*v).to_le_bytes());
+            }
+        }
+        Format::Q8 { group } => {
+            vals.resize(x.len(), 0);
+            scales.resize(x.len() / group, 0.0);
+            let q: &mut [i8] = bytemuck::cast_slice_mut(vals.as_mut_slice());
+            for (r, row) in x.chunks_exact(cols).enumerate() {
+                let ng = cols / group;
+                quantize_q8_row(row, group, &mut q[r * cols..(r + 1) * cols], &mut scales[r * ng..(r + 1) * ng]);
+            }
+        }
+        Format::Q4 { group } => {
+            vals.resize(x.len() / 2, 0);
+            scales.resize(x.len() / group, 0.0);
+            for (r, row) in x.chunks_exact(cols).enumerate() {
+                let ng = cols / group;
+                quantize_q4_row(row, group, &mut vals[r * cols / 2..(r + 1) * cols / 2], &mut scales[r * ng..(r + 1) * ng]);
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! The quantization plan: which tensors a Qwen3-MoE package holds, in which format.
+//!
+//! | tensor                          | bf16 | q8   | q4 / q4g32                    |
+//! |---------------------------------|------|------|-------------------------------|
+//! | norms, router (`mlp.gate`)      | f32  | f32  | f32                           |
+//! | embedding, lm_head              | bf16 | q8   | q8                            |
+//! | attention q/k/v/o, dense MLP    | bf16 | q8   | q4 (q8 where no group fits)   |
+//! | routed experts (expert region)  | bf16 | q8   | q4 (q8 where no group fits)   |
+//!
+//! q8 uses group 128, else the largest of 64/32/16 dividing the row, else the whole row.
+//! q4 uses group 128 (`q4g32`: 32), else the largest smaller power of two down to 16 dividing
+//! the row; a row none divides stays q8.
+//! Why: norms and the router are tiny and decide everything downstream (a flipped expert choice
+//! costs more than any weight error), so they stay exact. The embedding is only looked up (one
+//! row per token) and the lm_head's errors land directly on the logits, so both keep 8 bits, as
+//! llama.cpp keeps its output layer at 6+ bits in Q4 files.
+
+use moescope_kernels::quant::pick_group;
+use moescope_kernels::Format;
+
+use crate::model::config::ModelConfig;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantMode {
+    Bf16,
+    Q8,
+    /// q4 with this largest group (128, or 32 for `q4g32`).
+    Q4 { max_group: usize },
+}
+
+impl QuantMode {
+    pub fn parse(s: &str) -> Result<QuantMode, String> {
+        match s {
+            "bf16" => Ok(QuantMode::Bf16),
+            "q8" => Ok(QuantMode::Q8),
+            "q4" => Ok(QuantMode::Q4 { max_group: 128 }),
+            "q4g32" => Ok(QuantMode::Q4 { max_group: 32 }),
+            other => Err(format!("unknown quantization '{other}' (expected bf16, q8, q4 or q4g32)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantMode::Bf16 => "bf16",
+            QuantMode::Q8 => "q8",
+            QuantMode::Q4 { max_group: 32 } => "q4g32",
+            QuantMode::Q4 { .. } => "q4",
+        }
+    }
+
+    pub fn description(self) -> String {
+        match self {
+            QuantMode::Bf16 => "norms and router f32; all other weights bf16".into(),
+            QuantMode::Q8 => "norms and router f32; all other weights q8 (int8, group 128 or the largest of 64/32/16 dividing the row, else one group per row)".into(),
+            QuantMode::Q4 { max_group } => format!(
+                "norms and router f32; embedding and lm_head q8; attention, dense MLP and experts q4 (int4, group {max_group} or the largest smaller one down to 16 dividing the row, else q8)"
+            ),
+        }
+    }
+
+    /// Format of a weight of kind `k` with rows of `cols` values.
+    pub fn format(self, k: Kind, cols: usize) -> Format {
+        let q8 = || Format::Q8 { group: pick_group(cols, 128).unwrap_or(cols) };
+        match (k, self) {
+            (Kind::Norm | Kind::Router, _) => Format::F32,
+            (_, QuantMode::Bf16) => Format::Bf16,
+            (_, QuantMode::Q8) | (Kind::Embedding | Kind::LmHead, QuantMode::Q4 { .. }) => q8(),
+            (Kind::Linear, QuantMode::Q4 { max_group }) => match pick_group(cols, max_group) {
+                Some(group) => Format::Q4 { group },
+                None => q8(),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Norm,
+    Router,
+    Embedding,
+    LmHead,
+    Linear,
+}
+
+/// One dense tensor of the package: name (as in the HF checkpoint), kind and shape.
+#[derive(Debug, Clone)]
+pub struct DenseTensor {
+    pub name: String,
+    pub kind: Kind,
+    pub shape: Vec<usize>,
+}
+
+/// Every dense tensor of a Qwen3-MoE model, in file order (layer by layer, so that a layer's
+/// weights sit together).
+pub fn dense_tensors(c: &ModelConfig) -> Vec<DenseTensor> {
+    let (h, hd) = (c.hidden_size, c.head_dim);
+    let t = |name: String, kind, shape: &[usize]| DenseTensor { name, kind, shape: shape.to_vec() };
+    let mut v = vec![t("model.embed_tokens.weight".into(), Kind::Embedding, &[c.vocab_size, h])];
+    for l in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{l}.");
+        v.push(t(format!("{p}input_layernorm.weight"), Kind::Norm, &[h]));
+        v.push(t(format!("{p}self_attn.q_proj.weight"), Kind::Linear, &[c.q_dim(), h]));
+        v.push(t(format!("{p}self_attn.k_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
+        v.push(t(format!("{p}self_attn.v_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
+        v.push(t(format!("{p}self_attn.o_proj.weight"), Kind::Linear, &[h, c.q_dim()]));
+        v.push(t(format!("{p}self_attn.q_norm.weight"), Kind::Norm, &[hd]));
+        v.push(t(format!("{p}self_attn.k_norm.weight"), Kind::Norm, &[hd]));
+        v.push(t(format!("{p}post_attention_layernorm.weight"), Kind::Norm, &[h]));
+        if c.is_moe_layer(l) {
+            v.push(t(format!("{p}mlp.gate.weight"), Kind::Router, &[c.num_experts, h]));
+        } else {
+            let i = c.intermediate_size;
+            v.push(t(format!("{p}mlp.gate_proj.weight"), Kind::Linear, &[i, h]));
+            v.push(t(format!("{p}mlp.up_proj.weight"), Kind::Linear, &[i, h]));
+            v.push(t(format!("{p}mlp.down_proj.weight"), Kind::Linear, &[h, i]));
+        }
+    }
+    v.push(t("model.norm.weight".into(), Kind::Norm, &[h]));
+    if !c.tie_word_embeddings {
+        v.push(t("lm_head.weight".into(), Kind::LmHead, &[c.vocab_size, h]));
+    }
+    v
+}
+
+/// HF names of the three matrices of expert `e` of layer `l`, with their shapes.
+pub fn expert_tensors(c: &ModelConfig, l: usize, e: usize) -> [(String, [usize; 2]); 3] {
+    let (h, i) = (c.hidden_size, c.moe_intermediate_size);
+    let p = format!("model.layers.{l}.mlp.experts.{e}.");
+    [
+        (format!("{p}gate_proj.weight"), [i, h]),
+        (format!("{p}up_proj.weight"), [i, h]),
+        (format!("{p}down_proj.weight"), [h, i]),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_follow_the_table() {
+        let q4 = QuantMode::Q4 { max_group: 128 };
+        assert_eq!(q4.format(Kind::Linear, 2048), Format::Q4 { group: 128 });
+        assert_eq!(q4.format(Kind::Linear, 80), Format::Q4 { group: 16 });
+        assert_eq!(q4.format(Kind::Linear, 72), Format::Q8 { group: 72 });
+        assert_eq!(q4.format(Kind::LmHead, 2048), Format::Q8 { group: 128 });
+        assert_eq!(q4.format(Kind::Router, 2048), Format::F32);
+        let q4g32 = QuantMode::Q4 { max_group: 32 };
+        assert_eq!(q4g32.format(Kind::Linear, 2048), Format::Q4 { group: 32 });
+        assert_eq!(q4g32.format(Kind::Linear, 48), Format::Q4 { group: 16 });
+        assert_eq!(QuantMode::Q8.format(Kind::Linear, 96), Format::Q8 { group: 32 });
+        assert_eq!(QuantMode::Bf16.format(Kind::Embedding, 96), Format::Bf16);
+        assert_eq!(QuantMode::Bf16.format(Kind::Norm, 96), Format::F32);
+    }
+}

@@ -1,0 +1,18 @@
+//! Where the converter gets weights from: anything that can hand out rows of named tensors as
+//! f32 (a HuggingFace checkpoint, or the demo model's generator).
+
+use super::error::ConvertError;
+
+pub trait TensorSource: Sync {
+    /// Shape of a tensor, or None when absent. Per-expert names
+    /// (`...mlp.experts.{e}.gate_proj.weight`) resolve even when the checkpoint stores the
+    /// experts fused.
+    fn shape(&self, name: &str) -> Option<Vec<usize>>;
+
+    /// Rows `[r0, r0 + n)` of a matrix (a vector is one row) as f32, row-major, into `out`
+    /// (resized). Non-finite values are an error naming the tensor, row and column.
+    fn read_rows(&self, name: &str, r0: usize, n: usize, out: &mut Vec<f32>) -> Result<(), ConvertError>;
+
+    /// Where the tensor comes from, for messages (a file path).
+    fn origin(&self, name: &str) -> String;
+}

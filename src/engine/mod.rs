@@ -1,0 +1,257 @@
+//! The engine: a model bound to a package, its KV cache, threads, tokenizer and chat template,
+//! and the generation loop. It knows nothing of terminals or files; callers get tokens and
+//! logits through a callback.
+
+pub mod chat_template;
+pub mod sampler;
+pub mod session;
+pub mod tokenizer;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use moescope_kernels::Isa;
+
+use crate::model::{Exec, KvCache, Logits, ModelError, NoObserver, Observer, Qwen3Moe};
+use crate::package::{Package, PackageError};
+use chat_template::ChatTemplate;
+use sampler::Sampler;
+use tokenizer::Tok;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Package(#[from] PackageError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Tokenizer(String),
+    #[error("{0}")]
+    Template(String),
+    #[error("prompt has {n} tokens; the context holds {ctx} (raise --ctx-size)")]
+    PromptTooLong { n: usize, ctx: usize },
+    #[error("{0}")]
+    Setup(String),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct EngineOptions {
+    pub threads: usize,
+    /// KV cache length; None = the smaller of the model's maximum and 8192.
+    pub ctx_size: Option<usize>,
+    pub isa: Isa,
+}
+
+/// Prompts are evaluated in chunks of this many tokens (bounds the activation buffers).
+pub const PREFILL_CHUNK: usize = 256;
+
+pub struct Engine {
+    pub model: Qwen3Moe,
+    pub exec: Exec,
+    pub kv: KvCache,
+    /// The ids whose keys and values are in `kv`, in order.
+    cached: Vec<u32>,
+    pub tok: Option<Arc<Tok>>,
+    pub template: Option<Arc<ChatTemplate>>,
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    Eos,
+    Length,
+    Cancelled,
+    ContextFull,
+}
+
+impl Stop {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stop::Eos => "eos",
+            Stop::Length => "length",
+            Stop::Cancelled => "cancelled",
+            Stop::ContextFull => "context_full",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GenStats {
+    /// Prompt tokens actually evaluated (the rest came from the cache).
+    pub prompt_evaluated: usize,
+    pub prompt_cached: usize,
+    pub generated: Vec<u32>,
+    pub prefill_ms: f64,
+    pub decode_ms: f64,
+    pub ttft_ms: f64,
+    /// Forward passes of one token after the first sample.
+    pub decode_steps: usize,
+    pub stop: Stop,
+}
+
+impl GenStats {
+    pub fn prefill_tps(&self) -> f64 {
+        rate(self.prompt_evaluated, self.prefill_ms)
+    }
+    pub fn decode_tps(&self) -> f64 {
+        rate(self.decode_steps, self.decode_ms)
+    }
+}
+
+fn rate(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 { n as f64 / (ms / 1000.0) } else { 0.0 }
+}
+
+/// What happens after each sampled token.
+pub struct GenRequest<'a> {
+    pub max_tokens: usize,
+    pub stop_at_eos: bool,
+    pub cancel: &'a AtomicBool,
+}
+
+impl Engine {
+    pub fn load(path: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
+        let pkg = Arc::new(Package::open(path)?);
+        let model = Qwen3Moe::load(pkg.clone())?;
+        let cfg = &model.cfg;
+        let ctx = opts.ctx_size.unwrap_or(cfg.max_position_embeddings.min(8192));
+        if ctx == 0 {
+            return Err(EngineError::Setup("--ctx-size must be positive".into()));
+        }
+        let tok = match &pkg.meta.tokenizer.tokenizer_json {
+            Some(j) => Some(Arc::new(Tok::from_json(j).map_err(|e| EngineError::Tokenizer(format!("{}: tokenizer: {e}", path.display())))?)),
+            None => None,
+        };
+        let template = match &pkg.meta.tokenizer.chat_template {
+            Some(t) => Some(Arc::new(
+                ChatTemplate::new(t, pkg.meta.tokenizer.bos_token.clone(), pkg.meta.tokenizer.eos_token.clone())
+                    .map_err(|e| EngineError::Template(format!("{}: {e}", path.display())))?,
+            )),
+            None => None,
+        };
+        let exec = Exec::new(opts.threads, opts.isa).map_err(EngineError::Setup)?;
+        let kv = KvCache::new(cfg, ctx);
+        Ok(Engine { model, exec, kv, cached: Vec::new(), tok, template })
+    }
+
+    pub fn package(&self) -> &Package {
+        self.model.package()
+    }
+
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.model.cfg.eos_token_ids
+    }
+
+    /// Forget the cache.
+    pub fn reset(&mut self) {
+        self.kv.truncate(0);
+        self.cached.clear();
+    }
+
+    /// Keep the longest cached prefix of `ids` (leaving at least one token of `ids` to
+    /// evaluate, whose logits are needed); returns its length.
+    pub fn reuse_prefix(&mut self, ids: &[u32]) -> usize {
+        let mut n = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        if n == ids.len() {
+            n = n.saturating_sub(1);
+        }
+        self.cached.truncate(n);
+        self.kv.truncate(n);
+        n
+    }
+
+    /// Evaluate `ids` after what is cached; logits as asked for the last chunk.
+    pub fn eval(&mut self, ids: &[u32], want: Logits, obs: &mut dyn Observer) -> Result<Vec<f32>, EngineError> {
+        if self.kv.len() + ids.len() > self.kv.capacity() {
+            return Err(EngineError::PromptTooLong { n: self.kv.len() + ids.len(), ctx: self.kv.capacity() });
+        }
+        let mut out = Vec::new();
+        let chunks: Vec<&[u32]> = ids.chunks(PREFILL_CHUNK).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let last = i + 1 == chunks.len();
+            let w = match (want, last) {
+                (Logits::All, _) => Logits::All,
+                (w, true) => w,
+                (_, false) => Logits::None,
+            };
+            let mut l = self.model.forward(&self.exec, chunk, &mut self.kv, w, obs)?;
+            self.cached.extend_from_slice(chunk);
+            out.append(&mut l);
+        }
+        Ok(out)
+    }
+
+    /// Generate after `prompt` (reusing the cached prefix). `on_token(id, logits)` sees each
+    /// sampled id with the raw logits that chose it, and returns false to stop.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        req: GenRequest<'_>,
+        on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
+    ) -> Result<GenStats, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::Setup("empty prompt".into()));
+        }
+        if prompt.len() >= self.kv.capacity() {
+            return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.kv.capacity() });
+        }
+        let t0 = Instant::now();
+        let cached = self.reuse_prefix(prompt);
+        let mut logits = self.eval(&prompt[cached..], Logits::Last, &mut NoObserver)?;
+        let prefill_ms = ms(t0);
+        let mut history: Vec<u32> = prompt.to_vec();
+        let mut stats = GenStats {
+            prompt_evaluated: prompt.len() - cached,
+            prompt_cached: cached,
+            generated: Vec::new(),
+            prefill_ms,
+            decode_ms: 0.0,
+            ttft_ms: 0.0,
+            decode_steps: 0,
+            stop: Stop::Length,
+        };
+        let mut t_decode: Option<Instant> = None;
+        loop {
+            if req.max_tokens == 0 {
+                break;
+            }
+            let id = sampler.sample(&logits, &history);
+            if stats.generated.is_empty() {
+                stats.ttft_ms = ms(t0);
+                t_decode = Some(Instant::now());
+            }
+            stats.generated.push(id);
+            history.push(id);
+            let go_on = on_token(id, &logits);
+            if req.stop_at_eos && self.eos_ids().contains(&id) {
+                stats.stop = Stop::Eos;
+                break;
+            }
+            if stats.generated.len() >= req.max_tokens {
+                stats.stop = Stop::Length;
+                break;
+            }
+            if !go_on || req.cancel.load(Ordering::Relaxed) {
+                stats.stop = Stop::Cancelled;
+                break;
+            }
+            if self.kv.len() + 1 > self.kv.capacity() {
+                stats.stop = Stop::ContextFull;
+                break;
+            }
+            logits = self.eval(&[id], Logits::Last, &mut NoObserver)?;
+            stats.decode_steps += 1;
+        }
+        if let Some(t) = t_decode {
+            stats.decode_ms = ms(t);
+        }
+        Ok(stats)
+    }
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}

@@ -1,0 +1,234 @@
+//! Choosing the next token from logits: greedy, or sampling with temperature, top-k, top-p,
+//! min-p and a repetition penalty, from a seeded generator (same seed, same output).
+//!
+//! Order, as llama.cpp's default chain: repetition penalty on the raw logits, then top-k,
+//! temperature, softmax, top-p, min-p, and a draw. Temperature 0 is greedy (after the penalty).
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplerParams {
+    /// 0 = greedy.
+    pub temperature: f32,
+    /// 0 = off.
+    pub top_k: usize,
+    /// 1 = off.
+    pub top_p: f32,
+    /// 0 = off: drop tokens whose probability is below `min_p` times the top one's.
+    pub min_p: f32,
+    /// 1 = off: divide a positive logit of a recently seen token by this (multiply a negative).
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalty looks at.
+    pub repeat_last_n: usize,
+    pub seed: u64,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams {
+            temperature: 0.7,
+            top_k: 20,
+            top_p: 0.95,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplerParams {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(format!("--temperature must be >= 0, got {}", self.temperature));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(format!("--top-p must be in (0, 1], got {}", self.top_p));
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err(format!("--min-p must be in [0, 1], got {}", self.min_p));
+        }
+        if !(self.repeat_penalty > 0.0 && self.repeat_penalty.is_finite()) {
+            return Err(format!("--repeat-penalty must be > 0, got {}", self.repeat_penalty));
+        }
+        Ok(())
+    }
+}
+
+/// xoshiro256** seeded through splitmix64: small, fast, and the same on every platform.
+#[derive(Debug, Clone)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        Rng { s: [next(), next(), next(), next()] }
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let r = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        r
+    }
+
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+pub struct Sampler {
+    pub params: SamplerParams,
+    rng: Rng,
+    /// (id, logit) scratch, reused across tokens.
+    cand: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    pub fn new(params: SamplerParams) -> Sampler {
+        Sampler { params, rng: Rng::new(params.seed), cand: Vec::new() }
+    }
+
+    /// The next token, given the raw logits and the tokens so far (for the penalty).
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = self.params;
+        self.cand.clear();
+        self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
+            let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
+            let mut seen: Vec<u32> = recent.to_vec();
+            seen.sort_unstable();
+            seen.dedup();
+            for id in seen {
+                if let Some(c) = self.cand.get_mut(id as usize) {
+                    c.1 = if c.1 > 0.0 { c.1 / p.repeat_penalty } else { c.1 * p.repeat_penalty };
+                }
+            }
+        }
+        if p.temperature == 0.0 {
+            return argmax(&self.cand);
+        }
+        // highest first; ties to the lower id, so the order never depends on the sort
+        self.cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        if p.top_k > 0 && p.top_k < self.cand.len() {
+            self.cand.truncate(p.top_k);
+        }
+        let m = self.cand[0].1;
+        let mut probs: Vec<f64> = self.cand.iter().map(|c| (((c.1 - m) / p.temperature) as f64).exp()).collect();
+        let sum: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|x| *x /= sum);
+        let mut keep = probs.len();
+        if p.top_p < 1.0 {
+            let mut acc = 0.0;
+            for (i, q) in probs.iter().enumerate() {
+                acc += q;
+                if acc >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = probs[0] * p.min_p as f64;
+            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
+        }
+        let total: f64 = probs[..keep].iter().sum();
+        let mut r = self.rng.next_f64() * total;
+        for i in 0..keep {
+            r -= probs[i];
+            if r < 0.0 {
+                return self.cand[i].0;
+            }
+        }
+        self.cand[keep - 1].0
+    }
+}
+
+fn argmax(c: &[(u32, f32)]) -> u32 {
+    let mut best = 0;
+    for i in 1..c.len() {
+        if c[i].1 > c[best].1 {
+            best = i;
+        }
+    }
+    c[best].0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(t: f32) -> SamplerParams {
+        SamplerParams { temperature: t, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 64, seed: 7 }
+    }
+
+    #[test]
+    fn greedy_is_argmax_first_of_ties() {
+        let mut s = Sampler::new(params(0.0));
+        assert_eq!(s.sample(&[0.1, 2.0, -1.0, 2.0], &[]), 1);
+    }
+
+    #[test]
+    fn same_seed_same_draws() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
+        let mut a = Sampler::new(params(1.0));
+        let mut b = Sampler::new(params(1.0));
+        let da: Vec<u32> = (0..100).map(|_| a.sample(&logits, &[])).collect();
+        let db: Vec<u32> = (0..100).map(|_| b.sample(&logits, &[])).collect();
+        assert_eq!(da, db);
+        assert!(da.iter().any(|&x| x != da[0]), "sampling at temperature 1 should vary");
+    }
+
+    #[test]
+    fn draws_follow_the_softmax() {
+        // brute force: frequencies of 40k draws against exp(l) / sum
+        let logits = [0.0f32, 1.0, 2.0, -1.0];
+        let mut s = Sampler::new(params(1.0));
+        let mut n = [0usize; 4];
+        for _ in 0..40_000 {
+            n[s.sample(&logits, &[]) as usize] += 1;
+        }
+        let z: f64 = logits.iter().map(|l| (*l as f64).exp()).sum();
+        for i in 0..4 {
+            let p = (logits[i] as f64).exp() / z;
+            let f = n[i] as f64 / 40_000.0;
+            assert!((f - p).abs() < 0.01, "token {i}: {f} vs {p}");
+        }
+    }
+
+    #[test]
+    fn filters_cut_what_they_should() {
+        let logits = [3.0f32, 2.9, 0.0, -5.0];
+        // top-k 1 is greedy
+        let mut s = Sampler::new(SamplerParams { top_k: 1, ..params(5.0) });
+        assert!((0..200).all(|_| s.sample(&logits, &[]) == 0));
+        // top-p: p(0) ~ 0.50, p(1) ~ 0.46: 0.9 keeps both, never 2 or 3
+        let mut s = Sampler::new(SamplerParams { top_p: 0.9, ..params(1.0) });
+        assert!((0..2000).all(|_| s.sample(&logits, &[]) < 2));
+        // min-p 0.5: token 2 has p/p0 = e^-3 < 0.5
+        let mut s = Sampler::new(SamplerParams { min_p: 0.5, ..params(1.0) });
+        assert!((0..2000).all(|_| s.sample(&logits, &[]) < 2));
+    }
+
+    #[test]
+    fn repetition_penalty_moves_greedy_choice() {
+        let mut s = Sampler::new(SamplerParams { repeat_penalty: 2.0, ..params(0.0) });
+        // 2.0 / 2 = 1.0 < 1.5
+        assert_eq!(s.sample(&[2.0, 1.5], &[0]), 1);
+        // a negative logit is pushed further down
+        assert_eq!(s.sample(&[-1.0, -1.5], &[0]), 1);
+    }
+}

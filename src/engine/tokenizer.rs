@@ -1,0 +1,89 @@
+//! The model's tokenizer (HuggingFace `tokenizers`, from the tokenizer.json embedded in the
+//! package) and streaming detokenization that never splits a UTF-8 character.
+
+use std::str::FromStr;
+
+use tokenizers::Tokenizer;
+
+pub struct Tok {
+    inner: Tokenizer,
+}
+
+impl Tok {
+    /// Load a tokenizer.json; padding and truncation are switched off (an LLM prompt is
+    /// neither padded nor cut).
+    pub fn from_json(json: &str) -> Result<Tok, String> {
+        let mut inner = Tokenizer::from_str(json).map_err(|e| e.to_string())?;
+        inner.with_padding(None);
+        inner
+            .with_truncation(None)
+            .map_err(|e| e.to_string())?;
+        Ok(Tok { inner })
+    }
+
+    /// Token ids of `text`, special tokens in the text recognized, the tokenizer's own
+    /// post-processing applied (as `tokenizer(text)` does in Python).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(self.inner.encode(text, true).map_err(|e| e.to_string())?.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, String> {
+        self.inner.decode(ids, skip_special).map_err(|e| e.to_string())
+    }
+
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}
+
+/// Turns a stream of token ids into text pieces. A piece is released only when the text decoded
+/// so far does not end in an incomplete UTF-8 sequence (shown by the decoder as U+FFFD), so a
+/// character split over several byte-level tokens is printed whole, once.
+pub struct StreamDecoder<'a> {
+    tok: &'a Tok,
+    ids: Vec<u32>,
+    /// Start of the window decoded each time (keeps the cost per token bounded).
+    prev: usize,
+    /// Tokens of the window already released as text.
+    cur: usize,
+    skip_special: bool,
+}
+
+impl<'a> StreamDecoder<'a> {
+    pub fn new(tok: &'a Tok, skip_special: bool) -> StreamDecoder<'a> {
+        StreamDecoder { tok, ids: Vec::new(), prev: 0, cur: 0, skip_special }
+    }
+
+    /// Add one token; returns the new text, if any can be shown yet.
+    pub fn push(&mut self, id: u32) -> Result<Option<String>, String> {
+        self.ids.push(id);
+        let before = self.tok.decode(&self.ids[self.prev..self.cur], self.skip_special)?;
+        let now = self.tok.decode(&self.ids[self.prev..], self.skip_special)?;
+        if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.is_char_boundary(before.len()) {
+            let piece = now[before.len()..].to_string();
+            self.prev = self.cur;
+            self.cur = self.ids.len();
+            Ok(Some(piece))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Whatever is still held back (an incomplete character at the very end is shown as
+    /// U+FFFD, as a full decode would).
+    pub fn flush(&mut self) -> Result<Option<String>, String> {
+        let before = self.tok.decode(&self.ids[self.prev..self.cur], self.skip_special)?;
+        let now = self.tok.decode(&self.ids[self.prev..], self.skip_special)?;
+        self.prev = self.ids.len();
+        self.cur = self.ids.len();
+        if now.len() > before.len() && now.is_char_boundary(before.len()) {
+            Ok(Some(now[before.len()..].to_string()))
+        } else {
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! moescope: run Mixture-of-Experts language models bigger than RAM, and watch how.
+//!
+//! The library holds the engine; the `moescope` binary (src/main.rs, src/cmd/) is a thin
+//! command-line layer over it. See DESIGN.md in the project's shared notes for the map.
+
+pub mod cache_dir;
+pub mod convert;
+pub mod demo;
+pub mod engine;
+pub mod model;
+pub mod npy;
+pub mod package;

@@ -1,0 +1,365 @@
+//! Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B) forward pass on the CPU.
+//!
+//! Per layer, for a batch of T tokens at positions `pos0..pos0+T` (prefill: the prompt; decode:
+//! T = 1):
+//! ```text
+//! h = rms_norm(x) · input_layernorm
+//! q = h Wq [T, nh*hd], k = h Wk [T, nkv*hd], v = h Wv
+//! q, k: rms_norm per head over hd (q_norm, k_norm), then rotate-half RoPE; k, v -> KV cache
+//! a = softmax(q k^T / sqrt(hd), causal) v   (GQA: query head j reads kv head j / (nh/nkv))
+//! x += a Wo
+//! h = rms_norm(x) · post_attention_layernorm
+//! MoE layer: p = softmax(h Wr^T) in f32 over E experts; top-k; w = p_topk (/ sum if
+//!            norm_topk_prob); x += sum_k w_k · down(silu(gate h) * up h) of expert k
+//! dense layer: x += down(silu(gate h) * up h)
+//! ```
+//! then `logits = rms_norm(x) · norm · lm_head` (the embedding when tied).
+//! Tokens routed to the same expert are computed together, so each expert's weights are read
+//! once per batch; each token's expert outputs are summed in rank order, whatever order the
+//! experts ran in, so the result never depends on scheduling.
+
+use std::sync::Arc;
+
+use moescope_kernels::ops::{add_inplace, apply_rope, rms_norm, rms_norm_inplace, softmax_inplace, swiglu, Rope};
+use moescope_kernels::Mat;
+use rayon::prelude::*;
+
+use super::config::ModelConfig;
+use super::error::ModelError;
+use super::exec::{Exec, Scratch};
+use super::kv_cache::KvCache;
+use crate::package::Package;
+
+/// Which positions of a batch need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Every position (tests, perplexity): `[T, vocab]`.
+    All,
+    /// Only the last position: `[vocab]`.
+    Last,
+    /// None (a prefill chunk that is not the last).
+    None,
+}
+
+/// What a forward pass reports as it goes (routing for the heatmap and the tests, hidden
+/// states for debugging). Every method has a no-op default.
+pub trait Observer {
+    /// Token `t` of the batch (position `pos`) in MoE layer `layer` picked `experts` (rank
+    /// order) with routing `weights`; `probs` is the softmax over all experts.
+    fn routing(&mut self, _layer: usize, _pos: usize, _experts: &[usize], _weights: &[f32], _probs: &[f32]) {}
+    /// Hidden states `[T, H]` after stage `i` (0 = embeddings, l + 1 = after layer l,
+    /// L + 1 = after the final norm).
+    fn hidden(&mut self, _i: usize, _x: &[f32]) {}
+}
+
+pub struct NoObserver;
+impl Observer for NoObserver {}
+
+enum Ffn {
+    Dense { gate: usize, up: usize, down: usize },
+    Moe { router: usize },
+}
+
+struct Layer {
+    input_norm: usize,
+    post_norm: usize,
+    q: usize,
+    k: usize,
+    v: usize,
+    o: usize,
+    q_norm: usize,
+    k_norm: usize,
+    ffn: Ffn,
+}
+
+pub struct Qwen3Moe {
+    pub cfg: ModelConfig,
+    pkg: Arc<Package>,
+    embed: usize,
+    norm: usize,
+    lm_head: usize,
+    layers: Vec<Layer>,
+    rope: Rope,
+}
+
+impl Qwen3Moe {
+    /// Bind the package's tensors, checking every name and shape the forward pass uses.
+    pub fn load(pkg: Arc<Package>) -> Result<Qwen3Moe, ModelError> {
+        let c = pkg.meta.model.clone();
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let m = |name: String, shape: &[usize]| pkg.require(&name, shape, false);
+        let v = |name: String, n: usize| pkg.require(&name, &[n], true);
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{l}.");
+            let ffn = if c.is_moe_layer(l) {
+                Ffn::Moe { router: pkg.require(&format!("{p}mlp.gate.weight"), &[c.num_experts, h], true)? }
+            } else {
+                let i = c.intermediate_size;
+                Ffn::Dense {
+                    gate: m(format!("{p}mlp.gate_proj.weight"), &[i, h])?,
+                    up: m(format!("{p}mlp.up_proj.weight"), &[i, h])?,
+                    down: m(format!("{p}mlp.down_proj.weight"), &[h, i])?,
+                }
+            };
+            layers.push(Layer {
+                input_norm: v(format!("{p}input_layernorm.weight"), h)?,
+                post_norm: v(format!("{p}post_attention_layernorm.weight"), h)?,
+                q: m(format!("{p}self_attn.q_proj.weight"), &[c.q_dim(), h])?,
+                k: m(format!("{p}self_attn.k_proj.weight"), &[c.kv_dim(), h])?,
+                v: m(format!("{p}self_attn.v_proj.weight"), &[c.kv_dim(), h])?,
+                o: m(format!("{p}self_attn.o_proj.weight"), &[h, c.q_dim()])?,
+                q_norm: v(format!("{p}self_attn.q_norm.weight"), hd)?,
+                k_norm: v(format!("{p}self_attn.k_norm.weight"), hd)?,
+                ffn,
+            });
+        }
+        let embed = m("model.embed_tokens.weight".into(), &[c.vocab_size, h])?;
+        let lm_head = if c.tie_word_embeddings { embed } else { m("lm_head.weight".into(), &[c.vocab_size, h])? };
+        Ok(Qwen3Moe {
+            norm: v("model.norm.weight".into(), h)?,
+            embed,
+            lm_head,
+            layers,
+            rope: Rope::new(c.rope_theta, hd),
+            cfg: c,
+            pkg,
+        })
+    }
+
+    pub fn package(&self) -> &Arc<Package> {
+        &self.pkg
+    }
+
+    /// Run `tokens` at positions `kv.len()..`, appending their keys and values to `kv`.
+    pub fn forward(
+        &self,
+        exec: &Exec,
+        tokens: &[u32],
+        kv: &mut KvCache,
+        want: Logits,
+        obs: &mut dyn Observer,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg;
+        let (t_n, h) = (tokens.len(), c.hidden_size);
+        let pos0 = kv.len();
+        if pos0 + t_n > kv.capacity() {
+            return Err(ModelError::ContextFull { need: pos0 + t_n, ctx: kv.capacity() });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange { id: bad, vocab: c.vocab_size });
+        }
+        let pkg = &*self.pkg;
+        let mut s = Scratch::default();
+        // x [T, H]: the residual stream
+        let mut x = vec![0f32; t_n * h];
+        let emb = pkg.mat_by_index(self.embed);
+        for (t, &id) in tokens.iter().enumerate() {
+            emb.dequant_row(id as usize, &mut x[t * h..(t + 1) * h]);
+        }
+        obs.hidden(0, &x);
+        // cos/sin of each position, shared by all layers: [T, hd/2]
+        let half = c.head_dim / 2;
+        let (mut cos, mut sin) = (vec![0f32; t_n * half], vec![0f32; t_n * half]);
+        for t in 0..t_n {
+            self.rope.cos_sin(pos0 + t, &mut cos[t * half..(t + 1) * half], &mut sin[t * half..(t + 1) * half]);
+        }
+        let mut hbuf = vec![0f32; t_n * h];
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.attention(exec, l, layer, &x, &mut hbuf, pos0, &cos, &sin, kv, &mut s);
+            add_inplace(&mut x, &hbuf);
+            let w = pkg.f32_by_index(layer.post_norm);
+            for t in 0..t_n {
+                rms_norm(&x[t * h..(t + 1) * h], w, c.rms_norm_eps as f32, &mut hbuf[t * h..(t + 1) * h]);
+            }
+            let out = match layer.ffn {
+                Ffn::Dense { gate, up, down } => {
+                    let (g, u, d) = (pkg.mat_by_index(gate), pkg.mat_by_index(up), pkg.mat_by_index(down));
+                    swiglu_mlp(exec, &g, &u, &d, &hbuf, t_n, &mut s)
+                }
+                Ffn::Moe { router } => self.moe(exec, l, router, &hbuf, pos0, &mut s, obs)?,
+            };
+            add_inplace(&mut x, &out);
+            obs.hidden(l + 1, &x);
+        }
+        kv.set_len(pos0 + t_n);
+
+        let rows: Vec<usize> = match want {
+            Logits::All => (0..t_n).collect(),
+            Logits::Last => vec![t_n - 1],
+            Logits::None => vec![],
+        };
+        let norm = pkg.f32_by_index(self.norm);
+        for t in 0..t_n {
+            rms_norm_inplace(&mut x[t * h..(t + 1) * h], norm, c.rms_norm_eps as f32);
+        }
+        obs.hidden(c.num_hidden_layers + 1, &x);
+        if rows.is_empty() {
+            return Ok(vec![]);
+        }
+        let xs: Vec<f32> = rows.iter().flat_map(|&t| x[t * h..(t + 1) * h].iter().copied()).collect();
+        let mut logits = vec![0f32; rows.len() * c.vocab_size];
+        exec.matmul(&pkg.mat_by_index(self.lm_head), &xs, rows.len(), &mut logits, &mut s);
+        Ok(logits)
+    }
+
+    /// Self-attention of layer `l` for the batch; result (before the residual add) in `out`.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        exec: &Exec,
+        l: usize,
+        layer: &Layer,
+        x: &[f32],
+        out: &mut [f32],
+        pos0: usize,
+        cos: &[f32],
+        sin: &[f32],
+        kv: &mut KvCache,
+        s: &mut Scratch,
+    ) {
+        let c = &self.cfg;
+        let pkg = &*self.pkg;
+        let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
+        let t_n = x.len() / h;
+        let eps = c.rms_norm_eps as f32;
+        let mut hn = vec![0f32; t_n * h];
+        let w = pkg.f32_by_index(layer.input_norm);
+        for t in 0..t_n {
+            rms_norm(&x[t * h..(t + 1) * h], w, eps, &mut hn[t * h..(t + 1) * h]);
+        }
+        // q [T, nh*hd], k and v [T, nkv*hd]
+        let (mut q, mut k, mut v) = (vec![0f32; t_n * nh * hd], vec![0f32; t_n * nkv * hd], vec![0f32; t_n * nkv * hd]);
+        exec.matmul(&pkg.mat_by_index(layer.q), &hn, t_n, &mut q, s);
+        exec.matmul(&pkg.mat_by_index(layer.k), &hn, t_n, &mut k, s);
+        exec.matmul(&pkg.mat_by_index(layer.v), &hn, t_n, &mut v, s);
+        let (qn, kn) = (pkg.f32_by_index(layer.q_norm), pkg.f32_by_index(layer.k_norm));
+        let half = hd / 2;
+        for t in 0..t_n {
+            let (cs, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+            for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_exact_mut(hd) {
+                rms_norm_inplace(head, qn, eps);
+                apply_rope(head, cs, sn);
+            }
+            for head in k[t * nkv * hd..(t + 1) * nkv * hd].chunks_exact_mut(hd) {
+                rms_norm_inplace(head, kn, eps);
+                apply_rope(head, cs, sn);
+            }
+            kv.write(l, pos0 + t, &k[t * nkv * hd..(t + 1) * nkv * hd], &v[t * nkv * hd..(t + 1) * nkv * hd]);
+        }
+        // one task per (token, query head): softmax(q k^T * scale) v over positions 0..=pos
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = nh / nkv;
+        let isa = exec.isa;
+        let mut attn = vec![0f32; t_n * nh * hd];
+        let kv_ref = &*kv;
+        exec.install(|| {
+            attn.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+                let (t, head) = (i / nh, i % nh);
+                let n = pos0 + t + 1;
+                let (keys, vals) = kv_ref.head(l, head / group, n);
+                let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+                let mut sc: Vec<f32> =
+                    keys.chunks_exact(hd).map(|kr| moescope_kernels::dot::dot_f32(isa, qh, kr) * scale).collect();
+                softmax_inplace(&mut sc);
+                o.fill(0.0);
+                for (p, vr) in sc.iter().zip(vals.chunks_exact(hd)) {
+                    for (a, b) in o.iter_mut().zip(vr) {
+                        *a += p * b;
+                    }
+                }
+            })
+        });
+        exec.matmul(&pkg.mat_by_index(layer.o), &attn, t_n, out, s);
+    }
+
+    /// The routed-experts block of MoE layer `l` for the batch `hn` (`[T, H]`, normed).
+    #[allow(clippy::too_many_arguments)]
+    fn moe(
+        &self,
+        exec: &Exec,
+        l: usize,
+        router: usize,
+        hn: &[f32],
+        pos0: usize,
+        s: &mut Scratch,
+        obs: &mut dyn Observer,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg;
+        let pkg = &*self.pkg;
+        let (h, e_n, k_n) = (c.hidden_size, c.num_experts, c.num_experts_per_tok);
+        let t_n = hn.len() / h;
+        // router logits [T, E] in f32
+        let mut probs = vec![0f32; t_n * e_n];
+        exec.matmul(&pkg.mat_by_index(router), hn, t_n, &mut probs, s);
+        // per token: softmax, top-k by probability (ties: lower expert id), weights
+        let mut chosen = vec![(0usize, 0f32); t_n * k_n];
+        let mut order: Vec<usize> = Vec::with_capacity(e_n);
+        for t in 0..t_n {
+            let p = &mut probs[t * e_n..(t + 1) * e_n];
+            softmax_inplace(p);
+            order.clear();
+            order.extend(0..e_n);
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            let top = &order[..k_n];
+            let sum: f32 = top.iter().map(|&e| p[e]).sum();
+            let norm = if c.norm_topk_prob { sum } else { 1.0 };
+            for (j, &e) in top.iter().enumerate() {
+                chosen[t * k_n + j] = (e, p[e] / norm);
+            }
+            let ids: Vec<usize> = top.to_vec();
+            let ws: Vec<f32> = chosen[t * k_n..(t + 1) * k_n].iter().map(|c| c.1).collect();
+            obs.routing(l, pos0 + t, &ids, &ws, p);
+        }
+        // tokens per expert: (token, rank)
+        let mut per_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e_n];
+        for t in 0..t_n {
+            for j in 0..k_n {
+                per_expert[chosen[t * k_n + j].0].push((t, j));
+            }
+        }
+        // expert outputs, weighted, per (token, rank): [T, k, H]
+        let mut yk = vec![0f32; t_n * k_n * h];
+        let (mut xe, mut ye) = (Vec::new(), Vec::new());
+        for (e, users) in per_expert.iter().enumerate() {
+            if users.is_empty() {
+                continue;
+            }
+            let ex = pkg.expert(l, e)?;
+            xe.clear();
+            for &(t, _) in users {
+                xe.extend_from_slice(&hn[t * h..(t + 1) * h]);
+            }
+            ye.clear();
+            ye.extend(swiglu_mlp(exec, &ex.gate, &ex.up, &ex.down, &xe, users.len(), s));
+            for (i, &(t, j)) in users.iter().enumerate() {
+                let w = chosen[t * k_n + j].1;
+                let dst = &mut yk[(t * k_n + j) * h..(t * k_n + j + 1) * h];
+                for (d, y) in dst.iter_mut().zip(&ye[i * h..(i + 1) * h]) {
+                    *d = y * w;
+                }
+            }
+        }
+        let mut out = vec![0f32; t_n * h];
+        for t in 0..t_n {
+            let o = &mut out[t * h..(t + 1) * h];
+            for j in 0..k_n {
+                add_inplace(o, &yk[(t * k_n + j) * h..(t * k_n + j + 1) * h]);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `down(silu(gate x) * up x)` for `x` of `[n, H]`; returns `[n, H]`.
+fn swiglu_mlp(exec: &Exec, gate: &Mat<'_>, up: &Mat<'_>, down: &Mat<'_>, x: &[f32], n: usize, s: &mut Scratch) -> Vec<f32> {
+    let i = gate.rows;
+    let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
+    exec.matmul(gate, x, n, &mut g, s);
+    exec.matmul(up, x, n, &mut u, s);
+    let mut a = vec![0f32; n * i];
+    swiglu(&g, &u, &mut a);
+    let mut y = vec![0f32; n * down.rows];
+    exec.matmul(down, &a, n, &mut y, s);
+    y
+}

@@ -1,0 +1,296 @@
+//! The `.moe` file layout: header, metadata, tensor index and expert table.
+//!
+//! ```text
+//! 0        header, 4096 bytes (fixed fields below, zero padded)
+//! 4096     metadata JSON (model config, quantization, tokenizer, tensor index, expert table)
+//! dense    dense tensors, each 64-byte aligned (values, then f32 scales 64-byte aligned)
+//! experts  one blob per (MoE layer, expert), 4096-byte aligned and padded: gate, up and down
+//!          with their scales, so one expert is exactly one read (O_DIRECT-friendly)
+//! ```
+//! Every offset in the metadata is absolute. Every tensor and every expert blob carries an
+//! xxh3-64 checksum of its bytes; the metadata has one in the header; the header has its own.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::config::ModelConfig;
+use moescope_kernels::Format;
+
+pub const MAGIC: [u8; 8] = *b"MOESCOPE";
+/// Bumped on any incompatible change of the layout below.
+pub const VERSION: u32 = 1;
+pub const HEADER_SIZE: u64 = 4096;
+pub const DENSE_ALIGN: u64 = 64;
+pub const EXPERT_ALIGN: u64 = 4096;
+
+pub fn align_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+/// The fixed fields at the start of the file (little endian).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Header {
+    pub version: u32,
+    pub file_size: u64,
+    pub meta_offset: u64,
+    pub meta_len: u64,
+    pub meta_xxh3: u64,
+    pub dense_offset: u64,
+    pub dense_len: u64,
+    pub expert_offset: u64,
+    pub expert_len: u64,
+}
+
+/// Byte offset of the header checksum; it covers bytes `[0, HEADER_SUM_AT)`.
+pub const HEADER_SUM_AT: usize = 84;
+
+impl Header {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(HEADER_SIZE as usize);
+        b.extend_from_slice(&MAGIC);
+        b.extend_from_slice(&self.version.to_le_bytes());
+        b.extend_from_slice(&(HEADER_SIZE as u32).to_le_bytes());
+        for v in [
+            self.file_size,
+            self.meta_offset,
+            self.meta_len,
+            self.meta_xxh3,
+            self.dense_offset,
+            self.dense_len,
+            self.expert_offset,
+            self.expert_len,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&[0u8; 4]);
+        debug_assert_eq!(b.len(), HEADER_SUM_AT);
+        let sum = xxhash_rust::xxh3::xxh3_64(&b);
+        b.extend_from_slice(&sum.to_le_bytes());
+        b.resize(HEADER_SIZE as usize, 0);
+        b
+    }
+
+    /// Parse the fixed fields; `Err` says what is wrong, in words.
+    pub fn decode(b: &[u8]) -> Result<Header, HeaderError> {
+        if b.len() < HEADER_SIZE as usize {
+            return Err(HeaderError::Short(b.len()));
+        }
+        if b[..8] != MAGIC {
+            return Err(HeaderError::Magic);
+        }
+        let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
+        let version = u32_at(8);
+        if version != VERSION {
+            return Err(HeaderError::Version(version));
+        }
+        if u32_at(12) as u64 != HEADER_SIZE {
+            return Err(HeaderError::Corrupt("header size field"));
+        }
+        if xxhash_rust::xxh3::xxh3_64(&b[..HEADER_SUM_AT]) != u64_at(HEADER_SUM_AT) {
+            return Err(HeaderError::Corrupt("header checksum"));
+        }
+        Ok(Header {
+            version,
+            file_size: u64_at(16),
+            meta_offset: u64_at(24),
+            meta_len: u64_at(32),
+            meta_xxh3: u64_at(40),
+            dense_offset: u64_at(48),
+            dense_len: u64_at(56),
+            expert_offset: u64_at(64),
+            expert_len: u64_at(72),
+        })
+    }
+}
+
+#[derive(Debug)]
+pub enum HeaderError {
+    Short(usize),
+    Magic,
+    Version(u32),
+    Corrupt(&'static str),
+}
+
+/// Storage type of a tensor, as written in the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    Bf16,
+    Q8,
+    Q4,
+}
+
+impl DType {
+    pub fn format(self, group: Option<usize>) -> Option<Format> {
+        Some(match self {
+            DType::F32 => Format::F32,
+            DType::Bf16 => Format::Bf16,
+            DType::Q8 => Format::Q8 { group: group? },
+            DType::Q4 => Format::Q4 { group: group? },
+        })
+    }
+
+    pub fn of(f: Format) -> DType {
+        match f {
+            Format::F32 => DType::F32,
+            Format::Bf16 => DType::Bf16,
+            Format::Q8 { .. } => DType::Q8,
+            Format::Q4 { .. } => DType::Q4,
+        }
+    }
+}
+
+/// Where one tensor (or one part of an expert blob) lies and how it is stored.
+/// Matrices are `[rows, cols]`; vectors are `[n]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorEntry {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<usize>,
+    pub layout: String,
+    /// Absolute for dense tensors; relative to the blob start for expert parts.
+    pub offset: u64,
+    pub length: u64,
+    /// Start of the f32 scales (same base as `offset`), for quantized types.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scales_offset: Option<u64>,
+    /// xxh3-64 of the `length` bytes at `offset` (dense tensors only), 16 hex digits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3: Option<String>,
+}
+
+impl TensorEntry {
+    pub fn rows_cols(&self) -> (usize, usize) {
+        match self.shape.as_slice() {
+            [n] => (1, *n),
+            [r, c] => (*r, *c),
+            _ => (0, 0),
+        }
+    }
+
+    pub fn format(&self) -> Option<Format> {
+        self.dtype.format(self.group)
+    }
+
+    /// Bytes this entry must span, from its format and shape; None if inconsistent.
+    pub fn expected_len(&self) -> Option<(u64, Option<u64>)> {
+        let f = self.format()?;
+        let (r, c) = self.rows_cols();
+        if r == 0 || c == 0 || !f.fits(c) {
+            return None;
+        }
+        Some(span(f, r, c))
+    }
+}
+
+/// (total bytes, offset of the scales from the start) of a `[rows, cols]` tensor in format `f`.
+pub fn span(f: Format, rows: usize, cols: usize) -> (u64, Option<u64>) {
+    let data = f.data_bytes(rows, cols) as u64;
+    let scales = f.scale_bytes(rows, cols) as u64;
+    if scales == 0 {
+        (data, None)
+    } else {
+        let so = align_up(data, DENSE_ALIGN);
+        (so + scales, Some(so))
+    }
+}
+
+/// The routed experts: one blob per (layer in `layers`, expert), all with the same parts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpertRegion {
+    pub layers: Vec<usize>,
+    pub num_experts: usize,
+    /// `gate_proj [I, H]`, `up_proj [I, H]`, `down_proj [H, I]`, offsets relative to the blob.
+    pub parts: Vec<TensorEntry>,
+    /// Bytes of one blob including padding (a multiple of 4096).
+    pub blob_len: u64,
+    /// `table[i * num_experts + e]` = (absolute offset, xxh3-64 hex) of layer `layers[i]`,
+    /// expert `e`.
+    pub table: Vec<(u64, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantInfo {
+    /// `bf16`, `q8`, `q4` or `q4g32`: the mode the converter ran with.
+    pub mode: String,
+    /// In words: which tensors got which format.
+    pub description: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenizerInfo {
+    /// The checkpoint's tokenizer.json, verbatim; None when the checkpoint had none.
+    pub tokenizer_json: Option<String>,
+    /// The Jinja chat template (tokenizer_config.json or chat_template.jinja).
+    pub chat_template: Option<String>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub pad_token: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    pub format: String,
+    pub version: u32,
+    /// Human-readable name of the model (source directory or "moescope demo").
+    pub name: String,
+    pub converter: String,
+    pub model: ModelConfig,
+    pub quant: QuantInfo,
+    pub tokenizer: TokenizerInfo,
+    pub tensors: Vec<TensorEntry>,
+    pub experts: Option<ExpertRegion>,
+}
+
+pub const FORMAT_NAME: &str = "moescope-package";
+
+pub fn hex64(v: u64) -> String {
+    format!("{v:016x}")
+}
+
+pub fn parse_hex64(s: &str) -> Option<u64> {
+    if s.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(s, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_and_rejects_damage() {
+        let h = Header {
+            version: VERSION,
+            file_size: 123456,
+            meta_offset: 4096,
+            meta_len: 77,
+            meta_xxh3: 0xdead_beef,
+            dense_offset: 8192,
+            dense_len: 1000,
+            expert_offset: 12288,
+            expert_len: 4096,
+        };
+        let b = h.encode();
+        assert_eq!(b.len(), HEADER_SIZE as usize);
+        assert_eq!(Header::decode(&b).ok(), Some(h));
+        let mut bad = b.clone();
+        bad[20] ^= 1;
+        assert!(matches!(Header::decode(&bad), Err(HeaderError::Corrupt(_))));
+        let mut magic = b.clone();
+        magic[0] = b'X';
+        assert!(matches!(Header::decode(&magic), Err(HeaderError::Magic)));
+        assert!(matches!(Header::decode(&b[..100]), Err(HeaderError::Short(100))));
+    }
+
+    #[test]
+    fn spans_align_scales() {
+        assert_eq!(span(Format::Bf16, 3, 5), (30, None));
+        // q4: 2 rows x 96 -> 96 data bytes, scales at 128, 2*3*4 = 24 bytes
+        assert_eq!(span(Format::Q4 { group: 32 }, 2, 96), (128 + 24, Some(128)));
+    }
+}

@@ -1,0 +1,10 @@
+//! The `.moe` package: one file holding a converted model, laid out for expert streaming.
+
+pub mod error;
+pub mod layout;
+pub mod reader;
+pub mod writer;
+
+pub use error::PackageError;
+pub use layout::{DType, ExpertRegion, Meta, QuantInfo, TensorEntry, TokenizerInfo};
+pub use reader::{ExpertMats, OpenOptions, Package};

@@ -1,0 +1,328 @@
+//! Opening a package: mmap, then validate header, version, bounds, sizes and checksums before
+//! anything is used. Expert blobs are checked the first time they are read.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use memmap2::Mmap;
+use moescope_kernels::{Format, Mat, MatData};
+
+use super::error::PackageError;
+use super::layout::*;
+
+/// An open, validated package.
+pub struct Package {
+    path: PathBuf,
+    mmap: Mmap,
+    pub header: Header,
+    pub meta: Meta,
+    index: HashMap<String, usize>,
+    /// Per expert blob: 0 = not checked yet, 1 = checksum good.
+    expert_checked: Vec<AtomicU8>,
+}
+
+/// What to check when opening.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenOptions {
+    /// Hash every dense tensor now (they are all read at the first token anyway).
+    pub verify_dense: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions { verify_dense: true }
+    }
+}
+
+impl Package {
+    pub fn open(path: &Path) -> Result<Package, PackageError> {
+        Package::open_with(path, OpenOptions::default())
+    }
+
+    pub fn open_with(path: &Path, opts: OpenOptions) -> Result<Package, PackageError> {
+        let p = path.to_path_buf();
+        let io = |source| PackageError::Io { path: p.clone(), source };
+        let file = File::open(path).map_err(io)?;
+        let actual = file.metadata().map_err(io)?.len();
+        if actual < HEADER_SIZE {
+            // a short file that starts with something else is simply not a package
+            let mut head = [0u8; 8];
+            let n = std::io::Read::read(&mut &file, &mut head).unwrap_or(0);
+            if n < 8 || head != MAGIC {
+                return Err(PackageError::Magic { path: p });
+            }
+            return Err(PackageError::Truncated { path: p, what: "the header".into(), need: HEADER_SIZE, have: actual });
+        }
+        // SAFETY: the file is opened read-only; a package is not modified while in use (the
+        // converter writes a new file and renames it into place).
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let header = match Header::decode(&mmap[..HEADER_SIZE as usize]) {
+            Ok(h) => h,
+            Err(HeaderError::Magic) | Err(HeaderError::Short(_)) => return Err(PackageError::Magic { path: p }),
+            Err(HeaderError::Version(found)) => {
+                return Err(PackageError::Version { path: p, found, supported: VERSION });
+            }
+            Err(HeaderError::Corrupt(what)) => return Err(PackageError::Corrupt { path: p, what: what.into() }),
+        };
+        if header.file_size > actual {
+            return Err(PackageError::Truncated { path: p, what: "the package".into(), need: header.file_size, have: actual });
+        }
+        if header.file_size < actual {
+            return Err(PackageError::Corrupt {
+                path: p,
+                what: format!("size: the file has {actual} bytes, its header says {}", header.file_size),
+            });
+        }
+        let regions = [
+            ("metadata", header.meta_offset, header.meta_len),
+            ("dense region", header.dense_offset, header.dense_len),
+            ("expert region", header.expert_offset, header.expert_len),
+        ];
+        for (what, off, len) in regions {
+            let end = off.checked_add(len).unwrap_or(u64::MAX);
+            if off < HEADER_SIZE || end > actual {
+                return Err(PackageError::Corrupt { path: p, what: format!("{what} bounds ({off}+{len})") });
+            }
+        }
+        let meta_bytes = &mmap[header.meta_offset as usize..(header.meta_offset + header.meta_len) as usize];
+        if xxhash_rust::xxh3::xxh3_64(meta_bytes) != header.meta_xxh3 {
+            return Err(PackageError::Checksum {
+                path: p,
+                what: "metadata".into(),
+                offset: header.meta_offset,
+                len: header.meta_len,
+            });
+        }
+        let meta: Meta = serde_json::from_slice(meta_bytes)
+            .map_err(|e| PackageError::Meta { path: p.clone(), msg: e.to_string() })?;
+        if meta.format != FORMAT_NAME || meta.version != VERSION {
+            return Err(PackageError::Meta {
+                path: p,
+                msg: format!("format '{}' version {} (expected '{FORMAT_NAME}' {VERSION})", meta.format, meta.version),
+            });
+        }
+        meta.model.validate().map_err(|msg| PackageError::Meta { path: p.clone(), msg: format!("model config: {msg}") })?;
+
+        let mut index = HashMap::new();
+        for (i, t) in meta.tensors.iter().enumerate() {
+            check_entry(&p, t, header.dense_offset, header.dense_offset + header.dense_len)?;
+            if index.insert(t.name.clone(), i).is_some() {
+                return Err(PackageError::Tensor { path: p, name: t.name.clone(), msg: "listed twice".into() });
+            }
+        }
+        let n_blobs = match &meta.experts {
+            Some(ex) => check_experts(&p, ex, &meta, &header)?,
+            None => {
+                if !meta.model.moe_layers().is_empty() {
+                    return Err(PackageError::Meta { path: p, msg: "the model has MoE layers but no expert table".into() });
+                }
+                0
+            }
+        };
+        let pkg = Package {
+            path: p,
+            mmap,
+            header,
+            meta,
+            index,
+            expert_checked: (0..n_blobs).map(|_| AtomicU8::new(0)).collect(),
+        };
+        if opts.verify_dense {
+            for t in &pkg.meta.tensors {
+                pkg.verify(&t.name, t.offset, t.length, t.xxh3.as_deref())?;
+            }
+        }
+        Ok(pkg)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn file_size(&self) -> u64 {
+        self.header.file_size
+    }
+
+    fn verify(&self, what: &str, offset: u64, len: u64, sum: Option<&str>) -> Result<(), PackageError> {
+        let want = sum.and_then(parse_hex64).ok_or_else(|| PackageError::Meta {
+            path: self.path.clone(),
+            msg: format!("{what}: missing or malformed checksum"),
+        })?;
+        let bytes = &self.mmap[offset as usize..(offset + len) as usize];
+        if xxhash_rust::xxh3::xxh3_64(bytes) != want {
+            return Err(PackageError::Checksum { path: self.path.clone(), what: what.to_string(), offset, len });
+        }
+        Ok(())
+    }
+
+    pub fn entry(&self, name: &str) -> Result<&TensorEntry, PackageError> {
+        self.index
+            .get(name)
+            .map(|&i| &self.meta.tensors[i])
+            .ok_or_else(|| PackageError::Missing { path: self.path.clone(), name: name.to_string() })
+    }
+
+    /// Index of dense tensor `name`, checked to have `shape` (and to be f32 if `f32_only`).
+    pub fn require(&self, name: &str, shape: &[usize], f32_only: bool) -> Result<usize, PackageError> {
+        let i = *self
+            .index
+            .get(name)
+            .ok_or_else(|| PackageError::Missing { path: self.path.clone(), name: name.to_string() })?;
+        let t = &self.meta.tensors[i];
+        if t.shape != shape || (f32_only && t.dtype != DType::F32) {
+            return Err(PackageError::Tensor {
+                path: self.path.clone(),
+                name: name.into(),
+                msg: format!("{:?} {:?}, expected {}{shape:?}", t.dtype, t.shape, if f32_only { "f32 " } else { "" }),
+            });
+        }
+        Ok(i)
+    }
+
+    /// Dense tensor `i` (from [`Package::require`]) as a matrix; a vector is one row.
+    pub fn mat_by_index(&self, i: usize) -> Mat<'_> {
+        mat_at(&self.mmap, &self.meta.tensors[i], 0)
+    }
+
+    /// Dense f32 tensor `i` (from [`Package::require`] with `f32_only`).
+    pub fn f32_by_index(&self, i: usize) -> &[f32] {
+        let t = &self.meta.tensors[i];
+        bytemuck::cast_slice(&self.mmap[t.offset as usize..(t.offset + t.length) as usize])
+    }
+
+    /// The three matrices of expert `e` of MoE layer `layer`, checksum verified on first use.
+    pub fn expert(&self, layer: usize, e: usize) -> Result<ExpertMats<'_>, PackageError> {
+        let ex = self.meta.experts.as_ref().ok_or_else(|| PackageError::Meta {
+            path: self.path.clone(),
+            msg: "no expert table".into(),
+        })?;
+        let li = ex.layers.iter().position(|&l| l == layer).ok_or_else(|| PackageError::Meta {
+            path: self.path.clone(),
+            msg: format!("layer {layer} has no experts"),
+        })?;
+        if e >= ex.num_experts {
+            return Err(PackageError::Meta { path: self.path.clone(), msg: format!("expert {e} out of range") });
+        }
+        let slot = li * ex.num_experts + e;
+        let (off, sum) = &ex.table[slot];
+        if self.expert_checked[slot].load(Ordering::Acquire) == 0 {
+            self.verify(&format!("expert blob (layer {layer}, expert {e})"), *off, ex.blob_len, Some(sum))?;
+            self.expert_checked[slot].store(1, Ordering::Release);
+        }
+        Ok(ExpertMats {
+            gate: mat_at(&self.mmap, &ex.parts[0], *off),
+            up: mat_at(&self.mmap, &ex.parts[1], *off),
+            down: mat_at(&self.mmap, &ex.parts[2], *off),
+        })
+    }
+
+    /// Bytes of dense tensors and of experts, and of one expert blob.
+    pub fn sizes(&self) -> (u64, u64, u64) {
+        let blob = self.meta.experts.as_ref().map_or(0, |e| e.blob_len);
+        (self.header.dense_len, self.header.expert_len, blob)
+    }
+}
+
+/// gate `[I, H]`, up `[I, H]`, down `[H, I]` of one expert.
+pub struct ExpertMats<'a> {
+    pub gate: Mat<'a>,
+    pub up: Mat<'a>,
+    pub down: Mat<'a>,
+}
+
+/// The matrix an (already validated) entry describes, its offsets taken from `base`.
+fn mat_at<'a>(bytes: &'a [u8], t: &TensorEntry, base: u64) -> Mat<'a> {
+    let (rows, cols) = t.rows_cols();
+    let f = t.format().unwrap_or(Format::F32);
+    let start = (base + t.offset) as usize;
+    let data = &bytes[start..start + f.data_bytes(rows, cols)];
+    let scales = || {
+        let s = (base + t.scales_offset.unwrap_or(t.offset)) as usize;
+        bytemuck::cast_slice::<u8, f32>(&bytes[s..s + f.scale_bytes(rows, cols)])
+    };
+    let data = match f {
+        Format::F32 => MatData::F32(bytemuck::cast_slice(data)),
+        Format::Bf16 => MatData::Bf16(bytemuck::cast_slice(data)),
+        Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group },
+        Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group },
+    };
+    Mat { rows, cols, data }
+}
+
+/// Shape, format, size and alignment of one entry, within `[lo, hi)`.
+fn check_entry(path: &Path, t: &TensorEntry, lo: u64, hi: u64) -> Result<(), PackageError> {
+    let bad = |msg: String| PackageError::Tensor { path: path.to_path_buf(), name: t.name.clone(), msg };
+    let Some((len, so)) = t.expected_len() else {
+        return Err(bad(format!("inconsistent type {:?} / group {:?} / shape {:?}", t.dtype, t.group, t.shape)));
+    };
+    if t.shape.is_empty() || t.shape.len() > 2 {
+        return Err(bad(format!("shape {:?} is not a vector or a matrix", t.shape)));
+    }
+    if t.length != len {
+        return Err(bad(format!("length {} at offset {}, expected {len} for its type and shape", t.length, t.offset)));
+    }
+    if t.offset % DENSE_ALIGN != 0 {
+        return Err(bad(format!("offset {} is not {DENSE_ALIGN}-byte aligned", t.offset)));
+    }
+    let end = t.offset.checked_add(t.length).unwrap_or(u64::MAX);
+    if t.offset < lo || end > hi {
+        return Err(bad(format!("bytes {}..{end} lie outside their region {lo}..{hi}", t.offset)));
+    }
+    if t.scales_offset != so.map(|s| t.offset + s) {
+        return Err(bad(format!("scales offset {:?} does not follow the values", t.scales_offset)));
+    }
+    let want_layout = t.format().map(|f| f.layout()).unwrap_or("");
+    if t.layout != want_layout {
+        return Err(bad(format!("layout '{}' is not supported (expected '{want_layout}')", t.layout)));
+    }
+    Ok(())
+}
+
+fn check_experts(path: &Path, ex: &ExpertRegion, meta: &Meta, h: &Header) -> Result<usize, PackageError> {
+    let m = &meta.model;
+    let bad = |msg: String| PackageError::Meta { path: path.to_path_buf(), msg: format!("expert table: {msg}") };
+    if ex.layers != m.moe_layers() || ex.num_experts != m.num_experts {
+        return Err(bad(format!(
+            "covers layers {:?} x {} experts, the model has MoE layers {:?} x {}",
+            ex.layers,
+            ex.num_experts,
+            m.moe_layers(),
+            m.num_experts
+        )));
+    }
+    let (hd, inter) = (m.hidden_size, m.moe_intermediate_size);
+    let want = [("gate_proj", [inter, hd]), ("up_proj", [inter, hd]), ("down_proj", [hd, inter])];
+    if ex.parts.len() != 3 {
+        return Err(bad(format!("{} parts, expected 3", ex.parts.len())));
+    }
+    if ex.blob_len == 0 || ex.blob_len % EXPERT_ALIGN != 0 {
+        return Err(bad(format!("blob length {} is not a multiple of {EXPERT_ALIGN}", ex.blob_len)));
+    }
+    for (p, (name, shape)) in ex.parts.iter().zip(want) {
+        if p.name != name || p.shape != shape {
+            return Err(bad(format!("part {} {:?}, expected {name} {:?}", p.name, p.shape, shape)));
+        }
+        check_entry(path, p, 0, ex.blob_len)?;
+    }
+    let n = ex.layers.len() * ex.num_experts;
+    if ex.table.len() != n {
+        return Err(bad(format!("{} entries, expected {n}", ex.table.len())));
+    }
+    let (lo, hi) = (h.expert_offset, h.expert_offset + h.expert_len);
+    for (i, (off, sum)) in ex.table.iter().enumerate() {
+        let end = off.checked_add(ex.blob_len).unwrap_or(u64::MAX);
+        if off % EXPERT_ALIGN != 0 || *off < lo || end > hi {
+            return Err(bad(format!(
+                "blob {i} (layer {}, expert {}) at offset {off} is misaligned or outside the expert region",
+                ex.layers[i / ex.num_experts],
+                i % ex.num_experts
+            )));
+        }
+        if parse_hex64(sum).is_none() {
+            return Err(bad(format!("blob {i} has a malformed checksum")));
+        }
+    }
+    Ok(n)
+}

@@ -1,0 +1,334 @@
+//! Writing a package: offsets are planned up front, tensors and expert blobs are streamed in
+//! plan order into a temporary file beside the target, and only a finished, fsynced file is
+//! renamed into place. The magic is the last thing written, so even a partial file copied by
+//! hand is never taken for a package.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use xxhash_rust::xxh3::Xxh3;
+
+use super::error::PackageError;
+use super::layout::*;
+
+/// Fill in every offset of `meta` (dense tensors in the order given, then the expert blobs)
+/// and return the header they imply. Checksums are left as placeholders of final width.
+pub fn plan(meta: &mut Meta) -> Header {
+    let zero = hex64(0);
+    for t in &mut meta.tensors {
+        t.xxh3 = Some(zero.clone());
+    }
+    if let Some(ex) = &mut meta.experts {
+        // parts inside a blob, 64-byte aligned; the blob padded to 4096
+        let mut off = 0u64;
+        for p in &mut ex.parts {
+            let (r, c) = p.rows_cols();
+            let f = p.format().unwrap_or(moescope_kernels::Format::F32);
+            let (len, so) = span(f, r, c);
+            off = align_up(off, DENSE_ALIGN);
+            p.offset = off;
+            p.length = len;
+            p.scales_offset = so.map(|s| off + s);
+            off += len;
+        }
+        ex.blob_len = align_up(off.max(1), EXPERT_ALIGN);
+        ex.table = vec![(0, zero.clone()); ex.layers.len() * ex.num_experts];
+    }
+    // the metadata length depends on the offsets' digits and they on it: iterate to a fixpoint
+    let mut meta_reserved = 0u64;
+    loop {
+        let dense_offset = align_up(HEADER_SIZE + meta_reserved, EXPERT_ALIGN);
+        let mut off = dense_offset;
+        for t in &mut meta.tensors {
+            let f = t.format().unwrap_or(moescope_kernels::Format::F32);
+            let (r, c) = t.rows_cols();
+            let (len, so) = span(f, r, c);
+            off = align_up(off, DENSE_ALIGN);
+            t.offset = off;
+            t.length = len;
+            t.scales_offset = so.map(|s| off + s);
+            off += len;
+        }
+        let dense_len = off - dense_offset;
+        let expert_offset = align_up(off, EXPERT_ALIGN);
+        let mut expert_len = 0;
+        if let Some(ex) = &mut meta.experts {
+            for (i, slot) in ex.table.iter_mut().enumerate() {
+                slot.0 = expert_offset + i as u64 * ex.blob_len;
+            }
+            expert_len = ex.table.len() as u64 * ex.blob_len;
+        }
+        let need = serde_json::to_vec(meta).map(|v| v.len() as u64).unwrap_or(0);
+        if need <= meta_reserved {
+            return Header {
+                version: VERSION,
+                file_size: expert_offset + expert_len,
+                meta_offset: HEADER_SIZE,
+                meta_len: meta_reserved,
+                meta_xxh3: 0,
+                dense_offset,
+                dense_len,
+                expert_offset,
+                expert_len,
+            };
+        }
+        // room for the JSON plus slack, so one more round normally settles it
+        meta_reserved = need + 256;
+    }
+}
+
+struct Current {
+    kind: Item,
+    start: u64,
+    end: u64,
+    hasher: Xxh3,
+    scales: Vec<u8>,
+    scales_at: Option<u64>,
+}
+
+#[derive(Clone, Copy)]
+enum Item {
+    Dense(usize),
+}
+
+pub struct PackageWriter {
+    final_path: PathBuf,
+    tmp_path: PathBuf,
+    file: Option<BufWriter<File>>,
+    pos: u64,
+    meta: Meta,
+    header: Header,
+    cur: Option<Current>,
+    next_dense: usize,
+    next_expert: usize,
+}
+
+impl PackageWriter {
+    /// Start writing `meta` (already planned with [`plan`]) to `path`.
+    pub fn create(path: &Path, meta: Meta, header: Header) -> Result<PackageWriter, PackageError> {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "package".into());
+        let tmp_path = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
+        let io = |source| PackageError::Io { path: tmp_path.clone(), source };
+        let file = File::create(&tmp_path).map_err(io)?;
+        let mut w = PackageWriter {
+            final_path: path.to_path_buf(),
+            tmp_path: tmp_path.clone(),
+            file: Some(BufWriter::with_capacity(1 << 20, file)),
+            pos: 0,
+            meta,
+            header,
+            cur: None,
+            next_dense: 0,
+            next_expert: 0,
+        };
+        // a zero header for now: the real one (with the magic) goes in last
+        w.raw_write(&vec![0u8; (header.dense_offset) as usize])?;
+        Ok(w)
+    }
+
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    fn io_err(&self, source: std::io::Error) -> PackageError {
+        PackageError::Io { path: self.tmp_path.clone(), source }
+    }
+
+    fn raw_write(&mut self, b: &[u8]) -> Result<(), PackageError> {
+        let r = match self.file.as_mut() {
+            Some(f) => f.write_all(b),
+            None => Err(std::io::Error::other("package writer already finished")),
+        };
+        r.map_err(|e| self.io_err(e))?;
+        self.pos += b.len() as u64;
+        Ok(())
+    }
+
+    fn pad_to(&mut self, off: u64) -> Result<(), PackageError> {
+        if off < self.pos {
+            return Err(PackageError::Corrupt {
+                path: self.tmp_path.clone(),
+                what: format!("write order (at {} but next item starts at {off})", self.pos),
+            });
+        }
+        let zeros = vec![0u8; (off - self.pos) as usize];
+        self.raw_write(&zeros)
+    }
+
+    /// Begin the next dense tensor (in plan order); returns its index entry.
+    pub fn begin_dense(&mut self) -> Result<TensorEntry, PackageError> {
+        let i = self.next_dense;
+        let t = self.meta.tensors.get(i).cloned().ok_or_else(|| PackageError::Corrupt {
+            path: self.tmp_path.clone(),
+            what: "more dense tensors written than planned".into(),
+        })?;
+        self.pad_to(t.offset)?;
+        self.cur = Some(Current {
+            kind: Item::Dense(i),
+            start: t.offset,
+            end: t.offset + t.length,
+            hasher: Xxh3::new(),
+            scales: Vec::new(),
+            scales_at: t.scales_offset,
+        });
+        self.next_dense += 1;
+        Ok(t)
+    }
+
+    /// Values of the current tensor, in row order.
+    pub fn write_values(&mut self, b: &[u8]) -> Result<(), PackageError> {
+        if let Some(c) = self.cur.as_mut() {
+            c.hasher.update(b);
+        }
+        self.raw_write(b)
+    }
+
+    /// Scales of the current tensor, in row order (kept until the values are done).
+    pub fn push_scales(&mut self, s: &[f32]) {
+        if let Some(c) = self.cur.as_mut() {
+            c.scales.extend_from_slice(bytemuck::cast_slice(s));
+        }
+    }
+
+    /// Finish the current dense tensor: scales, length check, checksum.
+    pub fn end_dense(&mut self) -> Result<(), PackageError> {
+        let Some(mut c) = self.cur.take() else {
+            return Ok(());
+        };
+        if let Some(at) = c.scales_at {
+            // padding between values and scales is part of the checksummed range
+            let pad = vec![0u8; at.saturating_sub(self.pos) as usize];
+            c.hasher.update(&pad);
+            self.raw_write(&pad)?;
+            let scales = std::mem::take(&mut c.scales);
+            c.hasher.update(&scales);
+            self.raw_write(&scales)?;
+        }
+        let Item::Dense(i) = c.kind;
+        if self.pos != c.end {
+            return Err(PackageError::Tensor {
+                path: self.tmp_path.clone(),
+                name: self.meta.tensors[i].name.clone(),
+                msg: format!("wrote {} bytes, planned {}", self.pos - c.start, c.end - c.start),
+            });
+        }
+        self.meta.tensors[i].xxh3 = Some(hex64(c.hasher.digest()));
+        Ok(())
+    }
+
+    /// Write the next expert blob (layer-major, expert-minor), `blob.len() == blob_len`.
+    pub fn write_expert(&mut self, blob: &[u8]) -> Result<(), PackageError> {
+        let i = self.next_expert;
+        let (off, len) = match &self.meta.experts {
+            Some(ex) if i < ex.table.len() && blob.len() as u64 == ex.blob_len => (ex.table[i].0, ex.blob_len),
+            _ => {
+                return Err(PackageError::Corrupt {
+                    path: self.tmp_path.clone(),
+                    what: format!("expert blob {i} does not match the plan"),
+                });
+            }
+        };
+        self.pad_to(off)?;
+        self.raw_write(blob)?;
+        debug_assert_eq!(self.pos, off + len);
+        let sum = hex64(xxhash_rust::xxh3::xxh3_64(blob));
+        if let Some(ex) = self.meta.experts.as_mut() {
+            ex.table[i].1 = sum;
+        }
+        self.next_expert += 1;
+        Ok(())
+    }
+
+    /// Write metadata and header, fsync and rename into place.
+    pub fn finish(mut self) -> Result<(), PackageError> {
+        let planned_experts = self.meta.experts.as_ref().map_or(0, |e| e.table.len());
+        if self.next_dense != self.meta.tensors.len() || self.next_expert != planned_experts {
+            return Err(PackageError::Corrupt {
+                path: self.tmp_path.clone(),
+                what: format!(
+                    "incomplete: {}/{} tensors and {}/{} experts written",
+                    self.next_dense,
+                    self.meta.tensors.len(),
+                    self.next_expert,
+                    planned_experts
+                ),
+            });
+        }
+        self.pad_to(self.header.file_size)?;
+        let mut json = serde_json::to_vec(&self.meta).map_err(|e| PackageError::Meta {
+            path: self.tmp_path.clone(),
+            msg: e.to_string(),
+        })?;
+        if json.len() as u64 > self.header.meta_len {
+            return Err(PackageError::Meta {
+                path: self.tmp_path.clone(),
+                msg: format!("metadata grew to {} bytes, {} reserved", json.len(), self.header.meta_len),
+            });
+        }
+        json.resize(self.header.meta_len as usize, b' ');
+        self.header.meta_xxh3 = xxhash_rust::xxh3::xxh3_64(&json);
+        let header = self.header.encode();
+        let mut f = match self.file.take() {
+            Some(w) => w.into_inner().map_err(|e| PackageError::Io {
+                path: self.tmp_path.clone(),
+                source: e.into_error(),
+            })?,
+            None => return Ok(()),
+        };
+        let io = |source| PackageError::Io { path: self.tmp_path.clone(), source };
+        f.seek(SeekFrom::Start(HEADER_SIZE)).map_err(io)?;
+        f.write_all(&json).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        f.seek(SeekFrom::Start(0)).map_err(io)?;
+        f.write_all(&header).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        drop(f);
+        fs::rename(&self.tmp_path, &self.final_path).map_err(|source| PackageError::Io {
+            path: self.final_path.clone(),
+            source,
+        })?;
+        self.tmp_path = PathBuf::new();
+        Ok(())
+    }
+}
+
+impl Drop for PackageWriter {
+    fn drop(&mut self) {
+        // a failed or abandoned write leaves nothing behind
+        if !self.tmp_path.as_os_str().is_empty() {
+            self.file.take();
+            let _ = fs::remove_file(&self.tmp_path);
+        }
+    }
+}
+
+/// Builds one expert blob: parts placed at their planned offsets, zero padded.
+pub struct BlobBuilder<'a> {
+    region: &'a ExpertRegion,
+    pub buf: Vec<u8>,
+}
+
+impl<'a> BlobBuilder<'a> {
+    pub fn new(region: &'a ExpertRegion) -> BlobBuilder<'a> {
+        BlobBuilder { region, buf: vec![0u8; region.blob_len as usize] }
+    }
+
+    pub fn clear(&mut self) {
+        self.buf.fill(0);
+    }
+
+    /// Values and scales of part `p` (`values` = row-major bytes, `scales` f32 row-major).
+    pub fn put(&mut self, p: usize, values: &[u8], scales: &[f32]) {
+        let part = &self.region.parts[p];
+        let o = part.offset as usize;
+        self.buf[o..o + values.len()].copy_from_slice(values);
+        if let Some(so) = part.scales_offset {
+            let sb: &[u8] = bytemuck::cast_slice(scales);
+            self.buf[so as usize..so as usize + sb.len()].copy_from_slice(sb);
+        }
+    }
+}
