@@ -47,16 +47,16 @@ impl ChatTemplate {
     /// template treats "undefined" and `true` alike).
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool, enable_thinking: Option<bool>) -> Result<String, String> {
         let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
-        let mut ctx = vec![
-            ("messages", Value::from(minijinja::value::Serde(messages))),
-            ("add_generation_prompt", Value::from(add_generation_prompt)),
-            ("bos_token", Value::from(self.bos_token.clone().unwrap_or_default())),
-            ("eos_token", Value::from(self.eos_token.clone().unwrap_or_default())),
-        ];
-        if let Some(t) = enable_thinking {
-            ctx.push(("enable_thinking", Value::from(t)));
-        }
-        let ctx: Value = ctx.into_iter().collect();
+        let base = minijinja::context! {
+            messages => minijinja::value::Serde(messages),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        let ctx = match enable_thinking {
+            Some(t) => minijinja::context! { enable_thinking => t, ..base },
+            None => base,
+        };
         tmpl.render(ctx).map_err(|e| format!("chat template: {e}"))
     }
 }
