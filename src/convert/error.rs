@@ -6,12 +6,8 @@ use crate::package::PackageError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConvertError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{path}: {msg}")]
     File { path: PathBuf, msg: String },
     #[error("{path}: key '{key}': {msg}")]

@@ -28,7 +28,7 @@ pub fn read_config(dir: &Path) -> Result<ModelConfig, ConvertError> {
 }
 
 pub fn read_json(path: &Path) -> Result<Value, ConvertError> {
-    let bytes = std::fs::read(path).map_err(|source| ConvertError::Io { path: path.to_path_buf(), source })?;
+    let bytes = std::fs::read(path).map_err(|source| ConvertError::Io { path: path.to_path_buf(), error: source })?;
     serde_json::from_slice(&bytes).map_err(|e| ConvertError::File { path: path.to_path_buf(), msg: format!("invalid JSON: {e}") })
 }
 

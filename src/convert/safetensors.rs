@@ -74,7 +74,7 @@ impl HfCheckpoint {
             names
         } else {
             let mut names: Vec<String> = std::fs::read_dir(dir)
-                .map_err(|source| ConvertError::Io { path: dir.to_path_buf(), source })?
+                .map_err(|source| ConvertError::Io { path: dir.to_path_buf(), error: source })?
                 .filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .filter(|n| n.ends_with(".safetensors") && n != "reference.safetensors")
@@ -94,7 +94,7 @@ impl HfCheckpoint {
             if name.contains('/') || name.contains("..") {
                 return Err(ConvertError::File { path: index.clone(), msg: format!("shard name '{name}' leaves the directory") });
             }
-            let file = File::open(&path).map_err(|source| ConvertError::Io { path: path.clone(), source })?;
+            let file = File::open(&path).map_err(|source| ConvertError::Io { path: path.clone(), error: source })?;
             let fi = ck.files.len();
             for (tname, loc) in parse_header(&path, &file, fi)? {
                 ck.add(tname, loc, &path)?;
@@ -163,7 +163,7 @@ fn three(loc: &Loc, name: &str, path: &Path) -> Result<[usize; 3], ConvertError>
 /// `{name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}`.
 fn parse_header(path: &Path, file: &File, fi: usize) -> Result<Vec<(String, Loc)>, ConvertError> {
     let bad = |msg: String| ConvertError::File { path: path.to_path_buf(), msg };
-    let io = |source| ConvertError::Io { path: path.to_path_buf(), source };
+    let io = |source| ConvertError::Io { path: path.to_path_buf(), error: source };
     let file_len = file.metadata().map_err(io)?.len();
     let mut n = [0u8; 8];
     file.read_exact_at(&mut n, 0).map_err(|_| bad("too short for a safetensors header".into()))?;
@@ -228,7 +228,7 @@ impl TensorSource for HfCheckpoint {
         let es = loc.dtype.size();
         let mut raw = vec![0u8; n * cols * es];
         file.read_exact_at(&mut raw, loc.start + (r0 * cols * es) as u64)
-            .map_err(|source| ConvertError::Io { path: path.clone(), source })?;
+            .map_err(|source| ConvertError::Io { path: path.clone(), error: source })?;
         out.clear();
         out.reserve(n * cols);
         match loc.dtype {

@@ -16,7 +16,7 @@ pub fn read_tokenizer(dir: &Path) -> Result<Option<TokenizerInfo>, ConvertError>
     if !tj.exists() {
         return Ok(None);
     }
-    let json = std::fs::read_to_string(&tj).map_err(|source| ConvertError::Io { path: tj.clone(), source })?;
+    let json = std::fs::read_to_string(&tj).map_err(|source| ConvertError::Io { path: tj.clone(), error: source })?;
     // load it now, so a bad file fails the conversion rather than the first run
     Tok::from_json(&json).map_err(|e| ConvertError::File { path: tj.clone(), msg: format!("cannot load: {e}") })?;
     let mut info = TokenizerInfo { tokenizer_json: Some(json), ..Default::default() };
@@ -32,7 +32,7 @@ pub fn read_tokenizer(dir: &Path) -> Result<Option<TokenizerInfo>, ConvertError>
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
         info.chat_template =
-            Some(std::fs::read_to_string(&jinja).map_err(|source| ConvertError::Io { path: jinja.clone(), source })?);
+            Some(std::fs::read_to_string(&jinja).map_err(|source| ConvertError::Io { path: jinja.clone(), error: source })?);
     }
     Ok(Some(info))
 }

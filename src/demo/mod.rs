@@ -119,7 +119,7 @@ pub fn ensure_package(cache_dir: &Path) -> Result<(PathBuf, bool), ConvertError>
         return Ok((path, false));
     }
     std::fs::create_dir_all(cache_dir)
-        .map_err(|source| ConvertError::Io { path: cache_dir.to_path_buf(), source })?;
+        .map_err(|source| ConvertError::Io { path: cache_dir.to_path_buf(), error: source })?;
     let mut cfg = config();
     let tok = tokenizer_info();
     add_tokenizer_eos(&mut cfg, &tok);

@@ -43,7 +43,7 @@ impl Package {
 
     pub fn open_with(path: &Path, opts: OpenOptions) -> Result<Package, PackageError> {
         let p = path.to_path_buf();
-        let io = |source| PackageError::Io { path: p.clone(), source };
+        let io = |source| PackageError::Io { path: p.clone(), error: source };
         let file = File::open(path).map_err(io)?;
         let actual = file.metadata().map_err(io)?.len();
         if actual < HEADER_SIZE {

@@ -112,7 +112,7 @@ impl PackageWriter {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| "package".into());
         let tmp_path = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
-        let io = |source| PackageError::Io { path: tmp_path.clone(), source };
+        let io = |source| PackageError::Io { path: tmp_path.clone(), error: source };
         let file = File::create(&tmp_path).map_err(io)?;
         let mut w = PackageWriter {
             final_path: path.to_path_buf(),
@@ -135,7 +135,7 @@ impl PackageWriter {
     }
 
     fn io_err(&self, source: std::io::Error) -> PackageError {
-        PackageError::Io { path: self.tmp_path.clone(), source }
+        PackageError::Io { path: self.tmp_path.clone(), error: source }
     }
 
     fn raw_write(&mut self, b: &[u8]) -> Result<(), PackageError> {
@@ -275,11 +275,11 @@ impl PackageWriter {
         let mut f = match self.file.take() {
             Some(w) => w.into_inner().map_err(|e| PackageError::Io {
                 path: self.tmp_path.clone(),
-                source: e.into_error(),
+                error: e.into_error(),
             })?,
             None => return Ok(()),
         };
-        let io = |source| PackageError::Io { path: self.tmp_path.clone(), source };
+        let io = |source| PackageError::Io { path: self.tmp_path.clone(), error: source };
         f.seek(SeekFrom::Start(HEADER_SIZE)).map_err(io)?;
         f.write_all(&json).map_err(io)?;
         f.sync_all().map_err(io)?;
@@ -289,7 +289,7 @@ impl PackageWriter {
         drop(f);
         fs::rename(&self.tmp_path, &self.final_path).map_err(|source| PackageError::Io {
             path: self.final_path.clone(),
-            source,
+            error: source,
         })?;
         self.tmp_path = PathBuf::new();
         Ok(())
