@@ -24,7 +24,10 @@ fn copy_single() -> (tempfile::TempDir, PathBuf) {
 
 /// Rewrite `dir/model.safetensors` through `edit(name, dtype, shape, bytes)`; returning None
 /// drops the tensor.
-fn rewrite_weights(dir: &Path, edit: impl Fn(&str, Dtype, Vec<usize>, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>) {
+fn rewrite_weights(
+    dir: &Path,
+    edit: impl Fn(&str, Dtype, Vec<usize>, Vec<u8>) -> Option<(Dtype, Vec<usize>, Vec<u8>)>,
+) {
     let p = dir.join("model.safetensors");
     let bytes = std::fs::read(&p).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
@@ -104,9 +107,12 @@ fn missing_expert_tensor() {
 fn wrong_shape() {
     let (d, ck) = copy_single();
     let victim = "model.layers.0.self_attn.q_norm.weight";
-    rewrite_weights(&ck, |n, dt, s, b| {
-        if n == victim { Some((dt, vec![16], b[..32].to_vec())) } else { Some((dt, s, b)) }
-    });
+    rewrite_weights(
+        &ck,
+        |n, dt, s, b| {
+            if n == victim { Some((dt, vec![16], b[..32].to_vec())) } else { Some((dt, s, b)) }
+        },
+    );
     let out = d.path().join("x.moe");
     assert_clean_failure(&convert_cmd(&ck, &out, d.path()), &[victim, "[16]", "[32]"]);
     assert_no_output(d.path(), &out);
@@ -214,13 +220,19 @@ fn flipped_byte_in_a_dense_tensor() {
     let mut b = std::fs::read(&p).unwrap();
     b[dense as usize + 10] ^= 1;
     std::fs::write(&p, b).unwrap();
-    assert_clean_failure(&inspect(&p, d.path()), &["checksum mismatch", "model.embed_tokens.weight", &dense.to_string()]);
+    assert_clean_failure(
+        &inspect(&p, d.path()),
+        &["checksum mismatch", "model.embed_tokens.weight", &dense.to_string()],
+    );
 }
 
 #[test]
 fn prompt_longer_than_the_context() {
     let (d, p) = package();
-    let o = moescope(&["run", "-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3,4,5,6,7,8,9,10", "--ctx-size", "8"], d.path());
+    let o = moescope(
+        &["run", "-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3,4,5,6,7,8,9,10", "--ctx-size", "8"],
+        d.path(),
+    );
     assert_clean_failure(&o, &["prompt has 10 tokens", "8", "--ctx-size"]);
 }
 

@@ -45,8 +45,20 @@ fn run_json_and_logits_match_transformers() {
     let prompt = r.ids("input_ids");
     let npy = d.path().join("logits.npy");
     let o = moescope(
-        &["run", "-m", p.to_str().unwrap(), "--prompt-ids", &ids_arg(&prompt), "-n", "16", "--temperature", "0",
-          "--json", "--logits-out", npy.to_str().unwrap()],
+        &[
+            "run",
+            "-m",
+            p.to_str().unwrap(),
+            "--prompt-ids",
+            &ids_arg(&prompt),
+            "-n",
+            "16",
+            "--temperature",
+            "0",
+            "--json",
+            "--logits-out",
+            npy.to_str().unwrap(),
+        ],
         d.path(),
     );
     let v = json_out(&o);
@@ -70,13 +82,17 @@ fn text_prompt_through_the_tokenizer() {
     let (d, p) = convert("tied-demo-tok", "bf16");
     let r = Reference::load("tied-demo-tok");
     let prompt = "The quick brown fox jumps over the lazy dog. Hello, 世界! 1+1=2";
-    let o = moescope(&["run", "-m", p.to_str().unwrap(), "--prompt", prompt, "-n", "16", "--temperature", "0", "--json"], d.path());
+    let o = moescope(
+        &["run", "-m", p.to_str().unwrap(), "--prompt", prompt, "-n", "16", "--temperature", "0", "--json"],
+        d.path(),
+    );
     let v = json_out(&o);
     assert_eq!(as_ids(&v["prompt_ids"]), r.ids("input_ids"));
     assert_eq!(as_ids(&v["generated_ids"]), r.ids("generated_ids"));
     assert!(v["text"].as_str().is_some_and(|t| !t.is_empty()));
     // streamed (no --json): the text goes to stdout, the stats line to stderr
-    let o = moescope(&["run", "-m", p.to_str().unwrap(), "--prompt", prompt, "-n", "16", "--temperature", "0"], d.path());
+    let o =
+        moescope(&["run", "-m", p.to_str().unwrap(), "--prompt", prompt, "-n", "16", "--temperature", "0"], d.path());
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).trim_end_matches('\n'), v["text"].as_str().unwrap());
     assert!(stderr(&o).contains("tok/s"), "{}", stderr(&o));
@@ -101,7 +117,10 @@ fn chat_flag_applies_the_template() {
         .as_str()
         .unwrap()
         .to_string();
-    let o = moescope(&["run", "-m", p.to_str().unwrap(), "--prompt", "What is Rust?", "--chat", "--no-think", "-n", "4", "--json"], d.path());
+    let o = moescope(
+        &["run", "-m", p.to_str().unwrap(), "--prompt", "What is Rust?", "--chat", "--no-think", "-n", "4", "--json"],
+        d.path(),
+    );
     let v = json_out(&o);
     // the prompt ids are exactly the rendered template, tokenized
     let raw = moescope(&["run", "-m", p.to_str().unwrap(), "--prompt", &want, "-n", "1", "--json"], d.path());
@@ -113,7 +132,20 @@ fn same_seed_same_text() {
     let (d, p) = convert("tied-demo-tok", "q4");
     let run = |seed: &str| {
         json_out(&moescope(
-            &["run", "-m", p.to_str().unwrap(), "--prompt", "fn main", "-n", "24", "--temperature", "1.0", "--seed", seed, "--json"],
+            &[
+                "run",
+                "-m",
+                p.to_str().unwrap(),
+                "--prompt",
+                "fn main",
+                "-n",
+                "24",
+                "--temperature",
+                "1.0",
+                "--seed",
+                seed,
+                "--json",
+            ],
             d.path(),
         ))["generated_ids"]
             .clone()
@@ -133,14 +165,31 @@ fn repl_chats_and_reuses_the_cache() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(b"Hello there\nWhat is a crate?\n/reset\nHello there\n/quit\nnever read\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Hello there\nWhat is a crate?\n/reset\nHello there\n/quit\nnever read\n")
+        .unwrap();
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     // the first turn is what a one-shot --chat run of the same message prints, and after
     // /reset the same message gets the same (greedy) reply again
     let one = moescope(
-        &["run", "-m", p.to_str().unwrap(), "--prompt", "Hello there", "--chat", "-n", "6", "--temperature", "0", "--ignore-eos"],
+        &[
+            "run",
+            "-m",
+            p.to_str().unwrap(),
+            "--prompt",
+            "Hello there",
+            "--chat",
+            "-n",
+            "6",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+        ],
         d.path(),
     );
     let first = stdout(&one);
@@ -181,7 +230,20 @@ fn hf_directory_is_converted_once_into_the_cache() {
     let d = tempfile::tempdir().unwrap();
     let r = Reference::load("single");
     let (src, ids) = (fixture("single"), ids_arg(&r.ids("input_ids")));
-    let args = ["run", "-m", src.to_str().unwrap(), "--quant", "bf16", "--prompt-ids", &ids, "-n", "4", "--temperature", "0", "--json"];
+    let args = [
+        "run",
+        "-m",
+        src.to_str().unwrap(),
+        "--quant",
+        "bf16",
+        "--prompt-ids",
+        &ids,
+        "-n",
+        "4",
+        "--temperature",
+        "0",
+        "--json",
+    ];
     let first = moescope(&args, d.path());
     assert!(stderr(&first).contains("converting"), "{}", stderr(&first));
     assert!(stderr(&first).contains("no tokenizer.json"), "warning expected: {}", stderr(&first));

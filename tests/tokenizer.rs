@@ -65,7 +65,13 @@ fn ids_and_decoding_match_python() {
 fn qwen3_special_tokens_have_their_ids() {
     let tok = tokenizer("qwen3");
     assert_eq!(tok.encode("Hello, 世界").unwrap(), vec![9707, 11, 220, 99489]);
-    for (t, id) in [("<|endoftext|>", 151643), ("<|im_start|>", 151644), ("<|im_end|>", 151645), ("<think>", 151667), ("</think>", 151668)] {
+    for (t, id) in [
+        ("<|endoftext|>", 151643),
+        ("<|im_start|>", 151644),
+        ("<|im_end|>", 151645),
+        ("<think>", 151667),
+        ("</think>", 151668),
+    ] {
         assert_eq!(tok.token_id(t), Some(id), "{t}");
     }
 }
@@ -114,7 +120,10 @@ fn streaming_decode_never_splits_a_character() {
             }
             assert_eq!(pieces.concat(), full, "{name}: stream of {:?}", row["text"]);
             if !full.contains('\u{FFFD}') {
-                assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')), "{name}: a piece split a character: {pieces:?}");
+                assert!(
+                    pieces.iter().all(|p| !p.contains('\u{FFFD}')),
+                    "{name}: a piece split a character: {pieces:?}"
+                );
             }
         }
     }

@@ -7,7 +7,7 @@
 
 use crate::act::QuantRow;
 use crate::isa::Isa;
-use crate::quant::{bf16_to_f32, q4_value};
+use crate::quant::bf16_to_f32;
 
 /// `a · b` in f32.
 #[inline]
@@ -113,11 +113,20 @@ pub mod scalar {
     pub fn dot_q4(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
         let g = a.group;
         let mut acc = 0f32;
+        // blocks of B values: byte j holds value j (low nibble) and value j + B/2 (high)
+        let block = g.min(32);
+        let half = block / 2;
         for gi in 0..wd.len() {
-            let qg = &wq[gi * g / 2..(gi + 1) * g / 2];
             let mut isum = 0i32;
-            for j in 0..g {
-                isum += q4_value(qg, g, j) * a.q[gi * g + j] as i32;
+            for b in 0..g / block {
+                let base = gi * g + b * block;
+                let bytes = &wq[base / 2..base / 2 + half];
+                let x = &a.q[base..base + block];
+                for j in 0..half {
+                    let lo = (bytes[j] & 0x0F) as i32 - 8;
+                    let hi = (bytes[j] >> 4) as i32 - 8;
+                    isum += lo * x[j] as i32 + hi * x[j + half] as i32;
+                }
             }
             acc += isum as f32 * (wd[gi] * a.scales[gi]);
         }
@@ -282,7 +291,7 @@ mod x86 {
 mod tests {
     use super::*;
     use crate::act::QuantAct;
-    use crate::quant::{f32_to_bf16, quantize_q4_row, quantize_q8_row, GROUPS};
+    use crate::quant::{GROUPS, f32_to_bf16, q4_value, quantize_q4_row, quantize_q8_row};
 
     fn rnd(seed: &mut u64, n: usize) -> Vec<f32> {
         (0..n)

@@ -26,9 +26,7 @@ impl Isa {
             {
                 return Isa::Avx512;
             }
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 return Isa::Avx2;
             }
         }
@@ -47,10 +45,7 @@ impl Isa {
     /// Every tier this CPU can run, lowest first (tests run each).
     pub fn available() -> Vec<Isa> {
         let best = Isa::detect();
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
-            .into_iter()
-            .filter(|i| *i <= best)
-            .collect()
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| *i <= best).collect()
     }
 
     /// Whether the AVX2 kernels may run (true for every tier above scalar on x86-64).
@@ -75,9 +70,7 @@ impl std::str::FromStr for Isa {
             "scalar" => Ok(Isa::Scalar),
             "avx2" => Ok(Isa::Avx2),
             "avx512" => Ok(Isa::Avx512),
-            other => Err(format!(
-                "unknown ISA tier '{other}' (expected scalar, avx2 or avx512)"
-            )),
+            other => Err(format!("unknown ISA tier '{other}' (expected scalar, avx2 or avx512)")),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::ops::Range;
 use crate::act::QuantAct;
 use crate::dot;
 use crate::isa::Isa;
-use crate::quant::{bf16_to_f32, dequantize_q4_row, dequantize_q8_row, Format};
+use crate::quant::{Format, bf16_to_f32, dequantize_q4_row, dequantize_q8_row};
 
 /// The values of a matrix, borrowed (usually from the mmapped package).
 #[derive(Debug, Clone, Copy)]
@@ -13,9 +13,17 @@ pub enum MatData<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
     /// `q`: `[rows, cols]` int8; `scales`: `[rows, cols / group]`.
-    Q8 { q: &'a [i8], scales: &'a [f32], group: usize },
+    Q8 {
+        q: &'a [i8],
+        scales: &'a [f32],
+        group: usize,
+    },
     /// `q`: `[rows, cols / 2]` bytes in the `q4_lohi32` layout; `scales` as for Q8.
-    Q4 { q: &'a [u8], scales: &'a [f32], group: usize },
+    Q4 {
+        q: &'a [u8],
+        scales: &'a [f32],
+        group: usize,
+    },
 }
 
 /// `[rows, cols]` weight matrix: `y = W x` maps `cols` inputs to `rows` outputs.
@@ -139,8 +147,18 @@ mod tests {
         let mut q4 = vec![0u8; rows * cols / 2];
         let mut d4 = vec![0f32; rows * cols / 32];
         for i in 0..rows {
-            quantize_q8_row(&w[i * cols..(i + 1) * cols], 32, &mut q8[i * cols..(i + 1) * cols], &mut d8[i * 3..(i + 1) * 3]);
-            quantize_q4_row(&w[i * cols..(i + 1) * cols], 32, &mut q4[i * cols / 2..(i + 1) * cols / 2], &mut d4[i * 3..(i + 1) * 3]);
+            quantize_q8_row(
+                &w[i * cols..(i + 1) * cols],
+                32,
+                &mut q8[i * cols..(i + 1) * cols],
+                &mut d8[i * 3..(i + 1) * 3],
+            );
+            quantize_q4_row(
+                &w[i * cols..(i + 1) * cols],
+                32,
+                &mut q4[i * cols / 2..(i + 1) * cols / 2],
+                &mut d4[i * 3..(i + 1) * 3],
+            );
         }
         let mats = [
             Mat { rows, cols, data: MatData::F32(&w) },

@@ -61,9 +61,8 @@ pub struct Rope {
 
 impl Rope {
     pub fn new(theta: f64, rot_dim: usize) -> Rope {
-        let inv_freq = (0..rot_dim / 2)
-            .map(|i| 1.0f32 / (theta as f32).powf((2 * i) as f32 / rot_dim as f32))
-            .collect();
+        let inv_freq =
+            (0..rot_dim / 2).map(|i| 1.0f32 / (theta as f32).powf((2 * i) as f32 / rot_dim as f32)).collect();
         Rope { rot_dim, inv_freq }
     }
 

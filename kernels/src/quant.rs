@@ -28,9 +28,7 @@ pub const GROUPS: [usize; 4] = [128, 64, 32, 16];
 
 /// Largest of 128/64/32/16 (not above `max_group`) that divides `cols`.
 pub fn pick_group(cols: usize, max_group: usize) -> Option<usize> {
-    GROUPS
-        .into_iter()
-        .find(|&g| g <= max_group && cols % g == 0)
+    GROUPS.into_iter().find(|&g| g <= max_group && cols % g == 0)
 }
 
 impl Format {
@@ -120,9 +118,7 @@ pub fn quantize_q4_row(x: &[f32], group: usize, q: &mut [u8], scales: &mut [f32]
     let half = block / 2;
     for (gi, xs) in x.chunks_exact(group).enumerate() {
         // the value of largest magnitude, with its sign
-        let m = xs
-            .iter()
-            .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let m = xs.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
         let d = m / -8.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         scales[gi] = d;

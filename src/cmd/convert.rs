@@ -1,7 +1,7 @@
 //! `moescope convert HF_DIR -o OUT.moe [--quant q4]`.
 
 use anyhow::Result;
-use moescope::convert::{convert_hf, ConvertOptions, QuantMode};
+use moescope::convert::{ConvertOptions, QuantMode, convert_hf};
 
 use crate::cli::ConvertArgs;
 

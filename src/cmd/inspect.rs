@@ -54,19 +54,43 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     let c = &m.model;
     let mb = |b: u64| format!("{:.2} MB", b as f64 / 1e6);
     println!("{}  ({}, format v{}, {})", a.file.display(), m.name, pkg.header.version, mb(pkg.file_size()));
-    println!("architecture  {:?}, {} layers ({} MoE), hidden {}, vocab {}", c.arch, c.num_hidden_layers, c.moe_layers().len(), c.hidden_size, c.vocab_size);
-    println!("attention     {} query heads, {} kv heads, head_dim {}, rope_theta {}", c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rope_theta);
-    println!("experts       {} per layer, top-{}, intermediate {}, norm_topk_prob {}", c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob);
+    println!(
+        "architecture  {:?}, {} layers ({} MoE), hidden {}, vocab {}",
+        c.arch,
+        c.num_hidden_layers,
+        c.moe_layers().len(),
+        c.hidden_size,
+        c.vocab_size
+    );
+    println!(
+        "attention     {} query heads, {} kv heads, head_dim {}, rope_theta {}",
+        c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rope_theta
+    );
+    println!(
+        "experts       {} per layer, top-{}, intermediate {}, norm_topk_prob {}",
+        c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob
+    );
     println!("context       max {} positions; eos ids {:?}", c.max_position_embeddings, c.eos_token_ids);
     println!("quantization  {}: {}", m.quant.mode, m.quant.description);
-    println!("tokenizer     {}; chat template {}", if m.tokenizer.tokenizer_json.is_some() { "yes" } else { "none (token ids only)" }, if m.tokenizer.chat_template.is_some() { "yes" } else { "no" });
+    println!(
+        "tokenizer     {}; chat template {}",
+        if m.tokenizer.tokenizer_json.is_some() { "yes" } else { "none (token ids only)" },
+        if m.tokenizer.chat_template.is_some() { "yes" } else { "no" }
+    );
     println!("metadata      {} at offset {}", mb(pkg.header.meta_len), pkg.header.meta_offset);
     println!("dense         {} in {} tensors at offset {}", mb(dense), m.tensors.len(), pkg.header.dense_offset);
     for (k, (n, b)) in &by_type {
         println!("  {k:<6} {n:>5} tensors  {}", mb(*b));
     }
     if let Some(e) = ex {
-        println!("experts       {} in {} blobs ({} layers x {}) at offset {}", mb(experts), e.table.len(), e.layers.len(), e.num_experts, pkg.header.expert_offset);
+        println!(
+            "experts       {} in {} blobs ({} layers x {}) at offset {}",
+            mb(experts),
+            e.table.len(),
+            e.layers.len(),
+            e.num_experts,
+            pkg.header.expert_offset
+        );
         println!("  per expert  {} bytes (one read), 4096-aligned", blob);
         for p in &e.parts {
             println!("  {:<10} {:?} {:?} group {:?}: {} bytes", p.name, p.dtype, p.shape, p.group, p.length);

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::time::UNIX_EPOCH;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 
 use moescope::cache_dir::cache_dir;
-use moescope::convert::{convert_hf, ConvertOptions, QuantMode};
+use moescope::convert::{ConvertOptions, QuantMode, convert_hf};
 use moescope::demo;
 use moescope::package::layout::VERSION;
 
@@ -55,10 +55,8 @@ fn cache_name(dir: &Path, mode: QuantMode) -> Result<String> {
     h.update(canon.as_os_str().as_encoded_bytes());
     h.update(mode.name().as_bytes());
     h.update(&VERSION.to_le_bytes());
-    let mut entries: Vec<_> = std::fs::read_dir(&canon)
-        .with_context(|| format!("{}", canon.display()))?
-        .filter_map(|e| e.ok())
-        .collect();
+    let mut entries: Vec<_> =
+        std::fs::read_dir(&canon).with_context(|| format!("{}", canon.display()))?.filter_map(|e| e.ok()).collect();
     entries.sort_by_key(|e| e.file_name());
     for e in entries {
         let md = e.metadata().with_context(|| format!("{}", e.path().display()))?;

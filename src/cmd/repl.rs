@@ -3,18 +3,21 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 
-use anyhow::{bail, Result};
+use anyhow::{Result, bail};
 use moescope::engine::sampler::Sampler;
 use moescope::engine::session::ChatSession;
 use moescope::engine::tokenizer::StreamDecoder;
 use moescope::engine::{Engine, EngineError, GenRequest};
 
 use super::interrupt::{self, Generating};
-use super::run::{stats_line, RunConfig};
+use super::run::{RunConfig, stats_line};
 
 pub fn repl(mut engine: Engine, cfg: &RunConfig) -> Result<()> {
     let Some(tok) = engine.tok.clone() else {
-        bail!("{}: this package has no tokenizer, so it cannot chat: give a prompt with --prompt-ids", cfg.model.display());
+        bail!(
+            "{}: this package has no tokenizer, so it cannot chat: give a prompt with --prompt-ids",
+            cfg.model.display()
+        );
     };
     let template = engine.template.clone();
     let chat = template.is_some();

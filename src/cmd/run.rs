@@ -3,11 +3,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
+use moescope::engine::chat_template::Message;
 use moescope::engine::sampler::{Sampler, SamplerParams};
 use moescope::engine::tokenizer::StreamDecoder;
 use moescope::engine::{Engine, EngineOptions, GenRequest, GenStats};
-use moescope::engine::chat_template::Message;
 use moescope::model::KvCache;
 use moescope_kernels::Isa;
 use serde_json::json;
@@ -135,10 +135,9 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> 
                 bail!("{}: this package has no tokenizer: give the prompt as --prompt-ids", cfg.model.display());
             };
             let text = if cfg.chat {
-                let tmpl = engine
-                    .template
-                    .as_ref()
-                    .ok_or_else(|| anyhow::anyhow!("{}: this package has no chat template (drop --chat)", cfg.model.display()))?;
+                let tmpl = engine.template.as_ref().ok_or_else(|| {
+                    anyhow::anyhow!("{}: this package has no chat template (drop --chat)", cfg.model.display())
+                })?;
                 let mut msgs = vec![];
                 if let Some(s) = &cfg.system {
                     msgs.push(Message::new("system", s));
@@ -201,7 +200,8 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> 
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if cfg.json {
-        let text = engine.tok.as_ref().map(|t| t.decode(&stats.generated, true)).transpose().map_err(anyhow::Error::msg)?;
+        let text =
+            engine.tok.as_ref().map(|t| t.decode(&stats.generated, true)).transpose().map_err(anyhow::Error::msg)?;
         let v = json!({
             "model": engine.package().meta.name,
             "quant": engine.package().meta.quant.mode,

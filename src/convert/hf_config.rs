@@ -29,7 +29,8 @@ pub fn read_config(dir: &Path) -> Result<ModelConfig, ConvertError> {
 
 pub fn read_json(path: &Path) -> Result<Value, ConvertError> {
     let bytes = std::fs::read(path).map_err(|source| ConvertError::Io { path: path.to_path_buf(), error: source })?;
-    serde_json::from_slice(&bytes).map_err(|e| ConvertError::File { path: path.to_path_buf(), msg: format!("invalid JSON: {e}") })
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ConvertError::File { path: path.to_path_buf(), msg: format!("invalid JSON: {e}") })
 }
 
 fn token_ids(v: &Value, key: &str, path: &Path) -> Result<Vec<u32>, ConvertError> {
@@ -41,17 +42,17 @@ fn token_ids(v: &Value, key: &str, path: &Path) -> Result<Vec<u32>, ConvertError
     match v.get(key) {
         None | Some(Value::Null) => Ok(vec![]),
         Some(Value::Number(n)) => Ok(vec![n.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad)?]),
-        Some(Value::Array(a)) => a
-            .iter()
-            .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad))
-            .collect(),
+        Some(Value::Array(a)) => {
+            a.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad)).collect()
+        }
         Some(_) => Err(bad()),
     }
 }
 
 /// Parse a config.json value (`path` is only for messages).
 pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError> {
-    let err = |key: &str, msg: &str| ConvertError::Config { path: path.to_path_buf(), key: key.into(), msg: msg.into() };
+    let err =
+        |key: &str, msg: &str| ConvertError::Config { path: path.to_path_buf(), key: key.into(), msg: msg.into() };
     let archs: Vec<String> = v
         .get("architectures")
         .and_then(|a| a.as_array())
@@ -72,10 +73,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
     let usize_key = |key: &str| -> Result<Option<usize>, ConvertError> {
         match v.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(x) => x
-                .as_u64()
-                .map(|n| Some(n as usize))
-                .ok_or_else(|| err(key, "expected a non-negative integer")),
+            Some(x) => x.as_u64().map(|n| Some(n as usize)).ok_or_else(|| err(key, "expected a non-negative integer")),
         }
     };
     let req = |key: &str| usize_key(key)?.ok_or_else(|| err(key, "missing"));

@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use moescope_kernels::quant::{f32_to_bf16, quantize_q4_row, quantize_q8_row};
 use moescope_kernels::Format;
+use moescope_kernels::quant::{f32_to_bf16, quantize_q4_row, quantize_q8_row};
 use rayon::prelude::*;
 
 pub use error::ConvertError;
@@ -23,8 +23,8 @@ pub use source::TensorSource;
 
 use crate::engine::tokenizer::Tok;
 use crate::model::config::ModelConfig;
-use crate::package::layout::{DType, ExpertRegion, Meta, QuantInfo, TensorEntry, TokenizerInfo, FORMAT_NAME, VERSION};
-use crate::package::writer::{plan as plan_offsets, BlobBuilder, PackageWriter};
+use crate::package::layout::{DType, ExpertRegion, FORMAT_NAME, Meta, QuantInfo, TensorEntry, TokenizerInfo, VERSION};
+use crate::package::writer::{BlobBuilder, PackageWriter, plan as plan_offsets};
 
 #[derive(Debug, Clone, Copy)]
 pub struct ConvertOptions {
@@ -91,7 +91,8 @@ pub fn write_package(
     opts: ConvertOptions,
     out: &Path,
 ) -> Result<u64, ConvertError> {
-    cfg.validate().map_err(|msg| ConvertError::File { path: out.to_path_buf(), msg: format!("model config: {msg}") })?;
+    cfg.validate()
+        .map_err(|msg| ConvertError::File { path: out.to_path_buf(), msg: format!("model config: {msg}") })?;
     let dense = plan::dense_tensors(cfg);
     let moe_layers = cfg.moe_layers();
     // everything must be there, with the right shape, before a byte is written
@@ -250,7 +251,12 @@ pub fn encode_rows(f: Format, x: &[f32], cols: usize, vals: &mut Vec<u8>, scales
             scales.resize(x.len() / group, 0.0);
             for (r, row) in x.chunks_exact(cols).enumerate() {
                 let ng = cols / group;
-                quantize_q4_row(row, group, &mut vals[r * cols / 2..(r + 1) * cols / 2], &mut scales[r * ng..(r + 1) * ng]);
+                quantize_q4_row(
+                    row,
+                    group,
+                    &mut vals[r * cols / 2..(r + 1) * cols / 2],
+                    &mut scales[r * ng..(r + 1) * ng],
+                );
             }
         }
     }

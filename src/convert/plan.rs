@@ -15,8 +15,8 @@
 //! row per token) and the lm_head's errors land directly on the logits, so both keep 8 bits, as
 //! llama.cpp keeps its output layer at 6+ bits in Q4 files.
 
-use moescope_kernels::quant::pick_group;
 use moescope_kernels::Format;
+use moescope_kernels::quant::pick_group;
 
 use crate::model::config::ModelConfig;
 
@@ -25,7 +25,9 @@ pub enum QuantMode {
     Bf16,
     Q8,
     /// q4 with this largest group (128, or 32 for `q4g32`).
-    Q4 { max_group: usize },
+    Q4 {
+        max_group: usize,
+    },
 }
 
 impl QuantMode {

@@ -64,10 +64,10 @@ impl HfCheckpoint {
         let index = dir.join("model.safetensors.index.json");
         let shard_names: Vec<String> = if index.exists() {
             let v = super::hf_config::read_json(&index)?;
-            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ConvertError::File {
-                path: index.clone(),
-                msg: "no weight_map object".into(),
-            })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ConvertError::File { path: index.clone(), msg: "no weight_map object".into() })?;
             let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
             names.sort();
             names.dedup();
@@ -92,7 +92,10 @@ impl HfCheckpoint {
         for name in shard_names {
             let path = dir.join(&name);
             if name.contains('/') || name.contains("..") {
-                return Err(ConvertError::File { path: index.clone(), msg: format!("shard name '{name}' leaves the directory") });
+                return Err(ConvertError::File {
+                    path: index.clone(),
+                    msg: format!("shard name '{name}' leaves the directory"),
+                });
             }
             let file = File::open(&path).map_err(|source| ConvertError::Io { path: path.clone(), error: source })?;
             let fi = ck.files.len();
@@ -110,7 +113,11 @@ impl HfCheckpoint {
         if let Some(prefix) = fused.strip_suffix(".experts.gate_up_proj") {
             let [e, two_i, h] = three(&loc, &name, path)?;
             if two_i % 2 != 0 {
-                return Err(ConvertError::Tensor { file: path.into(), name, msg: format!("fused gate_up_proj has an odd row count {two_i}") });
+                return Err(ConvertError::Tensor {
+                    file: path.into(),
+                    name,
+                    msg: format!("fused gate_up_proj has an odd row count {two_i}"),
+                });
             }
             let i = two_i / 2;
             let es = loc.dtype.size() as u64;
@@ -155,7 +162,11 @@ impl HfCheckpoint {
 fn three(loc: &Loc, name: &str, path: &Path) -> Result<[usize; 3], ConvertError> {
     match loc.shape.as_slice() {
         [a, b, c] => Ok([*a, *b, *c]),
-        s => Err(ConvertError::Tensor { file: path.into(), name: name.into(), msg: format!("fused experts must be 3-D, found shape {s:?}") }),
+        s => Err(ConvertError::Tensor {
+            file: path.into(),
+            name: name.into(),
+            msg: format!("fused experts must be 3-D, found shape {s:?}"),
+        }),
     }
 }
 
@@ -223,7 +234,11 @@ impl TensorSource for HfCheckpoint {
         let (path, file) = &self.files[loc.file];
         let cols = loc.row_len();
         if r0 + n > loc.rows() {
-            return Err(ConvertError::Tensor { file: path.clone(), name: name.into(), msg: format!("rows {r0}..{} out of range", r0 + n) });
+            return Err(ConvertError::Tensor {
+                file: path.clone(),
+                name: name.into(),
+                msg: format!("rows {r0}..{} out of range", r0 + n),
+            });
         }
         let es = loc.dtype.size();
         let mut raw = vec![0u8; n * cols * es];

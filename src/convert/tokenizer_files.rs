@@ -31,8 +31,10 @@ pub fn read_tokenizer(dir: &Path) -> Result<Option<TokenizerInfo>, ConvertError>
     // transformers 5 saves the template beside the config; it wins, as in transformers
     let jinja = dir.join("chat_template.jinja");
     if jinja.exists() {
-        info.chat_template =
-            Some(std::fs::read_to_string(&jinja).map_err(|source| ConvertError::Io { path: jinja.clone(), error: source })?);
+        info.chat_template = Some(
+            std::fs::read_to_string(&jinja)
+                .map_err(|source| ConvertError::Io { path: jinja.clone(), error: source })?,
+        );
     }
     Ok(Some(info))
 }

@@ -9,10 +9,10 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::convert::{add_tokenizer_eos, write_package, ConvertError, ConvertOptions, QuantMode, TensorSource};
+use crate::convert::{ConvertError, ConvertOptions, QuantMode, TensorSource, add_tokenizer_eos, write_package};
 use crate::engine::sampler::Rng;
 use crate::model::config::{Arch, ModelConfig};
-use crate::package::{layout::VERSION, TokenizerInfo};
+use crate::package::{TokenizerInfo, layout::VERSION};
 
 const TOKENIZER_JSON: &str = include_str!("tokenizer.json");
 const TOKENIZER_CONFIG: &str = include_str!("tokenizer_config.json");

@@ -45,7 +45,12 @@ impl ChatTemplate {
 
     /// The prompt text for `messages`; `enable_thinking` is passed only when given (the Qwen3
     /// template treats "undefined" and `true` alike).
-    pub fn render(&self, messages: &[Message], add_generation_prompt: bool, enable_thinking: Option<bool>) -> Result<String, String> {
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, String> {
         let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
         let base = minijinja::context! {
             messages => minijinja::value::Serde(messages),

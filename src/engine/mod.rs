@@ -8,8 +8,8 @@ pub mod session;
 pub mod tokenizer;
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use moescope_kernels::Isa;
@@ -121,7 +121,9 @@ impl Engine {
             return Err(EngineError::Setup("--ctx-size must be positive".into()));
         }
         let tok = match &pkg.meta.tokenizer.tokenizer_json {
-            Some(j) => Some(Arc::new(Tok::from_json(j).map_err(|e| EngineError::Tokenizer(format!("{}: tokenizer: {e}", path.display())))?)),
+            Some(j) => Some(Arc::new(
+                Tok::from_json(j).map_err(|e| EngineError::Tokenizer(format!("{}: tokenizer: {e}", path.display())))?,
+            )),
             None => None,
         };
         let template = match &pkg.meta.tokenizer.chat_template {

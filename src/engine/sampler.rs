@@ -172,7 +172,15 @@ mod tests {
     use super::*;
 
     fn params(t: f32) -> SamplerParams {
-        SamplerParams { temperature: t, top_k: 0, top_p: 1.0, min_p: 0.0, repeat_penalty: 1.0, repeat_last_n: 64, seed: 7 }
+        SamplerParams {
+            temperature: t,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 7,
+        }
     }
 
     #[test]

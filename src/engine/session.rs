@@ -1,9 +1,9 @@
 //! A multi-turn chat: the messages so far, rendered through the model's template each turn.
 //! The engine's prefix reuse then evaluates only what the new turn added.
 
+use super::EngineError;
 use super::chat_template::{ChatTemplate, Message};
 use super::tokenizer::Tok;
-use super::EngineError;
 
 #[derive(Debug, Clone, Default)]
 pub struct ChatSession {

@@ -15,9 +15,7 @@ impl Tok {
     pub fn from_json(json: &str) -> Result<Tok, String> {
         let mut inner = Tokenizer::from_str(json).map_err(|e| e.to_string())?;
         inner.with_padding(None);
-        inner
-            .with_truncation(None)
-            .map_err(|e| e.to_string())?;
+        inner.with_truncation(None).map_err(|e| e.to_string())?;
         Ok(Tok { inner })
     }
 

@@ -20,8 +20,8 @@
 
 use std::sync::Arc;
 
-use moescope_kernels::ops::{add_inplace, apply_rope, rms_norm, rms_norm_inplace, softmax_inplace, swiglu, Rope};
 use moescope_kernels::Mat;
+use moescope_kernels::ops::{Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace, softmax_inplace, swiglu};
 use rayon::prelude::*;
 
 use super::config::ModelConfig;
@@ -352,7 +352,15 @@ impl Qwen3Moe {
 }
 
 /// `down(silu(gate x) * up x)` for `x` of `[n, H]`; returns `[n, H]`.
-fn swiglu_mlp(exec: &Exec, gate: &Mat<'_>, up: &Mat<'_>, down: &Mat<'_>, x: &[f32], n: usize, s: &mut Scratch) -> Vec<f32> {
+fn swiglu_mlp(
+    exec: &Exec,
+    gate: &Mat<'_>,
+    up: &Mat<'_>,
+    down: &Mat<'_>,
+    x: &[f32],
+    n: usize,
+    s: &mut Scratch,
+) -> Vec<f32> {
     let i = gate.rows;
     let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
     exec.matmul(gate, x, n, &mut g, s);

@@ -53,7 +53,12 @@ impl Package {
             if n < 8 || head != MAGIC {
                 return Err(PackageError::Magic { path: p });
             }
-            return Err(PackageError::Truncated { path: p, what: "the header".into(), need: HEADER_SIZE, have: actual });
+            return Err(PackageError::Truncated {
+                path: p,
+                what: "the header".into(),
+                need: HEADER_SIZE,
+                have: actual,
+            });
         }
         // SAFETY: the file is opened read-only; a package is not modified while in use (the
         // converter writes a new file and renames it into place).
@@ -67,7 +72,12 @@ impl Package {
             Err(HeaderError::Corrupt(what)) => return Err(PackageError::Corrupt { path: p, what: what.into() }),
         };
         if header.file_size > actual {
-            return Err(PackageError::Truncated { path: p, what: "the package".into(), need: header.file_size, have: actual });
+            return Err(PackageError::Truncated {
+                path: p,
+                what: "the package".into(),
+                need: header.file_size,
+                have: actual,
+            });
         }
         if header.file_size < actual {
             return Err(PackageError::Corrupt {
@@ -103,7 +113,9 @@ impl Package {
                 msg: format!("format '{}' version {} (expected '{FORMAT_NAME}' {VERSION})", meta.format, meta.version),
             });
         }
-        meta.model.validate().map_err(|msg| PackageError::Meta { path: p.clone(), msg: format!("model config: {msg}") })?;
+        meta.model
+            .validate()
+            .map_err(|msg| PackageError::Meta { path: p.clone(), msg: format!("model config: {msg}") })?;
 
         let mut index = HashMap::new();
         for (i, t) in meta.tensors.iter().enumerate() {
@@ -116,7 +128,10 @@ impl Package {
             Some(ex) => check_experts(&p, ex, &meta, &header)?,
             None => {
                 if !meta.model.moe_layers().is_empty() {
-                    return Err(PackageError::Meta { path: p, msg: "the model has MoE layers but no expert table".into() });
+                    return Err(PackageError::Meta {
+                        path: p,
+                        msg: "the model has MoE layers but no expert table".into(),
+                    });
                 }
                 0
             }
@@ -194,10 +209,11 @@ impl Package {
 
     /// The three matrices of expert `e` of MoE layer `layer`, checksum verified on first use.
     pub fn expert(&self, layer: usize, e: usize) -> Result<ExpertMats<'_>, PackageError> {
-        let ex = self.meta.experts.as_ref().ok_or_else(|| PackageError::Meta {
-            path: self.path.clone(),
-            msg: "no expert table".into(),
-        })?;
+        let ex = self
+            .meta
+            .experts
+            .as_ref()
+            .ok_or_else(|| PackageError::Meta { path: self.path.clone(), msg: "no expert table".into() })?;
         let li = ex.layers.iter().position(|&l| l == layer).ok_or_else(|| PackageError::Meta {
             path: self.path.clone(),
             msg: format!("layer {layer} has no experts"),

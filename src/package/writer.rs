@@ -107,10 +107,7 @@ pub struct PackageWriter {
 impl PackageWriter {
     /// Start writing `meta` (already planned with [`plan`]) to `path`.
     pub fn create(path: &Path, meta: Meta, header: Header) -> Result<PackageWriter, PackageError> {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "package".into());
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "package".into());
         let tmp_path = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
         let io = |source| PackageError::Io { path: tmp_path.clone(), error: source };
         let file = File::create(&tmp_path).map_err(io)?;
@@ -259,10 +256,8 @@ impl PackageWriter {
             });
         }
         self.pad_to(self.header.file_size)?;
-        let mut json = serde_json::to_vec(&self.meta).map_err(|e| PackageError::Meta {
-            path: self.tmp_path.clone(),
-            msg: e.to_string(),
-        })?;
+        let mut json = serde_json::to_vec(&self.meta)
+            .map_err(|e| PackageError::Meta { path: self.tmp_path.clone(), msg: e.to_string() })?;
         if json.len() as u64 > self.header.meta_len {
             return Err(PackageError::Meta {
                 path: self.tmp_path.clone(),
@@ -273,10 +268,9 @@ impl PackageWriter {
         self.header.meta_xxh3 = xxhash_rust::xxh3::xxh3_64(&json);
         let header = self.header.encode();
         let mut f = match self.file.take() {
-            Some(w) => w.into_inner().map_err(|e| PackageError::Io {
-                path: self.tmp_path.clone(),
-                error: e.into_error(),
-            })?,
+            Some(w) => {
+                w.into_inner().map_err(|e| PackageError::Io { path: self.tmp_path.clone(), error: e.into_error() })?
+            }
             None => return Ok(()),
         };
         let io = |source| PackageError::Io { path: self.tmp_path.clone(), error: source };
@@ -287,10 +281,8 @@ impl PackageWriter {
         f.write_all(&header).map_err(io)?;
         f.sync_all().map_err(io)?;
         drop(f);
-        fs::rename(&self.tmp_path, &self.final_path).map_err(|source| PackageError::Io {
-            path: self.final_path.clone(),
-            error: source,
-        })?;
+        fs::rename(&self.tmp_path, &self.final_path)
+            .map_err(|source| PackageError::Io { path: self.final_path.clone(), error: source })?;
         self.tmp_path = PathBuf::new();
         Ok(())
     }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use moescope::convert::{convert_hf, ConvertOptions, QuantMode};
+use moescope::convert::{ConvertOptions, QuantMode, convert_hf};
 use safetensors::SafeTensors;
 
 /// A committed fixture by name, or any fixture directory by absolute path.
@@ -91,7 +91,8 @@ pub fn assert_clean_failure(o: &Output, needles: &[&str]) {
     let err = stderr(o);
     assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
     assert!(!err.contains("panicked"), "panic: {err}");
-    let last = err.lines().filter(|l| l.starts_with("error:")).last().unwrap_or_else(|| panic!("no error line in: {err}"));
+    let last =
+        err.lines().filter(|l| l.starts_with("error:")).last().unwrap_or_else(|| panic!("no error line in: {err}"));
     for n in needles {
         assert!(last.contains(n), "error line '{last}' does not mention '{n}'");
     }
