@@ -3,11 +3,15 @@
 use anyhow::Result;
 use moescope::convert::{ConvertOptions, QuantMode, convert_hf};
 
+use super::interrupt::{self, Interruptible};
 use crate::cli::ConvertArgs;
 
 pub fn run(a: &ConvertArgs) -> Result<()> {
     let quant = QuantMode::parse(&a.quant).map_err(anyhow::Error::msg)?;
-    let rep = convert_hf(&a.hf_dir, &a.output, ConvertOptions { quant, progress: true })?;
+    interrupt::install();
+    let _busy = Interruptible::start();
+    let opts = ConvertOptions { quant, progress: true, cancel: Some(&interrupt::STOP) };
+    let rep = convert_hf(&a.hf_dir, &a.output, opts)?;
     for w in &rep.warnings {
         eprintln!("warning: {w}");
     }

@@ -1,12 +1,13 @@
-//! Ctrl+C: stops a reply that is being generated; at an idle prompt it quits.
+//! Ctrl+C: stops a reply being generated (or a conversion, which removes its partial file);
+//! at an idle prompt it quits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub static STOP: AtomicBool = AtomicBool::new(false);
-static GENERATING: AtomicBool = AtomicBool::new(false);
+static BUSY: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
-    if GENERATING.load(Ordering::SeqCst) {
+    if BUSY.load(Ordering::SeqCst) {
         STOP.store(true, Ordering::SeqCst);
     } else {
         // only async-signal-safe calls here
@@ -25,19 +26,20 @@ pub fn install() {
     }
 }
 
-/// Marks a reply in progress for as long as it lives; Ctrl+C then stops the reply.
-pub struct Generating;
+/// While this lives (a reply being generated, a conversion), Ctrl+C sets [`STOP`] instead of
+/// quitting, so the work stops at its next check and cleans up.
+pub struct Interruptible;
 
-impl Generating {
-    pub fn start() -> Generating {
+impl Interruptible {
+    pub fn start() -> Interruptible {
         STOP.store(false, Ordering::SeqCst);
-        GENERATING.store(true, Ordering::SeqCst);
-        Generating
+        BUSY.store(true, Ordering::SeqCst);
+        Interruptible
     }
 }
 
-impl Drop for Generating {
+impl Drop for Interruptible {
     fn drop(&mut self) {
-        GENERATING.store(false, Ordering::SeqCst);
+        BUSY.store(false, Ordering::SeqCst);
     }
 }

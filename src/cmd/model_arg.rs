@@ -39,7 +39,10 @@ pub fn resolve(model: Option<&Path>, quant: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))
         .with_context(|| format!("creating {}", out.display()))?;
     eprintln!("moescope: converting {} ({}) into {}", m.display(), mode.name(), out.display());
-    let rep = convert_hf(m, &out, ConvertOptions { quant: mode, progress: true })?;
+    super::interrupt::install();
+    let _busy = super::interrupt::Interruptible::start();
+    let opts = ConvertOptions { quant: mode, progress: true, cancel: Some(&super::interrupt::STOP) };
+    let rep = convert_hf(m, &out, opts)?;
     for w in &rep.warnings {
         eprintln!("warning: {w}");
     }

@@ -9,7 +9,7 @@ use moescope::engine::session::ChatSession;
 use moescope::engine::tokenizer::StreamDecoder;
 use moescope::engine::{Engine, EngineError, GenRequest};
 
-use super::interrupt::{self, Generating};
+use super::interrupt::{self, Interruptible};
 use super::run::{RunConfig, stats_line};
 
 pub fn repl(mut engine: Engine, cfg: &RunConfig) -> Result<()> {
@@ -73,7 +73,7 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig) -> Result<()> {
         let mut out = std::io::stdout().lock();
         let eos = engine.eos_ids().to_vec();
         let res = {
-            let _g = Generating::start();
+            let _g = Interruptible::start();
             let req = GenRequest { max_tokens: cfg.max_tokens, stop_at_eos: !cfg.ignore_eos, cancel: &interrupt::STOP };
             engine.generate(&ids, &mut sampler, req, &mut |id, _| {
                 if let Ok(Some(p)) = dec.push(id) {

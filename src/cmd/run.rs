@@ -12,7 +12,7 @@ use moescope::model::KvCache;
 use moescope_kernels::Isa;
 use serde_json::json;
 
-use super::interrupt::{self, Generating};
+use super::interrupt::{self, Interruptible};
 use super::model_arg;
 use crate::cli::RunArgs;
 
@@ -163,7 +163,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> 
     let mut out = std::io::stdout().lock();
     let mut write_err: Option<std::io::Error> = None;
     let stats = {
-        let _g = Generating::start();
+        let _g = Interruptible::start();
         let req = GenRequest { max_tokens: cfg.max_tokens, stop_at_eos: !cfg.ignore_eos, cancel: &interrupt::STOP };
         engine.generate(&ids, &mut sampler, req, &mut |id, logits| {
             if keep_logits {

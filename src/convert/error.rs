@@ -24,4 +24,6 @@ pub enum ConvertError {
     Tensor { file: PathBuf, name: String, msg: String },
     #[error(transparent)]
     Package(#[from] PackageError),
+    #[error("interrupted: nothing was written")]
+    Interrupted,
 }

@@ -10,6 +10,7 @@ pub mod tokenizer_files;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -31,6 +32,21 @@ pub struct ConvertOptions {
     pub quant: QuantMode,
     /// Draw a progress bar (only ever on a terminal).
     pub progress: bool,
+    /// Checked between tensors: when set, the conversion stops and removes its partial file.
+    pub cancel: Option<&'static AtomicBool>,
+}
+
+impl ConvertOptions {
+    pub fn new(quant: QuantMode) -> ConvertOptions {
+        ConvertOptions { quant, progress: false, cancel: None }
+    }
+
+    fn check_cancel(&self) -> Result<(), ConvertError> {
+        match self.cancel {
+            Some(c) if c.load(Ordering::Relaxed) => Err(ConvertError::Interrupted),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -176,6 +192,7 @@ pub fn write_package(
     let mut x = Vec::new();
     let (mut vals, mut scales) = (Vec::new(), Vec::new());
     for t in &dense {
+        opts.check_cancel()?;
         let e = w.begin_dense()?;
         bar.set_message(t.name.clone());
         let f = e.format().unwrap_or(Format::F32);
@@ -200,6 +217,7 @@ pub fn write_package(
         for &l in &moe_layers {
             bar.set_message(format!("experts of layer {l}"));
             for batch in (0..cfg.num_experts).collect::<Vec<_>>().chunks(8) {
+                opts.check_cancel()?;
                 let blobs: Vec<Result<Vec<u8>, ConvertError>> = batch
                     .par_iter()
                     .map(|&e| {

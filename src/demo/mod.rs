@@ -124,7 +124,7 @@ pub fn ensure_package(cache_dir: &Path) -> Result<(PathBuf, bool), ConvertError>
     let tok = tokenizer_info();
     add_tokenizer_eos(&mut cfg, &tok);
     let src = RandomWeights::new(&cfg);
-    let opts = ConvertOptions { quant: QuantMode::Q4 { max_group: 128 }, progress: false };
+    let opts = ConvertOptions::new(QuantMode::Q4 { max_group: 128 });
     write_package(&src, &cfg, tok, "moescope demo (random weights)", opts, &path)?;
     Ok((path, true))
 }

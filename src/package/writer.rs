@@ -79,17 +79,13 @@ pub fn plan(meta: &mut Meta) -> Header {
 }
 
 struct Current {
-    kind: Item,
+    /// Index of the dense tensor being written.
+    index: usize,
     start: u64,
     end: u64,
     hasher: Xxh3,
     scales: Vec<u8>,
     scales_at: Option<u64>,
-}
-
-#[derive(Clone, Copy)]
-enum Item {
-    Dense(usize),
 }
 
 pub struct PackageWriter {
@@ -109,7 +105,8 @@ impl PackageWriter {
     pub fn create(path: &Path, meta: Meta, header: Header) -> Result<PackageWriter, PackageError> {
         let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "package".into());
         let tmp_path = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
-        let io = |source| PackageError::Io { path: tmp_path.clone(), error: source };
+        // name the target in the message: the temporary name means nothing to the user
+        let io = |source| PackageError::Io { path: path.to_path_buf(), error: source };
         let file = File::create(&tmp_path).map_err(io)?;
         let mut w = PackageWriter {
             final_path: path.to_path_buf(),
@@ -165,7 +162,7 @@ impl PackageWriter {
         })?;
         self.pad_to(t.offset)?;
         self.cur = Some(Current {
-            kind: Item::Dense(i),
+            index: i,
             start: t.offset,
             end: t.offset + t.length,
             hasher: Xxh3::new(),
@@ -205,7 +202,7 @@ impl PackageWriter {
             c.hasher.update(&scales);
             self.raw_write(&scales)?;
         }
-        let Item::Dense(i) = c.kind;
+        let i = c.index;
         if self.pos != c.end {
             return Err(PackageError::Tensor {
                 path: self.tmp_path.clone(),

@@ -25,7 +25,7 @@ pub fn convert(name: &str, quant: &str) -> (tempfile::TempDir, PathBuf) {
     let stem = Path::new(name).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let out = dir.path().join(format!("{stem}-{quant}.moe"));
     let q = QuantMode::parse(quant).expect("quant");
-    convert_hf(&fixture(name), &out, ConvertOptions { quant: q, progress: false })
+    convert_hf(&fixture(name), &out, ConvertOptions::new(q))
         .unwrap_or_else(|e| panic!("converting {name} ({quant}): {e}"));
     (dir, out)
 }
