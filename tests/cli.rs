@@ -3,9 +3,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use common::*;
 use serde_json::Value;
 
@@ -157,21 +154,11 @@ fn same_seed_same_text() {
 #[test]
 fn repl_chats_and_reuses_the_cache() {
     let (d, p) = convert("tied-demo-tok", "q4");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moescope"))
-        .args(["run", "-m", p.to_str().unwrap(), "-n", "6", "--temperature", "0", "--ignore-eos"])
-        .env("MOESCOPE_CACHE_DIR", d.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(b"Hello there\nWhat is a crate?\n/reset\nHello there\n/quit\nnever read\n")
-        .unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = moescope_stdin(
+        &["run", "-m", p.to_str().unwrap(), "-n", "6", "--temperature", "0", "--ignore-eos"],
+        d.path(),
+        b"Hello there\nWhat is a crate?\n/reset\nHello there\n/quit\nnever read\n",
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     // the first turn is what a one-shot --chat run of the same message prints, and after
@@ -266,15 +253,7 @@ fn builtin_demo_without_arguments() {
     let pkgs: Vec<_> = std::fs::read_dir(d.path()).unwrap().filter_map(|e| e.ok()).collect();
     assert_eq!(pkgs.len(), 1, "the demo package is written to the cache once");
     // no arguments at all: the REPL, here reading one line from a pipe
-    let mut child = Command::new(env!("CARGO_BIN_EXE_moescope"))
-        .env("MOESCOPE_CACHE_DIR", d.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(b"hi\n").unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = moescope_stdin(&[], d.path(), b"hi\n");
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stderr(&o).lines().filter(|l| l.starts_with("[prefill")).count(), 1, "{}", stderr(&o));
 }

@@ -21,35 +21,15 @@ pub fn plan(meta: &mut Meta) -> Header {
     }
     if let Some(ex) = &mut meta.experts {
         // parts inside a blob, 64-byte aligned; the blob padded to 4096
-        let mut off = 0u64;
-        for p in &mut ex.parts {
-            let (r, c) = p.rows_cols();
-            let f = p.format().unwrap_or(moescope_kernels::Format::F32);
-            let (len, so) = span(f, r, c);
-            off = align_up(off, DENSE_ALIGN);
-            p.offset = off;
-            p.length = len;
-            p.scales_offset = so.map(|s| off + s);
-            off += len;
-        }
-        ex.blob_len = align_up(off.max(1), EXPERT_ALIGN);
+        let end = place(&mut ex.parts, 0);
+        ex.blob_len = align_up(end.max(1), EXPERT_ALIGN);
         ex.table = vec![(0, zero.clone()); ex.layers.len() * ex.num_experts];
     }
     // the metadata length depends on the offsets' digits and they on it: iterate to a fixpoint
     let mut meta_reserved = 0u64;
     loop {
         let dense_offset = align_up(HEADER_SIZE + meta_reserved, EXPERT_ALIGN);
-        let mut off = dense_offset;
-        for t in &mut meta.tensors {
-            let f = t.format().unwrap_or(moescope_kernels::Format::F32);
-            let (r, c) = t.rows_cols();
-            let (len, so) = span(f, r, c);
-            off = align_up(off, DENSE_ALIGN);
-            t.offset = off;
-            t.length = len;
-            t.scales_offset = so.map(|s| off + s);
-            off += len;
-        }
+        let off = place(&mut meta.tensors, dense_offset);
         let dense_len = off - dense_offset;
         let expert_offset = align_up(off, EXPERT_ALIGN);
         let mut expert_len = 0;
@@ -76,6 +56,23 @@ pub fn plan(meta: &mut Meta) -> Header {
         // room for the JSON plus slack, so one more round normally settles it
         meta_reserved = need + 256;
     }
+}
+
+/// Lay `entries` out one after another from `start`, each 64-byte aligned, setting offset,
+/// length and scales offset; returns the end.
+fn place(entries: &mut [TensorEntry], start: u64) -> u64 {
+    let mut off = start;
+    for t in entries {
+        let f = t.format().unwrap_or(moescope_kernels::Format::F32);
+        let (r, c) = t.rows_cols();
+        let (len, so) = span(f, r, c);
+        off = align_up(off, DENSE_ALIGN);
+        t.offset = off;
+        t.length = len;
+        t.scales_offset = so.map(|s| off + s);
+        off += len;
+    }
+    off
 }
 
 struct Current {

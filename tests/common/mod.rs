@@ -78,6 +78,22 @@ pub fn moescope(args: &[&str], cache: &Path) -> Output {
         .expect("running moescope")
 }
 
+/// The moescope binary with `input` on its stdin (the REPL reads it line by line).
+pub fn moescope_stdin(args: &[&str], cache: &Path, input: &[u8]) -> Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_moescope"))
+        .args(args)
+        .env("MOESCOPE_CACHE_DIR", cache)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running moescope");
+    child.stdin.take().expect("stdin").write_all(input).expect("writing stdin");
+    child.wait_with_output().expect("waiting for moescope")
+}
+
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
