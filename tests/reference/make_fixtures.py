@@ -4,6 +4,10 @@ them (the oracle of the engine tests). Run once, by hand, with torch + transform
 (see ../../README.md, "Fixtures"); the tests only read what this writes.
 
 usage: make_fixtures.py OUT_DIR [NAME ...]      (default: every fixture)
+       make_fixtures.py OUT_DIR --custom NAME '{"config": {...}, "seed": 11, "shard": "1MB", "fused": false}'
+                                                 (a checkpoint of any other shape, to check the
+                                                 engine beyond the committed fixtures; see
+                                                 MOESCOPE_EXTRA_FIXTURES in tests/reference_logits.rs)
 
 Each fixture is a directory holding a HuggingFace checkpoint (config.json, bf16 safetensors,
 maybe an index and a tokenizer) plus:
@@ -217,6 +221,12 @@ def make(name, out_root):
 def main():
     out = sys.argv[1]
     names = sys.argv[2:] or list(FIXTURES)
+    if names[0] == "--custom":
+        spec = json.loads(names[2])
+        FIXTURES[names[1]] = (spec.get("config", {}), dict(seed=spec.get("seed", 100), shard=spec.get("shard", "50GB"),
+                                                             fused=spec.get("fused", False),
+                                                             t5_config=spec.get("t5_config", False)))
+        names = [names[1]]
     torch.set_num_threads(2)
     for n in names:
         make(n, out)
