@@ -89,6 +89,18 @@ pub struct RunArgs {
     /// Quantization when -m is a HuggingFace directory: bf16, q8, q4, q4g32.
     #[arg(long, default_value = "q4")]
     pub quant: String,
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct TraceArgs {
+    /// Write a Chrome Trace / Perfetto timeline (JSON; FILE.gz: gzip) of the whole run.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Most events a trace keeps; what the cap drops is reported in the trace's metadata.
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    pub trace_max_events: usize,
 }
 
 #[derive(Args, Debug)]

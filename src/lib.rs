@@ -10,3 +10,5 @@ pub mod engine;
 pub mod model;
 pub mod npy;
 pub mod package;
+pub mod sysinfo;
+pub mod trace;

@@ -6,3 +6,4 @@ pub mod interrupt;
 pub mod model_arg;
 pub mod repl;
 pub mod run;
+pub mod trace_out;

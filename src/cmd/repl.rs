@@ -1,7 +1,7 @@
 //! The plain line REPL of `moescope run` without a prompt (the TUI replaces it later): a
 //! multi-turn chat through the model's template, reusing the KV cache of earlier turns.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 
 use anyhow::{Result, bail};
 use moescope::engine::sampler::Sampler;
@@ -30,19 +30,16 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig) -> Result<()> {
     }
     let mut session = ChatSession::new(cfg.system.clone(), cfg.enable_thinking);
     let mut sampler = Sampler::new(cfg.sampler);
-    let stdin = std::io::stdin();
-    let mut lines = stdin.lock();
-    let mut line = String::new();
+    let mut lines = interrupt::StdinLines::default();
     loop {
         if interactive {
             print!("> ");
             std::io::stdout().flush()?;
         }
-        line.clear();
-        if lines.read_line(&mut line)? == 0 {
+        let Some(line) = lines.next_line()? else {
             break;
-        }
-        let msg = line.trim_end_matches(['\n', '\r']);
+        };
+        let msg = line.trim_end_matches('\r');
         match msg.trim() {
             "" => continue,
             "/quit" | "/exit" => break,

@@ -13,7 +13,7 @@ use moescope_kernels::Isa;
 use serde_json::json;
 
 use super::interrupt::{self, Interruptible};
-use super::model_arg;
+use super::{model_arg, trace_out};
 use crate::cli::RunArgs;
 
 /// The prompt, as given.
@@ -110,6 +110,7 @@ impl RunConfig {
 
 pub fn run(a: &RunArgs) -> Result<()> {
     let cfg = RunConfig::from_args(a)?;
+    let trace = trace_out::begin(&a.trace);
     let engine = Engine::load(&cfg.model, cfg.engine)?;
     let kv_mb = KvCache::bytes_at_capacity(&engine.model.cfg, engine.kv.capacity()) as f64 / 1e6;
     eprintln!(
@@ -121,10 +122,35 @@ pub fn run(a: &RunArgs) -> Result<()> {
         engine.kv.capacity()
     );
     interrupt::install();
+    let meta = trace_meta(&engine, &cfg, a);
     match &cfg.prompt {
-        Some(p) => one_shot(engine, &cfg, p),
-        None => super::repl::repl(engine, &cfg),
+        Some(p) => one_shot(engine, &cfg, p)?,
+        None => super::repl::repl(engine, &cfg)?,
     }
+    if let Some(t) = trace {
+        t.finish(meta)?;
+    }
+    Ok(())
+}
+
+/// What a trace of `run` records about the model and the settings.
+pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::Value {
+    let m = &engine.package().meta;
+    json!({
+        "command": "run",
+        "model": m.name,
+        "package": cfg.model.display().to_string(),
+        "quant": m.quant.mode,
+        "config": m.model,
+        "threads": engine.exec.threads(),
+        "isa": engine.exec.isa.name(),
+        "ctx_size": engine.kv.capacity(),
+        "settings": {
+            "n_predict": a.n_predict, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
+            "min_p": a.min_p, "repeat_penalty": a.repeat_penalty, "seed": cfg.sampler.seed, "chat": a.chat,
+            "ignore_eos": a.ignore_eos,
+        },
+    })
 }
 
 fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> {

@@ -16,6 +16,7 @@ use moescope_kernels::Isa;
 
 use crate::model::{Exec, KvCache, Logits, ModelError, NoObserver, Observer, Qwen3Moe};
 use crate::package::{Package, PackageError};
+use crate::trace;
 use chat_template::ChatTemplate;
 use sampler::Sampler;
 use tokenizer::Tok;
@@ -88,6 +89,8 @@ pub struct GenStats {
     pub ttft_ms: f64,
     /// Forward passes of one token after the first sample.
     pub decode_steps: usize,
+    /// Latency of each decode step (forward + sample), ms.
+    pub token_ms: Vec<f64>,
     pub stop: Stop,
 }
 
@@ -113,6 +116,7 @@ pub struct GenRequest<'a> {
 
 impl Engine {
     pub fn load(path: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
+        let _load = trace::span("load").arg("package", path.display().to_string());
         let pkg = Arc::new(Package::open(path)?);
         let model = Qwen3Moe::load(pkg.clone())?;
         let cfg = &model.cfg;
@@ -187,6 +191,10 @@ impl Engine {
 
     /// Generate after `prompt` (reusing the cached prefix). `on_token(id, logits)` sees each
     /// sampled id with the raw logits that chose it, and returns false to stop.
+    ///
+    /// Timings: prefill = evaluating the uncached part of the prompt; TTFT = prefill plus the
+    /// first sample; each decode step = one forward pass of the previous token plus sampling
+    /// the next (its latency goes into `token_ms`).
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -201,30 +209,33 @@ impl Engine {
             return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.kv.capacity() });
         }
         let t0 = Instant::now();
-        let cached = self.reuse_prefix(prompt);
-        let mut logits = self.eval(&prompt[cached..], Logits::Last, &mut NoObserver)?;
-        let prefill_ms = ms(t0);
-        let mut history: Vec<u32> = prompt.to_vec();
+        let (cached, mut logits) = {
+            let mut span = trace::span("prefill").arg("prompt_tokens", prompt.len());
+            let cached = self.reuse_prefix(prompt);
+            span.set("cached_tokens", cached);
+            (cached, self.eval(&prompt[cached..], Logits::Last, &mut NoObserver)?)
+        };
         let mut stats = GenStats {
             prompt_evaluated: prompt.len() - cached,
             prompt_cached: cached,
             generated: Vec::new(),
-            prefill_ms,
+            prefill_ms: ms(t0),
             decode_ms: 0.0,
             ttft_ms: 0.0,
             decode_steps: 0,
+            token_ms: Vec::new(),
             stop: Stop::Length,
         };
-        let mut t_decode: Option<Instant> = None;
+        if req.max_tokens == 0 {
+            return Ok(stats);
+        }
+        let mut history: Vec<u32> = prompt.to_vec();
+        let mut id = {
+            let _s = trace::span("sample");
+            sampler.sample(&logits, &history)
+        };
+        stats.ttft_ms = ms(t0);
         loop {
-            if req.max_tokens == 0 {
-                break;
-            }
-            let id = sampler.sample(&logits, &history);
-            if stats.generated.is_empty() {
-                stats.ttft_ms = ms(t0);
-                t_decode = Some(Instant::now());
-            }
             stats.generated.push(id);
             history.push(id);
             let go_on = on_token(id, &logits);
@@ -244,11 +255,18 @@ impl Engine {
                 stats.stop = Stop::ContextFull;
                 break;
             }
-            logits = self.eval(&[id], Logits::Last, &mut NoObserver)?;
+            let step = Instant::now();
+            {
+                let _d = trace::span("decode").arg("token", stats.generated.len()).arg("pos", self.kv.len());
+                logits = self.eval(&[id], Logits::Last, &mut NoObserver)?;
+                let _s = trace::span("sample");
+                id = sampler.sample(&logits, &history);
+            }
+            let step_ms = ms(step);
             stats.decode_steps += 1;
-        }
-        if let Some(t) = t_decode {
-            stats.decode_ms = ms(t);
+            stats.decode_ms += step_ms;
+            stats.token_ms.push(step_ms);
+            trace::counter("decode", &[("tok_s", 1000.0 / step_ms.max(1e-6))]);
         }
         Ok(stats)
     }

@@ -5,6 +5,8 @@ use moescope_kernels::mat::Input;
 use moescope_kernels::{Isa, Mat, QuantAct};
 use rayon::prelude::*;
 
+use crate::trace;
+
 pub struct Exec {
     pub isa: Isa,
     pool: rayon::ThreadPool,
@@ -37,7 +39,20 @@ impl Exec {
     }
 
     /// `out[t, r] = W[r] · x[t]` for `x` of `[n, w.cols]` and `out` of `[n, w.rows]`.
-    pub fn matmul(&self, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
+    /// `label` names the product in the trace (on this thread and on the workers' tracks).
+    pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
+        let span = trace::span(label).args_with(|a| {
+            let f = w.format();
+            a.push(("rows", w.rows.into()));
+            a.push(("cols", w.cols.into()));
+            a.push(("tokens", n.into()));
+            a.push(("format", f.name().into()));
+            a.push(("weight_bytes", (f.data_bytes(w.rows, w.cols) + f.scale_bytes(w.rows, w.cols)).into()));
+        });
+        // the workers' chunks of this product merge into one slice per worker, each reached
+        // by a flow from this slice
+        let key = if span.is_recording() { trace::next_id() } else { 0 };
+        let flows = span.flows_out(self.threads());
         debug_assert_eq!(x.len(), n * w.cols);
         debug_assert_eq!(out.len(), n * w.rows);
         let input = match w.quant_group() {
@@ -54,6 +69,8 @@ impl Exec {
         let run = |o: &mut [f32], n: usize| {
             self.pool.install(|| {
                 o.par_chunks_mut(rows_per * n).enumerate().for_each(|(ci, oc)| {
+                    let _c = trace::span(label).merge_with(key);
+                    trace::flow_in(flows.map(|b| b + rayon::current_thread_index().unwrap_or(0) as u64), key);
                     let r0 = ci * rows_per;
                     w.matmul_rows(isa, input, n, r0..r0 + oc.len() / n, oc);
                 })

@@ -29,6 +29,7 @@ use super::error::ModelError;
 use super::exec::{Exec, Scratch};
 use super::kv_cache::KvCache;
 use crate::package::Package;
+use crate::trace;
 
 /// Which positions of a batch need logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,12 +151,16 @@ impl Qwen3Moe {
             return Err(ModelError::TokenOutOfRange { id: bad, vocab: c.vocab_size });
         }
         let pkg = &*self.pkg;
+        let _fwd = trace::span("forward").arg("tokens", t_n).arg("pos", pos0);
         let mut s = Scratch::default();
         // x [T, H]: the residual stream
         let mut x = vec![0f32; t_n * h];
         let emb = pkg.mat_by_index(self.embed);
-        for (t, &id) in tokens.iter().enumerate() {
-            emb.dequant_row(id as usize, &mut x[t * h..(t + 1) * h]);
+        {
+            let _e = trace::span("embed");
+            for (t, &id) in tokens.iter().enumerate() {
+                emb.dequant_row(id as usize, &mut x[t * h..(t + 1) * h]);
+            }
         }
         obs.hidden(0, &x);
         // cos/sin of each position, shared by all layers: [T, hd/2]
@@ -166,6 +171,8 @@ impl Qwen3Moe {
         }
         let mut hbuf = vec![0f32; t_n * h];
         for (l, layer) in self.layers.iter().enumerate() {
+            let moe_layer = matches!(layer.ffn, Ffn::Moe { .. });
+            let _layer = trace::span("layer").arg("layer", l).arg("kind", if moe_layer { "moe" } else { "dense" });
             self.attention(exec, l, layer, &x, &mut hbuf, pos0, &cos, &sin, kv, &mut s);
             add_inplace(&mut x, &hbuf);
             let w = pkg.f32_by_index(layer.post_norm);
@@ -174,8 +181,9 @@ impl Qwen3Moe {
             }
             let out = match layer.ffn {
                 Ffn::Dense { gate, up, down } => {
+                    let _m = trace::span("mlp").arg("layer", l);
                     let (g, u, d) = (pkg.mat_by_index(gate), pkg.mat_by_index(up), pkg.mat_by_index(down));
-                    swiglu_mlp(exec, &g, &u, &d, &hbuf, t_n, &mut s)
+                    swiglu_mlp(exec, ["gate_proj", "up_proj", "down_proj"], &g, &u, &d, &hbuf, t_n, &mut s)
                 }
                 Ffn::Moe { router } => self.moe(exec, l, router, &hbuf, pos0, &mut s, obs)?,
             };
@@ -190,8 +198,11 @@ impl Qwen3Moe {
             Logits::None => vec![],
         };
         let norm = pkg.f32_by_index(self.norm);
-        for t in 0..t_n {
-            rms_norm_inplace(&mut x[t * h..(t + 1) * h], norm, c.rms_norm_eps as f32);
+        {
+            let _n = trace::span("final_norm");
+            for t in 0..t_n {
+                rms_norm_inplace(&mut x[t * h..(t + 1) * h], norm, c.rms_norm_eps as f32);
+            }
         }
         obs.hidden(c.num_hidden_layers + 1, &x);
         if rows.is_empty() {
@@ -199,7 +210,7 @@ impl Qwen3Moe {
         }
         let xs: Vec<f32> = rows.iter().flat_map(|&t| x[t * h..(t + 1) * h].iter().copied()).collect();
         let mut logits = vec![0f32; rows.len() * c.vocab_size];
-        exec.matmul(&pkg.mat_by_index(self.lm_head), &xs, rows.len(), &mut logits, &mut s);
+        exec.matmul("lm_head", &pkg.mat_by_index(self.lm_head), &xs, rows.len(), &mut logits, &mut s);
         Ok(logits)
     }
 
@@ -222,6 +233,7 @@ impl Qwen3Moe {
         let pkg = &*self.pkg;
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         let t_n = x.len() / h;
+        let _att = trace::span("attention").arg("layer", l).arg("tokens", t_n).arg("pos", pos0);
         let eps = c.rms_norm_eps as f32;
         let mut hn = vec![0f32; t_n * h];
         let w = pkg.f32_by_index(layer.input_norm);
@@ -230,9 +242,9 @@ impl Qwen3Moe {
         }
         // q [T, nh*hd], k and v [T, nkv*hd]
         let (mut q, mut k, mut v) = (vec![0f32; t_n * nh * hd], vec![0f32; t_n * nkv * hd], vec![0f32; t_n * nkv * hd]);
-        exec.matmul(&pkg.mat_by_index(layer.q), &hn, t_n, &mut q, s);
-        exec.matmul(&pkg.mat_by_index(layer.k), &hn, t_n, &mut k, s);
-        exec.matmul(&pkg.mat_by_index(layer.v), &hn, t_n, &mut v, s);
+        exec.matmul("q_proj", &pkg.mat_by_index(layer.q), &hn, t_n, &mut q, s);
+        exec.matmul("k_proj", &pkg.mat_by_index(layer.k), &hn, t_n, &mut k, s);
+        exec.matmul("v_proj", &pkg.mat_by_index(layer.v), &hn, t_n, &mut v, s);
         let (qn, kn) = (pkg.f32_by_index(layer.q_norm), pkg.f32_by_index(layer.k_norm));
         let half = hd / 2;
         for t in 0..t_n {
@@ -253,8 +265,13 @@ impl Qwen3Moe {
         let isa = exec.isa;
         let mut attn = vec![0f32; t_n * nh * hd];
         let kv_ref = &*kv;
+        let heads = trace::span("heads").arg("heads", nh).arg("tokens", t_n).arg("kv_len", pos0 + t_n);
+        let key = if heads.is_recording() { trace::next_id() } else { 0 };
+        let flows = heads.flows_out(exec.threads());
         exec.install(|| {
             attn.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
+                let _c = trace::span("heads").merge_with(key);
+                trace::flow_in(flows.map(|b| b + rayon::current_thread_index().unwrap_or(0) as u64), key);
                 let (t, head) = (i / nh, i % nh);
                 let n = pos0 + t + 1;
                 let (keys, vals) = kv_ref.head(l, head / group, n);
@@ -270,7 +287,8 @@ impl Qwen3Moe {
                 }
             })
         });
-        exec.matmul(&pkg.mat_by_index(layer.o), &attn, t_n, out, s);
+        drop(heads);
+        exec.matmul("o_proj", &pkg.mat_by_index(layer.o), &attn, t_n, out, s);
     }
 
     /// The routed-experts block of MoE layer `l` for the batch `hn` (`[T, H]`, normed).
@@ -289,9 +307,11 @@ impl Qwen3Moe {
         let pkg = &*self.pkg;
         let (h, e_n, k_n) = (c.hidden_size, c.num_experts, c.num_experts_per_tok);
         let t_n = hn.len() / h;
+        let mut moe_span = trace::span("moe").arg("layer", l).arg("tokens", t_n);
+        let mut router_span = trace::span("router").arg("layer", l);
         // router logits [T, E] in f32
         let mut probs = vec![0f32; t_n * e_n];
-        exec.matmul(&pkg.mat_by_index(router), hn, t_n, &mut probs, s);
+        exec.matmul("router", &pkg.mat_by_index(router), hn, t_n, &mut probs, s);
         // per token: softmax, top-k by probability (ties: lower expert id), weights
         let mut chosen = vec![(0usize, 0f32); t_n * k_n];
         let mut order: Vec<usize> = Vec::with_capacity(e_n);
@@ -309,8 +329,13 @@ impl Qwen3Moe {
             }
             let ids: Vec<usize> = top.to_vec();
             let ws: Vec<f32> = chosen[t * k_n..(t + 1) * k_n].iter().map(|c| c.1).collect();
+            if t_n == 1 {
+                router_span.set("experts", ids.as_slice());
+                router_span.set("weights", ws.as_slice());
+            }
             obs.routing(l, pos0 + t, &ids, &ws, p);
         }
+        drop(router_span);
         // tokens per expert: (token, rank)
         let mut per_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e_n];
         for t in 0..t_n {
@@ -321,17 +346,25 @@ impl Qwen3Moe {
         // expert outputs, weighted, per (token, rank): [T, k, H]
         let mut yk = vec![0f32; t_n * k_n * h];
         let (mut xe, mut ye) = (Vec::new(), Vec::new());
+        let blob_bytes = pkg.sizes().2;
+        moe_span.set("experts_used", per_expert.iter().filter(|u| !u.is_empty()).count());
         for (e, users) in per_expert.iter().enumerate() {
             if users.is_empty() {
                 continue;
             }
+            let _es = trace::span("expert")
+                .arg("layer", l)
+                .arg("expert", e)
+                .arg("tokens", users.len())
+                .arg("bytes", blob_bytes);
             let ex = pkg.expert(l, e)?;
             xe.clear();
             for &(t, _) in users {
                 xe.extend_from_slice(&hn[t * h..(t + 1) * h]);
             }
             ye.clear();
-            ye.extend(swiglu_mlp(exec, &ex.gate, &ex.up, &ex.down, &xe, users.len(), s));
+            let labels = ["expert_gate", "expert_up", "expert_down"];
+            ye.extend(swiglu_mlp(exec, labels, &ex.gate, &ex.up, &ex.down, &xe, users.len(), s));
             for (i, &(t, j)) in users.iter().enumerate() {
                 let w = chosen[t * k_n + j].1;
                 let dst = &mut yk[(t * k_n + j) * h..(t * k_n + j + 1) * h];
@@ -351,9 +384,12 @@ impl Qwen3Moe {
     }
 }
 
-/// `down(silu(gate x) * up x)` for `x` of `[n, H]`; returns `[n, H]`.
+/// `down(silu(gate x) * up x)` for `x` of `[n, H]`; returns `[n, H]`. `labels` name the
+/// three products in the trace.
+#[allow(clippy::too_many_arguments)]
 fn swiglu_mlp(
     exec: &Exec,
+    labels: [&'static str; 3],
     gate: &Mat<'_>,
     up: &Mat<'_>,
     down: &Mat<'_>,
@@ -363,11 +399,11 @@ fn swiglu_mlp(
 ) -> Vec<f32> {
     let i = gate.rows;
     let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
-    exec.matmul(gate, x, n, &mut g, s);
-    exec.matmul(up, x, n, &mut u, s);
+    exec.matmul(labels[0], gate, x, n, &mut g, s);
+    exec.matmul(labels[1], up, x, n, &mut u, s);
     let mut a = vec![0f32; n * i];
     swiglu(&g, &u, &mut a);
     let mut y = vec![0f32; n * down.rows];
-    exec.matmul(down, &a, n, &mut y, s);
+    exec.matmul(labels[2], down, &a, n, &mut y, s);
     y
 }

@@ -2,6 +2,8 @@
 //! converted into temporary folders, and the real binary.
 #![allow(dead_code)]
 
+pub mod trace_check;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,0 +1,346 @@
+//! The trace recorder: per-thread buffers of slices, counters, instants and flows, stamped in
+//! nanoseconds from one monotonic clock.
+//!
+//! Off (the default), every entry point costs one relaxed atomic load and returns. On, an event
+//! is one push into the calling thread's own buffer (a mutex only the exporter ever contends
+//! for). A cap on the number of events keeps a long session loadable; what it drops is counted
+//! and reported in the trace's metadata, never lost silently.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+static EPOCH: OnceLock<Instant> = OnceLock::new();
+static CAP: AtomicUsize = AtomicUsize::new(0);
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+static DROPPED: AtomicUsize = AtomicUsize::new(0);
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_TID: AtomicU64 = AtomicU64::new(1);
+static REGISTRY: Mutex<Vec<Arc<Mutex<ThreadBuf>>>> = Mutex::new(Vec::new());
+
+/// A value attached to a slice, counter or instant.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arg {
+    I(i64),
+    F(f64),
+    S(String),
+    Ints(Vec<i64>),
+    Floats(Vec<f64>),
+}
+
+impl From<usize> for Arg {
+    fn from(v: usize) -> Arg {
+        Arg::I(v as i64)
+    }
+}
+impl From<u64> for Arg {
+    fn from(v: u64) -> Arg {
+        Arg::I(v as i64)
+    }
+}
+impl From<i64> for Arg {
+    fn from(v: i64) -> Arg {
+        Arg::I(v)
+    }
+}
+impl From<f64> for Arg {
+    fn from(v: f64) -> Arg {
+        Arg::F(v)
+    }
+}
+impl From<f32> for Arg {
+    fn from(v: f32) -> Arg {
+        Arg::F(v as f64)
+    }
+}
+impl From<&str> for Arg {
+    fn from(v: &str) -> Arg {
+        Arg::S(v.to_string())
+    }
+}
+impl From<String> for Arg {
+    fn from(v: String) -> Arg {
+        Arg::S(v)
+    }
+}
+impl From<&[usize]> for Arg {
+    fn from(v: &[usize]) -> Arg {
+        Arg::Ints(v.iter().map(|&x| x as i64).collect())
+    }
+}
+impl From<&[f32]> for Arg {
+    fn from(v: &[f32]) -> Arg {
+        Arg::Floats(v.iter().map(|&x| x as f64).collect())
+    }
+}
+
+pub type Args = Vec<(&'static str, Arg)>;
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// A complete slice: `[ts, ts + dur)` on this thread.
+    Slice { name: &'static str, ts: u64, dur: u64, args: Args },
+    /// Counter values (one track per key).
+    Counter { name: &'static str, ts: u64, values: Vec<(&'static str, f64)> },
+    /// A thread-scoped instant.
+    Instant { name: &'static str, ts: u64, args: Args },
+    /// Start (`start = true`) or end of flow `id`, bound to the slice enclosing `ts` on this
+    /// thread.
+    Flow { id: u64, ts: u64, start: bool },
+}
+
+/// One thread's events.
+#[derive(Debug, Clone)]
+pub struct ThreadBuf {
+    pub tid: u64,
+    pub name: String,
+    pub events: Vec<Event>,
+    /// The last slice pushed by [`Span::merge_with`]: (merge key, index in `events`).
+    merge: Option<(u64, usize)>,
+}
+
+thread_local! {
+    static LOCAL: RefCell<Option<Arc<Mutex<ThreadBuf>>>> = const { RefCell::new(None) };
+}
+
+/// Whether recording is on.
+#[inline]
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Nanoseconds since the first use of the clock.
+#[inline]
+pub fn now_ns() -> u64 {
+    EPOCH.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// Start recording (dropping anything recorded before), keeping at most `cap` events.
+pub fn start(cap: usize) {
+    now_ns();
+    for b in REGISTRY.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
+        b.events.clear();
+        b.merge = None;
+    }
+    CAP.store(cap, Ordering::Relaxed);
+    COUNT.store(0, Ordering::Relaxed);
+    DROPPED.store(0, Ordering::Relaxed);
+    ENABLED.store(true, Ordering::SeqCst);
+}
+
+/// What was recorded.
+#[derive(Debug, Clone)]
+pub struct Recording {
+    pub threads: Vec<ThreadBuf>,
+    pub cap: usize,
+    /// Events not recorded because the cap was reached.
+    pub dropped: usize,
+}
+
+/// Stop recording and take every thread's events.
+pub fn stop() -> Recording {
+    ENABLED.store(false, Ordering::SeqCst);
+    let threads = REGISTRY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|b| {
+            let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
+            let out =
+                ThreadBuf { tid: b.tid, name: b.name.clone(), events: std::mem::take(&mut b.events), merge: None };
+            b.merge = None;
+            out
+        })
+        .collect();
+    Recording { threads, cap: CAP.load(Ordering::Relaxed), dropped: DROPPED.load(Ordering::Relaxed) }
+}
+
+/// Name the calling thread's track (otherwise the OS thread name is used).
+pub fn set_thread_name(name: &str) {
+    with_buf(|b| b.name = name.to_string());
+}
+
+fn with_buf<R>(f: impl FnOnce(&mut ThreadBuf) -> R) -> R {
+    LOCAL.with(|l| {
+        let mut l = l.borrow_mut();
+        let buf = l.get_or_insert_with(|| {
+            let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+            let name = std::thread::current().name().map(String::from).unwrap_or_else(|| format!("thread-{tid}"));
+            let b = Arc::new(Mutex::new(ThreadBuf { tid, name, events: Vec::new(), merge: None }));
+            REGISTRY.lock().unwrap_or_else(|p| p.into_inner()).push(b.clone());
+            b
+        });
+        let mut g = buf.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut g)
+    })
+}
+
+/// Room for one more event under the cap?
+fn admit() -> bool {
+    if COUNT.fetch_add(1, Ordering::Relaxed) < CAP.load(Ordering::Relaxed) {
+        true
+    } else {
+        DROPPED.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+}
+
+fn push(e: Event) {
+    if admit() {
+        with_buf(|b| {
+            b.merge = None;
+            b.events.push(e)
+        });
+    }
+}
+
+/// A slice being timed; recorded when dropped. Spans on one thread must be dropped in reverse
+/// order of creation (scoped guards do that), so slices nest.
+#[must_use = "a span records when dropped; bind it to a variable"]
+pub struct Span {
+    open: Option<Open>,
+}
+
+struct Open {
+    name: &'static str,
+    start: u64,
+    args: Args,
+    merge: Option<u64>,
+}
+
+/// Start a slice named `name` on this thread.
+#[inline]
+pub fn span(name: &'static str) -> Span {
+    if !enabled() {
+        return Span { open: None };
+    }
+    Span { open: Some(Open { name, start: now_ns(), args: Vec::new(), merge: None }) }
+}
+
+impl Span {
+    /// Attach an argument (computed even when tracing is off: keep it cheap, or use
+    /// [`Span::args_with`]).
+    #[inline]
+    pub fn arg(mut self, key: &'static str, v: impl Into<Arg>) -> Span {
+        if let Some(o) = self.open.as_mut() {
+            o.args.push((key, v.into()));
+        }
+        self
+    }
+
+    /// Attach arguments computed only when tracing is on.
+    #[inline]
+    pub fn args_with(mut self, f: impl FnOnce(&mut Args)) -> Span {
+        if let Some(o) = self.open.as_mut() {
+            f(&mut o.args);
+        }
+        self
+    }
+
+    /// Add an argument after the span started (a result known only at the end).
+    #[inline]
+    pub fn set(&mut self, key: &'static str, v: impl Into<Arg>) {
+        if let Some(o) = self.open.as_mut() {
+            o.args.push((key, v.into()));
+        }
+    }
+
+    /// Merge this slice into the previous one on this thread when that one carried the same
+    /// `key` and nothing was recorded in between (consecutive chunks of one parallel section
+    /// become one slice per worker).
+    #[inline]
+    pub fn merge_with(mut self, key: u64) -> Span {
+        if let Some(o) = self.open.as_mut() {
+            o.merge = Some(key);
+        }
+        self
+    }
+
+    pub fn is_recording(&self) -> bool {
+        self.open.is_some()
+    }
+
+    /// Start `n` flows from this slice (ids `base..base + n`); receivers end theirs with
+    /// [`flow_end`] or [`flow_in`]. A flow nobody ends is dropped by the exporter.
+    pub fn flows_out(&self, n: usize) -> Option<u64> {
+        self.open.as_ref()?;
+        let base = NEXT_ID.fetch_add(n as u64, Ordering::Relaxed);
+        let ts = now_ns();
+        for id in base..base + n as u64 {
+            push(Event::Flow { id, ts, start: true });
+        }
+        Some(base)
+    }
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        let Some(o) = self.open.take() else {
+            return;
+        };
+        let end = now_ns();
+        if let Some(key) = o.merge {
+            let merged = with_buf(|b| match b.merge {
+                Some((k, i)) if k == key && i + 1 == b.events.len() => {
+                    if let Some(Event::Slice { ts, dur, .. }) = b.events.get_mut(i) {
+                        *dur = end - *ts;
+                    }
+                    true
+                }
+                _ => false,
+            });
+            if merged {
+                return;
+            }
+            if admit() {
+                with_buf(|b| {
+                    b.events.push(Event::Slice { name: o.name, ts: o.start, dur: end - o.start, args: o.args });
+                    b.merge = Some((key, b.events.len() - 1));
+                });
+            }
+            return;
+        }
+        push(Event::Slice { name: o.name, ts: o.start, dur: end - o.start, args: o.args });
+    }
+}
+
+/// End flow `id` here (call inside the slice that receives the work).
+pub fn flow_end(id: Option<u64>) {
+    if let Some(id) = id.filter(|_| enabled()) {
+        push(Event::Flow { id, ts: now_ns(), start: false });
+    }
+}
+
+/// End flow `id` inside a chunk slice of the parallel section `key`, but only in the first
+/// chunk this thread runs of that section (the later ones merge into its slice).
+pub fn flow_in(id: Option<u64>, key: u64) {
+    let Some(id) = id.filter(|_| enabled()) else {
+        return;
+    };
+    let continuing = with_buf(|b| matches!(b.merge, Some((k, i)) if k == key && i + 1 == b.events.len()));
+    if !continuing {
+        push(Event::Flow { id, ts: now_ns(), start: false });
+    }
+}
+
+/// Record counter values now.
+pub fn counter(name: &'static str, values: &[(&'static str, f64)]) {
+    if enabled() {
+        push(Event::Counter { name, ts: now_ns(), values: values.to_vec() });
+    }
+}
+
+/// Record an instant now.
+pub fn instant(name: &'static str, args: Args) {
+    if enabled() {
+        push(Event::Instant { name, ts: now_ns(), args });
+    }
+}
+
+/// A fresh id for a parallel section (the merge key of its chunks).
+pub fn next_id() -> u64 {
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
