@@ -25,6 +25,8 @@ pub enum Command {
     Convert(ConvertArgs),
     /// Print a package's configuration, quantization and layout.
     Inspect(InspectArgs),
+    /// Measure prompt processing and generation speed (llama-bench's conventions).
+    Bench(BenchArgs),
 }
 
 #[derive(Args, Debug)]
@@ -121,4 +123,38 @@ pub struct InspectArgs {
     /// Print JSON for scripts.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// A .moe package or a HuggingFace directory (default: the built-in demo).
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// Prompt lengths to measure (comma list; 0 = none): test ppN.
+    #[arg(short = 'p', long = "n-prompt", default_value = "512")]
+    pub n_prompt: String,
+    /// Generation lengths to measure (comma list; 0 = none): test tgN.
+    #[arg(short = 'n', long = "n-gen", default_value = "128")]
+    pub n_gen: String,
+    /// Timed repetitions per test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub repetitions: usize,
+    /// Untimed runs before the repetitions.
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Thread counts (comma list).
+    #[arg(short = 't', long, default_value_t = default_threads())]
+    pub threads: String,
+    /// Output: md (a table), json (only JSON on stdout), csv.
+    #[arg(short = 'o', long, default_value = "md")]
+    pub output: String,
+    /// Quantization when -m is a HuggingFace directory.
+    #[arg(long, default_value = "q4")]
+    pub quant: String,
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+fn default_threads() -> String {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).to_string()
 }

@@ -18,6 +18,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Run(a)) => cmd::run::run(a),
         Some(cli::Command::Convert(a)) => cmd::convert::run(a),
         Some(cli::Command::Inspect(a)) => cmd::inspect::run(a),
+        Some(cli::Command::Bench(a)) => cmd::bench::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,7 @@
 //! One module per subcommand.
 
+pub mod bench;
+pub mod bench_report;
 pub mod convert;
 pub mod inspect;
 pub mod interrupt;

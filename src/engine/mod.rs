@@ -142,6 +142,14 @@ impl Engine {
         Ok(Engine { model, exec, kv, cached: Vec::new(), tok, template })
     }
 
+    /// Run on `threads` compute threads from now on.
+    pub fn set_threads(&mut self, threads: usize) -> Result<(), EngineError> {
+        if threads != self.exec.threads() {
+            self.exec = Exec::new(threads, self.exec.isa).map_err(EngineError::Setup)?;
+        }
+        Ok(())
+    }
+
     pub fn package(&self) -> &Package {
         self.model.package()
     }

@@ -132,6 +132,41 @@ impl Qwen3Moe {
         &self.pkg
     }
 
+    /// Parameters of the whole model (every expert counted).
+    pub fn n_params(&self) -> u64 {
+        let dense: u64 = self.pkg.meta.tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum();
+        let experts = self.pkg.meta.experts.as_ref().map_or(0, |ex| {
+            let per: u64 = ex.parts.iter().map(|p| p.shape.iter().product::<usize>() as u64).sum();
+            per * ex.table.len() as u64
+        });
+        dense + experts
+    }
+
+    /// Weight bytes one decode token reads: every dense tensor except the embedding (of which
+    /// one row), and `top-k` experts' parts in each MoE layer. The roofline's numerator: decode
+    /// cannot beat (memory bandwidth / this).
+    pub fn decode_weight_bytes(&self) -> u64 {
+        let pkg = &self.pkg;
+        let c = &self.cfg;
+        let mut total = 0u64;
+        for (i, t) in pkg.meta.tensors.iter().enumerate() {
+            if i == self.embed {
+                let f = t.format().unwrap_or(moescope_kernels::Format::F32);
+                total += (f.data_bytes(1, c.hidden_size) + f.scale_bytes(1, c.hidden_size)) as u64;
+                if c.tie_word_embeddings {
+                    total += t.length; // the lm_head reads it whole
+                }
+            } else {
+                total += t.length;
+            }
+        }
+        if let Some(ex) = &pkg.meta.experts {
+            let per: u64 = ex.parts.iter().map(|p| p.length).sum();
+            total += per * c.num_experts_per_tok as u64 * ex.layers.len() as u64;
+        }
+        total
+    }
+
     /// Run `tokens` at positions `kv.len()..`, appending their keys and values to `kv`.
     pub fn forward(
         &self,

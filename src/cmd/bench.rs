@@ -1,0 +1,245 @@
+//! `moescope bench`: prompt processing (`ppN`) and text generation (`tgN`) throughput, measured
+//! separately as llama-bench does, on synthetic token ids (no tokenizer cost, no sampling).
+//!
+//! - ppN: the KV cache is emptied, N random ids are evaluated as one prompt; t/s = N / time.
+//! - tgN: the KV cache is emptied, then N single-token forward passes, each on a random id;
+//!   t/s = N / time, and each pass's latency goes into a histogram (p50/p90/p99/max).
+//!
+//! Each test runs `--warmup` times untimed, then `-r` timed repetitions: mean ± sample standard
+//! deviation of the repetitions' t/s.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{Result, bail};
+use moescope::engine::sampler::Rng;
+use moescope::engine::{Engine, EngineOptions};
+use moescope::model::{Logits, NoObserver};
+use moescope::sysinfo;
+use moescope::trace::{self, hist::Latency};
+use serde_json::json;
+
+use super::bench_report::{self as report, Format, Row};
+use super::{model_arg, run::isa_from_env, trace_out};
+use crate::cli::BenchArgs;
+
+fn parse_list(flag: &str, s: &str) -> Result<Vec<usize>> {
+    let v: Vec<usize> = s
+        .split(',')
+        .map(|x| x.trim().parse::<usize>().map_err(|_| anyhow::anyhow!("{flag}: '{x}' is not a whole number")))
+        .collect::<Result<_>>()?;
+    if v.is_empty() {
+        bail!("{flag}: empty list");
+    }
+    Ok(v)
+}
+
+enum Test {
+    Prompt(usize),
+    Gen(usize),
+}
+
+impl Test {
+    fn name(&self) -> String {
+        match self {
+            Test::Prompt(n) => format!("pp{n}"),
+            Test::Gen(n) => format!("tg{n}"),
+        }
+    }
+}
+
+pub fn run(a: &BenchArgs) -> Result<()> {
+    let prompts = parse_list("-p", &a.n_prompt)?;
+    let gens = parse_list("-n", &a.n_gen)?;
+    let threads = parse_list("-t", &a.threads)?;
+    if threads.contains(&0) {
+        bail!("-t: thread counts must be at least 1");
+    }
+    if a.repetitions == 0 {
+        bail!("-r: at least one repetition");
+    }
+    let out = Format::parse(&a.output).map_err(anyhow::Error::msg)?;
+    let mut tests: Vec<Test> = prompts.iter().filter(|&&n| n > 0).map(|&n| Test::Prompt(n)).collect();
+    tests.extend(gens.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n)));
+    if tests.is_empty() {
+        bail!("nothing to measure: -p and -n are all 0");
+    }
+    let ctx = prompts.iter().chain(&gens).copied().max().unwrap_or(1) + 1;
+
+    let path = model_arg::resolve(a.model.as_deref(), &a.quant)?;
+    let trace = trace_out::begin(&a.trace);
+    let opts = EngineOptions { threads: threads[0], ctx_size: Some(ctx), isa: isa_from_env()? };
+    let mut engine = Engine::load(&path, opts)?;
+    let cfg = engine.model.cfg.clone();
+    if ctx > cfg.max_position_embeddings {
+        bail!("the longest test needs {ctx} positions; the model allows {}", cfg.max_position_embeddings);
+    }
+    let meta = engine.package().meta.clone();
+    let model_type = format!(
+        "{} {}L {}x top-{}",
+        match cfg.arch {
+            moescope::model::config::Arch::Qwen3Moe => "qwen3_moe",
+        },
+        cfg.num_hidden_layers,
+        cfg.num_experts,
+        cfg.num_experts_per_tok
+    );
+    let weight_bytes = engine.model.decode_weight_bytes();
+    let n_params = engine.model.n_params();
+    let model_size = engine.package().file_size();
+    eprintln!(
+        "moescope bench: {} ({}, {:.2} GiB, {:.2} B params), {:.1} MB of weights per decode token, {} kernels",
+        meta.name,
+        meta.quant.mode,
+        model_size as f64 / (1u64 << 30) as f64,
+        n_params as f64 / 1e9,
+        weight_bytes as f64 / 1e6,
+        engine.exec.isa
+    );
+
+    let mut stdout = std::io::stdout().lock();
+    match out {
+        Format::Md => writeln!(stdout, "{}", report::MD_HEADER)?,
+        Format::Csv => writeln!(stdout, "{}", report::CSV_HEADER)?,
+        Format::Json => {}
+    }
+    let mut rng = Rng::new(0x6d6f_6573_636f_7065);
+    let vocab = cfg.vocab_size as u64;
+    let mut rows = Vec::new();
+    for &t in &threads {
+        engine.set_threads(t)?;
+        for test in &tests {
+            let _span = trace::span("bench_test").arg("test", test.name()).arg("threads", t);
+            let mut samples_ns = Vec::new();
+            let mut lat = Latency::new();
+            for rep in 0..a.warmup + a.repetitions {
+                let timed = rep >= a.warmup;
+                engine.reset();
+                let t0 = Instant::now();
+                match test {
+                    Test::Prompt(n) => {
+                        let ids: Vec<u32> = (0..*n).map(|_| (rng.next_u64() % vocab) as u32).collect();
+                        let t0 = Instant::now();
+                        engine.eval(&ids, Logits::Last, &mut NoObserver)?;
+                        if timed {
+                            samples_ns.push(t0.elapsed().as_nanos() as u64);
+                        }
+                    }
+                    Test::Gen(n) => {
+                        for _ in 0..*n {
+                            let id = (rng.next_u64() % vocab) as u32;
+                            let s = Instant::now();
+                            engine.eval(&[id], Logits::Last, &mut NoObserver)?;
+                            if timed {
+                                lat.record_ns(s.elapsed().as_nanos() as u64);
+                            }
+                        }
+                        if timed {
+                            samples_ns.push(t0.elapsed().as_nanos() as u64);
+                        }
+                    }
+                }
+            }
+            let n_tokens = match test {
+                Test::Prompt(n) | Test::Gen(n) => *n,
+            };
+            let samples_ts: Vec<f64> = samples_ns.iter().map(|&ns| n_tokens as f64 * 1e9 / ns as f64).collect();
+            let (avg_ts, stddev_ts) = report::mean_sd(&samples_ts);
+            let (avg_ns, stddev_ns) = report::mean_sd(&samples_ns.iter().map(|&x| x as f64).collect::<Vec<_>>());
+            let is_gen = matches!(test, Test::Gen(_));
+            let row = Row {
+                build_commit: format!("moescope {}", env!("CARGO_PKG_VERSION")),
+                cpu_info: sysinfo::cpu_model(),
+                model_filename: path.display().to_string(),
+                model_type: model_type.clone(),
+                model_size,
+                model_n_params: n_params,
+                quant: meta.quant.mode.clone(),
+                n_threads: t,
+                isa: engine.exec.isa.name().into(),
+                n_prompt: if is_gen { 0 } else { n_tokens },
+                n_gen: if is_gen { n_tokens } else { 0 },
+                test: test.name(),
+                test_time: unix_time_iso(),
+                n_reps: a.repetitions,
+                avg_ns: avg_ns as u64,
+                stddev_ns: stddev_ns as u64,
+                avg_ts,
+                stddev_ts,
+                samples_ns,
+                samples_ts,
+                decode_latency: is_gen.then(|| lat.summary()),
+                weight_bytes_per_token: weight_bytes,
+                weight_gbps: is_gen.then(|| avg_ts * weight_bytes as f64 / 1e9),
+                peak_rss_bytes: sysinfo::peak_rss_bytes(),
+                experts: None,
+            };
+            match out {
+                Format::Md => writeln!(stdout, "{}", report::md_row(&row))?,
+                Format::Csv => writeln!(stdout, "{}", report::csv_row(&row))?,
+                Format::Json => {}
+            }
+            stdout.flush()?;
+            rows.push(row);
+        }
+    }
+    match out {
+        Format::Json => writeln!(stdout, "{}", serde_json::to_string_pretty(&rows)?)?,
+        Format::Md => writeln!(
+            stdout,
+            "\nbuild: moescope {} ({}) | CPU: {} ({} cores) | {:.1} MB of weights per decode token",
+            env!("CARGO_PKG_VERSION"),
+            if cfg!(debug_assertions) { "debug" } else { "release" },
+            sysinfo::cpu_model(),
+            sysinfo::logical_cores(),
+            weight_bytes as f64 / 1e6
+        )?,
+        Format::Csv => {}
+    }
+    if let Some(t) = trace {
+        t.finish(json!({
+            "command": "bench",
+            "model": meta.name,
+            "package": path.display().to_string(),
+            "quant": meta.quant.mode,
+            "config": meta.model,
+            "threads": threads,
+            "isa": engine.exec.isa.name(),
+            "settings": {"n_prompt": prompts, "n_gen": gens, "repetitions": a.repetitions, "warmup": a.warmup},
+        }))?;
+    }
+    Ok(())
+}
+
+/// Now as `YYYY-MM-DDTHH:MM:SSZ` (UTC), without a date library.
+fn unix_time_iso() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86400, secs % 86400);
+    // civil-from-days (Howard Hinnant's algorithm)
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn lists_parse_and_reject_junk() {
+        assert_eq!(super::parse_list("-p", "128, 512").unwrap(), vec![128, 512]);
+        assert!(super::parse_list("-p", "12x").unwrap_err().to_string().contains("'12x'"));
+    }
+
+    #[test]
+    fn iso_time_has_the_shape() {
+        let t = super::unix_time_iso();
+        assert_eq!(t.len(), 20);
+        assert!(t.starts_with("20") && t.ends_with('Z') && &t[10..11] == "T");
+    }
+}

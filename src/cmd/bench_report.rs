@@ -1,0 +1,166 @@
+//! `moescope bench` results: one row per test, printed as llama-bench does (markdown table,
+//! CSV, or JSON with llama-bench's field names where they exist, plus ours).
+
+use serde::Serialize;
+use serde_json::Value;
+
+use moescope::trace::hist::LatencySummary;
+
+/// One test's result. Field names follow llama-bench's JSON where one exists.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub build_commit: String,
+    pub cpu_info: String,
+    pub model_filename: String,
+    pub model_type: String,
+    pub model_size: u64,
+    pub model_n_params: u64,
+    pub quant: String,
+    pub n_threads: usize,
+    pub isa: String,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub test: String,
+    pub test_time: String,
+    pub n_reps: usize,
+    pub avg_ns: u64,
+    pub stddev_ns: u64,
+    pub avg_ts: f64,
+    pub stddev_ts: f64,
+    pub samples_ns: Vec<u64>,
+    pub samples_ts: Vec<f64>,
+    /// Per-token decode latency over every repetition (decode tests only).
+    pub decode_latency: Option<LatencySummary>,
+    /// Weight bytes a decode token reads (the roofline's numerator), and what the measured rate
+    /// makes of it (decode tests only).
+    pub weight_bytes_per_token: u64,
+    pub weight_gbps: Option<f64>,
+    pub peak_rss_bytes: u64,
+    /// Expert streaming (cache budget, hit %, SSD MB per token, prefetch) once it lands;
+    /// absent until then.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<Value>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Md,
+    Json,
+    Csv,
+}
+
+impl Format {
+    pub fn parse(s: &str) -> Result<Format, String> {
+        match s {
+            "md" => Ok(Format::Md),
+            "json" => Ok(Format::Json),
+            "csv" => Ok(Format::Csv),
+            o => Err(format!("-o: unknown output '{o}' (md, json or csv)")),
+        }
+    }
+}
+
+fn gib(b: u64) -> String {
+    format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64)
+}
+
+fn params(n: u64) -> String {
+    if n >= 1_000_000_000 { format!("{:.2} B", n as f64 / 1e9) } else { format!("{:.2} M", n as f64 / 1e6) }
+}
+
+pub const MD_HEADER: &str = "| model | size | params | quant | threads | isa | test | t/s | p50 ms | p99 ms | GB/s | peak RSS |\n\
+| ----- | ---: | -----: | ----- | ------: | --- | ---: | ---: | ---: | ---: | ---: | ---: |";
+
+pub fn md_row(r: &Row) -> String {
+    let lat =
+        |f: fn(&LatencySummary) -> f64| r.decode_latency.as_ref().map_or(String::new(), |l| format!("{:.2}", f(l)));
+    format!(
+        "| {} | {} | {} | {} | {} | {} | {} | {:.2} ± {:.2} | {} | {} | {} | {} |",
+        r.model_type,
+        gib(r.model_size),
+        params(r.model_n_params),
+        r.quant,
+        r.n_threads,
+        r.isa,
+        r.test,
+        r.avg_ts,
+        r.stddev_ts,
+        lat(|l| l.p50_ms),
+        lat(|l| l.p99_ms),
+        r.weight_gbps.map_or(String::new(), |g| format!("{g:.1}")),
+        gib(r.peak_rss_bytes),
+    )
+}
+
+pub const CSV_HEADER: &str = "build_commit,cpu_info,model_filename,model_type,model_size,model_n_params,quant,n_threads,isa,n_prompt,n_gen,test,test_time,n_reps,avg_ns,stddev_ns,avg_ts,stddev_ts,decode_p50_ms,decode_p90_ms,decode_p99_ms,decode_max_ms,weight_bytes_per_token,weight_gbps,peak_rss_bytes";
+
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+}
+
+pub fn csv_row(r: &Row) -> String {
+    let lat =
+        |f: fn(&LatencySummary) -> f64| r.decode_latency.as_ref().map_or(String::new(), |l| format!("{:.4}", f(l)));
+    [
+        csv_field(&r.build_commit),
+        csv_field(&r.cpu_info),
+        csv_field(&r.model_filename),
+        csv_field(&r.model_type),
+        r.model_size.to_string(),
+        r.model_n_params.to_string(),
+        r.quant.clone(),
+        r.n_threads.to_string(),
+        r.isa.clone(),
+        r.n_prompt.to_string(),
+        r.n_gen.to_string(),
+        r.test.clone(),
+        r.test_time.clone(),
+        r.n_reps.to_string(),
+        r.avg_ns.to_string(),
+        r.stddev_ns.to_string(),
+        format!("{:.4}", r.avg_ts),
+        format!("{:.4}", r.stddev_ts),
+        lat(|l| l.p50_ms),
+        lat(|l| l.p90_ms),
+        lat(|l| l.p99_ms),
+        lat(|l| l.max_ms),
+        r.weight_bytes_per_token.to_string(),
+        r.weight_gbps.map_or(String::new(), |g| format!("{g:.4}")),
+        r.peak_rss_bytes.to_string(),
+    ]
+    .join(",")
+}
+
+/// Mean and sample standard deviation.
+pub fn mean_sd(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (m, 0.0);
+    }
+    let var = v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (n - 1.0);
+    (m, var.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mean_and_sample_sd() {
+        let (m, sd) = mean_sd(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
+        assert_eq!(m, 5.0);
+        assert!((sd - (32.0f64 / 7.0).sqrt()).abs() < 1e-12);
+        assert_eq!(mean_sd(&[3.0]), (3.0, 0.0));
+    }
+
+    #[test]
+    fn csv_quotes_what_needs_it() {
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+        assert_eq!(csv_field("say \"x\""), "\"say \"\"x\"\"\"");
+        assert_eq!(csv_field("plain"), "plain");
+    }
+}

@@ -1,0 +1,140 @@
+//! `moescope bench` end to end: llama-bench's table, JSON with its field names (and only JSON
+//! on stdout), CSV, and a valid trace.
+
+mod common;
+
+use common::trace_check::check;
+use common::*;
+use serde_json::Value;
+
+#[test]
+fn json_has_llama_bench_fields_and_nothing_else_on_stdout() {
+    let (d, p) = convert("wide", "q4");
+    let o = moescope(
+        &["bench", "-m", p.to_str().unwrap(), "-p", "16,32", "-n", "8", "-r", "2", "-t", "1,2", "-o", "json"],
+        d.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Value = serde_json::from_str(&stdout(&o)).expect("stdout is exactly one JSON document");
+    let rows = rows.as_array().unwrap();
+    // (pp16, pp32, tg8) x (1, 2 threads)
+    assert_eq!(rows.len(), 6);
+    let tests: Vec<(String, u64)> =
+        rows.iter().map(|r| (r["test"].as_str().unwrap().to_string(), r["n_threads"].as_u64().unwrap())).collect();
+    assert_eq!(tests[..3], [("pp16".into(), 1), ("pp32".into(), 1), ("tg8".into(), 1)]);
+    assert_eq!(tests[3].1, 2);
+    for r in rows {
+        for k in [
+            "n_prompt",
+            "n_gen",
+            "n_threads",
+            "avg_ts",
+            "stddev_ts",
+            "samples_ts",
+            "samples_ns",
+            "avg_ns",
+            "model_size",
+            "model_type",
+            "model_n_params",
+            "peak_rss_bytes",
+            "weight_bytes_per_token",
+        ] {
+            assert!(!r[k].is_null(), "missing {k} in {r}");
+        }
+        let samples = r["samples_ts"].as_array().unwrap();
+        assert_eq!(samples.len(), 2, "-r 2");
+        let mean = samples.iter().map(|x| x.as_f64().unwrap()).sum::<f64>() / 2.0;
+        assert!((mean - r["avg_ts"].as_f64().unwrap()).abs() <= 1e-6 * mean, "avg_ts is the mean of samples_ts");
+        // each sample is tokens / time
+        let n = r["n_prompt"].as_u64().unwrap() + r["n_gen"].as_u64().unwrap();
+        for (ts, ns) in samples.iter().zip(r["samples_ns"].as_array().unwrap()) {
+            let want = n as f64 * 1e9 / ns.as_f64().unwrap();
+            assert!((ts.as_f64().unwrap() - want).abs() <= 1e-6 * want);
+        }
+        let is_gen = r["test"].as_str().unwrap().starts_with("tg");
+        // a prefill test has n_gen 0, a decode test n_prompt 0 (as llama-bench)
+        if is_gen {
+            assert_eq!(r["n_prompt"], 0);
+            let l = &r["decode_latency"];
+            assert_eq!(l["count"], 16, "8 tokens x 2 repetitions");
+            assert!(l["p50_ms"].as_f64().unwrap() <= l["p99_ms"].as_f64().unwrap());
+            assert!(r["weight_gbps"].as_f64().unwrap() > 0.0);
+        } else {
+            assert_eq!(r["n_gen"], 0);
+            assert!(r["decode_latency"].is_null());
+        }
+        assert_eq!(r["model_type"], "qwen3_moe 2L 64x top-8");
+        assert_eq!(r["model_size"].as_u64().unwrap(), std::fs::metadata(&p).unwrap().len());
+    }
+}
+
+#[test]
+fn markdown_and_csv_tables() {
+    let (d, p) = convert("single", "q8");
+    let o = moescope(
+        &["bench", "-m", p.to_str().unwrap(), "-p", "8", "-n", "4", "-r", "1", "--warmup", "0", "-t", "1"],
+        d.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("| model | size | params | quant | threads |"), "{out}");
+    assert!(lines[2].contains("| pp8 |") && lines[3].contains("| tg4 |"), "{out}");
+    assert!(lines[2].contains(" ± "), "t/s as mean ± sd: {out}");
+    assert!(out.contains("build: moescope"));
+    let o = moescope(
+        &["bench", "-m", p.to_str().unwrap(), "-p", "8", "-n", "4", "-r", "1", "-t", "1", "-o", "csv"],
+        d.path(),
+    );
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "header and two rows: {out}");
+    let cols = lines[0].split(',').count();
+    assert!(lines[1..].iter().all(|l| l.split(',').count() == cols), "{out}");
+}
+
+#[test]
+fn bench_trace_is_valid() {
+    let (d, p) = convert("single", "q4");
+    let t = d.path().join("bench.json");
+    let o = moescope(
+        &[
+            "bench",
+            "-m",
+            p.to_str().unwrap(),
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "2",
+            "-t",
+            "2",
+            "--trace",
+            t.to_str().unwrap(),
+        ],
+        d.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&t).unwrap()).unwrap();
+    let s = check(&doc);
+    assert_eq!(s.slices["bench_test"], 2);
+    // warmup + 2 repetitions of pp8 (one forward each) and of tg4 (4 each)
+    assert_eq!(s.slices["forward"], 3 + 12);
+    assert_eq!(doc["otherData"]["command"], "bench");
+}
+
+#[test]
+fn bad_bench_arguments() {
+    let d = tempfile::tempdir().unwrap();
+    for (args, needle) in [
+        (vec!["bench", "-p", "0", "-n", "0"], "nothing to measure"),
+        (vec!["bench", "-p", "1x"], "'1x'"),
+        (vec!["bench", "-t", "0"], "-t"),
+        (vec!["bench", "-o", "xml"], "xml"),
+        (vec!["bench", "-r", "0"], "-r"),
+    ] {
+        let o = moescope(&args, d.path());
+        assert_clean_failure(&o, &[needle]);
+    }
+}
