@@ -67,6 +67,9 @@ fn run_json_and_logits_match_transformers() {
         assert!(v["timings"][k].as_f64().is_some_and(|x| x >= 0.0), "timings.{k}: {}", v["timings"]);
     }
     assert_eq!(v["stop"], "length");
+    let lat = &v["timings"]["decode_latency_ms"];
+    assert_eq!(lat["count"], 15, "16 tokens: the first comes from prefill, 15 decode steps");
+    assert!(lat["p50_ms"].as_f64().unwrap() <= lat["max_ms"].as_f64().unwrap());
     let (shape, data) = read_npy(&npy);
     let vocab = r.shape("gen_logits")[1];
     assert_eq!(shape, vec![16, vocab]);

@@ -9,6 +9,7 @@ use moescope::engine::sampler::{Sampler, SamplerParams};
 use moescope::engine::tokenizer::StreamDecoder;
 use moescope::engine::{Engine, EngineOptions, GenRequest, GenStats};
 use moescope::model::KvCache;
+use moescope::trace::hist::Latency;
 use moescope_kernels::Isa;
 use serde_json::json;
 
@@ -248,7 +249,12 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> 
 }
 
 pub fn timings_json(s: &GenStats) -> serde_json::Value {
+    let mut lat = Latency::new();
+    for &ms in &s.token_ms {
+        lat.record_ms(ms);
+    }
     json!({
+        "decode_latency_ms": lat.summary(),
         "prompt_tokens": s.prompt_evaluated,
         "prompt_cached": s.prompt_cached,
         "generated_tokens": s.generated.len(),
