@@ -159,7 +159,7 @@ pub fn write(path: &Path, rec: &Recording, mut other: Value) -> std::io::Result<
                 "event_cap": rec.cap,
                 "dropped_events": rec.dropped,
                 "truncated": rec.dropped > 0,
-                "clock": "monotonic, ns since the process's first trace timestamp",
+                "clock": format!("{}: ticks mapped onto the OS monotonic clock; ts = time since recording started", rec.clock),
             }),
         );
     }
