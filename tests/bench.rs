@@ -62,6 +62,7 @@ fn json_has_llama_bench_fields_and_nothing_else_on_stdout() {
         } else {
             assert_eq!(r["n_gen"], 0);
             assert!(r["decode_latency"].is_null());
+            assert_eq!(r["ttft"]["count"], 2, "one time-to-first-token per repetition");
         }
         assert_eq!(r["model_type"], "qwen3_moe 2L 64x top-8");
         assert_eq!(r["model_size"].as_u64().unwrap(), std::fs::metadata(&p).unwrap().len());

@@ -111,7 +111,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         for test in &tests {
             let _span = trace::span("bench_test").arg("test", test.name()).arg("threads", t);
             let mut samples_ns = Vec::new();
-            let mut lat = Latency::new();
+            let (mut lat, mut ttft) = (Latency::new(), Latency::new());
             for rep in 0..a.warmup + a.repetitions {
                 let timed = rep >= a.warmup;
                 engine.reset();
@@ -122,7 +122,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         let t0 = Instant::now();
                         engine.eval(&ids, Logits::Last, &mut NoObserver)?;
                         if timed {
-                            samples_ns.push(t0.elapsed().as_nanos() as u64);
+                            let ns = t0.elapsed().as_nanos() as u64;
+                            samples_ns.push(ns);
+                            ttft.record_ns(ns);
                         }
                     }
                     Test::Gen(n) => {
@@ -169,6 +171,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 samples_ns,
                 samples_ts,
                 decode_latency: is_gen.then(|| lat.summary()),
+                ttft: (!is_gen).then(|| ttft.summary()),
                 weight_bytes_per_token: weight_bytes,
                 weight_gbps: is_gen.then(|| avg_ts * weight_bytes as f64 / 1e9),
                 peak_rss_bytes: sysinfo::peak_rss_bytes(),

@@ -31,6 +31,9 @@ pub struct Row {
     pub samples_ts: Vec<f64>,
     /// Per-token decode latency over every repetition (decode tests only).
     pub decode_latency: Option<LatencySummary>,
+    /// Time to the first token's logits of each repetition, i.e. the prompt's evaluation
+    /// (prompt tests only).
+    pub ttft: Option<LatencySummary>,
     /// Weight bytes a decode token reads (the roofline's numerator), and what the measured rate
     /// makes of it (decode tests only).
     pub weight_bytes_per_token: u64,
