@@ -91,8 +91,39 @@ pub struct RunArgs {
     /// Quantization when -m is a HuggingFace directory: bf16, q8, q4, q4g32.
     #[arg(long, default_value = "q4")]
     pub quant: String,
+    /// Size of the expert pool in MiB (default: every expert if they fit in half of the
+    /// available memory, else half of the available memory).
+    #[arg(long, value_name = "MiB")]
+    pub cache_mb: Option<u64>,
+    /// Prefetch predicted experts: on or off.
+    #[arg(long, default_value = "on")]
+    pub prefetch: String,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
     #[command(flatten)]
     pub trace: TraceArgs,
+}
+
+/// How routed experts are streamed from the package.
+#[derive(Args, Debug, Clone)]
+pub struct ExpertArgs {
+    /// How experts are read: direct (O_DIRECT, bypassing the page cache) or buffered
+    /// (default: direct when the pool is smaller than the experts).
+    #[arg(long, value_name = "direct|buffered")]
+    pub io: Option<String>,
+    /// I/O threads reading experts.
+    #[arg(long, default_value_t = moescope::experts::DEFAULT_IO_WORKERS)]
+    pub io_workers: usize,
+    /// Eviction policy of the expert pool: foresight (ours), least-stale, lru.
+    #[arg(long, default_value = "foresight")]
+    pub policy: String,
+    /// Do not verify each expert read against its checksum.
+    #[arg(long)]
+    pub no_verify_experts: bool,
+    /// Record every routing decision (token, layer, experts, weights) as JSON lines, for
+    /// `moescope sim`.
+    #[arg(long, value_name = "FILE")]
+    pub routing_out: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -151,6 +182,20 @@ pub struct BenchArgs {
     /// Quantization when -m is a HuggingFace directory.
     #[arg(long, default_value = "q4")]
     pub quant: String,
+    /// Expert pool sizes in MiB (comma list; default as for `run`).
+    #[arg(long, value_name = "MiB,...")]
+    pub cache_mb: Option<String>,
+    /// Prefetch settings to measure (comma list of on/off).
+    #[arg(long, default_value = "on")]
+    pub prefetch: String,
+    /// Empty the expert pool and drop the package from the page cache before each repetition.
+    #[arg(long, conflicts_with = "warm")]
+    pub cold: bool,
+    /// Keep the pool (and page cache) between repetitions (the default).
+    #[arg(long)]
+    pub warm: bool,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
     #[command(flatten)]
     pub trace: TraceArgs,
 }

@@ -117,7 +117,8 @@ fn check_fixture(name: &str) {
         let (_dir, pkg) = convert(name, quant);
         for isa in Isa::available() {
             let tag = format!("{name} {quant} {isa}");
-            let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(128), isa }).expect("load");
+            let mut eng =
+                Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(128), isa, stream: None }).expect("load");
             let moe_layers = eng.model.cfg.moe_layers();
             let mut m = Measured::new();
             let bounds = quant_bounds(quant);

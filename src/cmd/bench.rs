@@ -68,7 +68,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
 
     let path = model_arg::resolve(a.model.as_deref(), &a.quant)?;
     let trace = trace_out::begin(&a.trace);
-    let opts = EngineOptions { threads: threads[0], ctx_size: Some(ctx), isa: isa_from_env()? };
+    let opts = EngineOptions { threads: threads[0], ctx_size: Some(ctx), isa: isa_from_env()?, stream: None };
     let mut engine = Engine::load(&path, opts)?;
     let cfg = engine.model.cfg.clone();
     if ctx > cfg.max_position_embeddings {

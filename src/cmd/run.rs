@@ -8,6 +8,7 @@ use moescope::engine::chat_template::Message;
 use moescope::engine::sampler::{Sampler, SamplerParams};
 use moescope::engine::tokenizer::StreamDecoder;
 use moescope::engine::{Engine, EngineOptions, GenRequest, GenStats};
+use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::KvCache;
 use moescope::trace::hist::Latency;
 use moescope_kernels::Isa;
@@ -15,7 +16,7 @@ use serde_json::json;
 
 use super::interrupt::{self, Interruptible};
 use super::{model_arg, trace_out};
-use crate::cli::RunArgs;
+use crate::cli::{ExpertArgs, RunArgs};
 
 /// The prompt, as given.
 pub enum Prompt {
@@ -36,6 +37,39 @@ pub struct RunConfig {
     pub engine: EngineOptions,
     pub json: bool,
     pub logits_out: Option<PathBuf>,
+}
+
+/// `--prefetch on|off`.
+pub fn parse_on_off(flag: &str, v: &str) -> Result<bool> {
+    match v {
+        "on" | "true" | "1" => Ok(true),
+        "off" | "false" | "0" => Ok(false),
+        o => bail!("{flag}: '{o}' (expected on or off)"),
+    }
+}
+
+/// The streaming settings from the command line.
+pub fn stream_config(e: &ExpertArgs, cache_mb: Option<u64>, prefetch: bool) -> Result<StreamConfig> {
+    if cache_mb == Some(0) {
+        bail!("--cache-mb must be positive");
+    }
+    if e.io_workers == 0 {
+        bail!("--io-workers must be at least 1");
+    }
+    let io = match e.io.as_deref() {
+        None => None,
+        Some("direct") => Some(IoMode::Direct),
+        Some("buffered") => Some(IoMode::Buffered),
+        Some(o) => bail!("--io: '{o}' (expected direct or buffered)"),
+    };
+    Ok(StreamConfig {
+        budget_bytes: cache_mb.map(|mb| mb << 20),
+        policy: PolicyKind::parse(&e.policy).map_err(anyhow::Error::msg)?,
+        prefetch,
+        io_workers: e.io_workers,
+        io,
+        verify: !e.no_verify_experts,
+    })
 }
 
 pub fn isa_from_env() -> Result<Isa> {
@@ -102,7 +136,12 @@ impl RunConfig {
             chat: a.chat,
             system: a.system.clone(),
             enable_thinking: a.no_think.then_some(false),
-            engine: EngineOptions { threads, ctx_size: a.ctx_size, isa: isa_from_env()? },
+            engine: EngineOptions {
+                threads,
+                ctx_size: a.ctx_size,
+                isa: isa_from_env()?,
+                stream: Some(stream_config(&a.experts, a.cache_mb, parse_on_off("--prefetch", &a.prefetch)?)?),
+            },
             json: a.json,
             logits_out: a.logits_out.clone(),
         })

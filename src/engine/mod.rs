@@ -14,6 +14,8 @@ use std::time::Instant;
 
 use moescope_kernels::Isa;
 
+use crate::experts::routing_log::RoutingLog;
+use crate::experts::{Experts, StreamConfig};
 use crate::model::{Exec, KvCache, Logits, ModelError, NoObserver, Observer, Qwen3Moe};
 use crate::package::{Package, PackageError};
 use crate::trace;
@@ -43,6 +45,23 @@ pub struct EngineOptions {
     /// KV cache length; None = the smaller of the model's maximum and 8192.
     pub ctx_size: Option<usize>,
     pub isa: Isa,
+    /// Stream experts through a pool (None: read them through the package's mapping, all
+    /// resident once touched).
+    pub stream: Option<StreamConfig>,
+}
+
+/// The memory the engine expects to use, by part (bytes).
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct MemoryPlan {
+    /// Dense weights (mapped; resident once touched).
+    pub dense: u64,
+    /// The expert pool, or all experts when they are read through the mapping.
+    pub experts: u64,
+    /// The KV cache at full context.
+    pub kv: u64,
+    /// Activations and scratch, estimated from the largest prompt chunk.
+    pub buffers: u64,
+    pub total: u64,
 }
 
 /// Prompts are evaluated in chunks of this many tokens (bounds the activation buffers).
@@ -50,6 +69,12 @@ pub const PREFILL_CHUNK: usize = 256;
 
 pub struct Engine {
     pub model: Qwen3Moe,
+    /// Expert streaming (also reachable through the model), for its counters and knobs.
+    pub experts: Option<Arc<Experts>>,
+    /// Records every routing decision when set (`--routing-out`).
+    pub routing_log: Option<RoutingLog>,
+    /// Said once at load (an O_DIRECT fallback, say).
+    pub warnings: Vec<String>,
     pub exec: Exec,
     pub kv: KvCache,
     /// The ids whose keys and values are in `kv`, in order.
@@ -139,7 +164,39 @@ impl Engine {
         };
         let exec = Exec::new(opts.threads, opts.isa).map_err(EngineError::Setup)?;
         let kv = KvCache::new(cfg, ctx);
-        Ok(Engine { model, exec, kv, cached: Vec::new(), tok, template })
+        let mut model = model;
+        let mut warnings = Vec::new();
+        let experts = match (opts.stream, pkg.meta.experts.is_some()) {
+            (Some(sc), true) => {
+                let (ex, w) = Experts::start(pkg.clone(), model.routers(), sc, opts.isa)?;
+                warnings.extend(w);
+                let ex = Arc::new(ex);
+                model.set_experts(Some(ex.clone()));
+                Some(ex)
+            }
+            _ => None,
+        };
+        Ok(Engine { model, experts, routing_log: None, warnings, exec, kv, cached: Vec::new(), tok, template })
+    }
+
+    /// What the engine expects to use: dense weights, the expert pool, the KV cache at full
+    /// context and the activations of a prompt chunk.
+    pub fn memory_plan(&self) -> MemoryPlan {
+        let c = &self.model.cfg;
+        let (dense, all_experts, _) = self.package().sizes();
+        let experts = self.experts.as_ref().map_or(all_experts, |e| e.cache.budget_bytes());
+        let kv = KvCache::bytes_at_capacity(c, self.kv.capacity());
+        // residual, normed copy, q/k/v/attention, expert outputs per (token, rank), MLP
+        // intermediates, logits: f32 per token of a chunk
+        let per_token = 4
+            * (4 * c.hidden_size
+                + 2 * c.q_dim()
+                + 2 * c.kv_dim()
+                + c.num_experts_per_tok * c.hidden_size
+                + 3 * c.intermediate_size.max(c.moe_intermediate_size)
+                + c.num_experts);
+        let buffers = (PREFILL_CHUNK * per_token + 4 * c.vocab_size) as u64;
+        MemoryPlan { dense, experts, kv, buffers, total: dense + experts + kv + buffers }
     }
 
     /// Run on `threads` compute threads from now on.
@@ -216,12 +273,31 @@ impl Engine {
         if prompt.len() >= self.kv.capacity() {
             return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.kv.capacity() });
         }
+        let mut log = self.routing_log.take();
+        let res = self.generate_observed(prompt, sampler, req, on_token, log.as_mut().map(|l| l as &mut dyn Observer));
+        self.routing_log = log;
+        res
+    }
+
+    fn generate_observed(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        req: GenRequest<'_>,
+        on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
+        obs: Option<&mut dyn Observer>,
+    ) -> Result<GenStats, EngineError> {
+        let mut none = NoObserver;
+        let obs: &mut dyn Observer = match obs {
+            Some(o) => o,
+            None => &mut none,
+        };
         let t0 = Instant::now();
         let (cached, mut logits) = {
             let mut span = trace::span("prefill").arg("prompt_tokens", prompt.len());
             let cached = self.reuse_prefix(prompt);
             span.set("cached_tokens", cached);
-            (cached, self.eval(&prompt[cached..], Logits::Last, &mut NoObserver)?)
+            (cached, self.eval(&prompt[cached..], Logits::Last, obs)?)
         };
         let mut stats = GenStats {
             prompt_evaluated: prompt.len() - cached,
@@ -266,7 +342,7 @@ impl Engine {
             let step = Instant::now();
             {
                 let _d = trace::span("decode").arg("token", stats.generated.len()).arg("pos", self.kv.len());
-                logits = self.eval(&[id], Logits::Last, &mut NoObserver)?;
+                logits = self.eval(&[id], Logits::Last, obs)?;
                 let _s = trace::span("sample");
                 id = sampler.sample(&logits, &history);
             }

@@ -28,7 +28,8 @@ use super::config::ModelConfig;
 use super::error::ModelError;
 use super::exec::{Exec, Scratch};
 use super::kv_cache::KvCache;
-use crate::package::Package;
+use crate::experts::Experts;
+use crate::package::{ExpertMats, Package};
 use crate::trace;
 
 /// Which positions of a batch need logits.
@@ -45,6 +46,8 @@ pub enum Logits {
 /// What a forward pass reports as it goes (routing for the heatmap and the tests, hidden
 /// states for debugging). Every method has a no-op default.
 pub trait Observer {
+    /// A forward pass begins (a prompt chunk or one decode token).
+    fn begin_pass(&mut self) {}
     /// Token `t` of the batch (position `pos`) in MoE layer `layer` picked `experts` (rank
     /// order) with routing `weights`; `probs` is the softmax over all experts.
     fn routing(&mut self, _layer: usize, _pos: usize, _experts: &[usize], _weights: &[f32], _probs: &[f32]) {}
@@ -76,6 +79,9 @@ struct Layer {
 pub struct Qwen3Moe {
     pub cfg: ModelConfig,
     pkg: Arc<Package>,
+    /// Where experts come from: None = the package's mapping (all resident), Some = streamed
+    /// through the expert pool.
+    experts: Option<Arc<Experts>>,
     embed: usize,
     norm: usize,
     lm_head: usize,
@@ -125,7 +131,33 @@ impl Qwen3Moe {
             rope: Rope::new(c.rope_theta, hd),
             cfg: c,
             pkg,
+            experts: None,
         })
+    }
+
+    /// Router tensors of the MoE layers, in forward order (for the predictor).
+    pub fn routers(&self) -> Vec<usize> {
+        self.layers
+            .iter()
+            .filter_map(|l| match l.ffn {
+                Ffn::Moe { router } => Some(router),
+                Ffn::Dense { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Stream experts through `experts` (None: read them from the package's mapping).
+    pub fn set_experts(&mut self, experts: Option<Arc<Experts>>) {
+        self.experts = experts;
+    }
+
+    pub fn experts(&self) -> Option<&Arc<Experts>> {
+        self.experts.as_ref()
+    }
+
+    /// Index of layer `l` among the MoE layers (its place in the expert table).
+    fn moe_index(&self, l: usize) -> usize {
+        self.layers[..l].iter().filter(|x| matches!(x.ffn, Ffn::Moe { .. })).count()
     }
 
     pub fn package(&self) -> &Arc<Package> {
@@ -187,6 +219,10 @@ impl Qwen3Moe {
         }
         let pkg = &*self.pkg;
         let _fwd = trace::span("forward").arg("tokens", t_n).arg("pos", pos0);
+        obs.begin_pass();
+        if let Some(ex) = &self.experts {
+            ex.cache.begin_pass();
+        }
         let mut s = Scratch::default();
         // x [T, H]: the residual stream
         let mut x = vec![0f32; t_n * h];
@@ -380,31 +416,52 @@ impl Qwen3Moe {
         }
         // expert outputs, weighted, per (token, rank): [T, k, H]
         let mut yk = vec![0f32; t_n * k_n * h];
-        let (mut xe, mut ye) = (Vec::new(), Vec::new());
         let blob_bytes = pkg.sizes().2;
-        moe_span.set("experts_used", per_expert.iter().filter(|u| !u.is_empty()).count());
-        for (e, users) in per_expert.iter().enumerate() {
-            if users.is_empty() {
-                continue;
-            }
+        let used: Vec<usize> = (0..e_n).filter(|&e| !per_expert[e].is_empty()).collect();
+        moe_span.set("experts_used", used.len());
+        let mut run_expert = |e: usize, ex: &ExpertMats<'_>, s: &mut Scratch, flow: Option<u64>| {
+            let users = &per_expert[e];
             let _es = trace::span("expert")
                 .arg("layer", l)
                 .arg("expert", e)
                 .arg("tokens", users.len())
                 .arg("bytes", blob_bytes);
-            let ex = pkg.expert(l, e)?;
-            xe.clear();
+            trace::flow_end(flow);
+            let mut xe = Vec::with_capacity(users.len() * h);
             for &(t, _) in users {
                 xe.extend_from_slice(&hn[t * h..(t + 1) * h]);
             }
-            ye.clear();
             let labels = ["expert_gate", "expert_up", "expert_down"];
-            ye.extend(swiglu_mlp(exec, labels, &ex.gate, &ex.up, &ex.down, &xe, users.len(), s));
+            let ye = swiglu_mlp(exec, labels, &ex.gate, &ex.up, &ex.down, &xe, users.len(), s);
             for (i, &(t, j)) in users.iter().enumerate() {
                 let w = chosen[t * k_n + j].1;
                 let dst = &mut yk[(t * k_n + j) * h..(t * k_n + j + 1) * h];
                 for (d, y) in dst.iter_mut().zip(&ye[i * h..(i + 1) * h]) {
                     *d = y * w;
+                }
+            }
+        };
+        match &self.experts {
+            None => {
+                for &e in &used {
+                    let ex = pkg.expert(l, e)?;
+                    run_expert(e, &ex, s, None);
+                }
+            }
+            Some(streamed) => {
+                // experts already resident first, the rest as their reads land; the per-token
+                // sums below run in rank order, so the order here never changes the result
+                let li = self.moe_index(l);
+                let pass = streamed.cache.pass();
+                if t_n == 1 {
+                    streamed.predictor.observe(pass, li, &used);
+                    streamed.predictor.submit(pass, li, hn);
+                }
+                let mut req = streamed.cache.request(li, &used);
+                while let Some(b) = req.next_ready()? {
+                    let ex = pkg.expert_view(b.bytes())?;
+                    run_expert(b.expert, &ex, s, b.flow);
+                    req.release(b);
                 }
             }
         }

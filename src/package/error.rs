@@ -25,4 +25,7 @@ pub enum PackageError {
     Tensor { path: PathBuf, name: String, msg: String },
     #[error("{path}: missing tensor {name}")]
     Missing { path: PathBuf, name: String },
+    /// A streamed expert read failed (the message names the file, expert and offset).
+    #[error("{0}")]
+    ExpertRead(String),
 }

@@ -234,6 +234,26 @@ impl Package {
         })
     }
 
+    /// The three matrices of an expert blob already in memory (read by the expert store).
+    pub fn expert_view<'a>(&self, blob: &'a [u8]) -> Result<ExpertMats<'a>, PackageError> {
+        let ex = self
+            .meta
+            .experts
+            .as_ref()
+            .ok_or_else(|| PackageError::Meta { path: self.path.clone(), msg: "no expert table".into() })?;
+        if (blob.len() as u64) < ex.blob_len || blob.as_ptr() as usize % 64 != 0 {
+            return Err(PackageError::Meta {
+                path: self.path.clone(),
+                msg: "expert buffer too short or misaligned".into(),
+            });
+        }
+        Ok(ExpertMats {
+            gate: mat_at(blob, &ex.parts[0], 0),
+            up: mat_at(blob, &ex.parts[1], 0),
+            down: mat_at(blob, &ex.parts[2], 0),
+        })
+    }
+
     /// Bytes of dense tensors and of experts, and of one expert blob.
     pub fn sizes(&self) -> (u64, u64, u64) {
         let blob = self.meta.experts.as_ref().map_or(0, |e| e.blob_len);

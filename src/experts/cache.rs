@@ -1,0 +1,721 @@
+//! The expert pool: one byte-bounded set of slots shared by all MoE layers, filled by I/O worker
+//! threads from the package, emptied by a pluggable policy.
+//!
+//! A slot holds one expert blob. Its life: reserved for a read (queued, demand or prefetch) ->
+//! being read by an I/O worker -> ready (or failed). A slot the forward pass has asked for is
+//! pinned until the layer is done with it; pinned slots and slots being read are never evicted.
+//! Demand reads go before prefetch reads; a prefetch the layer then demands is promoted.
+//! Budget, policy and prefetch can change between tokens.
+//!
+//! Everything below is behind one mutex: the per-layer traffic is a few dozen operations, small
+//! next to the reads and the expert math they stand for.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use super::policy::{Ctx, Entry, PolicyKind, Scores};
+use super::stats::LayerStats;
+use super::store::{AlignedBuf, ExpertStore, ReadError};
+use crate::package::PackageError;
+use crate::trace;
+
+/// (MoE layer index in forward order, expert id)
+pub type Key = (usize, usize);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Demand,
+    Prefetch,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum SlotState {
+    Queued,
+    Reading,
+    Ready,
+    Failed(String),
+}
+
+struct Slot {
+    key: Key,
+    state: SlotState,
+    buf: Option<Arc<AlignedBuf>>,
+    pins: u32,
+    origin: Origin,
+    /// Used by the forward pass since it was loaded.
+    used: bool,
+    last_use: u64,
+    last_token: u64,
+    /// The prediction's confidence, while a prefetched entry is unused.
+    predicted: Option<f32>,
+    queued_at: Instant,
+    /// Trace flow from the prefetch that queued it to the read, and from the read to its use.
+    flow_issue: Option<u64>,
+    flow_use: Option<u64>,
+}
+
+struct State {
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    map: HashMap<Key, usize>,
+    spare: Vec<AlignedBuf>,
+    capacity: usize,
+    policy: PolicyKind,
+    prefetch_on: bool,
+    demand_q: VecDeque<usize>,
+    prefetch_q: Vec<(usize, f32)>,
+    tick: u64,
+    token: u64,
+    active_layer: usize,
+    scores: Scores,
+    last_route: Vec<Vec<usize>>,
+    evicted_at: HashMap<Key, u64>,
+    stats: Vec<LayerStats>,
+    in_flight: usize,
+    shutdown: bool,
+}
+
+pub(crate) struct Shared {
+    pub store: ExpertStore,
+    st: Mutex<State>,
+    /// A read finished or failed, or a slot was released.
+    ready: Condvar,
+    /// A read was queued, or shutdown.
+    work: Condvar,
+    pub n_layers: usize,
+    pub num_experts: usize,
+    pub top_k: usize,
+    pub blob_len: usize,
+}
+
+/// Settings of the pool.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheConfig {
+    pub budget_bytes: u64,
+    pub policy: PolicyKind,
+    pub prefetch: bool,
+    pub io_workers: usize,
+}
+
+pub struct ExpertCache {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn slots_for(budget: u64, blob: usize, top_k: usize) -> usize {
+    ((budget / blob.max(1) as u64) as usize).max(top_k).max(1)
+}
+
+impl ExpertCache {
+    pub fn new(store: ExpertStore, n_layers: usize, num_experts: usize, top_k: usize, cfg: CacheConfig) -> ExpertCache {
+        let blob_len = store.blob_len();
+        let capacity = slots_for(cfg.budget_bytes, blob_len, top_k);
+        let shared = Arc::new(Shared {
+            store,
+            st: Mutex::new(State {
+                slots: Vec::new(),
+                free: Vec::new(),
+                map: HashMap::new(),
+                spare: Vec::new(),
+                capacity,
+                policy: cfg.policy,
+                prefetch_on: cfg.prefetch,
+                demand_q: VecDeque::new(),
+                prefetch_q: Vec::new(),
+                tick: 0,
+                token: 0,
+                active_layer: 0,
+                scores: Scores::default(),
+                last_route: vec![Vec::new(); n_layers],
+                evicted_at: HashMap::new(),
+                stats: vec![LayerStats::default(); n_layers],
+                in_flight: 0,
+                shutdown: false,
+            }),
+            ready: Condvar::new(),
+            work: Condvar::new(),
+            n_layers,
+            num_experts,
+            top_k,
+            blob_len,
+        });
+        let workers = (0..cfg.io_workers.max(1))
+            .map(|i| {
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("moescope-io-{i}"))
+                    .spawn(move || io_worker(&s))
+                    .unwrap_or_else(|e| panic!("cannot start an I/O thread: {e}"))
+            })
+            .collect();
+        ExpertCache { shared, workers }
+    }
+
+    pub fn blob_len(&self) -> usize {
+        self.shared.blob_len
+    }
+
+    pub fn capacity_slots(&self) -> usize {
+        self.shared.lock().capacity
+    }
+
+    pub fn budget_bytes(&self) -> u64 {
+        self.capacity_slots() as u64 * self.shared.blob_len as u64
+    }
+
+    /// Resident (ready) experts and the bytes their buffers hold.
+    pub fn resident(&self) -> (usize, u64) {
+        let st = self.shared.lock();
+        let n = st.slots.iter().flatten().filter(|s| s.state == SlotState::Ready).count();
+        (n, n as u64 * self.shared.blob_len as u64)
+    }
+
+    pub fn stats(&self) -> Vec<LayerStats> {
+        self.shared.lock().stats.clone()
+    }
+
+    pub fn total_stats(&self) -> LayerStats {
+        let mut t = LayerStats::default();
+        for s in self.shared.lock().stats.iter() {
+            t.add(s);
+        }
+        t
+    }
+
+    pub fn policy(&self) -> PolicyKind {
+        self.shared.lock().policy
+    }
+
+    pub fn set_policy(&self, p: PolicyKind) {
+        self.shared.lock().policy = p;
+    }
+
+    pub fn prefetch_on(&self) -> bool {
+        self.shared.lock().prefetch_on
+    }
+
+    pub fn set_prefetch(&self, on: bool) {
+        let mut st = self.shared.lock();
+        st.prefetch_on = on;
+        if !on {
+            drop_queued_prefetches(&mut st, &self.shared, |_| true);
+        }
+    }
+
+    /// Change the pool's size. Shrinking evicts what it can now; slots still pinned or being
+    /// read go when released.
+    pub fn set_budget(&self, bytes: u64) {
+        let mut st = self.shared.lock();
+        st.capacity = slots_for(bytes, self.shared.blob_len, self.shared.top_k);
+        while used_slots(&st) > st.capacity {
+            if evict_one(&mut st, &self.shared, false).is_none() {
+                break;
+            }
+        }
+        let keep = st.capacity.saturating_sub(used_slots(&st));
+        st.spare.truncate(keep);
+    }
+
+    /// Empty the pool (cold-start measurements): everything not pinned or being read goes,
+    /// and the package's pages leave the page cache.
+    pub fn clear(&self) {
+        let mut st = self.shared.lock();
+        drop_queued_prefetches(&mut st, &self.shared, |_| true);
+        while evict_one(&mut st, &self.shared, false).is_some() {}
+        st.spare.clear();
+        st.evicted_at.clear();
+        drop(st);
+        self.shared.store.evict_page_cache();
+    }
+
+    /// A new forward pass (a token, or a batch of prompt tokens) begins.
+    pub fn begin_pass(&self) {
+        let mut st = self.shared.lock();
+        st.token += 1;
+        st.active_layer = 0;
+        // predictions for layers of an earlier pass are useless now
+        let tok = st.token;
+        st.evicted_at.retain(|_, t| *t + 1 >= tok);
+    }
+
+    /// Current pass number (for the predictor).
+    pub fn pass(&self) -> u64 {
+        self.shared.lock().token
+    }
+
+    /// Ask for experts `experts` (in compute order, no duplicates) of MoE layer `li`. Hits are
+    /// pinned, misses queued as demand reads (promoting queued prefetches), and the returned
+    /// request hands them out as they become ready.
+    pub fn request(&self, li: usize, experts: &[usize]) -> Request {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        st.active_layer = li;
+        let token = st.token;
+        for &e in experts {
+            st.scores.bump((li, e), token);
+        }
+        st.last_route[li] = experts.to_vec();
+        // queued predictions for this layer that the route does not want: drop them unread
+        let wanted: HashSet<usize> = experts.iter().copied().collect();
+        drop_queued_prefetches(&mut st, sh, |k| k.0 == li && !wanted.contains(&k.1));
+        let mut req = Request { shared: sh.clone(), li, items: Vec::with_capacity(experts.len()), done: 0 };
+        for &e in experts {
+            let key = (li, e);
+            let status = match st.map.get(&key).copied() {
+                Some(si) => {
+                    let tick = next_tick(&mut st);
+                    let slot = st.slots[si].as_mut().map(|s| {
+                        s.pins += 1;
+                        s.last_use = tick;
+                        s.last_token = token;
+                        (s.state.clone(), s.origin, s.used)
+                    });
+                    match slot {
+                        Some((state, origin, used)) => {
+                            let prefetched = origin == Origin::Prefetch && !used;
+                            let stats = &mut st.stats[li];
+                            stats.hits += 1;
+                            if prefetched {
+                                stats.prefetch_hits += 1;
+                            }
+                            if state == SlotState::Queued {
+                                promote(&mut st, si);
+                                sh.work.notify_one();
+                            }
+                            Item::Slot(si)
+                        }
+                        None => Item::Pending,
+                    }
+                }
+                None => Item::Pending,
+            };
+            req.items.push((e, status));
+        }
+        // reserve and queue what is missing, as far as slots allow
+        fill_pending(&mut st, sh, &mut req);
+        req
+    }
+
+    /// Predicted experts for MoE layer `li` of pass `pass`, most confident first: queue reads
+    /// for those not resident, behind any demand read, evicting only entries this pass does
+    /// not need (stale ones, or those of layers it has finished). Returns how many were queued.
+    pub fn prefetch(&self, pass: u64, li: usize, experts: &[(usize, f32)], flow: Option<u64>) -> usize {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        let ahead = pass > st.token || (pass == st.token && li > st.active_layer);
+        if !st.prefetch_on || !ahead || li >= sh.n_layers {
+            return 0;
+        }
+        // the route and its prediction need room together
+        if st.capacity < 2 * sh.top_k {
+            return 0;
+        }
+        let mut queued = 0;
+        let mut flow = flow;
+        for &(e, conf) in experts {
+            let key = (li, e);
+            if st.map.contains_key(&key) {
+                continue;
+            }
+            let Some(si) = reserve(&mut st, sh, key, Origin::Prefetch) else {
+                break;
+            };
+            if let Some(s) = st.slots[si].as_mut() {
+                s.predicted = Some(conf);
+                // one flow, to the first read it queues
+                s.flow_issue = flow.take();
+            }
+            st.prefetch_q.push((si, conf));
+            queued += 1;
+        }
+        if queued > 0 {
+            sh.work.notify_all();
+        }
+        queued
+    }
+
+    /// Queued reads, demand and prefetch.
+    pub fn queue_depth(&self) -> (usize, usize, usize) {
+        let st = self.shared.lock();
+        (st.demand_q.len(), st.prefetch_q.len(), st.in_flight)
+    }
+}
+
+impl Drop for ExpertCache {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.work.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Item {
+    /// Pinned slot (ready or on its way).
+    Slot(usize),
+    /// Waiting for a slot.
+    Pending,
+    /// Handed out.
+    Done,
+}
+
+/// One layer's demand: hands out its experts as they become ready.
+pub struct Request {
+    shared: Arc<Shared>,
+    li: usize,
+    items: Vec<(usize, Item)>,
+    done: usize,
+}
+
+/// A ready expert, pinned until given back with [`Request::release`].
+pub struct ExpertBuf {
+    pub expert: usize,
+    slot: usize,
+    buf: Arc<AlignedBuf>,
+    pub flow: Option<u64>,
+}
+
+impl ExpertBuf {
+    pub fn bytes(&self) -> &[u8] {
+        self.buf.as_slice()
+    }
+}
+
+impl Request {
+    /// The next ready expert (any order), waiting for reads as needed; None when all were
+    /// handed out. A failed read is an error naming the expert; the request's other pins are
+    /// released when it is dropped.
+    pub fn next_ready(&mut self) -> Result<Option<ExpertBuf>, ReadError> {
+        if self.done == self.items.len() {
+            return Ok(None);
+        }
+        let sh = self.shared.clone();
+        let mut st = sh.lock();
+        let mut waited: Option<(Instant, trace::Span)> = None;
+        loop {
+            fill_pending(&mut st, &sh, self);
+            for i in 0..self.items.len() {
+                let (e, item) = self.items[i];
+                let Item::Slot(si) = item else { continue };
+                let Some(slot) = st.slots[si].as_mut() else { continue };
+                match &slot.state {
+                    SlotState::Ready => {
+                        let buf = slot.buf.clone().ok_or_else(|| PackageError::Meta {
+                            path: sh.store.path().to_path_buf(),
+                            msg: "a ready expert slot has no buffer".into(),
+                        })?;
+                        let first_use = !slot.used;
+                        slot.used = true;
+                        let was_prefetch = slot.origin == Origin::Prefetch && first_use;
+                        slot.predicted = None;
+                        let flow = slot.flow_use.take();
+                        if was_prefetch {
+                            st.stats[self.li].prefetch_useful_bytes += sh.blob_len as u64;
+                        }
+                        if let Some((t0, span)) = waited.take() {
+                            let s = &mut st.stats[self.li];
+                            s.stalls += 1;
+                            s.stall_ns += t0.elapsed().as_nanos() as u64;
+                            drop(span);
+                        }
+                        self.items[i].1 = Item::Done;
+                        self.done += 1;
+                        return Ok(Some(ExpertBuf { expert: e, slot: si, buf, flow }));
+                    }
+                    SlotState::Failed(_) => {
+                        let key = slot.key;
+                        let err = match std::mem::replace(&mut slot.state, SlotState::Queued) {
+                            SlotState::Failed(m) => m,
+                            _ => String::new(),
+                        };
+                        slot.pins = slot.pins.saturating_sub(1);
+                        self.items[i].1 = Item::Done;
+                        self.done += 1;
+                        // forget the slot so a later request reads it again
+                        free_slot(&mut st, si, key);
+                        sh.ready.notify_all();
+                        return Err(PackageError::ExpertRead(err));
+                    }
+                    _ => {}
+                }
+            }
+            if waited.is_none() {
+                waited = Some((Instant::now(), trace::span("wait_read").arg("layer", self.li)));
+            }
+            st = sh.ready.wait(st).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Give an expert back (unpin it).
+    pub fn release(&mut self, b: ExpertBuf) {
+        let mut st = self.shared.lock();
+        if let Some(s) = st.slots[b.slot].as_mut() {
+            s.pins = s.pins.saturating_sub(1);
+        }
+        drop(b);
+        self.shared.ready.notify_all();
+    }
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        for (_, item) in &self.items {
+            if let Item::Slot(si) = item {
+                if let Some(s) = st.slots[*si].as_mut() {
+                    s.pins = s.pins.saturating_sub(1);
+                }
+            }
+        }
+        self.shared.ready.notify_all();
+    }
+}
+
+fn next_tick(st: &mut State) -> u64 {
+    st.tick += 1;
+    st.tick
+}
+
+fn used_slots(st: &State) -> usize {
+    st.slots.len() - st.free.len()
+}
+
+fn free_slot(st: &mut State, si: usize, key: Key) {
+    st.map.remove(&key);
+    if let Some(mut s) = st.slots[si].take() {
+        if let Some(b) = s.buf.take() {
+            if let Ok(b) = Arc::try_unwrap(b) {
+                if st.spare.len() + used_slots(st) <= st.capacity {
+                    st.spare.push(b);
+                }
+            }
+        }
+    }
+    st.free.push(si);
+}
+
+/// Reserve a slot for `key`, evicting if the pool is full. Demand may evict any evictable
+/// entry; a prefetch only entries this pass no longer needs.
+fn reserve(st: &mut State, sh: &Shared, key: Key, origin: Origin) -> Option<usize> {
+    if used_slots(st) >= st.capacity {
+        evict_one(st, sh, origin == Origin::Prefetch)?;
+        if used_slots(st) >= st.capacity {
+            return None;
+        }
+    }
+    let tick = next_tick(st);
+    let token = st.token;
+    if st.evicted_at.remove(&key).is_some_and(|t| t + 1 >= token) {
+        st.stats[key.0].reloads_soon += 1;
+    }
+    let slot = Slot {
+        key,
+        state: SlotState::Queued,
+        buf: None,
+        pins: 0,
+        origin,
+        used: false,
+        last_use: tick,
+        last_token: token,
+        predicted: None,
+        queued_at: Instant::now(),
+        flow_issue: None,
+        flow_use: None,
+    };
+    let si = match st.free.pop() {
+        Some(i) => {
+            st.slots[i] = Some(slot);
+            i
+        }
+        None => {
+            st.slots.push(Some(slot));
+            st.slots.len() - 1
+        }
+    };
+    st.map.insert(key, si);
+    Some(si)
+}
+
+/// Evict one entry chosen by the policy; `for_prefetch` limits the choice to entries not
+/// touched this pass or belonging to layers the pass has finished.
+fn evict_one(st: &mut State, sh: &Shared, for_prefetch: bool) -> Option<usize> {
+    let token = st.token;
+    let active = st.active_layer;
+    let mut idx = Vec::new();
+    let mut cands = Vec::new();
+    for (si, s) in st.slots.iter().enumerate() {
+        let Some(s) = s else { continue };
+        if s.pins > 0 || s.state != SlotState::Ready {
+            continue;
+        }
+        if for_prefetch && s.last_token == token && s.key.0 >= active {
+            continue;
+        }
+        idx.push(si);
+        cands.push(Entry {
+            layer: s.key.0,
+            expert: s.key.1,
+            last_use: s.last_use,
+            last_token: s.last_token,
+            in_last_route: st.last_route[s.key.0].contains(&s.key.1),
+            predicted: if s.used { None } else { s.predicted },
+            score: st.scores.get(s.key, token),
+        });
+    }
+    let ctx = Ctx {
+        token,
+        active_layer: active,
+        n_layers: sh.n_layers,
+        top_k: sh.top_k,
+        num_experts: sh.num_experts,
+        capacity: st.capacity,
+    };
+    let v = st.policy.victim(&cands, &ctx)?;
+    let si = idx[v];
+    let (key, wasted) = match st.slots[si].as_ref() {
+        Some(s) => (s.key, s.origin == Origin::Prefetch && !s.used),
+        None => return None,
+    };
+    let stats = &mut st.stats[key.0];
+    stats.evictions += 1;
+    if wasted {
+        stats.prefetch_wasted_bytes += sh.blob_len as u64;
+    }
+    st.evicted_at.insert(key, token);
+    free_slot(st, si, key);
+    Some(si)
+}
+
+/// Reserve slots and queue demand reads for the request's pending experts, in order, while
+/// slots can be had.
+fn fill_pending(st: &mut State, sh: &Shared, req: &mut Request) {
+    let mut queued = false;
+    for i in 0..req.items.len() {
+        if req.items[i].1 != Item::Pending {
+            continue;
+        }
+        let key = (req.li, req.items[i].0);
+        // another request (or a prefetch) may have loaded it meanwhile
+        if let Some(&si) = st.map.get(&key) {
+            if let Some(s) = st.slots[si].as_mut() {
+                s.pins += 1;
+            }
+            req.items[i].1 = Item::Slot(si);
+            continue;
+        }
+        let Some(si) = reserve(st, sh, key, Origin::Demand) else {
+            break;
+        };
+        if let Some(s) = st.slots[si].as_mut() {
+            s.pins = 1;
+        }
+        st.stats[req.li].misses += 1;
+        st.demand_q.push_back(si);
+        req.items[i].1 = Item::Slot(si);
+        queued = true;
+    }
+    if queued {
+        sh.work.notify_all();
+    }
+}
+
+/// A demanded expert whose prefetch is still queued: move it to the demand queue.
+fn promote(st: &mut State, si: usize) {
+    if let Some(p) = st.prefetch_q.iter().position(|&(s, _)| s == si) {
+        st.prefetch_q.remove(p);
+        st.demand_q.push_back(si);
+    }
+}
+
+/// Drop queued (not yet read) prefetches whose key matches `which`; their slots are freed.
+fn drop_queued_prefetches(st: &mut State, _sh: &Shared, which: impl Fn(Key) -> bool) {
+    let mut keep = Vec::with_capacity(st.prefetch_q.len());
+    let q = std::mem::take(&mut st.prefetch_q);
+    for (si, c) in q {
+        let key = st.slots[si].as_ref().map(|s| (s.key, s.pins));
+        match key {
+            Some((k, 0)) if which(k) => free_slot(st, si, k),
+            _ => keep.push((si, c)),
+        }
+    }
+    st.prefetch_q = keep;
+}
+
+/// An I/O worker: demand reads first, then the most confident prefetch.
+fn io_worker(sh: &Shared) {
+    crate::trace::recorder::set_thread_name(&std::thread::current().name().unwrap_or("moescope-io").to_string());
+    loop {
+        let mut st = sh.lock();
+        let si = loop {
+            if st.shutdown {
+                return;
+            }
+            if let Some(si) = st.demand_q.pop_front() {
+                break si;
+            }
+            if !st.prefetch_q.is_empty() {
+                let best = (0..st.prefetch_q.len())
+                    .max_by(|&a, &b| st.prefetch_q[a].1.total_cmp(&st.prefetch_q[b].1).then(b.cmp(&a)))
+                    .unwrap_or(0);
+                break st.prefetch_q.remove(best).0;
+            }
+            st = sh.work.wait(st).unwrap_or_else(|p| p.into_inner());
+        };
+        let Some(slot) = st.slots[si].as_mut() else { continue };
+        slot.state = SlotState::Reading;
+        let (key, origin, waited, flow_issue) =
+            (slot.key, slot.origin, slot.queued_at.elapsed(), slot.flow_issue.take());
+        let mut buf = st.spare.pop();
+        st.in_flight += 1;
+        drop(st);
+
+        let mut span = trace::span("read")
+            .arg("layer", key.0)
+            .arg("expert", key.1)
+            .arg("bytes", sh.blob_len)
+            .arg("origin", if origin == Origin::Demand { "demand" } else { "prefetch" })
+            .arg("queue_wait_us", waited.as_micros() as u64);
+        trace::flow_end(flow_issue);
+        let mut b = buf.take().unwrap_or_else(|| AlignedBuf::new(sh.blob_len));
+        let res = sh.store.read(sh.store.slot_of(key.0, key.1), &mut b);
+        let flow_use = span.flows_out(1);
+        if let Err(e) = &res {
+            span.set("error", e.to_string());
+        }
+        drop(span);
+
+        let mut st = sh.lock();
+        st.in_flight -= 1;
+        match st.slots[si].as_mut() {
+            Some(s) if s.key == key => match res {
+                Ok(()) => {
+                    s.buf = Some(Arc::new(b));
+                    s.state = SlotState::Ready;
+                    s.flow_use = flow_use;
+                    let stats = &mut st.stats[key.0];
+                    match origin {
+                        Origin::Demand => stats.bytes_demand += sh.blob_len as u64,
+                        Origin::Prefetch => stats.bytes_prefetch += sh.blob_len as u64,
+                    }
+                }
+                Err(e) => {
+                    s.state = SlotState::Failed(e.to_string());
+                    st.spare.push(b);
+                }
+            },
+            _ => st.spare.push(b),
+        }
+        drop(st);
+        sh.ready.notify_all();
+    }
+}

@@ -1,0 +1,109 @@
+//! Routed experts streamed from the package: the store (reads), the pool (cache + I/O
+//! workers), the next-layer predictor, their counters, and the simulator that replays routing
+//! traces against every policy.
+
+pub mod cache;
+pub mod policy;
+pub mod predict;
+pub mod routing_log;
+pub mod sim;
+pub mod stats;
+pub mod store;
+
+use std::sync::Arc;
+
+use moescope_kernels::Isa;
+
+pub use cache::{CacheConfig, ExpertCache};
+pub use policy::PolicyKind;
+pub use predict::Predictor;
+pub use store::IoMode;
+
+use crate::package::{Package, PackageError};
+
+/// How experts are streamed.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamConfig {
+    /// Pool size; None = every expert if that fits in half of the available memory, else half
+    /// of the available memory.
+    pub budget_bytes: Option<u64>,
+    pub policy: PolicyKind,
+    pub prefetch: bool,
+    pub io_workers: usize,
+    /// None = O_DIRECT when the pool is smaller than the experts, else buffered.
+    pub io: Option<IoMode>,
+    pub verify: bool,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        StreamConfig {
+            budget_bytes: None,
+            policy: PolicyKind::Foresight,
+            prefetch: true,
+            io_workers: DEFAULT_IO_WORKERS,
+            io: None,
+            verify: true,
+        }
+    }
+}
+
+/// Two reads in flight keep this machine's disk at its ceiling (about 1.1-1.3 GB/s whatever
+/// the queue depth), while the next read is already queued when one completes.
+pub const DEFAULT_IO_WORKERS: usize = 2;
+
+/// The streaming machinery of one engine.
+pub struct Experts {
+    pub cache: Arc<ExpertCache>,
+    pub predictor: Predictor,
+    /// Bytes of all expert blobs in the package.
+    pub total_bytes: u64,
+    pub io: IoMode,
+}
+
+/// Memory the system reports as available, in bytes (MemAvailable).
+pub fn available_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()))
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+impl Experts {
+    /// Start streaming `pkg`'s experts. `routers[li]` is MoE layer li's router tensor index.
+    /// Returns warnings (an O_DIRECT fallback) beside the machinery.
+    pub fn start(
+        pkg: Arc<Package>,
+        routers: Vec<usize>,
+        cfg: StreamConfig,
+        isa: Isa,
+    ) -> Result<(Experts, Vec<String>), PackageError> {
+        let c = pkg.meta.model.clone();
+        let total_bytes = pkg.sizes().1;
+        let budget = cfg.budget_bytes.unwrap_or_else(|| {
+            let half = available_memory() / 2;
+            if total_bytes <= half { total_bytes } else { half }
+        });
+        let io = cfg.io.unwrap_or(if budget < total_bytes { IoMode::Direct } else { IoMode::Buffered });
+        let (store, warning) = store::ExpertStore::open(&pkg, io, cfg.verify)?;
+        let io = store.mode();
+        let cache = Arc::new(ExpertCache::new(
+            store,
+            routers.len(),
+            c.num_experts,
+            c.num_experts_per_tok,
+            CacheConfig {
+                budget_bytes: budget,
+                policy: cfg.policy,
+                prefetch: cfg.prefetch,
+                io_workers: cfg.io_workers,
+            },
+        ));
+        let predictor = Predictor::start(pkg, routers, cache.clone(), isa);
+        Ok((Experts { cache, predictor, total_bytes, io }, warning.into_iter().collect()))
+    }
+}

@@ -1,0 +1,163 @@
+//! Next-layer prediction: while MoE layer l computes, a thread of its own applies the router of
+//! the next MoE layer to layer l's MoE input and queues prefetches for the experts it picks
+//! (mollm's cross-layer predictor). The next layer still computes its exact route; a prediction
+//! only decides what to read early.
+//!
+//! Accuracy is tracked per rank of the predicted top-k; once a rank has 128 samples and is
+//! right less than 80% of the time, it and the ranks after it are no longer issued (but never
+//! fewer than half of top-k).
+
+use std::collections::HashMap;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use moescope_kernels::Isa;
+use moescope_kernels::ops::softmax_inplace;
+
+use super::cache::ExpertCache;
+use super::stats::PredictStats;
+use crate::package::Package;
+use crate::trace;
+
+pub const MIN_SAMPLES: u64 = 128;
+pub const MIN_ACCURACY: f64 = 0.8;
+
+struct Task {
+    pass: u64,
+    li: usize,
+    x: Vec<f32>,
+}
+
+struct PredState {
+    stats: PredictStats,
+    /// For each MoE layer: (pass, predicted experts by rank, how many were issued)
+    pending: HashMap<usize, (u64, Vec<usize>, usize)>,
+    keep: usize,
+}
+
+pub struct Predictor {
+    tx: Option<SyncSender<Task>>,
+    handle: Option<JoinHandle<()>>,
+    state: Arc<Mutex<PredState>>,
+    n_layers: usize,
+    top_k: usize,
+}
+
+impl Predictor {
+    /// `routers[li]`: index of MoE layer li's router (f32 `[E, H]`) in the package.
+    pub fn start(pkg: Arc<Package>, routers: Vec<usize>, cache: Arc<ExpertCache>, isa: Isa) -> Predictor {
+        let c = pkg.meta.model.clone();
+        let (k, n_layers) = (c.num_experts_per_tok, routers.len());
+        let state = Arc::new(Mutex::new(PredState { stats: PredictStats::new(k), pending: HashMap::new(), keep: k }));
+        // two tasks at most: an older one still waiting is stale by the time a new one comes
+        let (tx, rx) = sync_channel::<Task>(2);
+        let st = state.clone();
+        let handle = std::thread::Builder::new()
+            .name("moescope-predict".into())
+            .spawn(move || worker(rx, pkg, routers, cache, st, isa))
+            .unwrap_or_else(|e| panic!("cannot start the predictor thread: {e}"));
+        Predictor { tx: Some(tx), handle: Some(handle), state, n_layers, top_k: k }
+    }
+
+    /// MoE layer `li` of pass `pass` has input `x` (`[H]`): predict the next MoE layer (the
+    /// first layer of the next pass after the last one). Never blocks; a full queue drops it.
+    pub fn submit(&self, pass: u64, li: usize, x: &[f32]) {
+        let (pass, li) = if li + 1 < self.n_layers { (pass, li + 1) } else { (pass + 1, 0) };
+        if let Some(tx) = &self.tx {
+            if let Err(TrySendError::Full(_)) = tx.try_send(Task { pass, li, x: x.to_vec() }) {
+                trace::instant("predict_dropped", vec![("layer", li.into())]);
+            }
+        }
+    }
+
+    /// The real route of MoE layer `li` in pass `pass`: score the prediction made for it.
+    pub fn observe(&self, pass: u64, li: usize, route: &[usize]) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let k = self.top_k;
+        let Some((p, pred, issued)) = st.pending.remove(&li) else {
+            return;
+        };
+        if p != pass {
+            return;
+        }
+        let s = &mut st.stats;
+        for (r, e) in pred.iter().enumerate().take(k) {
+            s.samples[r] += 1;
+            if route.contains(e) {
+                s.hits[r] += 1;
+            }
+        }
+        s.issued += issued as u64;
+        s.issued_routed += pred.iter().take(issued).filter(|e| route.contains(e)).count() as u64;
+        s.routed += route.len() as u64;
+        s.routed_predicted += route.iter().filter(|e| pred.contains(e)).count() as u64;
+        // trim ranks that do not pay
+        let floor = k.div_ceil(2);
+        let mut keep = k;
+        for r in floor..k {
+            if s.samples[r] >= MIN_SAMPLES && (s.hits[r] as f64) < MIN_ACCURACY * s.samples[r] as f64 {
+                keep = r;
+                break;
+            }
+        }
+        st.keep = keep;
+    }
+
+    pub fn stats(&self) -> PredictStats {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).stats.clone()
+    }
+
+    /// Ranks currently issued.
+    pub fn issued_ranks(&self) -> usize {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).keep
+    }
+}
+
+impl Drop for Predictor {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn worker(
+    rx: Receiver<Task>,
+    pkg: Arc<Package>,
+    routers: Vec<usize>,
+    cache: Arc<ExpertCache>,
+    st: Arc<Mutex<PredState>>,
+    isa: Isa,
+) {
+    trace::recorder::set_thread_name("moescope-predict");
+    let c = &pkg.meta.model;
+    let (e_n, h, k) = (c.num_experts, c.hidden_size, c.num_experts_per_tok);
+    let mut probs = vec![0f32; e_n];
+    let mut order: Vec<usize> = Vec::with_capacity(e_n);
+    while let Ok(t) = rx.recv() {
+        let mut span = trace::span("predict").arg("layer", t.li).arg("pass", t.pass);
+        let w = pkg.f32_by_index(routers[t.li]);
+        for (e, p) in probs.iter_mut().enumerate() {
+            *p = moescope_kernels::dot::dot_f32(isa, &w[e * h..(e + 1) * h], &t.x);
+        }
+        softmax_inplace(&mut probs);
+        order.clear();
+        order.extend(0..e_n);
+        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
+        let top: Vec<usize> = order[..k].to_vec();
+        let best = probs[top[0]].max(f32::MIN_POSITIVE);
+        let keep = st.lock().unwrap_or_else(|p| p.into_inner()).keep;
+        let ask: Vec<(usize, f32)> = top.iter().take(keep).map(|&e| (e, probs[e] / best)).collect();
+        let flow = span.flows_out(1);
+        let queued = cache.prefetch(t.pass, t.li, &ask, flow);
+        span.set("predicted", top.as_slice());
+        span.set("queued", queued);
+        let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+        if queued == 0 && cache.pass() > t.pass {
+            s.stats.late += 1;
+        }
+        s.pending.insert(t.li, (t.pass, top, keep));
+    }
+}

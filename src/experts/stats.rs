@@ -1,0 +1,107 @@
+//! What the expert cache and the predictor count. Counters only grow; a token's or a run's
+//! numbers are differences of two snapshots.
+
+use serde::Serialize;
+
+/// Counters of one MoE layer (or the sum over layers).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct LayerStats {
+    /// Demanded experts found resident.
+    pub hits: u64,
+    /// Of the hits (and in-flight reads), those a prediction loaded or started.
+    pub prefetch_hits: u64,
+    /// Demanded experts that had to be read (no prefetch had started them).
+    pub misses: u64,
+    /// Times the layer waited for a read, and for how long.
+    pub stalls: u64,
+    pub stall_ns: u64,
+    /// Bytes read because the layer asked (misses), and because a prediction asked.
+    pub bytes_demand: u64,
+    pub bytes_prefetch: u64,
+    /// Prefetched bytes later used, and prefetched bytes evicted or dropped unused.
+    pub prefetch_useful_bytes: u64,
+    pub prefetch_wasted_bytes: u64,
+    /// Experts read again within one token of being evicted (thrashing).
+    pub reloads_soon: u64,
+    pub evictions: u64,
+}
+
+impl LayerStats {
+    pub fn add(&mut self, o: &LayerStats) {
+        self.hits += o.hits;
+        self.prefetch_hits += o.prefetch_hits;
+        self.misses += o.misses;
+        self.stalls += o.stalls;
+        self.stall_ns += o.stall_ns;
+        self.bytes_demand += o.bytes_demand;
+        self.bytes_prefetch += o.bytes_prefetch;
+        self.prefetch_useful_bytes += o.prefetch_useful_bytes;
+        self.prefetch_wasted_bytes += o.prefetch_wasted_bytes;
+        self.reloads_soon += o.reloads_soon;
+        self.evictions += o.evictions;
+    }
+
+    pub fn sub(&self, o: &LayerStats) -> LayerStats {
+        LayerStats {
+            hits: self.hits - o.hits,
+            prefetch_hits: self.prefetch_hits - o.prefetch_hits,
+            misses: self.misses - o.misses,
+            stalls: self.stalls - o.stalls,
+            stall_ns: self.stall_ns - o.stall_ns,
+            bytes_demand: self.bytes_demand - o.bytes_demand,
+            bytes_prefetch: self.bytes_prefetch - o.bytes_prefetch,
+            prefetch_useful_bytes: self.prefetch_useful_bytes - o.prefetch_useful_bytes,
+            prefetch_wasted_bytes: self.prefetch_wasted_bytes - o.prefetch_wasted_bytes,
+            reloads_soon: self.reloads_soon - o.reloads_soon,
+            evictions: self.evictions - o.evictions,
+        }
+    }
+
+    /// Hits over demanded experts, in percent (a read started by a prediction and still in
+    /// flight counts as a hit: no demand read was issued).
+    pub fn hit_pct(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 { 0.0 } else { 100.0 * self.hits as f64 / n as f64 }
+    }
+
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_demand + self.bytes_prefetch
+    }
+}
+
+/// Predictor accuracy, per rank of the predicted top-k.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PredictStats {
+    /// Predictions compared with the real route, per rank.
+    pub samples: Vec<u64>,
+    /// Of those, the predicted expert was in the real route.
+    pub hits: Vec<u64>,
+    /// Predicted experts that were issued as prefetches, and of those, how many were routed.
+    pub issued: u64,
+    pub issued_routed: u64,
+    /// Routed experts, and of those, how many had been predicted (any rank).
+    pub routed: u64,
+    pub routed_predicted: u64,
+    /// Predictions that arrived after their layer had started (too late to help).
+    pub late: u64,
+}
+
+impl PredictStats {
+    pub fn new(k: usize) -> PredictStats {
+        PredictStats { samples: vec![0; k], hits: vec![0; k], ..Default::default() }
+    }
+
+    /// Fraction of routed experts that had been predicted.
+    pub fn recall(&self) -> f64 {
+        if self.routed == 0 { 0.0 } else { self.routed_predicted as f64 / self.routed as f64 }
+    }
+
+    /// Fraction of issued prefetches that were routed.
+    pub fn precision(&self) -> f64 {
+        if self.issued == 0 { 0.0 } else { self.issued_routed as f64 / self.issued as f64 }
+    }
+
+    pub fn rank_accuracy(&self) -> Vec<f64> {
+        self.samples.iter().zip(&self.hits).map(|(&s, &h)| if s == 0 { 0.0 } else { h as f64 / s as f64 }).collect()
+    }
+}

@@ -1,0 +1,229 @@
+//! Reading expert blobs from the package: one `pread` per blob into a 4096-byte aligned buffer,
+//! through O_DIRECT (so the page cache does not silently hold what the budget does not count)
+//! or buffered. Short reads and EINTR are retried; a read that hits the end of the file means
+//! the package shrank; the blob's checksum is verified unless switched off.
+
+use std::alloc::{Layout, alloc, dealloc};
+use std::fs::File;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::package::layout::{EXPERT_ALIGN, parse_hex64};
+use crate::package::{Package, PackageError};
+
+/// A heap buffer aligned to 4096 bytes, as O_DIRECT requires. Its contents start
+/// uninitialized-but-allocated (zeroing multi-MB buffers costs more than the read: it is
+/// always fully overwritten by a read before use).
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain owned memory; shared references only read it.
+unsafe impl Send for AlignedBuf {}
+unsafe impl Sync for AlignedBuf {}
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> AlignedBuf {
+        let layout = Layout::from_size_align(len.max(1), EXPERT_ALIGN as usize).unwrap_or_else(|_| {
+            // len comes from a validated package (a multiple of 4096, far below isize::MAX)
+            panic!("expert buffer of {len} bytes cannot be laid out")
+        });
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        // touch nothing: pages become resident when the first read fills them
+        AlignedBuf { ptr, len }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes for the buffer's lifetime. Bytes not yet written
+        // by a read are never handed out (a slot is Ready only after a full read).
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and &mut self gives exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        if let Ok(layout) = Layout::from_size_align(self.len.max(1), EXPERT_ALIGN as usize) {
+            // SAFETY: allocated in `new` with this layout.
+            unsafe { dealloc(self.ptr, layout) }
+        }
+    }
+}
+
+/// How expert blobs are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoMode {
+    /// O_DIRECT: straight from the device into the buffer, bypassing the page cache.
+    Direct,
+    /// Ordinary reads through the page cache.
+    Buffered,
+}
+
+impl IoMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            IoMode::Direct => "direct",
+            IoMode::Buffered => "buffered",
+        }
+    }
+}
+
+/// Where each blob is and what it must hash to.
+pub struct ExpertStore {
+    path: PathBuf,
+    file: File,
+    mode: IoMode,
+    blob_len: usize,
+    num_experts: usize,
+    layers: Vec<usize>,
+    table: Vec<(u64, u64)>,
+    pub verify: bool,
+}
+
+/// Why a read failed, with the file, expert and offset.
+pub type ReadError = PackageError;
+
+impl ExpertStore {
+    /// Open the package's file for expert reads. Asking for O_DIRECT where the filesystem
+    /// refuses it falls back to buffered reads; the returned warning says so.
+    pub fn open(pkg: &Package, mode: IoMode, verify: bool) -> Result<(ExpertStore, Option<String>), PackageError> {
+        let path = pkg.path().to_path_buf();
+        let io = |error| PackageError::Io { path: path.clone(), error };
+        let ex = pkg
+            .meta
+            .experts
+            .as_ref()
+            .ok_or_else(|| PackageError::Meta { path: path.clone(), msg: "no expert table".into() })?;
+        let table = ex
+            .table
+            .iter()
+            .map(|(off, sum)| {
+                parse_hex64(sum)
+                    .map(|s| (*off, s))
+                    .ok_or_else(|| PackageError::Meta { path: path.clone(), msg: "malformed expert checksum".into() })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let (file, mode, warning) = match mode {
+            IoMode::Buffered => (File::open(&path).map_err(io)?, IoMode::Buffered, None),
+            IoMode::Direct => match open_direct(&path) {
+                Ok(f) => (f, IoMode::Direct, None),
+                Err(e) => (
+                    File::open(&path).map_err(io)?,
+                    IoMode::Buffered,
+                    Some(format!("{}: O_DIRECT refused ({e}); reading experts through the page cache", path.display())),
+                ),
+            },
+        };
+        let store = ExpertStore {
+            path,
+            file,
+            mode,
+            blob_len: ex.blob_len as usize,
+            num_experts: ex.num_experts,
+            layers: ex.layers.clone(),
+            table,
+            verify,
+        };
+        Ok((store, warning))
+    }
+
+    pub fn mode(&self) -> IoMode {
+        self.mode
+    }
+
+    pub fn blob_len(&self) -> usize {
+        self.blob_len
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Index of (MoE layer index `li`, expert `e`) in the table.
+    pub fn slot_of(&self, li: usize, e: usize) -> usize {
+        li * self.num_experts + e
+    }
+
+    /// Read blob `slot` into `buf` (at least `blob_len` bytes), retrying short reads and
+    /// EINTR; verify its checksum if asked.
+    pub fn read(&self, slot: usize, buf: &mut AlignedBuf) -> Result<(), ReadError> {
+        let (off, sum) = self.table[slot];
+        let li = slot / self.num_experts;
+        let what = || format!("expert blob (layer {}, expert {})", self.layers[li], slot % self.num_experts);
+        let dst = &mut buf.as_mut_slice()[..self.blob_len];
+        let mut done = 0;
+        while done < dst.len() {
+            match self.file.read_at(&mut dst[done..], off + done as u64) {
+                Ok(0) => {
+                    return Err(PackageError::Truncated {
+                        path: self.path.clone(),
+                        what: format!("{} (the file shrank while in use)", what()),
+                        need: off + self.blob_len as u64,
+                        have: off + done as u64,
+                    });
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return Err(PackageError::Io {
+                        path: self.path.clone(),
+                        error: std::io::Error::new(
+                            e.kind(),
+                            format!("reading {} at offset {}: {e}", what(), off + done as u64),
+                        ),
+                    });
+                }
+            }
+        }
+        if self.verify && xxhash_rust::xxh3::xxh3_64(dst) != sum {
+            return Err(PackageError::Checksum {
+                path: self.path.clone(),
+                what: what(),
+                offset: off,
+                len: self.blob_len as u64,
+            });
+        }
+        Ok(())
+    }
+
+    /// Drop the package's pages from the page cache (for cold-start measurements); pages a
+    /// process has mapped (the dense weights) stay.
+    pub fn evict_page_cache(&self) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: advisory call on an open descriptor.
+        unsafe {
+            libc::posix_fadvise(self.file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
+        if let Ok(f) = File::open(&self.path) {
+            // SAFETY: as above, on a second descriptor for buffered-mode pages.
+            unsafe {
+                libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+            }
+        }
+    }
+}
+
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path)?;
+    // some filesystems accept the flag at open and refuse the first read: probe one block
+    let mut probe = AlignedBuf::new(EXPERT_ALIGN as usize);
+    f.read_at(probe.as_mut_slice(), 0)?;
+    Ok(f)
+}
