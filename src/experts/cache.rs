@@ -269,6 +269,14 @@ impl ExpertCache {
         let mut req = Request { shared: sh.clone(), li, items: Vec::with_capacity(experts.len()), done: 0 };
         for &e in experts {
             let key = (li, e);
+            // a read that failed earlier is tried again
+            if let Some(si) = st.map.get(&key).copied() {
+                let failed_unpinned =
+                    st.slots[si].as_ref().is_some_and(|s| matches!(s.state, SlotState::Failed(_)) && s.pins == 0);
+                if failed_unpinned {
+                    free_slot(&mut st, si, key);
+                }
+            }
             let status = match st.map.get(&key).copied() {
                 Some(si) => {
                     let tick = next_tick(&mut st);
@@ -471,9 +479,17 @@ impl Drop for Request {
     fn drop(&mut self) {
         let mut st = self.shared.lock();
         for (_, item) in &self.items {
-            if let Item::Slot(si) = item {
-                if let Some(s) = st.slots[*si].as_mut() {
-                    s.pins = s.pins.saturating_sub(1);
+            if let Item::Slot(si) = *item {
+                let failed = match st.slots[si].as_mut() {
+                    Some(s) => {
+                        s.pins = s.pins.saturating_sub(1);
+                        (matches!(s.state, SlotState::Failed(_)) && s.pins == 0).then_some(s.key)
+                    }
+                    None => None,
+                };
+                // a failed read nobody waits for any more: forget it, so it is tried again
+                if let Some(key) = failed {
+                    free_slot(&mut st, si, key);
                 }
             }
         }
@@ -709,8 +725,16 @@ fn io_worker(sh: &Shared) {
                     }
                 }
                 Err(e) => {
-                    s.state = SlotState::Failed(e.to_string());
                     st.spare.push(b);
+                    match st.slots[si].as_mut() {
+                        // a prefetch nobody asked for yet: drop it, a demand will retry
+                        Some(s) if s.pins == 0 => {
+                            let key = s.key;
+                            free_slot(&mut st, si, key);
+                        }
+                        Some(s) => s.state = SlotState::Failed(e.to_string()),
+                        None => {}
+                    }
                 }
             },
             _ => st.spare.push(b),

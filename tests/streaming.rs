@@ -1,0 +1,178 @@
+//! Expert streaming gives exactly the logits of the fully resident run: at every budget down to
+//! one layer's top-k, with prefetch on or off, with every policy, in prefill and in cached
+//! decode. Then faults: a damaged blob, a shrunken file, and the engine serving the next
+//! request afterwards.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use moescope::engine::{Engine, EngineError, EngineOptions};
+use moescope::experts::{IoMode, PolicyKind, StreamConfig};
+use moescope::model::{Logits, NoObserver};
+use moescope_kernels::Isa;
+
+fn engine(pkg: &Path, stream: Option<StreamConfig>) -> Engine {
+    Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(96), isa: Isa::detect(), stream }).expect("load")
+}
+
+/// Prompt logits (all positions) then 12 cached decode steps on the reference's forced ids.
+fn run(eng: &mut Engine, prompt: &[u32], forced: &[u32]) -> Result<Vec<f32>, EngineError> {
+    eng.reset();
+    let mut out = eng.eval(prompt, Logits::All, &mut NoObserver)?;
+    for &id in &forced[..12] {
+        out.extend(eng.eval(&[id], Logits::Last, &mut NoObserver)?);
+    }
+    Ok(out)
+}
+
+fn stream(budget: u64, prefetch: bool, policy: PolicyKind, io: IoMode) -> StreamConfig {
+    StreamConfig { budget_bytes: Some(budget), policy, prefetch, io_workers: 2, io: Some(io), verify: true }
+}
+
+#[test]
+fn logits_are_bit_identical_at_every_budget() {
+    for name in ["single", "odd", "wide"] {
+        let (_d, pkg) = convert(name, "q4");
+        let r = Reference::load(name);
+        let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
+        let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
+        let probe = engine(&pkg, Some(stream(1, true, PolicyKind::Foresight, IoMode::Buffered)));
+        let blob = probe.experts.as_ref().unwrap().cache.blob_len() as u64;
+        let cfg = probe.model.cfg.clone();
+        drop(probe);
+        let all = (cfg.num_experts * cfg.moe_layers().len()) as u64;
+        let k = cfg.num_experts_per_tok as u64;
+        // top-k of one layer, one layer's experts, half, everything
+        for slots in [k, cfg.num_experts as u64, all / 2, all] {
+            for prefetch in [false, true] {
+                for policy in [PolicyKind::Lru, PolicyKind::LeastStale, PolicyKind::Foresight] {
+                    let mut eng = engine(&pkg, Some(stream(slots * blob, prefetch, policy, IoMode::Direct)));
+                    let got = run(&mut eng, &prompt, &forced).unwrap();
+                    let tag = format!("{name}: {slots} slots, prefetch {prefetch}, {}", policy.name());
+                    assert_eq!(got.len(), want.len(), "{tag}");
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{tag}: logits differ from the resident run (max {})", max_abs_diff(&got, &want));
+                    let st = eng.experts.as_ref().unwrap().cache.total_stats();
+                    assert!(st.hits + st.misses > 0, "{tag}: the pool was used");
+                    if slots < all {
+                        assert!(st.evictions > 0, "{tag}: a pool smaller than the experts must evict");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn prefetch_reads_predicted_experts_during_decode() {
+    let (_d, pkg) = convert("wide", "q8");
+    let r = Reference::load("wide");
+    let mut eng = engine(&pkg, Some(stream(1 << 30, true, PolicyKind::Foresight, IoMode::Buffered)));
+    let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
+    run(&mut eng, &prompt, &forced).unwrap();
+    let ex = eng.experts.as_ref().unwrap();
+    let p = ex.predictor.stats();
+    // 12 decode steps x 2 MoE layers, each predicted from the layer before (the first layer
+    // of a token from the last layer of the previous one)
+    assert!(p.samples[0] >= 20, "predictions were scored: {p:?}");
+    assert!(p.routed > 0 && p.recall() > 0.0, "{p:?}");
+    let st = ex.cache.total_stats();
+    assert!(st.bytes_prefetch > 0, "prefetch read something: {st:?}");
+    // with the whole model fitting, nothing is evicted and nothing read twice
+    assert_eq!(st.evictions, 0);
+    let all = (ex.total_bytes / ex.cache.blob_len() as u64) * ex.cache.blob_len() as u64;
+    assert!(st.bytes_read() <= all, "read {} of {all} bytes", st.bytes_read());
+    assert_eq!(st.bytes_demand, st.misses * ex.cache.blob_len() as u64, "one demand read per miss");
+}
+
+#[test]
+fn budget_policy_and_prefetch_change_between_tokens() {
+    let (_d, pkg) = convert("odd", "q4");
+    let r = Reference::load("odd");
+    let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
+    let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
+    let mut eng = engine(&pkg, Some(stream(1 << 30, true, PolicyKind::Lru, IoMode::Buffered)));
+    let cache = eng.experts.as_ref().unwrap().cache.clone();
+    eng.reset();
+    let mut got = eng.eval(&prompt, Logits::All, &mut NoObserver).unwrap();
+    let blob = cache.blob_len() as u64;
+    for (i, &id) in forced[..12].iter().enumerate() {
+        // shrink, switch policy and prefetch as the workbench's knobs would
+        match i % 3 {
+            0 => cache.set_budget(6 * blob),
+            1 => cache.set_policy(PolicyKind::LeastStale),
+            _ => {
+                cache.set_prefetch(i % 2 == 0);
+                cache.set_budget((10 + i as u64) * blob);
+            }
+        }
+        got.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
+        assert!(cache.resident().0 <= cache.capacity_slots());
+    }
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "knobs changed the logits");
+}
+
+/// Flip one byte of every expert blob of layer 0 on disk, after the engine opened the package.
+fn damage_layer0(pkg: &Path) -> Vec<u8> {
+    let orig = std::fs::read(pkg).unwrap();
+    let o = moescope(&["inspect", "--json", pkg.to_str().unwrap()], pkg.parent().unwrap());
+    let m: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let start = m["regions"]["experts"]["offset"].as_u64().unwrap() as usize;
+    let blob = m["regions"]["experts"]["bytes_per_expert"].as_u64().unwrap() as usize;
+    let n = m["regions"]["experts"]["experts_per_layer"].as_u64().unwrap() as usize;
+    let mut b = orig.clone();
+    for e in 0..n {
+        b[start + e * blob + 77] ^= 0x40;
+    }
+    std::fs::write(pkg, b).unwrap();
+    orig
+}
+
+#[test]
+fn a_damaged_blob_fails_the_request_and_the_next_one_works() {
+    let (_d, pkg) = convert("single", "q4");
+    let r = Reference::load("single");
+    let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
+    let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
+    let mut eng = engine(&pkg, Some(stream(1, false, PolicyKind::Foresight, IoMode::Direct)));
+    let orig = damage_layer0(&pkg);
+    let err = run(&mut eng, &prompt, &forced).expect_err("a damaged expert must fail the request").to_string();
+    assert!(err.contains("checksum mismatch") && err.contains("layer 0, expert"), "{err}");
+    // repaired on disk: the same engine serves the next request, exactly
+    std::fs::write(&pkg, orig).unwrap();
+    let got = run(&mut eng, &prompt, &forced).expect("the next request works");
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
+#[test]
+fn a_package_that_shrank_gives_a_clear_error() {
+    let (_d, pkg) = convert("single", "q4");
+    let r = Reference::load("single");
+    let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
+    let mut eng = engine(&pkg, Some(stream(1, false, PolicyKind::Lru, IoMode::Buffered)));
+    // keep the first two experts of layer 0 (the dense weights stay mapped and intact)
+    let o = moescope(&["inspect", "--json", pkg.to_str().unwrap()], pkg.parent().unwrap());
+    let m: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let start = m["regions"]["experts"]["offset"].as_u64().unwrap();
+    let blob = m["regions"]["experts"]["bytes_per_expert"].as_u64().unwrap();
+    let f = std::fs::OpenOptions::new().write(true).open(&pkg).unwrap();
+    f.set_len(start + 2 * blob + 100).unwrap();
+    let err = run(&mut eng, &prompt, &forced).expect_err("reads past the end must fail").to_string();
+    assert!(err.contains("shrank"), "{err}");
+    assert!(!err.contains("panicked"));
+}
+
+#[test]
+fn verification_can_be_switched_off() {
+    let (_d, pkg) = convert("single", "q4");
+    let r = Reference::load("single");
+    let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
+    let mut cfg = stream(1 << 30, false, PolicyKind::Foresight, IoMode::Buffered);
+    cfg.verify = false;
+    let mut eng = engine(&pkg, Some(cfg));
+    damage_layer0(&pkg);
+    // no checksum: the damaged bytes are used (this is what verification is for)
+    assert!(run(&mut eng, &prompt, &forced).is_ok());
+}
