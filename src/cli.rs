@@ -27,6 +27,8 @@ pub enum Command {
     Inspect(InspectArgs),
     /// Measure prompt processing and generation speed (llama-bench's conventions).
     Bench(BenchArgs),
+    /// Replay a routing trace (--routing-out) against cache policies and Belady's optimum.
+    Sim(SimArgs),
 }
 
 #[derive(Args, Debug)]
@@ -202,4 +204,45 @@ pub struct BenchArgs {
 
 fn default_threads() -> String {
     std::thread::available_parallelism().map_or(1, |n| n.get()).to_string()
+}
+
+#[derive(Args, Debug)]
+pub struct SimArgs {
+    /// A routing trace written by --routing-out (or by --synthetic).
+    #[arg(required_unless_present = "synthetic")]
+    pub file: Option<PathBuf>,
+    /// Pool sizes in MiB (comma list).
+    #[arg(long, value_name = "MiB,...", conflicts_with = "cache_pct")]
+    pub cache_mb: Option<String>,
+    /// Pool sizes as percentages of all experts (comma list; default 25,50,75).
+    #[arg(long, value_name = "PCT,...")]
+    pub cache_pct: Option<String>,
+    /// Policies to replay (comma list): lru, least-stale, foresight, belady.
+    #[arg(long, default_value = "lru,least-stale,foresight,belady")]
+    pub policy: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write a synthetic routing trace with locality to this file instead (see --zipf, --repeat).
+    #[arg(long, value_name = "OUT")]
+    pub synthetic: Option<PathBuf>,
+    #[arg(long, default_value_t = 48)]
+    pub layers: usize,
+    #[arg(long, default_value_t = 128)]
+    pub experts: usize,
+    #[arg(long, default_value_t = 8)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 500)]
+    pub tokens: usize,
+    /// Zipf exponent of expert popularity per layer (0 = uniform).
+    #[arg(long, default_value_t = 1.0)]
+    pub zipf: f64,
+    /// Probability that a token keeps each of the previous token's experts in a layer.
+    #[arg(long, default_value_t = 0.4)]
+    pub repeat: f64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Bytes per expert recorded in a synthetic trace (default: a Qwen3-30B-A3B q4 expert).
+    #[arg(long, default_value_t = 2_547_712)]
+    pub bytes_per_expert: u64,
 }

@@ -19,6 +19,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Convert(a)) => cmd::convert::run(a),
         Some(cli::Command::Inspect(a)) => cmd::inspect::run(a),
         Some(cli::Command::Bench(a)) => cmd::bench::run(a),
+        Some(cli::Command::Sim(a)) => cmd::sim::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

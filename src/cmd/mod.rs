@@ -3,9 +3,11 @@
 pub mod bench;
 pub mod bench_report;
 pub mod convert;
+pub mod experts_report;
 pub mod inspect;
 pub mod interrupt;
 pub mod model_arg;
 pub mod repl;
 pub mod run;
+pub mod sim;
 pub mod trace_out;

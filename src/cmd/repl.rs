@@ -96,5 +96,6 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig) -> Result<()> {
             Err(e) => return Err(e.into()),
         }
     }
+    super::experts_report::finish_routing_log(&mut engine)?;
     Ok(())
 }

@@ -15,7 +15,7 @@ use moescope_kernels::Isa;
 use serde_json::json;
 
 use super::interrupt::{self, Interruptible};
-use super::{model_arg, trace_out};
+use super::{experts_report, model_arg, trace_out};
 use crate::cli::{ExpertArgs, RunArgs};
 
 /// The prompt, as given.
@@ -151,7 +151,13 @@ impl RunConfig {
 pub fn run(a: &RunArgs) -> Result<()> {
     let cfg = RunConfig::from_args(a)?;
     let trace = trace_out::begin(&a.trace);
-    let engine = Engine::load(&cfg.model, cfg.engine)?;
+    let mut engine = Engine::load(&cfg.model, cfg.engine)?;
+    for w in &engine.warnings {
+        eprintln!("warning: {w}");
+    }
+    if let Some(p) = &a.experts.routing_out {
+        experts_report::start_routing_log(&mut engine, p)?;
+    }
     let kv_mb = KvCache::bytes_at_capacity(&engine.model.cfg, engine.kv.capacity()) as f64 / 1e6;
     eprintln!(
         "moescope: {} ({}), {} threads, {} kernels, context {} tokens (KV cache up to {kv_mb:.1} MB)",
@@ -161,6 +167,8 @@ pub fn run(a: &RunArgs) -> Result<()> {
         engine.exec.isa,
         engine.kv.capacity()
     );
+    eprintln!("moescope: {}", experts_report::describe(&engine));
+    eprintln!("moescope: {}", experts_report::memory_line(&engine));
     interrupt::install();
     let meta = trace_meta(&engine, &cfg, a);
     match &cfg.prompt {
@@ -194,6 +202,7 @@ pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::
 }
 
 fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> {
+    let before = engine.experts.as_ref().map(|e| e.cache.total_stats()).unwrap_or_default();
     let ids = match prompt {
         Prompt::Ids(ids) => ids.clone(),
         Prompt::Text(text) => {
@@ -279,11 +288,25 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> 
             "text": text,
             "stop": stats.stop.name(),
             "timings": timings_json(&stats),
+            "experts": experts_report::experts_json(&engine, &before, stats.generated.len()),
+            "memory": experts_report::memory_json(&engine),
         });
         writeln!(out, "{v}")?;
     } else {
         eprintln!("{}", stats_line(&stats, cfg.sampler.seed));
+        if engine.experts.is_some() {
+            let e = experts_report::experts_json(&engine, &before, stats.generated.len());
+            eprintln!(
+                "[experts: {:.1}% hits, {:.1} MB read ({:.1} MB/token), {:.0} ms stalled; predictor recall {:.0}%]",
+                e["hit_pct"].as_f64().unwrap_or(0.0),
+                e["read_mb"].as_f64().unwrap_or(0.0),
+                e["read_mb_per_token"].as_f64().unwrap_or(0.0),
+                e["stall_ms"].as_f64().unwrap_or(0.0),
+                100.0 * e["predictor"]["recall"].as_f64().unwrap_or(0.0),
+            );
+        }
     }
+    experts_report::finish_routing_log(&mut engine)?;
     Ok(())
 }
 

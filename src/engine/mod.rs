@@ -199,6 +199,36 @@ impl Engine {
         MemoryPlan { dense, experts, kv, buffers, total: dense + experts + kv + buffers }
     }
 
+    /// Counter tracks of the expert pool after a decode step of `step_ms` (when tracing).
+    fn trace_expert_counters(&self, prev: &mut Option<crate::experts::stats::LayerStats>, step_ms: f64) {
+        let (Some(ex), Some(p)) = (self.experts.as_ref(), prev.as_mut()) else { return };
+        if !trace::enabled() {
+            return;
+        }
+        let now = ex.cache.total_stats();
+        let d = now.sub(p);
+        *p = now;
+        let (_, resident) = ex.cache.resident();
+        let (dq, pq, fl) = ex.cache.queue_depth();
+        trace::counter("expert hit %", &[("token", d.hit_pct()), ("run", now.hit_pct())]);
+        trace::counter(
+            "expert pool MB",
+            &[("resident", resident as f64 / 1e6), ("budget", ex.cache.budget_bytes() as f64 / 1e6)],
+        );
+        trace::counter("read queue", &[("demand", dq as f64), ("prefetch", pq as f64), ("in_flight", fl as f64)]);
+        trace::counter(
+            "read MB/s",
+            &[
+                ("demand", d.bytes_demand as f64 / 1e3 / step_ms.max(1e-6)),
+                ("prefetch", d.bytes_prefetch as f64 / 1e3 / step_ms.max(1e-6)),
+            ],
+        );
+        trace::counter(
+            "prefetch MB",
+            &[("useful", now.prefetch_useful_bytes as f64 / 1e6), ("wasted", now.prefetch_wasted_bytes as f64 / 1e6)],
+        );
+    }
+
     /// Run on `threads` compute threads from now on.
     pub fn set_threads(&mut self, threads: usize) -> Result<(), EngineError> {
         if threads != self.exec.threads() {
@@ -314,6 +344,7 @@ impl Engine {
             return Ok(stats);
         }
         let mut history: Vec<u32> = prompt.to_vec();
+        let mut expert_prev = self.experts.as_ref().map(|e| e.cache.total_stats());
         let mut id = {
             let _s = trace::span("sample");
             sampler.sample(&logits, &history)
@@ -351,6 +382,7 @@ impl Engine {
             stats.decode_ms += step_ms;
             stats.token_ms.push(step_ms);
             trace::counter("decode", &[("tok_s", 1000.0 / step_ms.max(1e-6))]);
+            self.trace_expert_counters(&mut expert_prev, step_ms);
         }
         Ok(stats)
     }

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::policy::{Ctx, Entry, PolicyKind, Scores};
+use super::policy::{Ctx, Entry, PolicyKind, RepeatRates, Scores};
 use super::stats::LayerStats;
 use super::store::{AlignedBuf, ExpertStore, ReadError};
 use crate::package::PackageError;
@@ -70,7 +70,7 @@ struct State {
     token: u64,
     active_layer: usize,
     scores: Scores,
-    last_route: Vec<Vec<usize>>,
+    routes: RepeatRates,
     evicted_at: HashMap<Key, u64>,
     stats: Vec<LayerStats>,
     in_flight: usize,
@@ -110,14 +110,16 @@ impl Shared {
     }
 }
 
-fn slots_for(budget: u64, blob: usize, top_k: usize) -> usize {
-    ((budget / blob.max(1) as u64) as usize).max(top_k).max(1)
+/// Slots a budget buys: at least one layer's top-k (the smallest pool that still computes a
+/// token without re-reading), at most every expert.
+fn slots_for(budget: u64, blob: usize, top_k: usize, all: usize) -> usize {
+    ((budget / blob.max(1) as u64) as usize).min(all).max(top_k).max(1)
 }
 
 impl ExpertCache {
     pub fn new(store: ExpertStore, n_layers: usize, num_experts: usize, top_k: usize, cfg: CacheConfig) -> ExpertCache {
         let blob_len = store.blob_len();
-        let capacity = slots_for(cfg.budget_bytes, blob_len, top_k);
+        let capacity = slots_for(cfg.budget_bytes, blob_len, top_k, n_layers * num_experts);
         let shared = Arc::new(Shared {
             store,
             st: Mutex::new(State {
@@ -134,7 +136,7 @@ impl ExpertCache {
                 token: 0,
                 active_layer: 0,
                 scores: Scores::default(),
-                last_route: vec![Vec::new(); n_layers],
+                routes: RepeatRates::new(n_layers, top_k, num_experts),
                 evicted_at: HashMap::new(),
                 stats: vec![LayerStats::default(); n_layers],
                 in_flight: 0,
@@ -214,7 +216,8 @@ impl ExpertCache {
     /// read go when released.
     pub fn set_budget(&self, bytes: u64) {
         let mut st = self.shared.lock();
-        st.capacity = slots_for(bytes, self.shared.blob_len, self.shared.top_k);
+        st.capacity =
+            slots_for(bytes, self.shared.blob_len, self.shared.top_k, self.shared.n_layers * self.shared.num_experts);
         while used_slots(&st) > st.capacity {
             if evict_one(&mut st, &self.shared, false).is_none() {
                 break;
@@ -262,7 +265,7 @@ impl ExpertCache {
         for &e in experts {
             st.scores.bump((li, e), token);
         }
-        st.last_route[li] = experts.to_vec();
+        st.routes.observe(li, experts);
         // queued predictions for this layer that the route does not want: drop them unread
         let wanted: HashSet<usize> = experts.iter().copied().collect();
         drop_queued_prefetches(&mut st, sh, |k| k.0 == li && !wanted.contains(&k.1));
@@ -583,9 +586,11 @@ fn evict_one(st: &mut State, sh: &Shared, for_prefetch: bool) -> Option<usize> {
             expert: s.key.1,
             last_use: s.last_use,
             last_token: s.last_token,
-            in_last_route: st.last_route[s.key.0].contains(&s.key.1),
+            in_last_route: st.routes.last_route(s.key.0).contains(&s.key.1),
             predicted: if s.used { None } else { s.predicted },
             score: st.scores.get(s.key, token),
+            popularity: st.scores.popularity(s.key, token),
+            repeat_rate: st.routes.rate(s.key.0),
         });
     }
     let ctx = Ctx {

@@ -12,23 +12,72 @@ use std::collections::HashMap;
 /// so a score near 32·p means "used by about a fraction p of tokens lately" (mollm's decay).
 #[derive(Debug, Clone, Default)]
 pub struct Scores {
-    /// (layer, expert) -> (score, token it was last brought up to date)
-    s: HashMap<(usize, usize), (f32, u64)>,
+    /// (layer, expert) -> (fast score, slow score, token they were last brought up to date)
+    s: HashMap<(usize, usize), (f32, f32, u64)>,
 }
 
 pub const DECAY: f32 = 31.0 / 32.0;
+/// A slower average (about the last 200 tokens) for popularity estimates.
+pub const SLOW_DECAY: f32 = 0.995;
 
 impl Scores {
+    /// The fast score (mollm's): decays by 31/32 a token.
     pub fn get(&self, key: (usize, usize), token: u64) -> f32 {
         match self.s.get(&key) {
-            Some(&(v, t)) => v * DECAY.powi(token.saturating_sub(t).min(10_000) as i32),
+            Some(&(v, _, t)) => v * DECAY.powi(token.saturating_sub(t).min(10_000) as i32),
             None => 0.0,
         }
     }
 
+    fn slow(&self, key: (usize, usize), token: u64) -> f32 {
+        match self.s.get(&key) {
+            Some(&(_, v, t)) => v * SLOW_DECAY.powi(token.saturating_sub(t).min(100_000) as i32),
+            None => 0.0,
+        }
+    }
+
+    /// The fraction of recent tokens (about the last 200; all of them early on) that used it.
+    pub fn popularity(&self, key: (usize, usize), token: u64) -> f32 {
+        let n = token.max(1).min(100_000) as i32;
+        let norm = (1.0 - SLOW_DECAY.powi(n)) / (1.0 - SLOW_DECAY);
+        (self.slow(key, token) / norm).min(1.0)
+    }
+
     pub fn bump(&mut self, key: (usize, usize), token: u64) {
-        let v = self.get(key, token) + 1.0;
-        self.s.insert(key, (v, token));
+        let (f, s) = (self.get(key, token) + 1.0, self.slow(key, token) + 1.0);
+        self.s.insert(key, (f, s, token));
+    }
+}
+
+/// Per layer, how often an expert of one token's route is routed again at the next token
+/// (an exponential average over recent tokens, starting at the uniform rate k/E).
+#[derive(Debug, Clone)]
+pub struct RepeatRates {
+    rate: Vec<f32>,
+    last: Vec<Vec<usize>>,
+}
+
+impl RepeatRates {
+    pub fn new(n_layers: usize, top_k: usize, num_experts: usize) -> RepeatRates {
+        RepeatRates { rate: vec![top_k as f32 / num_experts.max(1) as f32; n_layers], last: vec![Vec::new(); n_layers] }
+    }
+
+    /// Layer `l` routed `route` (distinct experts).
+    pub fn observe(&mut self, l: usize, route: &[usize]) {
+        let prev = &self.last[l];
+        if !prev.is_empty() {
+            let kept = prev.iter().filter(|e| route.contains(e)).count() as f32 / prev.len() as f32;
+            self.rate[l] = 0.9 * self.rate[l] + 0.1 * kept;
+        }
+        self.last[l] = route.to_vec();
+    }
+
+    pub fn rate(&self, l: usize) -> f32 {
+        self.rate[l]
+    }
+
+    pub fn last_route(&self, l: usize) -> &[usize] {
+        &self.last[l]
     }
 }
 
@@ -48,6 +97,11 @@ pub struct Entry {
     pub predicted: Option<f32>,
     /// Decayed use count (see [`Scores`]).
     pub score: f32,
+    /// Estimated fraction of tokens that route to it (see [`Scores::popularity`]).
+    pub popularity: f32,
+    /// How often its layer has lately kept an expert of one token's route for the next token
+    /// (0..1; routing with locality is high, random routing near k/E).
+    pub repeat_rate: f32,
 }
 
 /// Where the forward pass is.
@@ -101,29 +155,70 @@ impl PolicyKind {
 
     /// Index in `cands` of the entry to evict (None only when `cands` is empty).
     pub fn victim(self, cands: &[Entry], ctx: &Ctx) -> Option<usize> {
-        if cands.is_empty() {
-            return None;
+        let keys = self.eviction_keys(cands, ctx);
+        (0..keys.len()).min_by(|&a, &b| keys[a].cmp(&keys[b]))
+    }
+
+    /// Indices of `cands` in eviction order (first = evicted first).
+    pub fn eviction_order(self, cands: &[Entry], ctx: &Ctx) -> Vec<usize> {
+        let keys = self.eviction_keys(cands, ctx);
+        let mut idx: Vec<usize> = (0..cands.len()).collect();
+        idx.sort_by(|&a, &b| keys[a].cmp(&keys[b]));
+        idx
+    }
+
+    /// One key per candidate; the smallest is evicted first.
+    pub fn eviction_keys(self, cands: &[Entry], ctx: &Ctx) -> Vec<EvictKey> {
+        match self {
+            PolicyKind::Lru => cands.iter().map(|e| EvictKey::new([0.0; 3], e.last_use)).collect(),
+            PolicyKind::LeastStale => {
+                let retained = least_stale_retained(cands, ctx);
+                cands.iter().zip(retained).map(|(e, r)| least_stale_key(e, r, ctx)).collect()
+            }
+            PolicyKind::Foresight => cands.iter().map(|e| foresight_key(e, ctx)).collect(),
         }
-        let i = match self {
-            PolicyKind::Lru => argmin_by(cands, |e| (e.last_use, 0.0)),
-            PolicyKind::LeastStale => least_stale(cands, ctx),
-            PolicyKind::Foresight => argmin_by(cands, |e| (0, foresight_value(e, ctx))).min(cands.len() - 1),
-        };
-        Some(i)
+    }
+
+    /// The key of one entry known to be retained or not (least-stale's retention depends on
+    /// the other entries; the others do not).
+    pub fn eviction_key(self, e: &Entry, retained: bool, ctx: &Ctx) -> EvictKey {
+        match self {
+            PolicyKind::Lru => EvictKey::new([0.0; 3], e.last_use),
+            PolicyKind::LeastStale => least_stale_key(e, retained, ctx),
+            PolicyKind::Foresight => foresight_key(e, ctx),
+        }
     }
 }
 
-fn argmin_by(c: &[Entry], key: impl Fn(&Entry) -> (u64, f32)) -> usize {
-    let mut best = 0;
-    let mut bk = key(&c[0]);
-    for (i, e) in c.iter().enumerate().skip(1) {
-        let k = key(e);
-        if k.0 < bk.0 || (k.0 == bk.0 && k.1 < bk.1) || (k == bk && e.last_use < c[best].last_use) {
-            best = i;
-            bk = k;
-        }
+/// An eviction key: three numbers compared in order, then a logical time (older first).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvictKey {
+    pub v: [f64; 3],
+    pub t: u64,
+}
+
+impl EvictKey {
+    pub fn new(v: [f64; 3], t: u64) -> EvictKey {
+        EvictKey { v, t }
     }
-    best
+}
+
+impl Eq for EvictKey {}
+
+impl PartialOrd for EvictKey {
+    fn partial_cmp(&self, o: &EvictKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for EvictKey {
+    fn cmp(&self, o: &EvictKey) -> std::cmp::Ordering {
+        self.v[0]
+            .total_cmp(&o.v[0])
+            .then(self.v[1].total_cmp(&o.v[1]))
+            .then(self.v[2].total_cmp(&o.v[2]))
+            .then(self.t.cmp(&o.t))
+    }
 }
 
 /// mollm's Least-Stale: evict entries not touched this token first, then entries of layers this
@@ -131,59 +226,61 @@ fn argmin_by(c: &[Entry], key: impl Fn(&Entry) -> (u64, f32)) -> usize {
 /// (its last route, then its highest decayed scores, up to the layer's fair share of the pool)
 /// go last. Ties: among untouched entries of layers still ahead, the farthest layer first; then
 /// unpredicted before predicted, lower confidence first; then least recently used.
-fn least_stale(c: &[Entry], ctx: &Ctx) -> usize {
+fn least_stale_retained(c: &[Entry], ctx: &Ctx) -> Vec<bool> {
     let share = (ctx.capacity / ctx.n_layers.max(1)).max(1);
-    // retained: the last route, then the best-scored entries per layer, up to `share`
-    let mut per_layer: HashMap<usize, Vec<usize>> = HashMap::new();
+    let mut per_layer: Vec<Vec<usize>> = vec![Vec::new(); ctx.n_layers.max(1)];
     for (i, e) in c.iter().enumerate() {
-        per_layer.entry(e.layer).or_default().push(i);
+        per_layer[e.layer.min(ctx.n_layers.saturating_sub(1))].push(i);
     }
     let mut retained = vec![false; c.len()];
-    for idx in per_layer.values_mut() {
-        idx.sort_by(|&a, &b| c[b].in_last_route.cmp(&c[a].in_last_route).then(c[b].score.total_cmp(&c[a].score)));
+    for idx in per_layer.iter_mut() {
+        if idx.len() > share {
+            idx.sort_by(|&a, &b| c[b].in_last_route.cmp(&c[a].in_last_route).then(c[b].score.total_cmp(&c[a].score)));
+        }
         for &i in idx.iter().take(share) {
             retained[i] = true;
         }
     }
-    let rank = |i: usize| -> (u32, i64, u32, f32, u64) {
-        let e = &c[i];
-        let touched = e.last_token == ctx.token;
-        let cat = if !touched {
-            0
-        } else if e.layer < ctx.active_layer {
-            1
-        } else {
-            2
-        };
-        let cat = cat + if retained[i] { 6 } else { 0 };
-        let future = !touched && e.layer >= ctx.active_layer;
-        let far = if future { -(e.layer as i64) } else { 0 };
-        let (pred, conf) = match e.predicted {
-            Some(c) => (1, c),
-            None => (0, 0.0),
-        };
-        (cat, far, pred, conf, e.last_use)
-    };
-    let mut best = 0;
-    for i in 1..c.len() {
-        let (a, b) = (rank(i), rank(best));
-        let less = (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)).then(a.3.total_cmp(&b.3)).then(a.4.cmp(&b.4));
-        if less == std::cmp::Ordering::Less {
-            best = i;
-        }
-    }
-    best
+    retained
 }
 
-/// Ours: the expected benefit of keeping an entry per layer step it must wait, p(use) /
-/// distance, evicting the smallest. p(use) is the entry's recent frequency (decayed score / 32,
-/// i.e. the fraction of recent tokens that routed to it), floored at the uniform rate k/E and
-/// raised to a prediction's confidence when one loaded it. With uniform routing this evicts the
-/// farthest layers first (Belady's choice when nothing else is known); with skewed routing it
-/// keeps the hot experts of every layer.
-fn foresight_value(e: &Entry, ctx: &Ctx) -> f32 {
+fn least_stale_key(e: &Entry, retained: bool, ctx: &Ctx) -> EvictKey {
+    let touched = e.last_token == ctx.token;
+    let cat = if !touched {
+        0.0
+    } else if e.layer < ctx.active_layer {
+        1.0
+    } else {
+        2.0
+    };
+    let cat = cat + if retained { 6.0 } else { 0.0 };
+    let future = !touched && e.layer >= ctx.active_layer;
+    let far = if future { -(e.layer as f64) } else { 0.0 };
+    let pred = match e.predicted {
+        Some(c) => 1.0 + c as f64 / 2.0,
+        None => 0.0,
+    };
+    EvictKey::new([cat, far, pred], e.last_use)
+}
+
+/// Ours ("foresight"): keep what is most likely to be used at its layer's next turn, nearer
+/// turns first among equals.
+///
+/// The chance of use: f, the expert's popularity (the fraction of about the last 200 tokens that
+/// routed to it, floored at half the uniform rate k/E); for an expert in its layer's last
+/// route, ρ + (1 - ρ)·f, where ρ is how much the layer's measured rate of keeping an expert
+/// from one token to the next exceeds chance (k/E): high when routing has locality, 0 when it
+/// is random; raised to a
+/// prediction's confidence when one loaded it. It is weighted by L / (L + d), d the layer steps
+/// until its layer comes round again: popularity repeats every token while distance only orders
+/// this one, so distance decides between equally likely experts (farthest first, as Belady
+/// would) without letting a near but unlikely expert outrank a likely one.
+fn foresight_key(e: &Entry, ctx: &Ctx) -> EvictKey {
     let uniform = ctx.top_k as f32 / ctx.num_experts.max(1) as f32;
-    let mut p = (e.score / 32.0).clamp(uniform, 1.0);
+    let f = e.popularity.max(0.5 * uniform);
+    // the part of the layer's repeat rate beyond chance (0 for random routing)
+    let rho = ((e.repeat_rate - uniform) / (1.0 - uniform).max(1e-6)).max(0.0);
+    let mut p = if e.in_last_route { rho + (1.0 - rho) * f } else { f };
     if let Some(c) = e.predicted {
         p = p.max(c);
     }
@@ -193,7 +290,8 @@ fn foresight_value(e: &Entry, ctx: &Ctx) -> f32 {
     } else {
         ctx.distance(e.layer)
     };
-    p / d as f32
+    let l = ctx.n_layers.max(1) as f32;
+    EvictKey::new([(p * l / (l + d as f32)) as f64, -(d as f64), 0.0], e.last_use)
 }
 
 #[cfg(test)]
@@ -201,7 +299,17 @@ mod tests {
     use super::*;
 
     fn e(layer: usize, expert: usize, last_use: u64, last_token: u64) -> Entry {
-        Entry { layer, expert, last_use, last_token, in_last_route: false, predicted: None, score: 0.0 }
+        Entry {
+            layer,
+            expert,
+            last_use,
+            last_token,
+            in_last_route: false,
+            predicted: None,
+            score: 0.0,
+            popularity: 0.0,
+            repeat_rate: 0.0,
+        }
     }
 
     fn ctx(token: u64, active: usize) -> Ctx {
@@ -235,13 +343,19 @@ mod tests {
     }
 
     #[test]
-    fn foresight_keeps_hot_experts() {
+    fn foresight_keeps_hot_and_repeating_experts() {
         let mut hot = e(0, 1, 1, 4);
-        hot.score = 30.0;
+        hot.popularity = 0.9;
         let cold = e(3, 2, 2, 4);
-        // at layer 2 of token 5: the hot one is 2 steps away, the cold one 1; value
-        // 30/32/2 > (2/8)/1
+        // at layer 2 of token 5: the hot one is 2 steps away, the cold one 1: popularity wins
         assert_eq!(PolicyKind::Foresight.victim(&[hot, cold], &ctx(5, 2)), Some(1));
+        // in a layer that repeats its route, the last route outranks a merely popular expert
+        let mut last = e(1, 3, 3, 4);
+        last.in_last_route = true;
+        last.repeat_rate = 0.6;
+        let mut pop = e(1, 4, 4, 4);
+        pop.popularity = 0.3;
+        assert_eq!(PolicyKind::Foresight.victim(&[last, pop], &ctx(5, 2)), Some(1));
     }
 
     #[test]

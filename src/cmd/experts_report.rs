@@ -1,0 +1,123 @@
+//! What `run` and `bench` say about expert streaming: the pool, the memory plan, the counters,
+//! and the routing trace (`--routing-out`).
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use moescope::engine::Engine;
+use moescope::experts::routing_log::{Header, RoutingLog};
+use moescope::experts::stats::LayerStats;
+use moescope::sysinfo;
+use serde_json::{Value, json};
+
+fn mib(b: u64) -> f64 {
+    b as f64 / (1u64 << 20) as f64
+}
+
+/// One line about the expert pool (or that experts are read through the mapping).
+pub fn describe(engine: &Engine) -> String {
+    match &engine.experts {
+        None => "experts: read through the package mapping (all resident once touched)".into(),
+        Some(ex) => {
+            let c = &ex.cache;
+            format!(
+                "experts: pool {:.0} MiB of {:.0} MiB ({} slots of {:.2} MiB), {} I/O, {} policy, prefetch {}",
+                mib(c.budget_bytes()),
+                mib(ex.total_bytes),
+                c.capacity_slots(),
+                mib(c.blob_len() as u64),
+                ex.io.name(),
+                c.policy().name(),
+                if c.prefetch_on() { "on" } else { "off" }
+            )
+        }
+    }
+}
+
+/// The memory plan in one line.
+pub fn memory_line(engine: &Engine) -> String {
+    let m = engine.memory_plan();
+    format!(
+        "memory: dense {:.0} + experts {:.0} + KV {:.0} + buffers {:.0} = {:.0} MiB expected",
+        mib(m.dense),
+        mib(m.experts),
+        mib(m.kv),
+        mib(m.buffers),
+        mib(m.total)
+    )
+}
+
+/// Counters since `before`, with the predictor's accuracy, as JSON.
+pub fn experts_json(engine: &Engine, before: &LayerStats, tokens: usize) -> Value {
+    let Some(ex) = &engine.experts else {
+        return json!(null);
+    };
+    let d = ex.cache.total_stats().sub(before);
+    let p = ex.predictor.stats();
+    let per = |x: u64| if tokens == 0 { 0.0 } else { x as f64 / tokens as f64 };
+    json!({
+        "budget_mib": mib(ex.cache.budget_bytes()),
+        "experts_mib": mib(ex.total_bytes),
+        "io": ex.io.name(),
+        "policy": ex.cache.policy().name(),
+        "prefetch": ex.cache.prefetch_on(),
+        "hits": d.hits,
+        "misses": d.misses,
+        "hit_pct": d.hit_pct(),
+        "prefetch_hits": d.prefetch_hits,
+        "stalls": d.stalls,
+        "stall_ms": d.stall_ns as f64 / 1e6,
+        "read_mb": d.bytes_read() as f64 / 1e6,
+        "demand_mb": d.bytes_demand as f64 / 1e6,
+        "prefetch_mb": d.bytes_prefetch as f64 / 1e6,
+        "prefetch_useful_mb": d.prefetch_useful_bytes as f64 / 1e6,
+        "prefetch_wasted_mb": d.prefetch_wasted_bytes as f64 / 1e6,
+        "reloads_soon": d.reloads_soon,
+        "evictions": d.evictions,
+        "read_mb_per_token": per(d.bytes_read()) / 1e6,
+        "stall_ms_per_token": per(d.stall_ns) / 1e6,
+        "predictor": {
+            "recall": p.recall(),
+            "precision": p.precision(),
+            "rank_accuracy": p.rank_accuracy(),
+            "issued_ranks": ex.predictor.issued_ranks(),
+            "late": p.late,
+        },
+    })
+}
+
+/// Expected memory beside the peak RSS, as JSON.
+pub fn memory_json(engine: &Engine) -> Value {
+    let m = engine.memory_plan();
+    json!({
+        "dense_mib": mib(m.dense), "experts_mib": mib(m.experts), "kv_mib": mib(m.kv),
+        "buffers_mib": mib(m.buffers), "expected_mib": mib(m.total),
+        "peak_rss_mib": mib(sysinfo::peak_rss_bytes()),
+    })
+}
+
+/// Start recording routing into `path`.
+pub fn start_routing_log(engine: &mut Engine, path: &Path) -> Result<()> {
+    let pkg = engine.package();
+    let m = &pkg.meta;
+    let header = Header {
+        moescope_routing: 1,
+        model: m.name.clone(),
+        moe_layers: m.model.moe_layers(),
+        num_experts: m.model.num_experts,
+        top_k: m.model.num_experts_per_tok,
+        bytes_per_expert: pkg.sizes().2,
+    };
+    engine.routing_log =
+        Some(RoutingLog::create(path, &header).with_context(|| format!("creating {}", path.display()))?);
+    Ok(())
+}
+
+/// Finish the routing trace, if one is being recorded.
+pub fn finish_routing_log(engine: &mut Engine) -> Result<()> {
+    if let Some(log) = engine.routing_log.take() {
+        let p = log.finish().context("writing the routing trace")?;
+        eprintln!("moescope: routing trace {}", p.display());
+    }
+    Ok(())
+}
