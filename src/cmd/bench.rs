@@ -20,8 +20,9 @@ use moescope::trace::{self, hist::Latency};
 use serde_json::json;
 
 use super::bench_report::{self as report, Format, Row};
-use super::{model_arg, run::isa_from_env, trace_out};
+use super::{experts_report, model_arg, run, run::isa_from_env, trace_out};
 use crate::cli::BenchArgs;
+use moescope::experts::StreamConfig;
 
 fn parse_list(flag: &str, s: &str) -> Result<Vec<usize>> {
     let v: Vec<usize> = s
@@ -66,10 +67,34 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let ctx = prompts.iter().chain(&gens).copied().max().unwrap_or(1) + 1;
 
+    let budgets_mib: Vec<Option<f64>> = match &a.cache_mb {
+        Some(l) => l
+            .split(',')
+            .map(|x| match x.trim().parse::<f64>() {
+                Ok(v) if v > 0.0 => Ok(Some(v)),
+                _ => bail!("--cache-mb: '{x}' is not a positive number of MiB"),
+            })
+            .collect::<Result<_>>()?,
+        None => vec![None],
+    };
+    let prefetches: Vec<bool> =
+        a.prefetch.split(',').map(|x| run::parse_on_off("--prefetch", x.trim())).collect::<Result<_>>()?;
     let path = model_arg::resolve(a.model.as_deref(), &a.quant)?;
     let trace = trace_out::begin(&a.trace);
-    let opts = EngineOptions { threads: threads[0], ctx_size: Some(ctx), isa: isa_from_env()?, stream: None };
+    // the pool starts at the smallest budget, which also decides O_DIRECT by default
+    let smallest =
+        budgets_mib.iter().flatten().copied().fold(None, |m: Option<f64>, b| Some(m.map_or(b, |m| m.min(b))));
+    let stream = run::stream_config(&a.experts, smallest.map(|m| m.ceil() as u64), prefetches[0])?;
+    let stream = StreamConfig { budget_bytes: smallest.map(|m| (m * (1u64 << 20) as f64) as u64), ..stream };
+    let opts = EngineOptions { threads: threads[0], ctx_size: Some(ctx), isa: isa_from_env()?, stream: Some(stream) };
     let mut engine = Engine::load(&path, opts)?;
+    for w in &engine.warnings {
+        eprintln!("warning: {w}");
+    }
+    if let Some(p) = &a.experts.routing_out {
+        experts_report::start_routing_log(&mut engine, p)?;
+    }
+    let default_budget = engine.experts.as_ref().map_or(0, |e| e.cache.budget_bytes());
     let cfg = engine.model.cfg.clone();
     if ctx > cfg.max_position_embeddings {
         bail!("the longest test needs {ctx} positions; the model allows {}", cfg.max_position_embeddings);
@@ -87,6 +112,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let weight_bytes = engine.model.decode_weight_bytes();
     let n_params = engine.model.n_params();
     let model_size = engine.package().file_size();
+    eprintln!("moescope bench: {}", experts_report::describe(&engine));
     eprintln!(
         "moescope bench: {} ({}, {:.2} GiB, {:.2} B params), {:.1} MB of weights per decode token, {} kernels",
         meta.name,
@@ -106,84 +132,37 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut rng = Rng::new(0x6d6f_6573_636f_7065);
     let vocab = cfg.vocab_size as u64;
     let mut rows = Vec::new();
+    let cold = a.cold;
     for &t in &threads {
         engine.set_threads(t)?;
-        for test in &tests {
-            let _span = trace::span("bench_test").arg("test", test.name()).arg("threads", t);
-            let mut samples_ns = Vec::new();
-            let (mut lat, mut ttft) = (Latency::new(), Latency::new());
-            for rep in 0..a.warmup + a.repetitions {
-                let timed = rep >= a.warmup;
-                engine.reset();
-                let t0 = Instant::now();
-                match test {
-                    Test::Prompt(n) => {
-                        let ids: Vec<u32> = (0..*n).map(|_| (rng.next_u64() % vocab) as u32).collect();
-                        let t0 = Instant::now();
-                        engine.eval(&ids, Logits::Last, &mut NoObserver)?;
-                        if timed {
-                            let ns = t0.elapsed().as_nanos() as u64;
-                            samples_ns.push(ns);
-                            ttft.record_ns(ns);
-                        }
+        for budget in &budgets_mib {
+            let budget_bytes = budget.map_or(default_budget, |m| (m * (1u64 << 20) as f64) as u64);
+            for &prefetch in &prefetches {
+                if let Some(ex) = &engine.experts {
+                    ex.cache.set_budget(budget_bytes);
+                    ex.cache.set_prefetch(prefetch);
+                }
+                for test in &tests {
+                    let row = run_test(&mut engine, test, t, a, cold, &mut rng, vocab)?;
+                    let row = Row {
+                        model_filename: path.display().to_string(),
+                        model_type: model_type.clone(),
+                        model_size,
+                        model_n_params: n_params,
+                        quant: meta.quant.mode.clone(),
+                        weight_bytes_per_token: weight_bytes,
+                        weight_gbps: row.decode_latency.map(|_| row.avg_ts * weight_bytes as f64 / 1e9),
+                        ..row
+                    };
+                    match out {
+                        Format::Md => writeln!(stdout, "{}", report::md_row(&row))?,
+                        Format::Csv => writeln!(stdout, "{}", report::csv_row(&row))?,
+                        Format::Json => {}
                     }
-                    Test::Gen(n) => {
-                        for _ in 0..*n {
-                            let id = (rng.next_u64() % vocab) as u32;
-                            let s = Instant::now();
-                            engine.eval(&[id], Logits::Last, &mut NoObserver)?;
-                            if timed {
-                                lat.record_ns(s.elapsed().as_nanos() as u64);
-                            }
-                        }
-                        if timed {
-                            samples_ns.push(t0.elapsed().as_nanos() as u64);
-                        }
-                    }
+                    stdout.flush()?;
+                    rows.push(row);
                 }
             }
-            let n_tokens = match test {
-                Test::Prompt(n) | Test::Gen(n) => *n,
-            };
-            let samples_ts: Vec<f64> = samples_ns.iter().map(|&ns| n_tokens as f64 * 1e9 / ns as f64).collect();
-            let (avg_ts, stddev_ts) = report::mean_sd(&samples_ts);
-            let (avg_ns, stddev_ns) = report::mean_sd(&samples_ns.iter().map(|&x| x as f64).collect::<Vec<_>>());
-            let is_gen = matches!(test, Test::Gen(_));
-            let row = Row {
-                build_commit: format!("moescope {}", env!("CARGO_PKG_VERSION")),
-                cpu_info: sysinfo::cpu_model(),
-                model_filename: path.display().to_string(),
-                model_type: model_type.clone(),
-                model_size,
-                model_n_params: n_params,
-                quant: meta.quant.mode.clone(),
-                n_threads: t,
-                isa: engine.exec.isa.name().into(),
-                n_prompt: if is_gen { 0 } else { n_tokens },
-                n_gen: if is_gen { n_tokens } else { 0 },
-                test: test.name(),
-                test_time: unix_time_iso(),
-                n_reps: a.repetitions,
-                avg_ns: avg_ns as u64,
-                stddev_ns: stddev_ns as u64,
-                avg_ts,
-                stddev_ts,
-                samples_ns,
-                samples_ts,
-                decode_latency: is_gen.then(|| lat.summary()),
-                ttft: (!is_gen).then(|| ttft.summary()),
-                weight_bytes_per_token: weight_bytes,
-                weight_gbps: is_gen.then(|| avg_ts * weight_bytes as f64 / 1e9),
-                peak_rss_bytes: sysinfo::peak_rss_bytes(),
-                experts: None,
-            };
-            match out {
-                Format::Md => writeln!(stdout, "{}", report::md_row(&row))?,
-                Format::Csv => writeln!(stdout, "{}", report::csv_row(&row))?,
-                Format::Json => {}
-            }
-            stdout.flush()?;
-            rows.push(row);
         }
     }
     match out {
@@ -199,6 +178,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         )?,
         Format::Csv => {}
     }
+    experts_report::finish_routing_log(&mut engine)?;
     if let Some(t) = trace {
         t.finish(json!({
             "command": "bench",
@@ -208,10 +188,108 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             "config": meta.model,
             "threads": threads,
             "isa": engine.exec.isa.name(),
-            "settings": {"n_prompt": prompts, "n_gen": gens, "repetitions": a.repetitions, "warmup": a.warmup},
+            "settings": {"n_prompt": prompts, "n_gen": gens, "repetitions": a.repetitions, "warmup": a.warmup,
+                         "cache_mib": budgets_mib, "prefetch": prefetches, "cold": cold},
         }))?;
     }
     Ok(())
+}
+
+/// One test at the engine's current settings: warmup, then timed repetitions (each starting
+/// from an empty pool and page cache when `cold`).
+fn run_test(
+    engine: &mut Engine,
+    test: &Test,
+    threads: usize,
+    a: &BenchArgs,
+    cold: bool,
+    rng: &mut Rng,
+    vocab: u64,
+) -> Result<Row> {
+    let _span = trace::span("bench_test").arg("test", test.name()).arg("threads", threads);
+    let mut samples_ns = Vec::new();
+    let (mut lat, mut ttft) = (Latency::new(), Latency::new());
+    let mut before = None;
+    for rep in 0..a.warmup + a.repetitions {
+        let timed = rep >= a.warmup;
+        engine.reset();
+        if let Some(ex) = &engine.experts {
+            if cold {
+                ex.cache.clear();
+            }
+            if timed && before.is_none() {
+                before = Some(ex.cache.total_stats());
+            }
+        }
+        match test {
+            Test::Prompt(n) => {
+                let ids: Vec<u32> = (0..*n).map(|_| (rng.next_u64() % vocab) as u32).collect();
+                let t0 = Instant::now();
+                engine.eval(&ids, Logits::Last, &mut NoObserver)?;
+                if timed {
+                    let ns = t0.elapsed().as_nanos() as u64;
+                    samples_ns.push(ns);
+                    ttft.record_ns(ns);
+                }
+            }
+            Test::Gen(n) => {
+                let t0 = Instant::now();
+                for _ in 0..*n {
+                    let id = (rng.next_u64() % vocab) as u32;
+                    let s = Instant::now();
+                    engine.eval(&[id], Logits::Last, &mut NoObserver)?;
+                    if timed {
+                        lat.record_ns(s.elapsed().as_nanos() as u64);
+                    }
+                }
+                if timed {
+                    samples_ns.push(t0.elapsed().as_nanos() as u64);
+                }
+            }
+        }
+    }
+    let n_tokens = match test {
+        Test::Prompt(n) | Test::Gen(n) => *n,
+    };
+    let samples_ts: Vec<f64> = samples_ns.iter().map(|&ns| n_tokens as f64 * 1e9 / ns as f64).collect();
+    let (avg_ts, stddev_ts) = report::mean_sd(&samples_ts);
+    let (avg_ns, stddev_ns) = report::mean_sd(&samples_ns.iter().map(|&x| x as f64).collect::<Vec<_>>());
+    let is_gen = matches!(test, Test::Gen(_));
+    let experts = engine.experts.as_ref().map(|ex| {
+        let tokens = (n_tokens * a.repetitions).max(1);
+        let mut e = experts_report::experts_json(engine, &before.unwrap_or_default(), tokens);
+        e["mode"] = json!(if cold { "cold" } else { "warm" });
+        let _ = ex;
+        e
+    });
+    Ok(Row {
+        build_commit: format!("moescope {}", env!("CARGO_PKG_VERSION")),
+        cpu_info: sysinfo::cpu_model(),
+        model_filename: String::new(),
+        model_type: String::new(),
+        model_size: 0,
+        model_n_params: 0,
+        quant: String::new(),
+        n_threads: threads,
+        isa: engine.exec.isa.name().into(),
+        n_prompt: if is_gen { 0 } else { n_tokens },
+        n_gen: if is_gen { n_tokens } else { 0 },
+        test: test.name(),
+        test_time: unix_time_iso(),
+        n_reps: a.repetitions,
+        avg_ns: avg_ns as u64,
+        stddev_ns: stddev_ns as u64,
+        avg_ts,
+        stddev_ts,
+        samples_ns,
+        samples_ts,
+        decode_latency: is_gen.then(|| lat.summary()),
+        ttft: (!is_gen).then(|| ttft.summary()),
+        weight_bytes_per_token: 0,
+        weight_gbps: None,
+        peak_rss_bytes: sysinfo::peak_rss_bytes(),
+        experts,
+    })
 }
 
 /// Now as `YYYY-MM-DDTHH:MM:SSZ` (UTC), without a date library.
