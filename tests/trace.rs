@@ -92,7 +92,20 @@ fn run_trace_is_valid_and_shows_the_token_pipeline() {
     assert!(names.iter().any(|n| *n == "engine"), "{names:?}");
     assert!(names.iter().any(|n| n.starts_with("moescope-compute")), "{names:?}");
     assert!(s.flows > 0, "dispatch flows from the engine to the workers");
-    assert_eq!(s.counters, 5, "a tok/s counter per decode step");
+    assert_eq!(s.counter_names["decode"], 5, "a tok/s counter per decode step");
+    for c in ["expert hit %", "expert pool MB", "read queue", "read MB/s", "prefetch MB"] {
+        assert_eq!(s.counter_names.get(c), Some(&5), "counter {c}: {:?}", s.counter_names);
+    }
+    // expert reads on the I/O threads, predictions on their own thread
+    assert!(names.iter().any(|n| n.starts_with("moescope-io")), "{names:?}");
+    assert!(names.iter().any(|n| *n == "moescope-predict"), "{names:?}");
+    let reads: Vec<&Value> = s.x_events.iter().filter(|e| e.1 == "read").map(|e| &e.2).collect();
+    assert!(!reads.is_empty(), "a pool of 0.1 MiB must read experts");
+    for r in &reads {
+        assert!(["demand", "prefetch"].contains(&r["origin"].as_str().unwrap()), "{r}");
+        assert!(r["bytes"].as_i64().unwrap() > 0 && r["queue_wait_us"].is_i64());
+    }
+    assert!(s.slices.get("predict").copied().unwrap_or(0) > 0);
     let meta = &doc["otherData"];
     assert_eq!(meta["quant"], "q4");
     assert_eq!(meta["threads"], 2);

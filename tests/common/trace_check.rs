@@ -17,6 +17,8 @@ pub struct Summary {
     pub slices: BTreeMap<String, usize>,
     pub thread_names: HashMap<i64, String>,
     pub counters: usize,
+    /// Counter events by name.
+    pub counter_names: BTreeMap<String, usize>,
     pub flows: usize,
     /// (tid, name, args) of every X event.
     pub x_events: Vec<(i64, String, Value)>,
@@ -72,6 +74,7 @@ pub fn check(doc: &Value) -> Summary {
                     assert!(v.is_number(), "counter {name}.{k} is not a number: {e}");
                 }
                 s.counters += 1;
+                *s.counter_names.entry(name.to_string()).or_default() += 1;
             }
             "i" | "I" => {
                 let scope = e["s"].as_str().unwrap_or("t");
