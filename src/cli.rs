@@ -122,6 +122,10 @@ pub struct ExpertArgs {
     /// Do not verify each expert read against its checksum.
     #[arg(long)]
     pub no_verify_experts: bool,
+    /// Do not stream: read experts through the package's memory mapping (all of them resident
+    /// once touched, as a model that fits in RAM; for comparisons).
+    #[arg(long)]
+    pub no_stream: bool,
     /// Record every routing decision (token, layer, experts, weights) as JSON lines, for
     /// `moescope sim`.
     #[arg(long, value_name = "FILE")]

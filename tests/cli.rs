@@ -251,6 +251,10 @@ fn builtin_demo_without_arguments() {
     let o = moescope(&["run", "--prompt", "Rust is", "-n", "8", "--seed", "1", "--json"], d.path());
     let v = json_out(&o);
     assert!(stderr(&o).contains("random weights"), "the demo says what it is: {}", stderr(&o));
+    // it streams its experts through a pool smaller than they are
+    let ex = &v["experts"];
+    assert!(ex["budget_mib"].as_f64().unwrap() < ex["experts_mib"].as_f64().unwrap(), "{ex}");
+    assert!(ex["read_mb"].as_f64().unwrap() > 0.0 && ex["misses"].as_u64().unwrap() > 0, "{ex}");
     assert_eq!(v["generated_ids"].as_array().unwrap().len(), 8);
     assert!(v["text"].is_string());
     let pkgs: Vec<_> = std::fs::read_dir(d.path()).unwrap().filter_map(|e| e.ok()).collect();

@@ -14,7 +14,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use moescope::engine::sampler::Rng;
 use moescope::engine::{Engine, EngineOptions};
-use moescope::model::{Logits, NoObserver};
+use moescope::model::Logits;
 use moescope::sysinfo;
 use moescope::trace::{self, hist::Latency};
 use serde_json::json;
@@ -86,7 +86,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         budgets_mib.iter().flatten().copied().fold(None, |m: Option<f64>, b| Some(m.map_or(b, |m| m.min(b))));
     let stream = run::stream_config(&a.experts, smallest.map(|m| m.ceil() as u64), prefetches[0])?;
     let stream = StreamConfig { budget_bytes: smallest.map(|m| (m * (1u64 << 20) as f64) as u64), ..stream };
-    let opts = EngineOptions { threads: threads[0], ctx_size: Some(ctx), isa: isa_from_env()?, stream: Some(stream) };
+    let stream = (!a.experts.no_stream).then_some(stream);
+    let opts = EngineOptions { threads: threads[0], ctx_size: Some(ctx), isa: isa_from_env()?, stream };
     let mut engine = Engine::load(&path, opts)?;
     for w in &engine.warnings {
         eprintln!("warning: {w}");
@@ -225,7 +226,7 @@ fn run_test(
             Test::Prompt(n) => {
                 let ids: Vec<u32> = (0..*n).map(|_| (rng.next_u64() % vocab) as u32).collect();
                 let t0 = Instant::now();
-                engine.eval(&ids, Logits::Last, &mut NoObserver)?;
+                engine.eval_logged(&ids, Logits::Last)?;
                 if timed {
                     let ns = t0.elapsed().as_nanos() as u64;
                     samples_ns.push(ns);
@@ -237,7 +238,7 @@ fn run_test(
                 for _ in 0..*n {
                     let id = (rng.next_u64() % vocab) as u32;
                     let s = Instant::now();
-                    engine.eval(&[id], Logits::Last, &mut NoObserver)?;
+                    engine.eval_logged(&[id], Logits::Last)?;
                     if timed {
                         lat.record_ns(s.elapsed().as_nanos() as u64);
                     }

@@ -41,7 +41,12 @@ pub fn resolve(model: Option<&Path>, quant: &str) -> Result<PathBuf> {
     eprintln!("moescope: converting {} ({}) into {}", m.display(), mode.name(), out.display());
     super::interrupt::install();
     let _busy = super::interrupt::Interruptible::start();
-    let opts = ConvertOptions { quant: mode, progress: true, cancel: Some(&super::interrupt::STOP) };
+    let opts = ConvertOptions {
+        quant: mode,
+        progress: true,
+        cancel: Some(&super::interrupt::STOP),
+        default_pool_fraction: None,
+    };
     let rep = convert_hf(m, &out, opts)?;
     for w in &rep.warnings {
         eprintln!("warning: {w}");

@@ -140,7 +140,11 @@ impl RunConfig {
                 threads,
                 ctx_size: a.ctx_size,
                 isa: isa_from_env()?,
-                stream: Some(stream_config(&a.experts, a.cache_mb, parse_on_off("--prefetch", &a.prefetch)?)?),
+                stream: if a.experts.no_stream {
+                    None
+                } else {
+                    Some(stream_config(&a.experts, a.cache_mb, parse_on_off("--prefetch", &a.prefetch)?)?)
+                },
             },
             json: a.json,
             logits_out: a.logits_out.clone(),

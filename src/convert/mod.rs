@@ -34,11 +34,13 @@ pub struct ConvertOptions {
     pub progress: bool,
     /// Checked between tensors: when set, the conversion stops and removes its partial file.
     pub cancel: Option<&'static AtomicBool>,
+    /// Recorded in the package: the default expert pool as a fraction of all experts.
+    pub default_pool_fraction: Option<f64>,
 }
 
 impl ConvertOptions {
     pub fn new(quant: QuantMode) -> ConvertOptions {
-        ConvertOptions { quant, progress: false, cancel: None }
+        ConvertOptions { quant, progress: false, cancel: None, default_pool_fraction: None }
     }
 
     fn check_cancel(&self) -> Result<(), ConvertError> {
@@ -172,6 +174,7 @@ pub fn write_package(
         tokenizer,
         tensors,
         experts,
+        default_pool_fraction: opts.default_pool_fraction,
     };
     let header = plan_offsets(&mut meta);
     let total = header.file_size;

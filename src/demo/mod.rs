@@ -18,7 +18,11 @@ const TOKENIZER_JSON: &str = include_str!("tokenizer.json");
 const TOKENIZER_CONFIG: &str = include_str!("tokenizer_config.json");
 
 /// Bumped whenever the demo's weights or shape change, so a stale cached package is replaced.
-const DEMO_REVISION: u32 = 1;
+const DEMO_REVISION: u32 = 2;
+
+/// The demo streams its experts through a pool of half their size by default, so even this
+/// small model shows real hits, misses, prefetches and reads.
+pub const DEFAULT_POOL_FRACTION: f64 = 0.5;
 
 pub fn config() -> ModelConfig {
     ModelConfig {
@@ -124,7 +128,10 @@ pub fn ensure_package(cache_dir: &Path) -> Result<(PathBuf, bool), ConvertError>
     let tok = tokenizer_info();
     add_tokenizer_eos(&mut cfg, &tok);
     let src = RandomWeights::new(&cfg);
-    let opts = ConvertOptions::new(QuantMode::Q4 { max_group: 128 });
+    let opts = ConvertOptions {
+        default_pool_fraction: Some(DEFAULT_POOL_FRACTION),
+        ..ConvertOptions::new(QuantMode::Q4 { max_group: 128 })
+    };
     write_package(&src, &cfg, tok, "moescope demo (random weights)", opts, &path)?;
     Ok((path, true))
 }

@@ -284,6 +284,17 @@ impl Engine {
         Ok(out)
     }
 
+    /// Evaluate `ids`, recording routing into the routing log when one is set.
+    pub fn eval_logged(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
+        let mut log = self.routing_log.take();
+        let res = match log.as_mut() {
+            Some(l) => self.eval(ids, want, l),
+            None => self.eval(ids, want, &mut NoObserver),
+        };
+        self.routing_log = log;
+        res
+    }
+
     /// Generate after `prompt` (reusing the cached prefix). `on_token(id, logits)` sees each
     /// sampled id with the raw logits that chose it, and returns false to stop.
     ///

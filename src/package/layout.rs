@@ -243,6 +243,10 @@ pub struct Meta {
     pub tokenizer: TokenizerInfo,
     pub tensors: Vec<TensorEntry>,
     pub experts: Option<ExpertRegion>,
+    /// Default expert pool, as a fraction of all experts, when the user gives no budget (the
+    /// demo model streams by default so the workbench has cache and I/O activity to show).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_pool_fraction: Option<f64>,
 }
 
 pub const FORMAT_NAME: &str = "moescope-package";
