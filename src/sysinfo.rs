@@ -30,6 +30,18 @@ pub fn peak_rss_bytes() -> u64 {
     ru.ru_maxrss.max(0) as u64 * 1024
 }
 
+/// Resident set size of this process now, in bytes (0 when unknown).
+pub fn current_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()))
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 /// Total physical memory, in bytes (0 when unknown).
 pub fn total_memory_bytes() -> u64 {
     std::fs::read_to_string("/proc/meminfo")

@@ -289,6 +289,7 @@ fn run_test(
         weight_bytes_per_token: 0,
         weight_gbps: None,
         peak_rss_bytes: sysinfo::peak_rss_bytes(),
+        expected_memory_bytes: engine.memory_plan().total,
         experts,
     })
 }

@@ -39,6 +39,8 @@ pub struct Row {
     pub weight_bytes_per_token: u64,
     pub weight_gbps: Option<f64>,
     pub peak_rss_bytes: u64,
+    /// What the engine expects to use (dense + expert pool + KV + buffers + runtime).
+    pub expected_memory_bytes: u64,
     /// Expert streaming (cache budget, hit %, SSD MB per token, prefetch) once it lands;
     /// absent until then.
     #[serde(skip_serializing_if = "Option::is_none")]

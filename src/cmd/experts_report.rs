@@ -38,11 +38,12 @@ pub fn describe(engine: &Engine) -> String {
 pub fn memory_line(engine: &Engine) -> String {
     let m = engine.memory_plan();
     format!(
-        "memory: dense {:.0} + experts {:.0} + KV {:.0} + buffers {:.0} = {:.0} MiB expected",
+        "memory: dense {:.0} + experts {:.0} + KV {:.0} + buffers {:.0} + runtime {:.0} = {:.0} MiB expected",
         mib(m.dense),
         mib(m.experts),
         mib(m.kv),
         mib(m.buffers),
+        mib(m.runtime),
         mib(m.total)
     )
 }
@@ -91,7 +92,7 @@ pub fn memory_json(engine: &Engine) -> Value {
     let m = engine.memory_plan();
     json!({
         "dense_mib": mib(m.dense), "experts_mib": mib(m.experts), "kv_mib": mib(m.kv),
-        "buffers_mib": mib(m.buffers), "expected_mib": mib(m.total),
+        "buffers_mib": mib(m.buffers), "runtime_mib": mib(m.runtime), "expected_mib": mib(m.total),
         "peak_rss_mib": mib(sysinfo::peak_rss_bytes()),
     })
 }

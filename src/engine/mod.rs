@@ -61,6 +61,9 @@ pub struct MemoryPlan {
     pub kv: u64,
     /// Activations and scratch, estimated from the largest prompt chunk.
     pub buffers: u64,
+    /// Code, tokenizer, metadata and thread stacks: measured at load (the resident size then,
+    /// less the dense weights, which loading reads once to verify them).
+    pub runtime: u64,
     pub total: u64,
 }
 
@@ -75,6 +78,8 @@ pub struct Engine {
     pub routing_log: Option<RoutingLog>,
     /// Said once at load (an O_DIRECT fallback, say).
     pub warnings: Vec<String>,
+    /// Resident bytes of everything but weights and buffers, measured at load.
+    runtime_bytes: u64,
     pub exec: Exec,
     pub kv: KvCache,
     /// The ids whose keys and values are in `kv`, in order.
@@ -176,7 +181,19 @@ impl Engine {
             }
             _ => None,
         };
-        Ok(Engine { model, experts, routing_log: None, warnings, exec, kv, cached: Vec::new(), tok, template })
+        let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(pkg.sizes().0);
+        Ok(Engine {
+            model,
+            experts,
+            routing_log: None,
+            warnings,
+            runtime_bytes,
+            exec,
+            kv,
+            cached: Vec::new(),
+            tok,
+            template,
+        })
     }
 
     /// What the engine expects to use: dense weights, the expert pool, the KV cache at full
@@ -196,7 +213,8 @@ impl Engine {
                 + 3 * c.intermediate_size.max(c.moe_intermediate_size)
                 + c.num_experts);
         let buffers = (PREFILL_CHUNK * per_token + 4 * c.vocab_size) as u64;
-        MemoryPlan { dense, experts, kv, buffers, total: dense + experts + kv + buffers }
+        let runtime = self.runtime_bytes;
+        MemoryPlan { dense, experts, kv, buffers, runtime, total: dense + experts + kv + buffers + runtime }
     }
 
     /// Counter tracks of the expert pool after a decode step of `step_ms` (when tracing).

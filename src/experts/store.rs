@@ -3,7 +3,6 @@
 //! or buffered. Short reads and EINTR are retried; a read that hits the end of the file means
 //! the package shrank; the blob's checksum is verified unless switched off.
 
-use std::alloc::{Layout, alloc, dealloc};
 use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -11,9 +10,10 @@ use std::path::{Path, PathBuf};
 use crate::package::layout::{EXPERT_ALIGN, parse_hex64};
 use crate::package::{Package, PackageError};
 
-/// A heap buffer aligned to 4096 bytes, as O_DIRECT requires. Its contents start
-/// uninitialized-but-allocated (zeroing multi-MB buffers costs more than the read: it is
-/// always fully overwritten by a read before use).
+/// A buffer of whole pages (so 4096-byte aligned, as O_DIRECT requires), mapped straight from
+/// the kernel rather than the allocator: the pool's memory is then exactly its buffers, given
+/// back when they go (malloc would keep multi-MB chunks freed on I/O threads in its arenas, and
+/// the process would grow past its budget). Pages become resident when a read fills them.
 pub struct AlignedBuf {
     ptr: *mut u8,
     len: usize,
@@ -25,17 +25,24 @@ unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     pub fn new(len: usize) -> AlignedBuf {
-        let layout = Layout::from_size_align(len.max(1), EXPERT_ALIGN as usize).unwrap_or_else(|_| {
-            // len comes from a validated package (a multiple of 4096, far below isize::MAX)
-            panic!("expert buffer of {len} bytes cannot be laid out")
-        });
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc(layout) };
-        if ptr.is_null() {
+        let len = len.max(1).div_ceil(EXPERT_ALIGN as usize) * EXPERT_ALIGN as usize;
+        // SAFETY: an anonymous private mapping with no address hint.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let layout = std::alloc::Layout::from_size_align(len, EXPERT_ALIGN as usize)
+                .unwrap_or(std::alloc::Layout::new::<u8>());
             std::alloc::handle_alloc_error(layout);
         }
-        // touch nothing: pages become resident when the first read fills them
-        AlignedBuf { ptr, len }
+        AlignedBuf { ptr: ptr.cast(), len }
     }
 
     pub fn len(&self) -> usize {
@@ -60,9 +67,9 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
-        if let Ok(layout) = Layout::from_size_align(self.len.max(1), EXPERT_ALIGN as usize) {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { dealloc(self.ptr, layout) }
+        // SAFETY: mapped in `new` with this length.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
         }
     }
 }
