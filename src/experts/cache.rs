@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::policy::{Ctx, Entry, PolicyKind, RepeatRates, Scores};
+use super::policy::{Ctx, Entry, PolicyKind, RouteModel, Scores};
 use super::stats::LayerStats;
 use super::store::{AlignedBuf, ExpertStore, ReadError};
 use crate::package::PackageError;
@@ -70,7 +70,7 @@ struct State {
     token: u64,
     active_layer: usize,
     scores: Scores,
-    routes: RepeatRates,
+    routes: RouteModel,
     evicted_at: HashMap<Key, u64>,
     stats: Vec<LayerStats>,
     in_flight: usize,
@@ -136,7 +136,7 @@ impl ExpertCache {
                 token: 0,
                 active_layer: 0,
                 scores: Scores::default(),
-                routes: RepeatRates::new(n_layers, top_k, num_experts),
+                routes: RouteModel::new(n_layers, top_k, num_experts),
                 evicted_at: HashMap::new(),
                 stats: vec![LayerStats::default(); n_layers],
                 in_flight: 0,
@@ -262,10 +262,13 @@ impl ExpertCache {
         let mut st = sh.lock();
         st.active_layer = li;
         let token = st.token;
+        {
+            let State { routes, scores, .. } = &mut *st;
+            routes.observe(li, experts, token, |e| scores.popularity((li, e), token));
+        }
         for &e in experts {
             st.scores.bump((li, e), token);
         }
-        st.routes.observe(li, experts);
         // queued predictions for this layer that the route does not want: drop them unread
         let wanted: HashSet<usize> = experts.iter().copied().collect();
         drop_queued_prefetches(&mut st, sh, |k| k.0 == li && !wanted.contains(&k.1));
@@ -591,6 +594,7 @@ fn evict_one(st: &mut State, sh: &Shared, for_prefetch: bool) -> Option<usize> {
             score: st.scores.get(s.key, token),
             popularity: st.scores.popularity(s.key, token),
             repeat_rate: st.routes.rate(s.key.0),
+            p_next: st.routes.p_next(s.key.0, s.key.1, token, active, st.scores.popularity(s.key, token)),
         });
     }
     let ctx = Ctx {

@@ -49,31 +49,145 @@ impl Scores {
     }
 }
 
-/// Per layer, how often an expert of one token's route is routed again at the next token
-/// (an exponential average over recent tokens, starting at the uniform rate k/E).
+/// What each layer's routing has shown about reuse: its last route, how often an expert of one
+/// token's route is routed again at the next token (`rate`), and, per age a (tokens since an
+/// expert was last routed, 1 to [`MAX_AGE`]), how often an expert of that age is routed at the
+/// layer's next turn. The age curve is what tells routing with locality (high at small ages,
+/// falling), drifting routing (experts hot for a while, then not) and random routing (flat at
+/// k/E) apart, without being told which it is. Counts decay slowly so the model follows a
+/// conversation's changes.
 #[derive(Debug, Clone)]
-pub struct RepeatRates {
+pub struct RouteModel {
     rate: Vec<f32>,
     last: Vec<Vec<usize>>,
+    /// Per layer and expert: the token it was last routed (0 = never).
+    last_used: Vec<Vec<u64>>,
+    /// Per layer and age: (trials, hits), decayed.
+    age: Vec<Vec<(f32, f32)>>,
+    /// Per layer: decayed squared error of the three estimates of "routed at the next turn"
+    /// ([`Estimate`]), scored on every expert at every turn.
+    loss: Vec<[f32; 3]>,
+    uniform: f32,
 }
 
-impl RepeatRates {
-    pub fn new(n_layers: usize, top_k: usize, num_experts: usize) -> RepeatRates {
-        RepeatRates { rate: vec![top_k as f32 / num_experts.max(1) as f32; n_layers], last: vec![Vec::new(); n_layers] }
+/// How a layer's next-turn probabilities are estimated: from the age curve (recency), from
+/// popularity, or the larger of the two. Each layer uses the one that has predicted its routing
+/// best lately.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Estimate {
+    Age,
+    Popularity,
+    Max,
+}
+
+pub const MAX_AGE: usize = 32;
+const AGE_DECAY: f32 = 0.998;
+const LOSS_DECAY: f32 = 0.99;
+
+impl RouteModel {
+    pub fn new(n_layers: usize, top_k: usize, num_experts: usize) -> RouteModel {
+        let uniform = top_k as f32 / num_experts.max(1) as f32;
+        RouteModel {
+            rate: vec![uniform; n_layers],
+            last: vec![Vec::new(); n_layers],
+            last_used: vec![vec![0; num_experts]; n_layers],
+            age: vec![vec![(0.0, 0.0); MAX_AGE + 1]; n_layers],
+            loss: vec![[0.0; 3]; n_layers],
+            uniform,
+        }
     }
 
-    /// Layer `l` routed `route` (distinct experts).
-    pub fn observe(&mut self, l: usize, route: &[usize]) {
+    /// The three estimates for expert `e` of layer `l` at the layer's turn `token`, given its
+    /// popularity.
+    fn estimates(&self, l: usize, e: usize, token: u64, popularity: f32) -> [f32; 3] {
+        let f = popularity.max(0.5 * self.uniform);
+        let t = self.last_used[l][e];
+        let a = if t == 0 || t >= token { None } else { self.reuse(l, token - t) };
+        match a {
+            Some(r) => [r, f, r.max(f)],
+            None => [f, f, f],
+        }
+    }
+
+    /// The estimate layer `l` trusts now.
+    pub fn estimate(&self, l: usize) -> Estimate {
+        // the larger of the two unless one alone predicts clearly better (by 5%): a close call
+        // does not pay for dropping either kind of evidence
+        let x = self.loss[l];
+        if x[0] < 0.95 * x[2] && x[0] <= x[1] {
+            Estimate::Age
+        } else if x[1] < 0.95 * x[2] {
+            Estimate::Popularity
+        } else {
+            Estimate::Max
+        }
+    }
+
+    /// Chance that expert `e` of layer `l` is routed at the layer's next turn, seen from MoE
+    /// layer `active` of `token` (layers up to `active` have had their turn this token), by the
+    /// layer's trusted estimate.
+    pub fn p_next(&self, l: usize, e: usize, token: u64, active: usize, popularity: f32) -> f32 {
+        let turn = token + u64::from(l <= active);
+        let est = self.estimates(l, e, turn, popularity);
+        est[self.estimate(l) as usize]
+    }
+
+    /// Layer `l` routed `route` (distinct experts) at `token` (tokens count from 1);
+    /// `popularity(e)` is expert e's popularity before this route.
+    pub fn observe(&mut self, l: usize, route: &[usize], token: u64, popularity: impl Fn(usize) -> f32) {
+        // score the three estimates on what happened
+        let mut add = [0f32; 3];
+        for e in 0..self.last_used[l].len() {
+            let y = if route.contains(&e) { 1.0 } else { 0.0 };
+            let est = self.estimates(l, e, token, popularity(e));
+            for (a, p) in add.iter_mut().zip(est) {
+                *a += (p - y) * (p - y);
+            }
+        }
+        for (x, a) in self.loss[l].iter_mut().zip(add) {
+            *x = LOSS_DECAY * *x + a;
+        }
         let prev = &self.last[l];
         if !prev.is_empty() {
             let kept = prev.iter().filter(|e| route.contains(e)).count() as f32 / prev.len() as f32;
             self.rate[l] = 0.9 * self.rate[l] + 0.1 * kept;
         }
         self.last[l] = route.to_vec();
+        let curve = &mut self.age[l];
+        for c in curve.iter_mut() {
+            c.0 *= AGE_DECAY;
+            c.1 *= AGE_DECAY;
+        }
+        for (e, &t) in self.last_used[l].iter().enumerate() {
+            if t == 0 || t >= token {
+                continue;
+            }
+            let a = (token - t) as usize;
+            if a <= MAX_AGE {
+                curve[a].0 += 1.0;
+                if route.contains(&e) {
+                    curve[a].1 += 1.0;
+                }
+            }
+        }
+        for &e in route {
+            if let Some(t) = self.last_used[l].get_mut(e) {
+                *t = token;
+            }
+        }
     }
 
     pub fn rate(&self, l: usize) -> f32 {
         self.rate[l]
+    }
+
+    /// Chance that an expert of layer `l` last routed `age` tokens before the layer's next turn
+    /// is routed at that turn (None past [`MAX_AGE`]); a few pseudo-trials at k/E keep thin
+    /// evidence near chance.
+    pub fn reuse(&self, l: usize, age: u64) -> Option<f32> {
+        let a = usize::try_from(age).ok().filter(|&a| (1..=MAX_AGE).contains(&a))?;
+        let (n, h) = self.age[l][a];
+        Some((h + 4.0 * self.uniform) / (n + 4.0))
     }
 
     pub fn last_route(&self, l: usize) -> &[usize] {
@@ -102,6 +216,9 @@ pub struct Entry {
     /// How often its layer has lately kept an expert of one token's route for the next token
     /// (0..1; routing with locality is high, random routing near k/E).
     pub repeat_rate: f32,
+    /// The chance it is routed at its layer's next turn, by the layer's trusted estimate (see
+    /// [`RouteModel::p_next`]).
+    pub p_next: f32,
 }
 
 /// Where the forward pass is.
@@ -263,24 +380,20 @@ fn least_stale_key(e: &Entry, retained: bool, ctx: &Ctx) -> EvictKey {
     EvictKey::new([cat, far, pred], e.last_use)
 }
 
-/// Ours ("foresight"): keep what is most likely to be used at its layer's next turn, nearer
+/// Ours ("foresight"): keep what is most likely to be routed at its layer's next turn, nearer
 /// turns first among equals.
 ///
-/// The chance of use: f, the expert's popularity (the fraction of about the last 200 tokens that
-/// routed to it, floored at half the uniform rate k/E); for an expert in its layer's last
-/// route, ρ + (1 - ρ)·f, where ρ is how much the layer's measured rate of keeping an expert
-/// from one token to the next exceeds chance (k/E): high when routing has locality, 0 when it
-/// is random; raised to a
-/// prediction's confidence when one loaded it. It is weighted by L / (L + d), d the layer steps
-/// until its layer comes round again: popularity repeats every token while distance only orders
-/// this one, so distance decides between equally likely experts (farthest first, as Belady
-/// would) without letting a near but unlikely expert outrank a likely one.
+/// The chance of use comes from the layer's [`RouteModel`]: by the age curve (how often an
+/// expert last routed a tokens ago is routed again, learnt online; this captures locality and
+/// drift), by popularity (the fraction of about the last 200 tokens that routed to it, floored
+/// at half the uniform rate k/E), or the larger of the two, whichever has lately predicted that
+/// layer's routing best; raised to a prediction's confidence when one loaded the entry. It is
+/// weighted by L / (L + d), d the layer steps until the layer comes round again: chances repeat
+/// every token while distance only orders this one, so distance decides between equally likely
+/// experts (farthest first, as Belady would) without letting a near but unlikely expert outrank
+/// a likely one.
 fn foresight_key(e: &Entry, ctx: &Ctx) -> EvictKey {
-    let uniform = ctx.top_k as f32 / ctx.num_experts.max(1) as f32;
-    let f = e.popularity.max(0.5 * uniform);
-    // the part of the layer's repeat rate beyond chance (0 for random routing)
-    let rho = ((e.repeat_rate - uniform) / (1.0 - uniform).max(1e-6)).max(0.0);
-    let mut p = if e.in_last_route { rho + (1.0 - rho) * f } else { f };
+    let mut p = e.p_next;
     if let Some(c) = e.predicted {
         p = p.max(c);
     }
@@ -309,6 +422,7 @@ mod tests {
             score: 0.0,
             popularity: 0.0,
             repeat_rate: 0.0,
+            p_next: 0.25,
         }
     }
 
@@ -343,19 +457,51 @@ mod tests {
     }
 
     #[test]
-    fn foresight_keeps_hot_and_repeating_experts() {
+    fn foresight_keeps_likely_experts_over_near_ones() {
         let mut hot = e(0, 1, 1, 4);
-        hot.popularity = 0.9;
+        hot.p_next = 0.9;
         let cold = e(3, 2, 2, 4);
-        // at layer 2 of token 5: the hot one is 2 steps away, the cold one 1: popularity wins
+        // at layer 2 of token 5: the likely one is 2 steps away, the unlikely one 1
         assert_eq!(PolicyKind::Foresight.victim(&[hot, cold], &ctx(5, 2)), Some(1));
-        // in a layer that repeats its route, the last route outranks a merely popular expert
-        let mut last = e(1, 3, 3, 4);
-        last.in_last_route = true;
-        last.repeat_rate = 0.6;
-        let mut pop = e(1, 4, 4, 4);
-        pop.popularity = 0.3;
-        assert_eq!(PolicyKind::Foresight.victim(&[last, pop], &ctx(5, 2)), Some(1));
+        // a prediction's confidence counts as a chance of use
+        let mut pred = e(3, 3, 3, 5);
+        pred.predicted = Some(0.8);
+        assert_eq!(PolicyKind::Foresight.victim(&[pred, e(3, 4, 4, 4)], &ctx(5, 2)), Some(1));
+    }
+
+    /// Feed `tokens` routes of one layer (8 experts, top-2) from `route(t)`.
+    fn model_of(tokens: u64, mut route: impl FnMut(u64) -> Vec<usize>) -> RouteModel {
+        let mut m = RouteModel::new(1, 2, 8);
+        let mut s = Scores::default();
+        for t in 1..=tokens {
+            let r = route(t);
+            m.observe(0, &r, t, |e| s.popularity((0, e), t));
+            for &e in &r {
+                s.bump((0, e), t);
+            }
+        }
+        m
+    }
+
+    #[test]
+    fn the_age_curve_learns_locality_and_picks_its_estimate() {
+        // drifting routing: each pair of experts is used for 10 tokens, then the next pair
+        let drift = model_of(300, |t| vec![(2 * (t / 10) % 8) as usize, (2 * (t / 10) % 8 + 1) as usize]);
+        // used last token: very likely again; used 9 tokens ago: unlikely
+        assert!(drift.reuse(0, 1).unwrap() > 0.8, "{:?}", drift.reuse(0, 1));
+        assert!(drift.reuse(0, 9).unwrap() < 0.2, "{:?}", drift.reuse(0, 9));
+        assert_eq!(drift.estimate(0), Estimate::Age, "recency predicts drift, popularity does not");
+        // random routing: the curve stays near k/E at every age
+        let mut x = 7u64;
+        let random = model_of(600, |_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let a = (x >> 60) as usize % 8;
+            vec![a, (a + 1 + (x >> 40) as usize % 7) % 8]
+        });
+        for age in [1, 2, 5] {
+            let r = random.reuse(0, age).unwrap();
+            assert!((r - 0.25).abs() < 0.08, "age {age}: {r}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use serde::Serialize;
 
-use super::policy::{Ctx, Entry, EvictKey, PolicyKind, RepeatRates, Scores};
+use super::policy::{Ctx, Entry, EvictKey, PolicyKind, RouteModel, Scores};
 use super::routing_log::{Header, Record};
 
 /// One step of the replay: a layer of a pass and the distinct experts it needs.
@@ -103,7 +103,7 @@ pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) 
     let mut res: Vec<Option<Resident>> = vec![None; n_layers * e_n];
     let mut n_res = 0usize;
     let mut scores = Scores::default();
-    let mut routes = RepeatRates::new(n_layers, h.top_k, e_n);
+    let mut routes = RouteModel::new(n_layers, h.top_k, e_n);
     // Belady: (next use, stamp, key), farthest first
     let mut far: BinaryHeap<((usize, usize), u64, usize)> = BinaryHeap::new();
     let (mut hits, mut misses, mut tick) = (0u64, 0u64, 0u64);
@@ -114,6 +114,8 @@ pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) 
             cur_pass = Some(s.pass);
             token += 1;
         }
+        // the layer's route is known from here on (the cache learns it at its request)
+        routes.observe(s.layer, &s.experts, token, |e| scores.popularity((s.layer, e), token));
         for &e in &s.experts {
             scores.bump((s.layer, e), token);
             if belady {
@@ -123,7 +125,7 @@ pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) 
         let ctx = Ctx { token, active_layer: s.layer, n_layers, top_k: h.top_k, num_experts: e_n, capacity };
         let prev_route: Vec<usize> = routes.last_route(s.layer).to_vec();
         let prev_rate = routes.rate(s.layer);
-        let entry = |k: usize, r: &Resident, scores: &Scores, routes: &RepeatRates| {
+        let entry = |k: usize, r: &Resident, scores: &Scores, routes: &RouteModel| {
             let (l, x) = (k / e_n, k % e_n);
             let (route, rate) =
                 if l == s.layer { (prev_route.as_slice(), prev_rate) } else { (routes.last_route(l), routes.rate(l)) };
@@ -137,6 +139,7 @@ pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) 
                 score: scores.get((l, x), token),
                 popularity: scores.popularity((l, x), token),
                 repeat_rate: rate,
+                p_next: routes.p_next(l, x, token, s.layer, scores.popularity((l, x), token)),
             }
         };
         // in use while the layer runs: the experts it has not computed yet
@@ -217,7 +220,6 @@ pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) 
                 hp.push(Reverse((p.eviction_key(&en, en.in_last_route, &ctx), tick, key)));
             }
         }
-        routes.observe(s.layer, &s.experts);
     }
     let n = hits + misses;
     SimResult {
