@@ -149,12 +149,13 @@ impl ExpertCache {
             top_k,
             blob_len,
         });
-        let workers = (0..cfg.io_workers.max(1))
+        let n_workers = cfg.io_workers.max(1);
+        let workers = (0..n_workers)
             .map(|i| {
                 let s = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("moescope-io-{i}"))
-                    .spawn(move || io_worker(&s))
+                    .spawn(move || io_worker(&s, i == 0 && n_workers > 1))
                     .unwrap_or_else(|e| panic!("cannot start an I/O thread: {e}"))
             })
             .collect();
@@ -269,9 +270,15 @@ impl ExpertCache {
         for &e in experts {
             st.scores.bump((li, e), token);
         }
-        // queued predictions for this layer that the route does not want: drop them unread
+        // queued predictions for this layer that the route does not want: drop them unread;
+        // those already read lose their confidence (the route refuted them)
         let wanted: HashSet<usize> = experts.iter().copied().collect();
         drop_queued_prefetches(&mut st, sh, |k| k.0 == li && !wanted.contains(&k.1));
+        for s in st.slots.iter_mut().flatten() {
+            if s.key.0 == li && !wanted.contains(&s.key.1) {
+                s.predicted = None;
+            }
+        }
         let mut req = Request { shared: sh.clone(), li, items: Vec::with_capacity(experts.len()), done: 0 };
         for &e in experts {
             let key = (li, e);
@@ -339,7 +346,7 @@ impl ExpertCache {
             if st.map.contains_key(&key) {
                 continue;
             }
-            let Some(si) = reserve(&mut st, sh, key, Origin::Prefetch) else {
+            let Some(si) = reserve(&mut st, sh, key, Origin::Prefetch, Some(conf)) else {
                 break;
             };
             if let Some(s) = st.slots[si].as_mut() {
@@ -528,9 +535,21 @@ fn free_slot(st: &mut State, si: usize, key: Key) {
 
 /// Reserve a slot for `key`, evicting if the pool is full. Demand may evict any evictable
 /// entry; a prefetch only entries this pass no longer needs.
-fn reserve(st: &mut State, sh: &Shared, key: Key, origin: Origin) -> Option<usize> {
+fn reserve(st: &mut State, sh: &Shared, key: Key, origin: Origin, conf: Option<f32>) -> Option<usize> {
     if used_slots(st) >= st.capacity {
-        evict_one(st, sh, origin == Origin::Prefetch)?;
+        let newcomer = conf.map(|c| Entry {
+            layer: key.0,
+            expert: key.1,
+            last_use: st.tick + 1,
+            last_token: st.token,
+            in_last_route: false,
+            predicted: Some(c),
+            score: st.scores.get(key, st.token),
+            popularity: st.scores.popularity(key, st.token),
+            repeat_rate: st.routes.rate(key.0),
+            p_next: c,
+        });
+        evict_for(st, sh, origin == Origin::Prefetch, newcomer.as_ref())?;
         if used_slots(st) >= st.capacity {
             return None;
         }
@@ -571,6 +590,30 @@ fn reserve(st: &mut State, sh: &Shared, key: Key, origin: Origin) -> Option<usiz
 /// Evict one entry chosen by the policy; `for_prefetch` limits the choice to entries not
 /// touched this pass or belonging to layers the pass has finished.
 fn evict_one(st: &mut State, sh: &Shared, for_prefetch: bool) -> Option<usize> {
+    evict_for(st, sh, for_prefetch, None)
+}
+
+/// The policy's view of resident entry `s` now.
+fn entry_of(st: &State, s: &Slot) -> Entry {
+    let (token, active) = (st.token, st.active_layer);
+    let pop = st.scores.popularity(s.key, token);
+    Entry {
+        layer: s.key.0,
+        expert: s.key.1,
+        last_use: s.last_use,
+        last_token: s.last_token,
+        in_last_route: st.routes.last_route(s.key.0).contains(&s.key.1),
+        predicted: if s.used { None } else { s.predicted },
+        score: st.scores.get(s.key, token),
+        popularity: pop,
+        repeat_rate: st.routes.rate(s.key.0),
+        p_next: st.routes.p_next(s.key.0, s.key.1, token, active, pop),
+    }
+}
+
+/// Evict one entry (see [`evict_one`]); with `newcomer`, only if the policy values the victim
+/// below it (a prediction must not push out something worth more than itself).
+fn evict_for(st: &mut State, sh: &Shared, for_prefetch: bool, newcomer: Option<&Entry>) -> Option<usize> {
     let token = st.token;
     let active = st.active_layer;
     let mut idx = Vec::new();
@@ -584,18 +627,7 @@ fn evict_one(st: &mut State, sh: &Shared, for_prefetch: bool) -> Option<usize> {
             continue;
         }
         idx.push(si);
-        cands.push(Entry {
-            layer: s.key.0,
-            expert: s.key.1,
-            last_use: s.last_use,
-            last_token: s.last_token,
-            in_last_route: st.routes.last_route(s.key.0).contains(&s.key.1),
-            predicted: if s.used { None } else { s.predicted },
-            score: st.scores.get(s.key, token),
-            popularity: st.scores.popularity(s.key, token),
-            repeat_rate: st.routes.rate(s.key.0),
-            p_next: st.routes.p_next(s.key.0, s.key.1, token, active, st.scores.popularity(s.key, token)),
-        });
+        cands.push(entry_of(st, s));
     }
     let ctx = Ctx {
         token,
@@ -605,7 +637,14 @@ fn evict_one(st: &mut State, sh: &Shared, for_prefetch: bool) -> Option<usize> {
         num_experts: sh.num_experts,
         capacity: st.capacity,
     };
-    let v = st.policy.victim(&cands, &ctx)?;
+    if let Some(n) = newcomer {
+        cands.push(*n);
+    }
+    let keys = st.policy.eviction_keys(&cands, &ctx);
+    let v = (0..idx.len()).min_by(|&a, &b| keys[a].cmp(&keys[b]))?;
+    if newcomer.is_some() && keys[v] >= keys[idx.len()] {
+        return None;
+    }
     let si = idx[v];
     let (key, wasted) = match st.slots[si].as_ref() {
         Some(s) => (s.key, s.origin == Origin::Prefetch && !s.used),
@@ -638,7 +677,7 @@ fn fill_pending(st: &mut State, sh: &Shared, req: &mut Request) {
             req.items[i].1 = Item::Slot(si);
             continue;
         }
-        let Some(si) = reserve(st, sh, key, Origin::Demand) else {
+        let Some(si) = reserve(st, sh, key, Origin::Demand, None) else {
             break;
         };
         if let Some(s) = st.slots[si].as_mut() {
@@ -676,8 +715,9 @@ fn drop_queued_prefetches(st: &mut State, _sh: &Shared, which: impl Fn(Key) -> b
     st.prefetch_q = keep;
 }
 
-/// An I/O worker: demand reads first, then the most confident prefetch.
-fn io_worker(sh: &Shared) {
+/// An I/O worker: demand reads first, then the most confident prefetch. With several workers,
+/// the first reads only on demand, so a demanded expert never waits behind predictions.
+fn io_worker(sh: &Shared, demand_only: bool) {
     crate::trace::recorder::set_thread_name(&std::thread::current().name().unwrap_or("moescope-io").to_string());
     loop {
         let mut st = sh.lock();
@@ -688,7 +728,7 @@ fn io_worker(sh: &Shared) {
             if let Some(si) = st.demand_q.pop_front() {
                 break si;
             }
-            if !st.prefetch_q.is_empty() {
+            if !demand_only && !st.prefetch_q.is_empty() {
                 let best = (0..st.prefetch_q.len())
                     .max_by(|&a, &b| st.prefetch_q[a].1.total_cmp(&st.prefetch_q[b].1).then(b.cmp(&a)))
                     .unwrap_or(0);

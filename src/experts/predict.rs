@@ -147,9 +147,15 @@ fn worker(
         order.extend(0..e_n);
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
         let top: Vec<usize> = order[..k].to_vec();
-        let best = probs[top[0]].max(f32::MIN_POSITIVE);
-        let keep = st.lock().unwrap_or_else(|p| p.into_inner()).keep;
-        let ask: Vec<(usize, f32)> = top.iter().take(keep).map(|&e| (e, probs[e] / best)).collect();
+        // confidence of rank r: how often rank r has been right so far (8 pseudo-samples at
+        // one half while evidence is thin), a calibrated chance of use the pool can weigh
+        // against what it would evict
+        let (keep, conf): (usize, Vec<f32>) = {
+            let s = st.lock().unwrap_or_else(|p| p.into_inner());
+            let c = (0..k).map(|r| (s.stats.hits[r] as f32 + 4.0) / (s.stats.samples[r] as f32 + 8.0)).collect();
+            (s.keep, c)
+        };
+        let ask: Vec<(usize, f32)> = top.iter().take(keep).enumerate().map(|(r, &e)| (e, conf[r])).collect();
         let flow = span.flows_out(1);
         let queued = cache.prefetch(t.pass, t.li, &ask, flow);
         span.set("predicted", top.as_slice());
