@@ -41,7 +41,7 @@ pub fn run(a: &SimArgs) -> Result<()> {
     let Some(file) = &a.file else { bail!("give a routing trace file (or --synthetic OUT)") };
     let (h, recs) = routing_log::read(file).map_err(anyhow::Error::msg)?;
     let steps = sim::steps(&recs);
-    let tokens = recs.iter().map(|r| r.t).collect::<std::collections::HashSet<_>>().len();
+    let tokens = recs.iter().map(|r| (r.p, r.t)).collect::<std::collections::HashSet<_>>().len();
     let all = h.moe_layers.len() * h.num_experts;
     let budgets: Vec<(String, usize)> = match (&a.cache_mb, &a.cache_pct) {
         (Some(mb), _) => list::<f64>("--cache-mb", mb)?
