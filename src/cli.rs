@@ -96,7 +96,7 @@ pub struct RunArgs {
     /// Size of the expert pool in MiB (default: every expert if they fit in half of the
     /// available memory, else half of the available memory).
     #[arg(long, value_name = "MiB")]
-    pub cache_mb: Option<u64>,
+    pub cache_mb: Option<f64>,
     /// Prefetch predicted experts: on or off.
     #[arg(long, default_value = "on")]
     pub prefetch: String,

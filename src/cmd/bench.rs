@@ -22,7 +22,6 @@ use serde_json::json;
 use super::bench_report::{self as report, Format, Row};
 use super::{experts_report, model_arg, run, run::isa_from_env, trace_out};
 use crate::cli::BenchArgs;
-use moescope::experts::StreamConfig;
 
 fn parse_list(flag: &str, s: &str) -> Result<Vec<usize>> {
     let v: Vec<usize> = s
@@ -84,8 +83,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     // the pool starts at the smallest budget, which also decides O_DIRECT by default
     let smallest =
         budgets_mib.iter().flatten().copied().fold(None, |m: Option<f64>, b| Some(m.map_or(b, |m| m.min(b))));
-    let stream = run::stream_config(&a.experts, smallest.map(|m| m.ceil() as u64), prefetches[0])?;
-    let stream = StreamConfig { budget_bytes: smallest.map(|m| (m * (1u64 << 20) as f64) as u64), ..stream };
+    let stream = run::stream_config(&a.experts, smallest, prefetches[0])?;
     let stream = (!a.experts.no_stream).then_some(stream);
     let opts = EngineOptions { threads: threads[0], ctx_size: Some(ctx), isa: isa_from_env()?, stream };
     let mut engine = Engine::load(&path, opts)?;

@@ -49,9 +49,9 @@ pub fn parse_on_off(flag: &str, v: &str) -> Result<bool> {
 }
 
 /// The streaming settings from the command line.
-pub fn stream_config(e: &ExpertArgs, cache_mb: Option<u64>, prefetch: bool) -> Result<StreamConfig> {
-    if cache_mb == Some(0) {
-        bail!("--cache-mb must be positive");
+pub fn stream_config(e: &ExpertArgs, cache_mb: Option<f64>, prefetch: bool) -> Result<StreamConfig> {
+    if cache_mb.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
+        bail!("--cache-mb must be a positive number of MiB");
     }
     if e.io_workers == 0 {
         bail!("--io-workers must be at least 1");
@@ -63,7 +63,7 @@ pub fn stream_config(e: &ExpertArgs, cache_mb: Option<u64>, prefetch: bool) -> R
         Some(o) => bail!("--io: '{o}' (expected direct or buffered)"),
     };
     Ok(StreamConfig {
-        budget_bytes: cache_mb.map(|mb| mb << 20),
+        budget_bytes: cache_mb.map(|mb| (mb * (1u64 << 20) as f64) as u64),
         policy: PolicyKind::parse(&e.policy).map_err(anyhow::Error::msg)?,
         prefetch,
         io_workers: e.io_workers,
