@@ -30,28 +30,53 @@ pub fn peak_rss_bytes() -> u64 {
     ru.ru_maxrss.max(0) as u64 * 1024
 }
 
+/// The value of `key` (a line `Key:   1234 kB`) of a /proc file, in bytes.
+fn proc_kib(path: &str, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(path).ok()?;
+    let line = s.lines().find(|l| l.strip_prefix(key).is_some_and(|r| r.starts_with(':')))?;
+    line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+}
+
 /// Resident set size of this process now, in bytes (0 when unknown).
 pub fn current_rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()))
-        })
-        .map_or(0, |kb| kb * 1024)
+    proc_kib("/proc/self/status", "VmRSS").unwrap_or(0)
 }
 
 /// Total physical memory, in bytes (0 when unknown).
 pub fn total_memory_bytes() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()).map(|kb| kb * 1024))
-        })
-        .unwrap_or(0)
+    proc_kib("/proc/meminfo", "MemTotal").unwrap_or(0)
+}
+
+/// Memory available to this process, in bytes: the system's MemAvailable, lowered to what the
+/// process's memory cgroup still allows (v1 `memory.limit_in_bytes - usage`, v2 `memory.max -
+/// memory.current`) when one limits it.
+pub fn available_memory_bytes() -> u64 {
+    let system = proc_kib("/proc/meminfo", "MemAvailable").unwrap_or(0);
+    system.min(cgroup_room().unwrap_or(u64::MAX))
+}
+
+fn cgroup_room() -> Option<u64> {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read = |p: String| std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    for line in cg.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if ctrl.split(',').any(|c| c == "memory") {
+            let base = format!("/sys/fs/cgroup/memory{path}");
+            let limit = read(format!("{base}/memory.limit_in_bytes"))?;
+            let used = read(format!("{base}/memory.usage_in_bytes")).unwrap_or(0);
+            // "no limit" is a huge number
+            return (limit < (1 << 60)).then(|| limit.saturating_sub(used));
+        }
+        if ctrl.is_empty() {
+            let base = format!("/sys/fs/cgroup{path}");
+            if let Some(limit) = read(format!("{base}/memory.max")) {
+                let used = read(format!("{base}/memory.current")).unwrap_or(0);
+                return Some(limit.saturating_sub(used));
+            }
+        }
+    }
+    None
 }
 
 /// The build: version, profile and target.

@@ -61,45 +61,6 @@ pub struct Experts {
     pub io: IoMode,
 }
 
-/// Memory available to this process, in bytes: the system's MemAvailable, lowered to what the
-/// process's memory cgroup still allows (v1 `memory.limit_in_bytes - usage`, v2 `memory.max -
-/// memory.current`) when one limits it.
-pub fn available_memory() -> u64 {
-    let system = std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1).and_then(|kb| kb.parse::<u64>().ok()))
-        })
-        .map_or(0, |kb| kb * 1024);
-    system.min(cgroup_room().unwrap_or(u64::MAX))
-}
-
-fn cgroup_room() -> Option<u64> {
-    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let read = |p: String| std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<u64>().ok());
-    for line in cg.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if ctrl.split(',').any(|c| c == "memory") {
-            let base = format!("/sys/fs/cgroup/memory{path}");
-            let limit = read(format!("{base}/memory.limit_in_bytes"))?;
-            let used = read(format!("{base}/memory.usage_in_bytes")).unwrap_or(0);
-            // "no limit" is a huge number
-            return (limit < (1 << 60)).then(|| limit.saturating_sub(used));
-        }
-        if ctrl.is_empty() {
-            let base = format!("/sys/fs/cgroup{path}");
-            if let Some(limit) = read(format!("{base}/memory.max")) {
-                let used = read(format!("{base}/memory.current")).unwrap_or(0);
-                return Some(limit.saturating_sub(used));
-            }
-        }
-    }
-    None
-}
-
 impl Experts {
     /// Start streaming `pkg`'s experts. `routers[li]` is MoE layer li's router tensor index.
     /// Returns warnings (an O_DIRECT fallback) beside the machinery.
@@ -112,7 +73,7 @@ impl Experts {
         let c = pkg.meta.model.clone();
         let total_bytes = pkg.sizes().1;
         let budget = cfg.budget_bytes.unwrap_or_else(|| {
-            let half = available_memory() / 2;
+            let half = crate::sysinfo::available_memory_bytes() / 2;
             let all = if total_bytes <= half { total_bytes } else { half };
             match pkg.meta.default_pool_fraction {
                 Some(f) if f > 0.0 => ((total_bytes as f64 * f) as u64).min(all),
