@@ -76,6 +76,8 @@ pub struct Engine {
     pub experts: Option<Arc<Experts>>,
     /// Records every routing decision when set (`--routing-out`).
     pub routing_log: Option<RoutingLog>,
+    /// Sees every forward pass and routing decision besides the log (the workbench's tap).
+    pub tap: Option<Box<dyn Observer + Send>>,
     /// Said once at load (an O_DIRECT fallback, say).
     pub warnings: Vec<String>,
     /// Resident bytes of everything but weights and buffers, measured at load.
@@ -186,6 +188,7 @@ impl Engine {
             model,
             experts,
             routing_log: None,
+            tap: None,
             warnings,
             runtime_bytes,
             exec,
@@ -269,13 +272,16 @@ impl Engine {
         self.cached.clear();
     }
 
+    /// How much of `ids` [`Engine::reuse_prefix`] would take from the cache.
+    pub fn cached_prefix_len(&self, ids: &[u32]) -> usize {
+        let n = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        if n == ids.len() { n.saturating_sub(1) } else { n }
+    }
+
     /// Keep the longest cached prefix of `ids` (leaving at least one token of `ids` to
     /// evaluate, whose logits are needed); returns its length.
     pub fn reuse_prefix(&mut self, ids: &[u32]) -> usize {
-        let mut n = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count();
-        if n == ids.len() {
-            n = n.saturating_sub(1);
-        }
+        let n = self.cached_prefix_len(ids);
         self.cached.truncate(n);
         self.kv.truncate(n);
         n
@@ -302,14 +308,15 @@ impl Engine {
         Ok(out)
     }
 
-    /// Evaluate `ids`, recording routing into the routing log when one is set.
+    /// Evaluate `ids`, recording routing into the routing log and the tap when set.
     pub fn eval_logged(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
-        let mut log = self.routing_log.take();
-        let res = match log.as_mut() {
-            Some(l) => self.eval(ids, want, l),
-            None => self.eval(ids, want, &mut NoObserver),
+        let (mut log, mut tap) = (self.routing_log.take(), self.tap.take());
+        let res = {
+            let mut both = Both(log.as_mut(), tap.as_deref_mut());
+            self.eval(ids, want, &mut both)
         };
         self.routing_log = log;
+        self.tap = tap;
         res
     }
 
@@ -332,9 +339,13 @@ impl Engine {
         if prompt.len() >= self.kv.capacity() {
             return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.kv.capacity() });
         }
-        let mut log = self.routing_log.take();
-        let res = self.generate_observed(prompt, sampler, req, on_token, log.as_mut().map(|l| l as &mut dyn Observer));
+        let (mut log, mut tap) = (self.routing_log.take(), self.tap.take());
+        let res = {
+            let mut both = Both(log.as_mut(), tap.as_deref_mut());
+            self.generate_observed(prompt, sampler, req, on_token, Some(&mut both))
+        };
         self.routing_log = log;
+        self.tap = tap;
         res
     }
 
@@ -414,6 +425,29 @@ impl Engine {
             self.trace_expert_counters(&mut expert_prev, step_ms);
         }
         Ok(stats)
+    }
+}
+
+/// The routing log and the tap, either possibly absent, as one observer.
+struct Both<'a, 'b>(Option<&'a mut RoutingLog>, Option<&'a mut (dyn Observer + Send + 'b)>);
+
+impl Observer for Both<'_, '_> {
+    fn begin_pass(&mut self) {
+        if let Some(l) = self.0.as_mut() {
+            l.begin_pass();
+        }
+        if let Some(t) = self.1.as_mut() {
+            t.begin_pass();
+        }
+    }
+
+    fn routing(&mut self, layer: usize, pos: usize, experts: &[usize], weights: &[f32], probs: &[f32]) {
+        if let Some(l) = self.0.as_mut() {
+            l.routing(layer, pos, experts, weights, probs);
+        }
+        if let Some(t) = self.1.as_mut() {
+            t.routing(layer, pos, experts, weights, probs);
+        }
     }
 }
 

@@ -20,6 +20,7 @@ use super::stats::LayerStats;
 use super::store::{AlignedBuf, ExpertStore, ReadError};
 use crate::package::PackageError;
 use crate::trace;
+use crate::trace::hist::{Latency, LatencySummary};
 
 /// (MoE layer index in forward order, expert id)
 pub type Key = (usize, usize);
@@ -75,6 +76,32 @@ struct State {
     stats: Vec<LayerStats>,
     in_flight: usize,
     shutdown: bool,
+    /// Latency of each completed read (pread + checksum), and how many.
+    read_latency: Latency,
+    reads: u64,
+}
+
+/// What one (layer, expert) of the pool is doing, for the workbench's residency grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cell {
+    Free,
+    Resident,
+    /// A demand read queued or in flight.
+    Reading,
+    /// Queued, in flight or loaded by a prediction and not used yet.
+    Predicted,
+    /// Evicted within the last two tokens.
+    Evicted,
+}
+
+/// The pool's state, `cells[layer * num_experts + expert]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Residency {
+    pub n_layers: usize,
+    pub num_experts: usize,
+    pub cells: Vec<Cell>,
+    pub resident_bytes: u64,
+    pub budget_bytes: u64,
 }
 
 pub(crate) struct Shared {
@@ -141,6 +168,8 @@ impl ExpertCache {
                 stats: vec![LayerStats::default(); n_layers],
                 in_flight: 0,
                 shutdown: false,
+                read_latency: Latency::new(),
+                reads: 0,
             }),
             ready: Condvar::new(),
             work: Condvar::new(),
@@ -361,6 +390,45 @@ impl ExpertCache {
             sh.work.notify_all();
         }
         queued
+    }
+
+    /// What every (layer, expert) is doing now.
+    pub fn residency(&self) -> Residency {
+        let sh = &self.shared;
+        let st = sh.lock();
+        let mut cells = vec![Cell::Free; sh.n_layers * sh.num_experts];
+        for (&(l, e), &t) in &st.evicted_at {
+            if t + 2 > st.token {
+                cells[l * sh.num_experts + e] = Cell::Evicted;
+            }
+        }
+        let mut resident = 0u64;
+        for s in st.slots.iter().flatten() {
+            let c = match (&s.state, s.origin) {
+                (SlotState::Ready, Origin::Prefetch) if !s.used => Cell::Predicted,
+                (SlotState::Ready, _) => Cell::Resident,
+                (SlotState::Queued | SlotState::Reading, Origin::Prefetch) => Cell::Predicted,
+                (SlotState::Queued | SlotState::Reading, Origin::Demand) => Cell::Reading,
+                (SlotState::Failed(_), _) => Cell::Free,
+            };
+            if s.state == SlotState::Ready {
+                resident += sh.blob_len as u64;
+            }
+            cells[s.key.0 * sh.num_experts + s.key.1] = c;
+        }
+        Residency {
+            n_layers: sh.n_layers,
+            num_experts: sh.num_experts,
+            cells,
+            resident_bytes: resident,
+            budget_bytes: st.capacity as u64 * sh.blob_len as u64,
+        }
+    }
+
+    /// Read latency so far (pread and checksum of one blob), and the number of reads.
+    pub fn read_latency(&self) -> (LatencySummary, u64) {
+        let st = self.shared.lock();
+        (st.read_latency.summary(), st.reads)
     }
 
     /// Queued reads, demand and prefetch.
@@ -752,7 +820,9 @@ fn io_worker(sh: &Shared, demand_only: bool) {
             .arg("queue_wait_us", waited.as_micros() as u64);
         trace::flow_end(flow_issue);
         let mut b = buf.take().unwrap_or_else(|| AlignedBuf::new(sh.blob_len));
+        let t_read = Instant::now();
         let res = sh.store.read(sh.store.slot_of(key.0, key.1), &mut b);
+        let read_ns = t_read.elapsed().as_nanos() as u64;
         let flow_use = span.flows_out(1);
         if let Err(e) = &res {
             span.set("error", e.to_string());
@@ -761,6 +831,10 @@ fn io_worker(sh: &Shared, demand_only: bool) {
 
         let mut st = sh.lock();
         st.in_flight -= 1;
+        if res.is_ok() {
+            st.read_latency.record_ns(read_ns);
+            st.reads += 1;
+        }
         match st.slots[si].as_mut() {
             Some(s) if s.key == key => match res {
                 Ok(()) => {

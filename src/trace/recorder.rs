@@ -185,19 +185,48 @@ pub fn stop() -> Recording {
         .collect();
     for t in &mut threads {
         for e in &mut t.events {
-            match e {
-                Event::Slice { ts, dur, .. } => {
-                    // end first, from the raw start, so a parent still contains its children
-                    let end = ns(*ts + *dur);
-                    *ts = ns(*ts);
-                    *dur = end - *ts;
-                }
-                Event::Counter { ts, .. } | Event::Instant { ts, .. } | Event::Flow { ts, .. } => *ts = ns(*ts),
-            }
+            map_event(e, &ns);
         }
     }
     let clock = if cfg!(target_arch = "x86_64") && *USE_TSC.get_or_init(invariant_tsc) { "tsc" } else { "os" };
     Recording { threads, cap: CAP.load(Ordering::Relaxed), dropped: DROPPED.load(Ordering::Relaxed), clock }
+}
+
+/// A copy of everything recorded so far, timestamps in nanoseconds since `start`, while
+/// recording goes on (the workbench's "export the trace so far").
+pub fn snapshot() -> Recording {
+    let (t1, k1) = (Instant::now(), now_ticks());
+    let (t0, k0) = START.lock().unwrap_or_else(|p| p.into_inner()).unwrap_or((t1, k1));
+    let scale = if k1 > k0 { t1.duration_since(t0).as_nanos() as f64 / (k1 - k0) as f64 } else { 1.0 };
+    let ns = |k: u64| (k.saturating_sub(k0) as f64 * scale) as u64;
+    let mut threads: Vec<ThreadBuf> = REGISTRY
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|b| {
+            let b = b.lock().unwrap_or_else(|p| p.into_inner());
+            ThreadBuf { tid: b.tid, name: b.name.clone(), events: b.events.clone(), merge: None }
+        })
+        .collect();
+    for t in &mut threads {
+        for e in &mut t.events {
+            map_event(e, &ns);
+        }
+    }
+    let clock = if cfg!(target_arch = "x86_64") && *USE_TSC.get_or_init(invariant_tsc) { "tsc" } else { "os" };
+    Recording { threads, cap: CAP.load(Ordering::Relaxed), dropped: DROPPED.load(Ordering::Relaxed), clock }
+}
+
+fn map_event(e: &mut Event, ns: &dyn Fn(u64) -> u64) {
+    match e {
+        Event::Slice { ts, dur, .. } => {
+            // end first, from the raw start, so a parent still contains its children
+            let end = ns(*ts + *dur);
+            *ts = ns(*ts);
+            *dur = end - *ts;
+        }
+        Event::Counter { ts, .. } | Event::Instant { ts, .. } | Event::Flow { ts, .. } => *ts = ns(*ts),
+    }
 }
 
 /// Name the calling thread's track (otherwise the OS thread name is used).
