@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand};
     name = "moescope",
     version,
     about = "Run Mixture-of-Experts LLMs bigger than RAM, and watch how",
-    long_about = "Run Mixture-of-Experts LLMs bigger than RAM, and watch how.\n\nWith no command: chat with the built-in demo model (same as `moescope run`)."
+    long_about = "Run Mixture-of-Experts LLMs bigger than RAM, and watch how.\n\nWith no command: the workbench (`moescope chat`) on the built-in demo model; the line REPL\nwhen stdin or stdout is not a terminal."
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -21,6 +21,8 @@ pub struct Cli {
 pub enum Command {
     /// Generate text: one prompt, or a chat REPL when no prompt is given.
     Run(RunArgs),
+    /// The workbench: chat while panes show routing, the expert cache and SSD I/O, live.
+    Chat(ChatArgs),
     /// Convert a HuggingFace checkpoint directory into a .moe package.
     Convert(ConvertArgs),
     /// Print a package's configuration, quantization and layout.
@@ -29,6 +31,19 @@ pub enum Command {
     Bench(BenchArgs),
     /// Replay a routing trace (--routing-out) against cache policies and Belady's optimum.
     Sim(SimArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ChatArgs {
+    /// The line REPL instead of the workbench (for pipes and dumb terminals; also chosen when
+    /// stdin or stdout is not a terminal).
+    #[arg(long)]
+    pub plain: bool,
+    /// Capture the mouse (off by default, so the terminal's selection and copy work).
+    #[arg(long)]
+    pub mouse: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Args, Debug)]

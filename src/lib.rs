@@ -13,3 +13,4 @@ pub mod npy;
 pub mod package;
 pub mod sysinfo;
 pub mod trace;
+pub mod tui;

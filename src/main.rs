@@ -10,12 +10,13 @@ use clap::Parser;
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
     let res = match &args.command {
-        // no command: `run` with its defaults (the chat REPL on the built-in demo)
-        None => match cli::Cli::parse_from(["moescope", "run"]).command {
-            Some(cli::Command::Run(a)) => cmd::run::run(&a),
-            _ => unreachable!("`moescope run` parses as the run command"),
+        // no command: `chat` with its defaults (the workbench on the built-in demo)
+        None => match cli::Cli::parse_from(["moescope", "chat"]).command {
+            Some(cli::Command::Chat(a)) => cmd::chat::run(&a),
+            _ => unreachable!("`moescope chat` parses as the chat command"),
         },
         Some(cli::Command::Run(a)) => cmd::run::run(a),
+        Some(cli::Command::Chat(a)) => cmd::chat::run(a),
         Some(cli::Command::Convert(a)) => cmd::convert::run(a),
         Some(cli::Command::Inspect(a)) => cmd::inspect::run(a),
         Some(cli::Command::Bench(a)) => cmd::bench::run(a),

@@ -97,3 +97,59 @@ pub fn machine() -> Value {
         "best_isa": moescope_kernels::Isa::detect().name(),
     })
 }
+
+/// A UTC wall-clock time, split into fields (for file names and reports, without a date
+/// library).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UtcTime {
+    pub year: i64,
+    pub month: u32,
+    pub day: u32,
+    pub hour: u32,
+    pub minute: u32,
+    pub second: u32,
+}
+
+impl UtcTime {
+    pub fn from_unix(secs: u64) -> UtcTime {
+        let (days, rem) = (secs / 86400, secs % 86400);
+        // civil-from-days (Howard Hinnant's algorithm)
+        let z = days as i64 + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+        let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
+        UtcTime { year, month, day, hour: (rem / 3600) as u32, minute: (rem % 3600 / 60) as u32, second: (rem % 60) as u32 }
+    }
+
+    /// `YYYY-MM-DDTHH:MM:SSZ`
+    pub fn iso(&self) -> String {
+        format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", self.year, self.month, self.day, self.hour, self.minute, self.second)
+    }
+
+    /// `YYYYMMDD-HHMMSS`, for file names.
+    pub fn stamp(&self) -> String {
+        format!("{:04}{:02}{:02}-{:02}{:02}{:02}", self.year, self.month, self.day, self.hour, self.minute, self.second)
+    }
+}
+
+pub fn utc_now() -> UtcTime {
+    UtcTime::from_unix(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()))
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::UtcTime;
+
+    #[test]
+    fn unix_times_split_like_the_calendar() {
+        // reference values from `date -u -d @SECS`
+        assert_eq!(UtcTime::from_unix(0).iso(), "1970-01-01T00:00:00Z");
+        assert_eq!(UtcTime::from_unix(951_782_400).iso(), "2000-02-29T00:00:00Z");
+        assert_eq!(UtcTime::from_unix(1_796_060_812).stamp(), "20261130-174652");
+    }
+}

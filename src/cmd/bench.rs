@@ -274,7 +274,7 @@ fn run_test(
         n_prompt: if is_gen { 0 } else { n_tokens },
         n_gen: if is_gen { n_tokens } else { 0 },
         test: test.name(),
-        test_time: unix_time_iso(),
+        test_time: sysinfo::utc_now().iso(),
         n_reps: a.repetitions,
         avg_ns: avg_ns as u64,
         stddev_ns: stddev_ns as u64,
@@ -292,23 +292,6 @@ fn run_test(
     })
 }
 
-/// Now as `YYYY-MM-DDTHH:MM:SSZ` (UTC), without a date library.
-fn unix_time_iso() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86400, secs % 86400);
-    // civil-from-days (Howard Hinnant's algorithm)
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -319,7 +302,7 @@ mod tests {
 
     #[test]
     fn iso_time_has_the_shape() {
-        let t = super::unix_time_iso();
+        let t = super::sysinfo::utc_now().iso();
         assert_eq!(t.len(), 20);
         assert!(t.starts_with("20") && t.ends_with('Z') && &t[10..11] == "T");
     }

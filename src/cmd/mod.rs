@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod bench_report;
+pub mod chat;
 pub mod convert;
 pub mod experts_report;
 pub mod inspect;

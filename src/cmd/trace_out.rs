@@ -22,6 +22,11 @@ pub fn begin(args: &TraceArgs) -> Option<TraceOut> {
 }
 
 impl TraceOut {
+    /// A trace to `path` of a recording someone else started.
+    pub fn to(path: PathBuf) -> TraceOut {
+        TraceOut { path }
+    }
+
     /// Stop recording and write the file with `meta` (model, settings) plus machine facts.
     pub fn finish(self, meta: Value) -> Result<()> {
         let rec = recorder::stop();

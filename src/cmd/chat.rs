@@ -1,0 +1,77 @@
+//! `moescope chat` (and `moescope` alone): the workbench, or the line REPL with `--plain` or
+//! when stdin or stdout is not a terminal.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use moescope::engine::Engine;
+use moescope::trace::recorder;
+use moescope::tui::{self, theme::Theme, worker::ChatSettings};
+use serde_json::json;
+
+use super::run::RunConfig;
+use super::{experts_report, trace_out};
+use crate::cli::ChatArgs;
+
+/// Where `t` writes traces, under the current directory.
+pub const TRACE_DIR: &str = "traces";
+
+pub fn run(a: &ChatArgs) -> Result<()> {
+    let r = &a.run;
+    if r.prompt.is_some() || r.prompt_ids.is_some() || r.json || r.logits_out.is_some() {
+        bail!("chat is interactive: --prompt, --prompt-ids, --json and --logits-out belong to `moescope run`");
+    }
+    let dumb = std::env::var("TERM").is_ok_and(|t| t == "dumb");
+    if a.plain || dumb || !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
+        return super::run::run(r);
+    }
+    let cfg = RunConfig::from_args(r)?;
+    // always recording, so `t` can export the session so far
+    recorder::start(r.trace.trace_max_events);
+    recorder::set_thread_name("ui");
+    let (model, opts, routing_out) = (cfg.model.clone(), cfg.engine, r.experts.routing_out.clone());
+    let label = model.file_name().map_or_else(|| model.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let load: tui::worker::Loader = Box::new(move || {
+        let mut engine = Engine::load(&model, opts).map_err(|e| format!("{}: {e}", model.display()))?;
+        if let Some(p) = &routing_out {
+            experts_report::start_routing_log(&mut engine, p).map_err(|e| format!("{e:#}"))?;
+        }
+        Ok(engine)
+    });
+    let settings = ChatSettings {
+        sampler: cfg.sampler,
+        max_tokens: cfg.max_tokens,
+        ignore_eos: cfg.ignore_eos,
+        system: cfg.system.clone(),
+        enable_thinking: cfg.enable_thinking,
+    };
+    let meta = json!({
+        "command": "chat",
+        "package": cfg.model.display().to_string(),
+        "threads": cfg.engine.threads,
+        "settings": {
+            "n_predict": r.n_predict, "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
+            "min_p": r.min_p, "repeat_penalty": r.repeat_penalty, "seed": cfg.sampler.seed,
+            "cache_mb": r.cache_mb, "prefetch": r.prefetch, "policy": r.experts.policy,
+        },
+    });
+    let options = tui::Options {
+        theme: Theme::detect(),
+        trace_dir: PathBuf::from(TRACE_DIR),
+        trace_meta: meta.clone(),
+        model_label: label,
+        mouse: a.mouse,
+    };
+    let engine = tui::run(load, settings, options)?;
+    if let Some(mut e) = engine {
+        experts_report::finish_routing_log(&mut e)?;
+    }
+    match &r.trace.trace {
+        Some(p) => trace_out::TraceOut::to(p.clone()).finish(meta)?,
+        None => {
+            recorder::stop();
+        }
+    }
+    Ok(())
+}

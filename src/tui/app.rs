@@ -1,0 +1,624 @@
+//! The workbench's state: the conversation, the input, per-pane view state and the snapshots the
+//! engine sends; `on_event` is the only way it changes. Drawing reads it and never writes.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
+use ratatui::text::Line;
+
+use super::event::{DoneInfo, EngineEvent, Event, Knobs, ModelInfo, Step};
+use super::input::Input;
+use super::keys::Action;
+use super::worker::Cmd;
+use crate::experts::policy::PolicyKind;
+use crate::experts::stats::LayerStats;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pane {
+    Chat,
+    Routing,
+    Cache,
+    Io,
+}
+
+pub const PANES: [Pane; 4] = [Pane::Chat, Pane::Routing, Pane::Cache, Pane::Io];
+
+impl Pane {
+    pub fn title(self) -> &'static str {
+        match self {
+            Pane::Chat => "Chat",
+            Pane::Routing => "Routing",
+            Pane::Cache => "Cache",
+            Pane::Io => "SSD I/O",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Input,
+    Commands,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Phase {
+    Loading,
+    /// The model did not load: only quitting makes sense.
+    Failed,
+    Idle,
+    Prefill { done: usize, total: usize },
+    Decoding { tokens: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Assistant,
+    Info,
+    Error,
+}
+
+/// One message, with its wrapped lines cached for the width they were wrapped at.
+#[derive(Debug)]
+pub struct Msg {
+    pub role: Role,
+    pub text: String,
+    pub wrapped: RefCell<Option<(u16, bool, Vec<Line<'static>>)>>,
+}
+
+impl Msg {
+    pub fn new(role: Role, text: impl Into<String>) -> Msg {
+        Msg { role, text: text.into(), wrapped: RefCell::new(None) }
+    }
+}
+
+/// What the UI asks the loop to do after an event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Send(Cmd),
+    Cancel,
+    ExportTrace,
+    Save(PathBuf),
+    Quit,
+}
+
+/// Decayed routing counts: `share[l * E + e]` ~ the fraction of recent tokens whose layer l
+/// picked expert e.
+#[derive(Debug, Clone, Default)]
+pub struct Heat {
+    pub n_layers: usize,
+    pub num_experts: usize,
+    pub share: Vec<f32>,
+    pub last: Vec<Vec<usize>>,
+}
+
+pub const HEAT_DECAY: f32 = 0.9;
+
+impl Heat {
+    fn fold(&mut self, counts: &[Vec<u32>], last: &[Vec<usize>]) {
+        let (l, e) = (counts.len(), counts.first().map_or(0, |c| c.len()));
+        if self.n_layers != l || self.num_experts != e {
+            *self = Heat { n_layers: l, num_experts: e, share: vec![0.0; l * e], last: vec![Vec::new(); l] };
+        }
+        // a pass of many tokens (a prompt chunk) counts as one step of its average
+        let tokens = counts.first().map_or(0, |c| c.iter().sum::<u32>()) as f32 / last.first().map_or(1, |x| x.len().max(1)) as f32;
+        let tokens = tokens.max(1.0);
+        for (li, c) in counts.iter().enumerate() {
+            for (x, &n) in c.iter().enumerate() {
+                let s = &mut self.share[li * e + x];
+                *s = HEAT_DECAY * *s + (1.0 - HEAT_DECAY) * (n as f32 / tokens);
+            }
+        }
+        self.last = last.to_vec();
+    }
+}
+
+/// The I/O history the sparkline draws: MB/s per sample.
+#[derive(Debug, Clone, Default)]
+pub struct IoHistory {
+    pub mbps: VecDeque<u64>,
+    pub reads_per_s: f64,
+    pub max_mbps: u64,
+    last: Option<(Instant, u64, u64)>,
+}
+
+pub const IO_SAMPLES: usize = 120;
+
+pub struct App {
+    pub info: Option<ModelInfo>,
+    pub knobs: Option<Knobs>,
+    pub messages: Vec<Msg>,
+    /// Lines scrolled up from the bottom of the conversation (0: follow the reply).
+    pub scroll: usize,
+    pub fold_thinking: bool,
+    pub input: Input,
+    pub mode: Mode,
+    pub focus: Pane,
+    pub expanded: bool,
+    pub frozen: bool,
+    pub help: bool,
+    pub phase: Phase,
+    pub heat: Heat,
+    pub step: Option<Step>,
+    pub io: IoHistory,
+    /// Per-token counter deltas of the last 32 steps, with each step's time.
+    pub recent: VecDeque<(LayerStats, f64)>,
+    pub last_done: Option<DoneInfo>,
+    pub status_note: Option<(String, Instant)>,
+    pub rss: u64,
+    rss_at: Option<Instant>,
+    quit_armed: bool,
+    prev_totals: Option<LayerStats>,
+    pub quit: bool,
+    /// What is loading (shown until the model is ready).
+    pub model_label: String,
+    /// The most the conversation can scroll up, as the last draw found it.
+    pub scroll_max: std::cell::Cell<usize>,
+}
+
+impl Default for App {
+    fn default() -> Self {
+        App::new()
+    }
+}
+
+impl App {
+    pub fn new() -> App {
+        App {
+            info: None,
+            knobs: None,
+            messages: Vec::new(),
+            scroll: 0,
+            fold_thinking: false,
+            input: Input::default(),
+            mode: Mode::Input,
+            focus: Pane::Chat,
+            expanded: false,
+            frozen: false,
+            help: false,
+            phase: Phase::Loading,
+            heat: Heat::default(),
+            step: None,
+            io: IoHistory::default(),
+            recent: VecDeque::new(),
+            last_done: None,
+            status_note: None,
+            rss: 0,
+            rss_at: None,
+            quit_armed: false,
+            prev_totals: None,
+            quit: false,
+            model_label: String::new(),
+            scroll_max: std::cell::Cell::new(usize::MAX),
+        }
+    }
+
+    pub fn busy(&self) -> bool {
+        matches!(self.phase, Phase::Prefill { .. } | Phase::Decoding { .. })
+    }
+
+    fn note(&mut self, s: impl Into<String>) {
+        self.status_note = Some((s.into(), Instant::now()));
+    }
+
+    fn push(&mut self, role: Role, text: impl Into<String>) {
+        self.messages.push(Msg::new(role, text));
+    }
+
+    /// A line for the user from the loop (exports, saves): in the conversation and the status.
+    pub fn report(&mut self, role: Role, text: impl Into<String>) {
+        let t = text.into();
+        self.note(t.clone());
+        self.push(role, t);
+    }
+
+    /// The one entry point: apply `ev`, return what the loop must do.
+    pub fn on_event(&mut self, ev: Event) -> Vec<Outcome> {
+        match ev {
+            Event::Key(k) => self.on_key(k),
+            Event::Paste(s) => {
+                self.mode = Mode::Input;
+                self.input.insert(&s);
+                vec![]
+            }
+            Event::Resize(..) => vec![],
+            Event::Tick => {
+                if self.rss_at.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
+                    self.rss = crate::sysinfo::current_rss_bytes();
+                    self.rss_at = Some(Instant::now());
+                }
+                if self.status_note.as_ref().is_some_and(|(_, t)| t.elapsed() > Duration::from_secs(8)) {
+                    self.status_note = None;
+                }
+                vec![]
+            }
+            Event::Engine(e) => {
+                self.on_engine(e);
+                vec![]
+            }
+        }
+    }
+
+    fn on_engine(&mut self, e: EngineEvent) {
+        match e {
+            EngineEvent::Ready(info) => {
+                self.knobs = Some(info.knobs.clone());
+                for w in &info.warnings {
+                    self.push(Role::Info, format!("warning: {w}"));
+                }
+                self.info = Some(*info);
+                self.phase = Phase::Idle;
+            }
+            EngineEvent::LoadFailed(msg) => {
+                self.push(Role::Error, format!("cannot load the model: {msg}"));
+                self.phase = Phase::Failed;
+            }
+            EngineEvent::Prefill { done, total } => self.phase = Phase::Prefill { done, total },
+            EngineEvent::Token { piece, .. } => {
+                if let Phase::Decoding { tokens } = &mut self.phase {
+                    *tokens += 1;
+                } else {
+                    self.phase = Phase::Decoding { tokens: 1 };
+                }
+                if let Some(p) = piece {
+                    match self.messages.last_mut() {
+                        Some(m) if m.role == Role::Assistant => {
+                            m.text.push_str(&p);
+                            m.wrapped.replace(None);
+                        }
+                        _ => self.push(Role::Assistant, p),
+                    }
+                }
+            }
+            EngineEvent::Step(s) => self.on_step(*s),
+            EngineEvent::Done(d) => {
+                let e = &d.experts;
+                let mut line = format!(
+                    "{} tokens · TTFT {:.0} ms · prefill {:.1} t/s{} · decode {:.1} t/s · stop: {}",
+                    d.generated,
+                    d.ttft_ms,
+                    d.prefill_tps,
+                    if d.cached_tokens > 0 { format!(" ({} cached)", d.cached_tokens) } else { String::new() },
+                    d.decode_tps,
+                    d.stop
+                );
+                if e.hits + e.misses > 0 {
+                    line.push_str(&format!(" · hits {:.1}% · SSD {:.1} MB", e.hit_pct(), e.bytes_read() as f64 / 1e6));
+                }
+                self.push(Role::Info, line);
+                self.last_done = Some(*d);
+                self.phase = Phase::Idle;
+            }
+            EngineEvent::Error(msg) => {
+                self.push(Role::Error, msg);
+                if self.busy() {
+                    self.phase = Phase::Idle;
+                }
+            }
+            EngineEvent::Notice(msg) => self.note(msg),
+            EngineEvent::Knobs(k) => {
+                self.note(format!(
+                    "prefetch {} · pool {:.0} MiB · {}",
+                    if k.prefetch { "on" } else { "off" },
+                    k.budget_bytes as f64 / (1u64 << 20) as f64,
+                    k.policy
+                ));
+                self.knobs = Some(k);
+            }
+        }
+    }
+
+    fn on_step(&mut self, s: Step) {
+        // per-token deltas for the recent window (kept while frozen, so unfreezing is current)
+        let d = self.prev_totals.map_or(s.totals, |p| s.totals.sub(&p));
+        self.prev_totals = Some(s.totals);
+        if s.step_ms > 0.0 {
+            self.recent.push_back((d, s.step_ms));
+            if self.recent.len() > 32 {
+                self.recent.pop_front();
+            }
+        }
+        let now = Instant::now();
+        let bytes = s.totals.bytes_read();
+        match self.io.last {
+            Some((t, b, r)) if now.duration_since(t) >= Duration::from_millis(250) => {
+                let dt = now.duration_since(t).as_secs_f64();
+                let mbps = ((bytes.saturating_sub(b)) as f64 / 1e6 / dt) as u64;
+                self.io.reads_per_s = s.reads.saturating_sub(r) as f64 / dt;
+                self.io.max_mbps = self.io.max_mbps.max(mbps);
+                self.io.mbps.push_back(mbps);
+                if self.io.mbps.len() > IO_SAMPLES {
+                    self.io.mbps.pop_front();
+                }
+                self.io.last = Some((now, bytes, s.reads));
+            }
+            None => self.io.last = Some((now, bytes, s.reads)),
+            _ => {}
+        }
+        if self.frozen {
+            return;
+        }
+        self.heat.fold(&s.counts, &s.last);
+        self.step = Some(s);
+    }
+
+    /// Hit rate of the last steps, stall ms per token, reloads and prefetch use.
+    pub fn recent_summary(&self) -> (f64, f64, u64, u64, u64) {
+        let mut t = LayerStats::default();
+        let mut ms = 0.0;
+        for (d, m) in &self.recent {
+            t.add(d);
+            ms += m;
+        }
+        let n = self.recent.len().max(1) as f64;
+        let _ = ms;
+        (t.hit_pct(), t.stall_ns as f64 / 1e6 / n, t.reloads_soon, t.prefetch_useful_bytes, t.prefetch_wasted_bytes)
+    }
+
+    /// Problems in words, for the status line.
+    pub fn warnings(&self) -> Vec<&'static str> {
+        let mut w = Vec::new();
+        if self.recent.len() >= 4 {
+            let (hit, stall_ms, reloads, useful, wasted) = self.recent_summary();
+            let step_ms: f64 = self.recent.iter().map(|(_, m)| m).sum::<f64>() / self.recent.len() as f64;
+            if stall_ms > 0.3 * step_ms {
+                w.push("SSD-bound");
+            }
+            if reloads as f64 / self.recent.len() as f64 > 1.0 || (hit < 50.0 && self.recent.iter().any(|(d, _)| d.evictions > 0)) {
+                w.push("cache thrashing");
+            }
+            if wasted > useful && wasted > 0 {
+                w.push("prefetch wasted");
+            }
+        }
+        if let Some(i) = &self.info {
+            if self.rss > 0 && self.rss as f64 > 1.1 * i.expected_memory as f64 {
+                w.push("memory over budget");
+            }
+        }
+        w
+    }
+
+    fn on_key(&mut self, k: KeyEvent) -> Vec<Outcome> {
+        if k.kind == KeyEventKind::Release {
+            return vec![];
+        }
+        let ctrl = k.modifiers.contains(KeyModifiers::CONTROL);
+        let alt = k.modifiers.contains(KeyModifiers::ALT);
+        let shift = k.modifiers.contains(KeyModifiers::SHIFT);
+        if self.help {
+            self.help = false;
+            return vec![];
+        }
+        // anywhere
+        if ctrl && k.code == KeyCode::Char('c') {
+            if self.busy() {
+                self.note("stopping the reply");
+                return vec![Outcome::Cancel];
+            }
+            if !self.input.text.is_empty() {
+                self.input.clear();
+                return vec![];
+            }
+            if self.quit_armed {
+                self.quit = true;
+                return vec![Outcome::Quit];
+            }
+            self.quit_armed = true;
+            self.note("Ctrl+C again to quit");
+            return vec![];
+        }
+        self.quit_armed = false;
+        match k.code {
+            KeyCode::PageUp => {
+                self.scroll = (self.scroll + 10).min(self.scroll_max.get());
+                return vec![];
+            }
+            KeyCode::PageDown => {
+                self.scroll = self.scroll.saturating_sub(10);
+                return vec![];
+            }
+            KeyCode::Esc => {
+                self.mode = Mode::Commands;
+                if self.busy() {
+                    self.note("stopping the reply");
+                    return vec![Outcome::Cancel];
+                }
+                return vec![];
+            }
+            _ => {}
+        }
+        match self.mode {
+            Mode::Input => self.on_input_key(k, ctrl, alt, shift),
+            Mode::Commands => self.on_command_key(k),
+        }
+    }
+
+    fn on_input_key(&mut self, k: KeyEvent, ctrl: bool, alt: bool, shift: bool) -> Vec<Outcome> {
+        match k.code {
+            KeyCode::Enter if alt || shift => self.input.insert("\n"),
+            KeyCode::Char('j') if ctrl => self.input.insert("\n"),
+            KeyCode::Char('u') if ctrl => self.input.clear(),
+            KeyCode::Enter => return self.submit(),
+            KeyCode::Char(c) if !ctrl && !alt => self.input.insert(c.encode_utf8(&mut [0; 4])),
+            KeyCode::Backspace => self.input.backspace(),
+            KeyCode::Delete => self.input.delete(),
+            KeyCode::Left => self.input.left(),
+            KeyCode::Right => self.input.right(),
+            KeyCode::Home => self.input.home(),
+            KeyCode::End => self.input.end(),
+            KeyCode::Up if !self.input.is_multiline() => self.input.prev(),
+            KeyCode::Down if !self.input.is_multiline() => self.input.next(),
+            KeyCode::Tab => {
+                self.mode = Mode::Commands;
+                self.cycle_focus();
+            }
+            _ => {}
+        }
+        vec![]
+    }
+
+    fn cycle_focus(&mut self) {
+        let i = PANES.iter().position(|p| *p == self.focus).unwrap_or(0);
+        self.focus = PANES[(i + 1) % PANES.len()];
+    }
+
+    /// Which action a key is in command mode (the key map's table says the same in words).
+    pub fn command_action(k: &KeyEvent) -> Option<Action> {
+        Some(match k.code {
+            KeyCode::Char('i') | KeyCode::Enter => Action::EnterInput,
+            KeyCode::Char('p') => Action::TogglePrefetch,
+            KeyCode::Char('[') => Action::BudgetDown,
+            KeyCode::Char(']') => Action::BudgetUp,
+            KeyCode::Char('P') => Action::CyclePolicy,
+            KeyCode::Char('f') => Action::Freeze,
+            KeyCode::Char('e') => Action::Expand,
+            KeyCode::Tab => Action::CycleFocus,
+            KeyCode::Char('t') => Action::ExportTrace,
+            KeyCode::Char('z') => Action::FoldThinking,
+            KeyCode::Char('?') => Action::Help,
+            KeyCode::Char('q') => Action::Quit,
+            _ => return None,
+        })
+    }
+
+    fn on_command_key(&mut self, k: KeyEvent) -> Vec<Outcome> {
+        let Some(a) = App::command_action(&k) else {
+            return vec![];
+        };
+        match a {
+            Action::EnterInput => self.mode = Mode::Input,
+            Action::TogglePrefetch => {
+                if let Some(kn) = &self.knobs {
+                    if !kn.streaming {
+                        self.note("experts are not streamed (--no-stream): no prefetch");
+                        return vec![];
+                    }
+                    return vec![Outcome::Send(Cmd::SetPrefetch(!kn.prefetch))];
+                }
+            }
+            Action::BudgetDown | Action::BudgetUp => {
+                if let (Some(kn), Some(i)) = (&self.knobs, &self.info) {
+                    if kn.streaming {
+                        let step = (i.experts_bytes / 10).max(i.blob_bytes);
+                        let b = if a == Action::BudgetUp {
+                            (kn.budget_bytes + step).min(i.experts_bytes)
+                        } else {
+                            kn.budget_bytes.saturating_sub(step).max(i.blob_bytes * i.top_k as u64)
+                        };
+                        return vec![Outcome::Send(Cmd::SetBudget(b))];
+                    }
+                }
+            }
+            Action::CyclePolicy => {
+                if let Some(kn) = &self.knobs {
+                    let next = match kn.policy.as_str() {
+                        "foresight" => PolicyKind::LeastStale,
+                        "least-stale" => PolicyKind::Lru,
+                        _ => PolicyKind::Foresight,
+                    };
+                    return vec![Outcome::Send(Cmd::SetPolicy(next))];
+                }
+            }
+            Action::Freeze => {
+                self.frozen = !self.frozen;
+                self.note(if self.frozen { "panes frozen (f to resume)" } else { "panes live" });
+            }
+            Action::Expand => self.expanded = !self.expanded,
+            Action::CycleFocus => self.cycle_focus(),
+            Action::ExportTrace => return vec![Outcome::ExportTrace],
+            Action::FoldThinking => {
+                self.fold_thinking = !self.fold_thinking;
+                for m in &self.messages {
+                    m.wrapped.replace(None);
+                }
+            }
+            Action::Help => self.help = true,
+            Action::Quit => {
+                self.quit = true;
+                return vec![Outcome::Quit];
+            }
+            _ => {}
+        }
+        vec![]
+    }
+
+    /// Enter in the input: a slash command or a message.
+    fn submit(&mut self) -> Vec<Outcome> {
+        let text = self.input.take();
+        let t = text.trim();
+        if t.is_empty() {
+            return vec![];
+        }
+        if let Some(cmd) = t.strip_prefix('/') {
+            let mut parts = cmd.split_whitespace();
+            let name = parts.next().unwrap_or("");
+            let rest: Vec<&str> = parts.collect();
+            return match (name, rest.as_slice()) {
+                ("reset", []) => {
+                    self.messages.clear();
+                    self.scroll = 0;
+                    vec![Outcome::Send(Cmd::Reset)]
+                }
+                ("regen", []) if !self.busy() => {
+                    if matches!(self.messages.iter().rev().find(|m| m.role != Role::Info), Some(m) if m.role == Role::Assistant) {
+                        while let Some(m) = self.messages.last() {
+                            if m.role == Role::User {
+                                break;
+                            }
+                            self.messages.pop();
+                        }
+                    }
+                    vec![Outcome::Send(Cmd::Regen)]
+                }
+                ("save", [f]) => vec![Outcome::Save(PathBuf::from(f))],
+                ("set", [k, v]) => vec![Outcome::Send(Cmd::Set(k.to_string(), v.to_string()))],
+                ("quit" | "exit", []) => {
+                    self.quit = true;
+                    vec![Outcome::Quit]
+                }
+                ("help", []) => {
+                    self.help = true;
+                    vec![]
+                }
+                _ => {
+                    self.push(Role::Error, format!("unknown command /{cmd} (try /help)"));
+                    vec![]
+                }
+            };
+        }
+        if self.busy() {
+            self.note("a reply is running: Esc stops it");
+            self.input.text = text;
+            self.input.end();
+            return vec![];
+        }
+        if matches!(self.phase, Phase::Loading | Phase::Failed) {
+            self.note(if self.phase == Phase::Loading { "the model is still loading" } else { "the model did not load: q quits" });
+            self.input.text = text;
+            self.input.end();
+            return vec![];
+        }
+        self.push(Role::User, text.clone());
+        self.scroll = 0;
+        self.phase = Phase::Prefill { done: 0, total: 0 };
+        vec![Outcome::Send(Cmd::Chat(text))]
+    }
+
+    /// The conversation as Markdown (`/save`).
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        for m in &self.messages {
+            let who = match m.role {
+                Role::User => "## User",
+                Role::Assistant => "## Assistant",
+                Role::Info | Role::Error => continue,
+            };
+            s.push_str(&format!("{who}\n\n{}\n\n", m.text.trim_end()));
+        }
+        s
+    }
+}

@@ -1,0 +1,130 @@
+//! The workbench: a terminal app that chats with the model while panes show routing, the
+//! expert pool and SSD I/O, live.
+//!
+//! Threads: the engine runs on the worker (`worker.rs`) and reports `EngineEvent`s; an input
+//! thread turns terminal input into `Event`s; the UI thread owns `App` (state) and only
+//! renders. Everything reaches the UI thread through one channel of `Event`s; a burst of events
+//! is applied before one redraw, and redraws are at most `FRAME` apart, whatever the token rate.
+
+pub mod app;
+pub mod event;
+pub mod export;
+pub mod input;
+pub mod keys;
+pub mod panes;
+pub mod term;
+pub mod theme;
+pub mod ui;
+pub mod worker;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{RecvTimeoutError, Sender};
+
+use crate::engine::Engine;
+use app::{App, Outcome, Role};
+use event::Event;
+use theme::Theme;
+use worker::{ChatSettings, Loader, Worker};
+
+/// At most ~30 redraws a second.
+pub const FRAME: Duration = Duration::from_millis(33);
+/// Clock ticks (RSS, expiring notes) this often when nothing else happens.
+pub const TICK: Duration = Duration::from_millis(250);
+
+pub struct Options {
+    pub theme: Theme,
+    /// Where `t` writes traces (`./traces`).
+    pub trace_dir: PathBuf,
+    /// Model and settings for the trace's metadata.
+    pub trace_meta: serde_json::Value,
+    /// What is being loaded, for the title while it loads.
+    pub model_label: String,
+    pub mouse: bool,
+}
+
+/// Run the workbench until the user quits. Returns the engine (None if it never loaded).
+pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Result<Option<Engine>> {
+    let (tx, rx) = crossbeam_channel::unbounded::<Event>();
+    let mut guard = term::enter(opts.mouse)?;
+    spawn_input(tx.clone());
+    let worker = Worker::start(load, settings, tx);
+    let mut app = App::new();
+    app.model_label = opts.model_label.clone();
+    let mut last_draw: Option<Instant> = None;
+    let mut last_tick = Instant::now();
+    let mut dirty = true;
+    loop {
+        if dirty && last_draw.is_none_or(|t| t.elapsed() >= FRAME) {
+            guard.term.draw(|f| ui::draw(f, &app, &opts.theme))?;
+            last_draw = Some(Instant::now());
+            dirty = false;
+        }
+        let wait = match (dirty, last_draw) {
+            (true, Some(t)) => FRAME.saturating_sub(t.elapsed()),
+            _ => TICK.saturating_sub(last_tick.elapsed()),
+        };
+        let first = match rx.recv_timeout(wait) {
+            Ok(ev) => Some(ev),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        let mut outcomes = Vec::new();
+        for ev in first.into_iter().chain(rx.try_iter()) {
+            outcomes.extend(app.on_event(ev));
+            dirty = true;
+        }
+        if last_tick.elapsed() >= TICK {
+            last_tick = Instant::now();
+            outcomes.extend(app.on_event(Event::Tick));
+            dirty = true;
+        }
+        for o in outcomes {
+            match o {
+                Outcome::Send(c) => {
+                    let _ = worker.tx.send(c);
+                }
+                Outcome::Cancel => worker.cancel.store(true, Ordering::SeqCst),
+                Outcome::ExportTrace => match export::trace(&opts.trace_dir, opts.trace_meta.clone()) {
+                    Ok(msg) => app.report(Role::Info, msg),
+                    Err(e) => app.report(Role::Error, format!("trace export failed: {e}")),
+                },
+                Outcome::Save(p) => match std::fs::write(&p, app.markdown()) {
+                    Ok(()) => app.report(Role::Info, format!("conversation saved to {}", p.display())),
+                    Err(e) => app.report(Role::Error, format!("/save {}: {e}", p.display())),
+                },
+                Outcome::Quit => app.quit = true,
+            }
+        }
+        if app.quit {
+            break;
+        }
+    }
+    drop(guard);
+    if app.phase == app::Phase::Loading {
+        // do not wait for a load to finish just to quit
+        return Ok(None);
+    }
+    Ok(worker.stop())
+}
+
+/// Terminal input to events, on a thread of its own (reading blocks).
+fn spawn_input(tx: Sender<Event>) {
+    let _ = std::thread::Builder::new().name("moescope-input".into()).spawn(move || {
+        use crossterm::event::Event as CE;
+        loop {
+            let ev = match crossterm::event::read() {
+                Ok(CE::Key(k)) => Event::Key(k),
+                Ok(CE::Paste(s)) => Event::Paste(s),
+                Ok(CE::Resize(w, h)) => Event::Resize(w, h),
+                Ok(_) => continue,
+                Err(_) => break,
+            };
+            if tx.send(ev).is_err() {
+                break;
+            }
+        }
+    });
+}

@@ -1,0 +1,387 @@
+//! The engine worker: owns the engine on a thread of its own, takes commands from the UI and
+//! reports tokens, routing and pool state as events. The UI never touches the engine.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use super::event::{DoneInfo, EngineEvent, Event, Knobs, ModelInfo, Step};
+use crate::engine::chat_template::Message;
+use crate::engine::sampler::{Sampler, SamplerParams};
+use crate::engine::session::ChatSession;
+use crate::engine::tokenizer::StreamDecoder;
+use crate::engine::{Engine, GenRequest};
+use crate::experts::policy::PolicyKind;
+use crate::experts::stats::LayerStats;
+use crate::model::Observer;
+
+/// Loads the engine on the worker thread; the error is one line for the user.
+pub type Loader = Box<dyn FnOnce() -> Result<Engine, String> + Send>;
+
+/// What the UI asks of the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cmd {
+    Chat(String),
+    /// Generate the last reply again.
+    Regen,
+    Reset,
+    SetPrefetch(bool),
+    SetBudget(u64),
+    SetPolicy(PolicyKind),
+    /// `/set NAME VALUE` (temperature, top_p, top_k, min_p, repeat_penalty, max_tokens, seed,
+    /// think).
+    Set(String, String),
+    Quit,
+}
+
+/// Settings of a chat that are not the engine's.
+#[derive(Debug, Clone)]
+pub struct ChatSettings {
+    pub sampler: SamplerParams,
+    pub max_tokens: usize,
+    pub ignore_eos: bool,
+    pub system: Option<String>,
+    pub enable_thinking: Option<bool>,
+}
+
+/// Collects routing per pass for the heatmap (the engine's tap), and reports prompt progress.
+struct Tap {
+    shared: Arc<Mutex<TapData>>,
+    ui: Sender<Event>,
+    moe_layers: Vec<usize>,
+}
+
+#[derive(Default)]
+struct TapData {
+    counts: Vec<Vec<u32>>,
+    last: Vec<Vec<usize>>,
+    prefill_total: usize,
+    prefill_base: usize,
+    last_report: Option<Instant>,
+}
+
+impl Observer for Tap {
+    fn routing(&mut self, layer: usize, pos: usize, experts: &[usize], _w: &[f32], _p: &[f32]) {
+        let Some(li) = self.moe_layers.iter().position(|&l| l == layer) else { return };
+        let mut d = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        for &e in experts {
+            if let Some(c) = d.counts.get_mut(li).and_then(|c| c.get_mut(e)) {
+                *c += 1;
+            }
+        }
+        if let Some(l) = d.last.get_mut(li) {
+            l.clear();
+            l.extend_from_slice(experts);
+        }
+        // prompt progress, from the first MoE layer, a few times a second
+        if li == 0 && d.prefill_total > 0 {
+            let due = d.last_report.is_none_or(|t| t.elapsed() > Duration::from_millis(100));
+            if due {
+                d.last_report = Some(Instant::now());
+                let done = (pos + 1).saturating_sub(d.prefill_base).min(d.prefill_total);
+                let _ = self.ui.send(Event::Engine(EngineEvent::Prefill { done, total: d.prefill_total }));
+            }
+        }
+    }
+}
+
+pub struct Worker {
+    pub tx: Sender<Cmd>,
+    pub cancel: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Option<Engine>>>,
+}
+
+impl Worker {
+    /// Start the worker: it loads the engine with `load` (so the workbench draws at once, while
+    /// a big model maps), then serves commands; events go to `ui`.
+    pub fn start(load: Loader, settings: ChatSettings, ui: Sender<Event>) -> Worker {
+        let (tx, rx) = crossbeam_channel::unbounded::<Cmd>();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let c = cancel.clone();
+        let handle = std::thread::Builder::new()
+            .name("moescope-engine".into())
+            .spawn(move || {
+                crate::trace::recorder::set_thread_name("engine");
+                match load() {
+                    Ok(mut engine) => {
+                        run(&mut engine, settings, rx, ui, &c);
+                        Some(engine)
+                    }
+                    Err(e) => {
+                        let _ = ui.send(Event::Engine(EngineEvent::LoadFailed(e)));
+                        None
+                    }
+                }
+            })
+            .unwrap_or_else(|e| panic!("cannot start the engine thread: {e}"));
+        Worker { tx, cancel, handle: Some(handle) }
+    }
+
+    /// Stop the worker and get the engine back (for writing its routing log, say).
+    pub fn stop(mut self) -> Option<Engine> {
+        self.cancel.store(true, Ordering::SeqCst);
+        let _ = self.tx.send(Cmd::Quit);
+        self.handle.take().and_then(|h| h.join().ok()).flatten()
+    }
+}
+
+fn knobs(engine: &Engine) -> Knobs {
+    match &engine.experts {
+        Some(ex) => Knobs {
+            streaming: true,
+            prefetch: ex.cache.prefetch_on(),
+            budget_bytes: ex.cache.budget_bytes(),
+            policy: ex.cache.policy().name().into(),
+        },
+        None => Knobs { streaming: false, prefetch: false, budget_bytes: 0, policy: "-".into() },
+    }
+}
+
+pub fn model_info(engine: &Engine) -> ModelInfo {
+    let pkg = engine.package();
+    let m = &pkg.meta;
+    ModelInfo {
+        name: m.name.clone(),
+        quant: m.quant.mode.clone(),
+        moe_layers: m.model.moe_layers().len(),
+        num_experts: m.model.num_experts,
+        top_k: m.model.num_experts_per_tok,
+        blob_bytes: pkg.sizes().2,
+        experts_bytes: pkg.sizes().1,
+        expected_memory: engine.memory_plan().total,
+        threads: engine.exec.threads(),
+        ctx: engine.kv.capacity(),
+        isa: engine.exec.isa.name().into(),
+        io: engine.experts.as_ref().map_or("mapped".into(), |e| e.io.name().into()),
+        has_template: engine.template.is_some(),
+        warnings: engine.warnings.clone(),
+        knobs: knobs(engine),
+    }
+}
+
+fn run(engine: &mut Engine, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: Sender<Event>, cancel: &AtomicBool) {
+    let send = |e: EngineEvent| {
+        let _ = ui.send(Event::Engine(e));
+    };
+    let moe_layers = engine.model.cfg.moe_layers();
+    let e_n = engine.model.cfg.num_experts;
+    let data = Arc::new(Mutex::new(TapData {
+        counts: vec![vec![0; e_n]; moe_layers.len()],
+        last: vec![Vec::new(); moe_layers.len()],
+        ..Default::default()
+    }));
+    engine.tap = Some(Box::new(Tap { shared: data.clone(), ui: ui.clone(), moe_layers: moe_layers.clone() }));
+    send(EngineEvent::Ready(Box::new(model_info(engine))));
+    // the pool as loading left it, before any message
+    send(EngineEvent::Step(Box::new(step(&data, engine.experts.as_deref(), 0, 0.0))));
+    let mut session = ChatSession::new(settings.system.clone(), settings.enable_thinking);
+    let mut sampler = Sampler::new(settings.sampler);
+    let mut last_user: Option<String> = None;
+    while let Ok(cmd) = rx.recv() {
+        match cmd {
+            Cmd::Quit => break,
+            Cmd::Reset => {
+                session.reset();
+                engine.reset();
+                last_user = None;
+                send(EngineEvent::Notice("conversation cleared".into()));
+            }
+            Cmd::SetPrefetch(on) => {
+                if let Some(ex) = &engine.experts {
+                    ex.cache.set_prefetch(on);
+                }
+                send(EngineEvent::Knobs(knobs(engine)));
+            }
+            Cmd::SetBudget(b) => {
+                if let Some(ex) = &engine.experts {
+                    ex.cache.set_budget(b);
+                }
+                send(EngineEvent::Knobs(knobs(engine)));
+            }
+            Cmd::SetPolicy(p) => {
+                if let Some(ex) = &engine.experts {
+                    ex.cache.set_policy(p);
+                }
+                send(EngineEvent::Knobs(knobs(engine)));
+            }
+            Cmd::Set(k, v) => match apply_setting(&mut settings, &k, &v) {
+                Ok(msg) => {
+                    sampler = Sampler::new(settings.sampler);
+                    session.enable_thinking = settings.enable_thinking;
+                    send(EngineEvent::Notice(msg));
+                }
+                Err(e) => send(EngineEvent::Error(e)),
+            },
+            Cmd::Regen => match last_user.clone() {
+                Some(u) => {
+                    session.messages.truncate(session.messages.len().saturating_sub(2));
+                    reply(engine, &mut session, &mut sampler, &settings, &u, &data, &send, cancel);
+                }
+                None => send(EngineEvent::Error("nothing to regenerate yet".into())),
+            },
+            Cmd::Chat(text) => {
+                last_user = Some(text.clone());
+                reply(engine, &mut session, &mut sampler, &settings, &text, &data, &send, cancel);
+            }
+        }
+    }
+}
+
+fn apply_setting(s: &mut ChatSettings, k: &str, v: &str) -> Result<String, String> {
+    let f = || v.parse::<f32>().map_err(|_| format!("/set {k}: '{v}' is not a number"));
+    let u = || v.parse::<usize>().map_err(|_| format!("/set {k}: '{v}' is not a whole number"));
+    match k {
+        "temperature" => s.sampler.temperature = f()?,
+        "top_p" => s.sampler.top_p = f()?,
+        "top_k" => s.sampler.top_k = u()?,
+        "min_p" => s.sampler.min_p = f()?,
+        "repeat_penalty" => s.sampler.repeat_penalty = f()?,
+        "seed" => s.sampler.seed = u()? as u64,
+        "max_tokens" => s.max_tokens = u()?.max(1),
+        "think" => {
+            s.enable_thinking = match v {
+                "on" => None,
+                "off" => Some(false),
+                _ => return Err("/set think: on or off".into()),
+            }
+        }
+        _ => {
+            return Err(format!(
+                "/set: unknown setting '{k}' (temperature, top_p, top_k, min_p, repeat_penalty, seed, max_tokens, think)"
+            ));
+        }
+    }
+    s.sampler.validate()?;
+    Ok(format!("{k} = {v}"))
+}
+
+/// One reply: template, generate with streaming, events per token.
+#[allow(clippy::too_many_arguments)]
+fn reply(
+    engine: &mut Engine,
+    session: &mut ChatSession,
+    sampler: &mut Sampler,
+    settings: &ChatSettings,
+    text: &str,
+    data: &Arc<Mutex<TapData>>,
+    send: &dyn Fn(EngineEvent),
+    cancel: &AtomicBool,
+) {
+    cancel.store(false, Ordering::SeqCst);
+    let Some(tok) = engine.tok.clone() else {
+        send(EngineEvent::Error("this model has no tokenizer: the workbench needs text (use `run --prompt-ids`)".into()));
+        return;
+    };
+    let ids = match engine.template.clone() {
+        Some(t) => session.prompt_with(&tok, &t, text),
+        None => tok.encode(text).map_err(crate::engine::EngineError::Tokenizer),
+    };
+    let ids = match ids {
+        Ok(i) => i,
+        Err(e) => {
+            send(EngineEvent::Error(e.to_string()));
+            return;
+        }
+    };
+    {
+        let mut d = data.lock().unwrap_or_else(|p| p.into_inner());
+        let common = engine.cached_prefix_len(&ids);
+        d.prefill_total = ids.len() - common;
+        d.prefill_base = common;
+        d.last_report = None;
+    }
+    send(EngineEvent::Prefill { done: 0, total: ids.len() });
+    let experts = engine.experts.clone();
+    let before = experts.as_ref().map(|e| e.cache.total_stats()).unwrap_or_default();
+    let eos = engine.eos_ids().to_vec();
+    let mut dec = StreamDecoder::new(&tok, true);
+    let mut generated = Vec::new();
+    let mut last = Instant::now();
+    let mut first = true;
+    let req = GenRequest { max_tokens: settings.max_tokens, stop_at_eos: !settings.ignore_eos, cancel };
+    let res = engine.generate(&ids, sampler, req, &mut |id, _logits| {
+        generated.push(id);
+        let piece = if eos.contains(&id) { None } else { dec.push(id).ok().flatten() };
+        send(EngineEvent::Token { id, piece });
+        let step_ms = if first { 0.0 } else { last.elapsed().as_secs_f64() * 1000.0 };
+        first = false;
+        last = Instant::now();
+        send(EngineEvent::Step(Box::new(step(data, experts.as_deref(), generated.len(), step_ms))));
+        true
+    });
+    if let Ok(Some(p)) = dec.flush() {
+        send(EngineEvent::Token { id: u32::MAX, piece: Some(p) });
+    }
+    data.lock().unwrap_or_else(|p| p.into_inner()).prefill_total = 0;
+    match res {
+        Ok(stats) => {
+            let reply_ids: Vec<u32> = stats.generated.iter().copied().filter(|i| !eos.contains(i)).collect();
+            let reply = tok.decode(&reply_ids, true).unwrap_or_default();
+            session.push(text, &reply);
+            let delta = experts.as_ref().map(|e| e.cache.total_stats().sub(&before)).unwrap_or_default();
+            send(EngineEvent::Done(Box::new(DoneInfo {
+                prompt_tokens: stats.prompt_evaluated,
+                cached_tokens: stats.prompt_cached,
+                generated: stats.generated.len(),
+                ttft_ms: stats.ttft_ms,
+                prefill_tps: stats.prefill_tps(),
+                decode_tps: stats.decode_tps(),
+                stop: stats.stop.name().into(),
+                experts: delta,
+            })));
+        }
+        Err(e) => {
+            // the engine serves the next request: forget the cache state of this one
+            engine.reset();
+            session.messages.push(Message::new("user", text));
+            session.messages.push(Message::new("assistant", ""));
+            send(EngineEvent::Error(e.to_string()));
+        }
+    }
+}
+
+/// Drain the tap's counts and read the pool.
+fn step(data: &Arc<Mutex<TapData>>, experts: Option<&crate::experts::Experts>, token: usize, step_ms: f64) -> Step {
+    let (counts, last) = {
+        let mut d = data.lock().unwrap_or_else(|p| p.into_inner());
+        let counts = d.counts.clone();
+        for c in d.counts.iter_mut() {
+            c.iter_mut().for_each(|x| *x = 0);
+        }
+        (counts, d.last.clone())
+    };
+    match experts {
+        Some(ex) => {
+            let (read_latency, reads) = ex.cache.read_latency();
+            Step {
+                token,
+                counts,
+                last,
+                residency: Some(ex.cache.residency()),
+                totals: ex.cache.total_stats(),
+                per_layer: ex.cache.stats(),
+                predict: ex.predictor.stats(),
+                queue: ex.cache.queue_depth(),
+                read_latency,
+                reads,
+                step_ms,
+            }
+        }
+        None => Step {
+            token,
+            counts,
+            last,
+            residency: None,
+            totals: LayerStats::default(),
+            per_layer: Vec::new(),
+            predict: Default::default(),
+            queue: (0, 0, 0),
+            read_latency: Default::default(),
+            reads: 0,
+            step_ms,
+        },
+    }
+}
