@@ -111,6 +111,46 @@ thread_local! {
 
 /// Whether recording is on.
 #[inline]
+/// Memory the event buffers take now, about: their capacity (a growing buffer holds up to
+/// twice what it has recorded) plus the arguments' own allocations, estimated from each
+/// thread's latest events so the recording threads are held up only briefly.
+pub fn bytes_held() -> u64 {
+    const SAMPLE: usize = 256;
+    let reg = REGISTRY.lock().unwrap_or_else(|p| p.into_inner());
+    let mut total = 0usize;
+    for b in reg.iter() {
+        let b = b.lock().unwrap_or_else(|p| p.into_inner());
+        total += b.events.capacity() * std::mem::size_of::<Event>();
+        let n = b.events.len();
+        let tail = &b.events[n.saturating_sub(SAMPLE)..];
+        if !tail.is_empty() {
+            let heap: usize = tail.iter().map(heap_bytes).sum();
+            total += heap * n / tail.len();
+        }
+    }
+    total as u64
+}
+
+/// Heap bytes an event owns beyond its own size.
+fn heap_bytes(e: &Event) -> usize {
+    let args = |a: &Args| {
+        a.capacity() * std::mem::size_of::<(&'static str, Arg)>()
+            + a.iter()
+                .map(|(_, v)| match v {
+                    Arg::S(s) => s.capacity(),
+                    Arg::Ints(x) => x.capacity() * 8,
+                    Arg::Floats(x) => x.capacity() * 8,
+                    _ => 0,
+                })
+                .sum::<usize>()
+    };
+    match e {
+        Event::Slice { args: a, .. } | Event::Instant { args: a, .. } => args(a),
+        Event::Counter { values, .. } => values.capacity() * std::mem::size_of::<(&'static str, f64)>(),
+        Event::Flow { .. } => 0,
+    }
+}
+
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }

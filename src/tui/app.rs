@@ -149,6 +149,8 @@ pub struct App {
     pub last_done: Option<DoneInfo>,
     pub status_note: Option<(String, Instant)>,
     pub rss: u64,
+    /// What the trace recorder holds (it is on for the whole session, for `t`).
+    pub trace_bytes: u64,
     rss_at: Option<Instant>,
     quit_armed: bool,
     prev_totals: Option<LayerStats>,
@@ -187,6 +189,7 @@ impl App {
             last_done: None,
             status_note: None,
             rss: 0,
+            trace_bytes: 0,
             rss_at: None,
             quit_armed: false,
             prev_totals: None,
@@ -228,6 +231,7 @@ impl App {
             Event::Tick => {
                 if self.rss_at.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
                     self.rss = crate::sysinfo::current_rss_bytes();
+                    self.trace_bytes = crate::trace::recorder::bytes_held();
                     self.rss_at = Some(Instant::now());
                 }
                 if self.status_note.as_ref().is_some_and(|(_, t)| t.elapsed() > Duration::from_secs(8)) {
@@ -375,7 +379,7 @@ impl App {
             }
         }
         if let Some(i) = &self.info {
-            if self.rss > 0 && self.rss as f64 > 1.1 * i.expected_memory as f64 {
+            if self.rss > 0 && self.rss as f64 > 1.1 * (i.expected_memory + self.trace_bytes) as f64 {
                 w.push("memory over budget");
             }
         }

@@ -44,10 +44,9 @@ pub fn enter(mouse: bool) -> io::Result<Guard> {
         Terminal::new(CrosstermBackend::new(io::stdout()))
     })();
     match res {
-        Ok(mut term) => {
-            term.clear()?;
-            Ok(Guard { term })
-        }
+        // no `Terminal::clear`: it asks the terminal where the cursor is, and not every
+        // terminal answers; the alternate screen starts blank and the first frame is whole
+        Ok(term) => Ok(Guard { term }),
         Err(e) => {
             restore();
             Err(e)

@@ -303,6 +303,10 @@ fn reply(
     let mut first = true;
     let req = GenRequest { max_tokens: settings.max_tokens, stop_at_eos: !settings.ignore_eos, cancel };
     let res = engine.generate(&ids, sampler, req, &mut |id, _logits| {
+        if first {
+            // the prompt is done: no more progress reports
+            data.lock().unwrap_or_else(|p| p.into_inner()).prefill_total = 0;
+        }
         generated.push(id);
         let piece = if eos.contains(&id) { None } else { dec.push(id).ok().flatten() };
         send(EngineEvent::Token { id, piece });

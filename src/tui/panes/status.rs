@@ -58,7 +58,8 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
     let mut tail = Vec::new();
     if let Some(i) = &app.info {
         if app.rss > 0 {
-            tail.push(format!("RSS {} / plan {}", super::bytes(app.rss), super::bytes(i.expected_memory)));
+            let trace = if app.trace_bytes >= 1 << 20 { format!(" + trace {}", super::bytes(app.trace_bytes)) } else { String::new() };
+            tail.push(format!("RSS {} / plan {}{trace}", super::bytes(app.rss), super::bytes(i.expected_memory)));
         }
         tail.push(format!("{} {}", i.name, i.quant));
     }

@@ -1,0 +1,143 @@
+//! The real binary in a pseudo-terminal, driven like a person: the workbench opens on the demo
+//! model, a prompt streams tokens, Esc stops the reply mid-way, `p` turns prefetch off, `t`
+//! exports a trace that is checked as a Chrome trace, a bracketed paste lands in the input as
+//! two lines, and `q` quits with the terminal handed back.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use portable_pty::{CommandBuilder, PtySize, native_pty_system};
+
+const ROWS: u16 = 40;
+const COLS: u16 = 120;
+
+struct Pty {
+    screen: Arc<Mutex<vt100::Parser>>,
+    writer: Box<dyn Write + Send>,
+    child: Box<dyn portable_pty::Child + Send + Sync>,
+}
+
+impl Pty {
+    fn text(&self) -> String {
+        self.screen.lock().unwrap().screen().contents()
+    }
+
+    /// Wait until `cond` holds for the screen; panic with the screen after `secs`.
+    fn wait_for(&self, what: &str, secs: u64, cond: impl Fn(&str) -> bool) -> String {
+        let end = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let s = self.text();
+            if cond(&s) {
+                return s;
+            }
+            if Instant::now() > end {
+                panic!("timed out waiting for {what}; the screen:\n{s}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn send(&mut self, bytes: &str) {
+        self.writer.write_all(bytes.as_bytes()).unwrap();
+        self.writer.flush().unwrap();
+    }
+}
+
+/// The status line's "decoding · N tok".
+fn decoded(s: &str) -> Option<usize> {
+    let i = s.find("decoding · ")?;
+    s[i + "decoding · ".len()..].split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let pair = native_pty_system()
+        .openpty(PtySize { rows: ROWS, cols: COLS, pixel_width: 0, pixel_height: 0 })
+        .expect("a pseudo-terminal");
+    let mut cmd = CommandBuilder::new(env!("CARGO_BIN_EXE_moescope"));
+    // long replies, so there is time to stop one
+    cmd.args(["chat", "-n", "3500", "--ignore-eos", "--temperature", "0", "-t", "1"]);
+    cmd.cwd(dir.path());
+    cmd.env("MOESCOPE_CACHE_DIR", dir.path().join("cache"));
+    cmd.env("TERM", "xterm-256color");
+    cmd.env_remove("NO_COLOR");
+    let child = pair.slave.spawn_command(cmd).expect("spawn moescope");
+    drop(pair.slave);
+    let screen = Arc::new(Mutex::new(vt100::Parser::new(ROWS, COLS, 0)));
+    let mut reader = pair.master.try_clone_reader().unwrap();
+    let s2 = screen.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            s2.lock().unwrap().process(&buf[..n]);
+        }
+    });
+    let writer = pair.master.take_writer().unwrap();
+    let mut p = Pty { screen, writer, child };
+
+    // drawn at once (the model loads behind it), then ready
+    p.wait_for("the workbench", 5, |s| s.contains("Chat") && s.contains("INPUT"));
+    p.wait_for("the model", 60, |s| s.contains("idle") && s.contains("moescope demo"));
+
+    p.send("Explain the borrow checker\r");
+    let s = p.wait_for("tokens streaming", 30, |s| decoded(s).is_some_and(|n| n > 5));
+    let first = decoded(&s).unwrap();
+    let s = p.wait_for("more tokens", 30, |s| decoded(s).is_some_and(|n| n > first + 20));
+    assert!(s.contains("› Explain the borrow checker"));
+
+    // Esc stops the reply at the next token
+    p.send("\x1b");
+    let s = p.wait_for("the reply to stop", 10, |s| s.contains("stop: cancelled"));
+    let n: usize = s
+        .lines()
+        .find_map(|l| l.split(" tokens · TTFT").next().filter(|x| x.len() < l.len()).map(|x| x.trim_start_matches('│').trim()))
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("a stats line:\n{s}"));
+    assert!(n < 3500, "stopped early: {n} tokens");
+    p.wait_for("idle again", 5, |s| s.contains("idle") && s.contains(" CMD "));
+
+    // Esc left the input: `p` is a command
+    assert!(p.text().contains("prefetch on"), "prefetch starts on:\n{}", p.text());
+    p.send("p");
+    p.wait_for("prefetch off", 5, |s| s.contains("prefetch off"));
+
+    // `t` exports the session's trace under ./traces/
+    p.send("t");
+    let s = p.wait_for("the trace path", 20, |s| s.contains("trace written: traces/moescope-"));
+    let traces: Vec<_> = std::fs::read_dir(dir.path().join("traces")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(traces.len(), 1, "{traces:?}\n{s}");
+    let name = traces[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.starts_with("moescope-") && name.ends_with(".json"), "{name}");
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&traces[0]).unwrap()).expect("the trace is JSON");
+    let sum = common::trace_check::check(&doc);
+    assert!(sum.slices.keys().any(|k| k == "decode" || k == "forward"), "engine slices: {:?}", sum.slices.keys());
+
+    // a bracketed paste is one insertion, newlines included
+    p.send("i");
+    p.send("\x1b[200~first line\nsecond line\x1b[201~");
+    p.wait_for("the pasted lines", 5, |s| s.contains("│first line") && s.contains("│second line"));
+
+    // quit: Esc, q; the process ends cleanly
+    p.send("\x1b");
+    p.wait_for("command mode", 5, |s| s.contains(" CMD "));
+    p.send("q");
+    let end = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = p.child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > end {
+            p.child.kill().ok();
+            panic!("moescope did not quit on q:\n{}", p.text());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status {status:?}");
+}
