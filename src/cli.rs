@@ -42,6 +42,9 @@ pub struct ChatArgs {
     /// Capture the mouse (off by default, so the terminal's selection and copy work).
     #[arg(long)]
     pub mouse: bool,
+    /// Redraws a second at most (the panes move at this rate whatever the token rate).
+    #[arg(long, default_value_t = moescope::tui::DEFAULT_FPS, value_name = "N")]
+    pub fps: u32,
     #[command(flatten)]
     pub run: RunArgs,
 }

@@ -9,6 +9,8 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
+    // before any thread starts: every thread inherits it
+    moescope::sysinfo::batch_scheduling();
     let res = match &args.command {
         // no command: `chat` with its defaults (the workbench on the built-in demo)
         None => match cli::Cli::parse_from(["moescope", "chat"]).command {

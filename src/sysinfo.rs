@@ -153,3 +153,25 @@ mod time_tests {
         assert_eq!(UtcTime::from_unix(1_796_060_812).stamp(), "20261130-174652");
     }
 }
+
+/// SCHED_BATCH for the calling thread and the threads it starts later (Linux): no wake-up
+/// preemption. Decode is a few compute threads meeting at barriers many times a token; with the
+/// default policy every wake-up of another thread (the terminal redrawing what the workbench
+/// prints, a shell, the UI) preempts a compute thread and stalls its peers at the next barrier.
+/// Measured on 2 cores: the workbench decoded ~6% slower than `run` (10 pairs, medians) until
+/// its threads were SCHED_BATCH. Every thread still gets its fair share of the CPU.
+/// `MOESCOPE_SCHED=other` keeps the default policy (for comparisons).
+pub fn batch_scheduling() {
+    #[cfg(target_os = "linux")]
+    {
+        if std::env::var("MOESCOPE_SCHED").is_ok_and(|v| v == "other") {
+            return;
+        }
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: a plain syscall on the calling thread (pid 0) with a valid parameter struct;
+        // failing only leaves the default policy
+        unsafe {
+            libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
+        }
+    }
+}

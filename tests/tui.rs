@@ -271,6 +271,7 @@ fn synthetic_step(token: usize, totals: LayerStats, last: Vec<Vec<usize>>) -> St
         read_latency: Default::default(),
         reads: 0,
         step_ms: if token == 0 { 0.0 } else { 60.0 },
+        full: true,
     }
 }
 

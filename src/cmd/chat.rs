@@ -26,10 +26,17 @@ pub fn run(a: &ChatArgs) -> Result<()> {
     if a.plain || dumb || !std::io::stdin().is_terminal() || !std::io::stdout().is_terminal() {
         return super::run::run(r);
     }
+    if a.fps == 0 || a.fps > 120 {
+        bail!("--fps must be between 1 and 120");
+    }
     let cfg = RunConfig::from_args(r)?;
-    // always recording, so `t` can export the session so far
-    recorder::start(r.trace.trace_max_events);
-    recorder::set_thread_name("ui");
+    // recording from the start, so `t` can export the session so far (0 events: off)
+    if r.trace.trace_max_events > 0 {
+        recorder::start(r.trace.trace_max_events);
+        recorder::set_thread_name("ui");
+    } else if r.trace.trace.is_some() {
+        bail!("--trace needs --trace-max-events above 0");
+    }
     let (model, opts, routing_out) = (cfg.model.clone(), cfg.engine, r.experts.routing_out.clone());
     let label = model.file_name().map_or_else(|| model.display().to_string(), |n| n.to_string_lossy().into_owned());
     let load: tui::worker::Loader = Box::new(move || {
@@ -62,6 +69,7 @@ pub fn run(a: &ChatArgs) -> Result<()> {
         trace_meta: meta.clone(),
         model_label: label,
         mouse: a.mouse,
+        fps: a.fps,
     };
     let engine = tui::run(load, settings, options)?;
     if let Some(mut e) = engine {

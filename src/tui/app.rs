@@ -97,6 +97,9 @@ pub struct Heat {
 
 pub const HEAT_DECAY: f32 = 0.9;
 
+/// The routing, cache and I/O panes take a new snapshot at most this often.
+pub const PANE_PERIOD: Duration = Duration::from_millis(100);
+
 impl Heat {
     fn fold(&mut self, counts: &[Vec<u32>], last: &[Vec<usize>]) {
         let (l, e) = (counts.len(), counts.first().map_or(0, |c| c.len()));
@@ -105,6 +108,11 @@ impl Heat {
         }
         // a pass of many tokens (a prompt chunk) counts as one step of its average
         let tokens = counts.first().map_or(0, |c| c.iter().sum::<u32>()) as f32 / last.first().map_or(1, |x| x.len().max(1)) as f32;
+        if tokens == 0.0 {
+            // a snapshot without a pass (the pool after a reply): nothing to decay
+            self.last = last.to_vec();
+            return;
+        }
         let tokens = tokens.max(1.0);
         for (li, c) in counts.iter().enumerate() {
             for (x, &n) in c.iter().enumerate() {
@@ -141,8 +149,12 @@ pub struct App {
     pub frozen: bool,
     pub help: bool,
     pub phase: Phase,
+    /// What the panes show (published from the live state at most every `PANE_PERIOD`).
     pub heat: Heat,
     pub step: Option<Step>,
+    heat_live: Heat,
+    pending: Option<Step>,
+    published_at: Option<Instant>,
     pub io: IoHistory,
     /// Per-token counter deltas of the last 32 steps, with each step's time.
     pub recent: VecDeque<(LayerStats, f64)>,
@@ -184,6 +196,9 @@ impl App {
             phase: Phase::Loading,
             heat: Heat::default(),
             step: None,
+            heat_live: Heat::default(),
+            pending: None,
+            published_at: None,
             io: IoHistory::default(),
             recent: VecDeque::new(),
             last_done: None,
@@ -233,6 +248,9 @@ impl App {
                     self.rss = crate::sysinfo::current_rss_bytes();
                     self.trace_bytes = crate::trace::recorder::bytes_held();
                     self.rss_at = Some(Instant::now());
+                }
+                if self.pending.is_some() && self.published_at.is_none_or(|t| t.elapsed() >= PANE_PERIOD) {
+                    self.publish();
                 }
                 if self.status_note.as_ref().is_some_and(|(_, t)| t.elapsed() > Duration::from_secs(8)) {
                     self.status_note = None;
@@ -293,6 +311,7 @@ impl App {
                     line.push_str(&format!(" · hits {:.1}% · SSD {:.1} MB", e.hit_pct(), e.bytes_read() as f64 / 1e6));
                 }
                 self.push(Role::Info, line);
+                self.publish();
                 self.last_done = Some(*d);
                 self.phase = Phase::Idle;
             }
@@ -316,6 +335,18 @@ impl App {
     }
 
     fn on_step(&mut self, s: Step) {
+        let mut s = s;
+        if !s.full {
+            // keep the last full picture of the pool
+            if let Some(p) = self.pending.as_ref().or(self.step.as_ref()) {
+                s.residency = p.residency.clone();
+                s.per_layer = p.per_layer.clone();
+                s.predict = p.predict.clone();
+                s.queue = p.queue;
+                s.read_latency = p.read_latency.clone();
+                s.reads = p.reads;
+            }
+        }
         // per-token deltas for the recent window (kept while frozen, so unfreezing is current)
         let d = self.prev_totals.map_or(s.totals, |p| s.totals.sub(&p));
         self.prev_totals = Some(s.totals);
@@ -342,11 +373,25 @@ impl App {
             None => self.io.last = Some((now, bytes, s.reads)),
             _ => {}
         }
+        self.heat_live.fold(&s.counts, &s.last);
+        self.pending = Some(s);
+        if self.published_at.is_none_or(|t| t.elapsed() >= PANE_PERIOD) {
+            self.publish();
+        }
+    }
+
+    /// Show the latest pool and routing state in the panes. The grids change at most every
+    /// `PANE_PERIOD` (the text of a reply streams at the full frame rate): redrawing every
+    /// cell of a heatmap per token costs the terminal more than it tells the eye.
+    fn publish(&mut self) {
         if self.frozen {
             return;
         }
-        self.heat.fold(&s.counts, &s.last);
-        self.step = Some(s);
+        if let Some(s) = self.pending.take() {
+            self.heat = self.heat_live.clone();
+            self.step = Some(s);
+            self.published_at = Some(Instant::now());
+        }
     }
 
     /// Hit rate of the last steps, stall ms per token, reloads and prefetch use.
@@ -529,6 +574,9 @@ impl App {
             }
             Action::Freeze => {
                 self.frozen = !self.frozen;
+                if !self.frozen {
+                    self.publish();
+                }
                 self.note(if self.frozen { "panes frozen (f to resume)" } else { "panes live" });
             }
             Action::Expand => self.expanded = !self.expanded,

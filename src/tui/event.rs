@@ -82,6 +82,10 @@ pub struct Step {
     pub reads: u64,
     /// This step's latency (forward + sample), ms; 0 for the prompt.
     pub step_ms: f64,
+    /// Whether the pool's picture (residency, per-layer counters, predictor, queue, latency)
+    /// was taken; a light step carries only routing and totals, and the panes keep the last
+    /// picture.
+    pub full: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]

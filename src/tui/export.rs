@@ -22,7 +22,7 @@ pub fn fresh_path(dir: &Path, stamp: &str) -> PathBuf {
 /// Write what the recorder holds now (recording goes on); returns a line for the user.
 pub fn trace(dir: &Path, meta: Value) -> std::io::Result<String> {
     if !recorder::enabled() {
-        return Err(std::io::Error::other("the recorder is off"));
+        return Err(std::io::Error::other("the recorder is off (--trace-max-events 0)"));
     }
     std::fs::create_dir_all(dir).map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", dir.display())))?;
     let path = fresh_path(dir, &sysinfo::utc_now().stamp());

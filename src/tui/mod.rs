@@ -4,7 +4,7 @@
 //! Threads: the engine runs on the worker (`worker.rs`) and reports `EngineEvent`s; an input
 //! thread turns terminal input into `Event`s; the UI thread owns `App` (state) and only
 //! renders. Everything reaches the UI thread through one channel of `Event`s; a burst of events
-//! is applied before one redraw, and redraws are at most `FRAME` apart, whatever the token rate.
+//! is applied before one redraw, and redraws are at least `1/fps` apart, whatever the token rate.
 
 pub mod app;
 pub mod event;
@@ -29,8 +29,8 @@ use event::Event;
 use theme::Theme;
 use worker::{ChatSettings, Loader, Worker};
 
-/// At most ~30 redraws a second.
-pub const FRAME: Duration = Duration::from_millis(33);
+/// Redraws a second at most, by default.
+pub const DEFAULT_FPS: u32 = 30;
 /// Clock ticks (RSS, expiring notes) this often when nothing else happens.
 pub const TICK: Duration = Duration::from_millis(250);
 
@@ -43,6 +43,8 @@ pub struct Options {
     /// What is being loaded, for the title while it loads.
     pub model_label: String,
     pub mouse: bool,
+    /// Redraws a second at most.
+    pub fps: u32,
 }
 
 /// Run the workbench until the user quits. Returns the engine (None if it never loaded).
@@ -50,23 +52,32 @@ pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Resu
     let (tx, rx) = crossbeam_channel::unbounded::<Event>();
     let mut guard = term::enter(opts.mouse)?;
     spawn_input(tx.clone());
+    // before the worker starts, so the engine and its compute threads inherit it (main()
+    // sets it for every command; a library caller gets it here)
+    crate::sysinfo::batch_scheduling();
     let worker = Worker::start(load, settings, tx);
+    let frame = Duration::from_secs_f64(1.0 / opts.fps.clamp(1, 120) as f64);
     let mut app = App::new();
     app.model_label = opts.model_label.clone();
     let mut last_draw: Option<Instant> = None;
     let mut last_tick = Instant::now();
     let mut dirty = true;
     loop {
-        if dirty && last_draw.is_none_or(|t| t.elapsed() >= FRAME) {
+        if dirty && last_draw.is_none_or(|t| t.elapsed() >= frame) {
             guard.term.draw(|f| ui::draw(f, &app, &opts.theme))?;
             last_draw = Some(Instant::now());
             dirty = false;
         }
         let wait = match (dirty, last_draw) {
-            (true, Some(t)) => FRAME.saturating_sub(t.elapsed()),
+            (true, Some(t)) => frame.saturating_sub(t.elapsed()),
             _ => TICK.saturating_sub(last_tick.elapsed()),
         };
-        let first = match rx.recv_timeout(wait) {
+        if app.busy() {
+            // while the engine computes, wake once a frame and take what has piled up, rather
+            // than once per event: every wake-up can push a compute thread off its core
+            std::thread::sleep(frame.saturating_sub(last_draw.map_or(frame, |t| t.elapsed())));
+        }
+        let first = match rx.recv_timeout(if app.busy() { Duration::ZERO } else { wait }) {
             Ok(ev) => Some(ev),
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => break,
@@ -113,6 +124,7 @@ pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Resu
 /// Terminal input to events, on a thread of its own (reading blocks).
 fn spawn_input(tx: Sender<Event>) {
     let _ = std::thread::Builder::new().name("moescope-input".into()).spawn(move || {
+        crate::sysinfo::batch_scheduling();
         use crossterm::event::Event as CE;
         loop {
             let ev = match crossterm::event::read() {

@@ -176,7 +176,7 @@ fn run(engine: &mut Engine, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
     engine.tap = Some(Box::new(Tap { shared: data.clone(), ui: ui.clone(), moe_layers: moe_layers.clone() }));
     send(EngineEvent::Ready(Box::new(model_info(engine))));
     // the pool as loading left it, before any message
-    send(EngineEvent::Step(Box::new(step(&data, engine.experts.as_deref(), 0, 0.0))));
+    send(EngineEvent::Step(Box::new(step(&data, engine.experts.as_deref(), 0, 0.0, true))));
     let mut session = ChatSession::new(settings.system.clone(), settings.enable_thinking);
     let mut sampler = Sampler::new(settings.sampler);
     let mut last_user: Option<String> = None;
@@ -301,6 +301,7 @@ fn reply(
     let mut generated = Vec::new();
     let mut last = Instant::now();
     let mut first = true;
+    let mut last_full: Option<Instant> = None;
     let req = GenRequest { max_tokens: settings.max_tokens, stop_at_eos: !settings.ignore_eos, cancel };
     let res = engine.generate(&ids, sampler, req, &mut |id, _logits| {
         if first {
@@ -313,9 +314,17 @@ fn reply(
         let step_ms = if first { 0.0 } else { last.elapsed().as_secs_f64() * 1000.0 };
         first = false;
         last = Instant::now();
-        send(EngineEvent::Step(Box::new(step(data, experts.as_deref(), generated.len(), step_ms))));
+        // the pool's full picture (grid, per-layer counters, latency percentiles) only as often
+        // as the panes take it; every token carries the totals the per-token figures need
+        let full = last_full.is_none_or(|t: Instant| t.elapsed() >= crate::tui::app::PANE_PERIOD);
+        if full {
+            last_full = Some(Instant::now());
+        }
+        send(EngineEvent::Step(Box::new(step(data, experts.as_deref(), generated.len(), step_ms, full))));
         true
     });
+    // the pool as the reply left it
+    send(EngineEvent::Step(Box::new(step(data, experts.as_deref(), generated.len(), 0.0, true))));
     if let Ok(Some(p)) = dec.flush() {
         send(EngineEvent::Token { id: u32::MAX, piece: Some(p) });
     }
@@ -348,7 +357,7 @@ fn reply(
 }
 
 /// Drain the tap's counts and read the pool.
-fn step(data: &Arc<Mutex<TapData>>, experts: Option<&crate::experts::Experts>, token: usize, step_ms: f64) -> Step {
+fn step(data: &Arc<Mutex<TapData>>, experts: Option<&crate::experts::Experts>, token: usize, step_ms: f64, full: bool) -> Step {
     let (counts, last) = {
         let mut d = data.lock().unwrap_or_else(|p| p.into_inner());
         let counts = d.counts.clone();
@@ -358,7 +367,7 @@ fn step(data: &Arc<Mutex<TapData>>, experts: Option<&crate::experts::Experts>, t
         (counts, d.last.clone())
     };
     match experts {
-        Some(ex) => {
+        Some(ex) if full => {
             let (read_latency, reads) = ex.cache.read_latency();
             Step {
                 token,
@@ -372,8 +381,23 @@ fn step(data: &Arc<Mutex<TapData>>, experts: Option<&crate::experts::Experts>, t
                 read_latency,
                 reads,
                 step_ms,
+                full,
             }
         }
+        Some(ex) => Step {
+            token,
+            counts,
+            last,
+            residency: None,
+            totals: ex.cache.total_stats(),
+            per_layer: Vec::new(),
+            predict: Default::default(),
+            queue: (0, 0, 0),
+            read_latency: Default::default(),
+            reads: 0,
+            step_ms,
+            full,
+        },
         None => Step {
             token,
             counts,
@@ -386,6 +410,7 @@ fn step(data: &Arc<Mutex<TapData>>, experts: Option<&crate::experts::Experts>, t
             read_latency: Default::default(),
             reads: 0,
             step_ms,
+            full: true,
         },
     }
 }
