@@ -393,12 +393,27 @@ fn help_lists_every_key_of_the_live_map() {
     let mut app = App::new();
     app.on_event(Event::Key(KeyEvent::new(KeyCode::Esc, KeyModifiers::NONE)));
     app.on_event(Event::Key(KeyEvent::new(KeyCode::Char('?'), KeyModifiers::NONE)));
-    let s = screen(&render(&app, &FULL, (200, 60)));
-    for b in moescope::tui::keys::KEYMAP {
-        assert!(s.contains(b.keys) && s.contains(b.what), "help shows {}:\n{s}", b.keys);
-        // and the key really does something in its place
+    for size in SIZES {
+        let s = screen(&render(&app, &FULL, size));
+        for b in moescope::tui::keys::KEYMAP {
+            assert!(s.contains(b.keys), "{size:?}: help shows {}:\n{s}", b.keys);
+            if size.0 >= 100 {
+                assert!(s.contains(b.what), "{size:?}: help says what {} does:\n{s}", b.keys);
+            }
+        }
+        for (c, _) in moescope::tui::keys::COMMANDS {
+            assert!(s.contains(c), "{size:?}: help shows {c}:\n{s}");
+        }
     }
-    for (c, _) in moescope::tui::keys::COMMANDS {
-        assert!(s.contains(c), "help shows {c}");
+    // every command-mode key in the help does something: it maps to its action
+    for b in moescope::tui::keys::KEYMAP.iter().filter(|b| b.place == moescope::tui::keys::Where::Commands) {
+        let first = b.keys.split([',', ' ']).next().unwrap();
+        let code = match first {
+            "Tab" => KeyCode::Tab,
+            "Enter" => KeyCode::Enter,
+            k => KeyCode::Char(k.chars().next().unwrap()),
+        };
+        let got = App::command_action(&KeyEvent::new(code, KeyModifiers::NONE));
+        assert_eq!(got, Some(b.action), "key {first}");
     }
 }

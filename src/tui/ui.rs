@@ -91,31 +91,36 @@ fn draw_tabs(f: &mut Frame, area: Rect, app: &App, th: &Theme) {
     f.render_widget(Paragraph::new(Line::from(spans)), area);
 }
 
-/// The help text, from the live key map.
-pub fn help_lines() -> Vec<String> {
-    let mut v = vec!["Keys".to_string()];
+/// The help text, from the live key map; `compact` (short screens) lists the slash commands
+/// on one line.
+pub fn help_lines(compact: bool) -> Vec<String> {
+    let w = KEYMAP.iter().map(|b| b.keys.chars().count()).max().unwrap_or(8) + 2;
+    let mut v = Vec::new();
     for (place, name) in [(Where::Input, "typing"), (Where::Commands, "commands (after Esc)"), (Where::Anywhere, "anywhere")] {
-        v.push(format!("  {name}:"));
+        v.push(format!("{name}:"));
         for b in KEYMAP.iter().filter(|b| b.place == place) {
-            v.push(format!("    {:<32} {}", b.keys, b.what));
+            v.push(format!("  {:<w$}{}", b.keys, b.what));
         }
     }
-    v.push("Commands (type in the input):".into());
-    for (c, what) in COMMANDS {
-        v.push(format!("    {c:<32} {what}"));
+    if compact {
+        let names: Vec<&str> = COMMANDS.iter().map(|(c, _)| *c).collect();
+        v.push(format!("in the input: {}", names.join("  ")));
+    } else {
+        v.push("in the input:".into());
+        for (c, what) in COMMANDS {
+            v.push(format!("  {c:<w$}{what}"));
+        }
     }
-    v.push(String::new());
-    v.push("any key closes this help".into());
     v
 }
 
 fn draw_help(f: &mut Frame, area: Rect, th: &Theme) {
-    let lines = help_lines();
-    let w = (lines.iter().map(|l| l.chars().count()).max().unwrap_or(20) as u16 + 4).min(area.width);
+    let full = help_lines(false);
+    let lines = if full.len() as u16 + 2 <= area.height { full } else { help_lines(true) };
+    let w = (lines.iter().map(|l| l.chars().count()).max().unwrap_or(20) as u16 + 2).min(area.width);
     let h = (lines.len() as u16 + 2).min(area.height);
     let r = Rect { x: area.x + (area.width - w) / 2, y: area.y + (area.height - h) / 2, width: w, height: h };
     f.render_widget(Clear, r);
-    let block = Block::bordered().title(Span::styled(" moescope keys ", th.title()));
+    let block = Block::bordered().title(Span::styled(" moescope keys · any key closes ", th.title()));
     f.render_widget(Paragraph::new(lines.into_iter().map(Line::from).collect::<Vec<_>>()).block(block), r);
 }
-

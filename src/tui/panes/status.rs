@@ -40,6 +40,12 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
     )];
     // most telling first: narrow terminals cut the end
     let mut parts = vec![state(app)];
+    // a fresh note answers what the user just did: it goes before the figures
+    if let Some((n, _)) = &app.status_note {
+        s.push(Span::raw(format!(" {} ·", parts.remove(0))));
+        s.push(Span::styled(format!(" {n} "), th.title()));
+        parts.push(String::new());
+    }
     if app.busy() {
         if let Some(t) = live_decode_tps(app) {
             parts.push(format!("decode {t:.1} t/s"));
@@ -50,7 +56,10 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
     if app.frozen {
         parts.push("FROZEN".into());
     }
-    s.push(Span::raw(format!(" {} ", parts.join(" · "))));
+    let figures: Vec<String> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+    if !figures.is_empty() {
+        s.push(Span::raw(format!(" {} ", figures.join(" · "))));
+    }
     for w in app.warnings() {
         s.push(Span::styled(format!(" {w} "), th.warn()));
         s.push(Span::raw(" "));
@@ -66,9 +75,7 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
     if !tail.is_empty() {
         s.push(Span::raw(format!("· {} ", tail.join(" · "))));
     }
-    if let Some((n, _)) = &app.status_note {
-        s.push(Span::styled(format!(" {n}"), th.info()));
-    } else {
+    if app.status_note.is_none() {
         s.push(Span::styled(" ? keys", th.info()));
     }
     Line::from(s)
