@@ -1,4 +1,4 @@
-//! The plain line REPL of `moescope run` without a prompt (the TUI replaces it later): a
+//! The plain line REPL (`moescope run` without a prompt, `moescope chat --plain`): a
 //! multi-turn chat through the model's template, reusing the KV cache of earlier turns.
 
 use std::io::{IsTerminal, Write};
