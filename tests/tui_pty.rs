@@ -60,7 +60,8 @@ fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
         .expect("a pseudo-terminal");
     let mut cmd = CommandBuilder::new(env!("CARGO_BIN_EXE_moescope"));
     // long replies, so there is time to stop one
-    cmd.args(["chat", "-n", "3500", "--ignore-eos", "--temperature", "0", "-t", "1"]);
+    // a small recorder cap, so the session overflows it and the ring keeps the newest events
+    cmd.args(["chat", "-n", "3500", "--ignore-eos", "--temperature", "0", "-t", "1", "--trace-max-events", "15000"]);
     cmd.cwd(dir.path());
     cmd.env("MOESCOPE_CACHE_DIR", dir.path().join("cache"));
     cmd.env("TERM", "xterm-256color");
@@ -117,6 +118,9 @@ fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
     assert!(name.starts_with("moescope-") && name.ends_with(".json"), "{name}");
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&traces[0]).unwrap()).expect("the trace is JSON");
     let sum = common::trace_check::check(&doc);
+    let meta = &doc["otherData"]["trace"];
+    assert_eq!(meta["kept"], "newest events (ring)", "{meta}");
+    assert!(meta["dropped_events"].as_u64().unwrap() > 0, "the session overflowed the cap: {meta}");
     assert!(sum.slices.keys().any(|k| k == "decode" || k == "forward"), "engine slices: {:?}", sum.slices.keys());
 
     // a bracketed paste is one insertion, newlines included

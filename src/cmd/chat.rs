@@ -32,7 +32,8 @@ pub fn run(a: &ChatArgs) -> Result<()> {
     let cfg = RunConfig::from_args(r)?;
     // recording from the start, so `t` can export the session so far (0 events: off)
     if r.trace.trace_max_events > 0 {
-        recorder::start(r.trace.trace_max_events);
+        // the newest events: a long session's export shows its latest tokens
+        recorder::start_ring(r.trace.trace_max_events);
         recorder::set_thread_name("ui");
     } else if r.trace.trace.is_some() {
         bail!("--trace needs --trace-max-events above 0");

@@ -58,15 +58,25 @@ fn sort_index(name: &str) -> (u32, String) {
 
 /// All events of `rec` as JSON values, metadata first.
 pub fn events(rec: &Recording) -> Vec<Value> {
-    let mut out = vec![
-        json!({"ph": "M", "name": "process_name", "pid": PID, "tid": 0, "args": {"name": "moescope"}}),
-        json!({"ph": "M", "name": "process_sort_index", "pid": PID, "tid": 0, "args": {"sort_index": 0}}),
-    ];
+    let mut out = Vec::new();
+    let _ = each_event(rec, &mut |v| {
+        out.push(v);
+        Ok(())
+    });
+    out
+}
+
+/// Hand the events of `rec` to `sink` one at a time, metadata first: a million-event trace is
+/// written without holding its JSON in memory (that took ~2 GB).
+pub fn each_event(rec: &Recording, sink: &mut dyn FnMut(Value) -> std::io::Result<()>) -> std::io::Result<()> {
+    let mut out = |v: Value| sink(v);
+    out(json!({"ph": "M", "name": "process_name", "pid": PID, "tid": 0, "args": {"name": "moescope"}}))?;
+    out(json!({"ph": "M", "name": "process_sort_index", "pid": PID, "tid": 0, "args": {"sort_index": 0}}))?;
     let mut threads: Vec<_> = rec.threads.iter().filter(|t| !t.events.is_empty()).collect();
     threads.sort_by_key(|t| sort_index(&t.name));
     for (i, t) in threads.iter().enumerate() {
-        out.push(json!({"ph": "M", "name": "thread_name", "pid": PID, "tid": t.tid, "args": {"name": t.name}}));
-        out.push(json!({"ph": "M", "name": "thread_sort_index", "pid": PID, "tid": t.tid, "args": {"sort_index": i}}));
+        out(json!({"ph": "M", "name": "thread_name", "pid": PID, "tid": t.tid, "args": {"name": t.name}}))?;
+        out(json!({"ph": "M", "name": "thread_sort_index", "pid": PID, "tid": t.tid, "args": {"sort_index": i}}))?;
     }
     // flows: keep those with one start and one end, each inside a slice of its own thread
     let mut ends: HashMap<u64, (u32, u32)> = HashMap::new();
@@ -142,50 +152,58 @@ pub fn events(rec: &Recording) -> Vec<Value> {
                     v
                 }
             };
-            out.push(v);
+            out(v)?;
         }
     }
-    out
+    Ok(())
 }
 
 /// Write `rec` with the metadata block `other` (model, settings, machine) to `path`.
 pub fn write(path: &Path, rec: &Recording, mut other: Value) -> std::io::Result<()> {
-    let evs = events(rec);
-    if let Value::Object(m) = &mut other {
-        m.insert(
-            "trace".into(),
-            json!({
-                "events": evs.len(),
-                "event_cap": rec.cap,
-                "dropped_events": rec.dropped,
-                "truncated": rec.dropped > 0,
-                "clock": format!("{}: ticks mapped onto the OS monotonic clock; ts = time since recording started", rec.clock),
-            }),
-        );
-    }
     let tmp = path.with_extension(format!(
         "{}.partial",
         path.extension().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default()
     ));
-    {
-        let f = std::fs::File::create(&tmp)?;
-        let gz = path.extension().is_some_and(|e| e == "gz");
-        let mut w: Box<dyn Write> = if gz {
-            Box::new(flate2::write::GzEncoder::new(BufWriter::new(f), flate2::Compression::fast()))
-        } else {
-            Box::new(BufWriter::new(f))
-        };
-        w.write_all(b"{\"traceEvents\":[\n")?;
-        for (i, e) in evs.iter().enumerate() {
-            if i > 0 {
-                w.write_all(b",\n")?;
-            }
-            serde_json::to_writer(&mut w, e)?;
-        }
-        w.write_all(b"\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":")?;
-        serde_json::to_writer(&mut w, &other)?;
-        w.write_all(b"}\n")?;
-        w.flush()?;
+    let res = write_to(&tmp, path, rec, &mut other);
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
+    res?;
     std::fs::rename(&tmp, path)
+}
+
+fn write_to(tmp: &Path, path: &Path, rec: &Recording, other: &mut Value) -> std::io::Result<()> {
+    let f = std::fs::File::create(tmp)?;
+    let gz = path.extension().is_some_and(|e| e == "gz");
+    let mut w: Box<dyn Write> = if gz {
+        Box::new(flate2::write::GzEncoder::new(BufWriter::new(f), flate2::Compression::fast()))
+    } else {
+        Box::new(BufWriter::new(f))
+    };
+    w.write_all(b"{\"traceEvents\":[\n")?;
+    let mut n = 0usize;
+    each_event(rec, &mut |e| {
+        if n > 0 {
+            w.write_all(b",\n")?;
+        }
+        n += 1;
+        serde_json::to_writer(&mut w, &e).map_err(std::io::Error::from)
+    })?;
+    if let Value::Object(m) = other {
+        m.insert(
+            "trace".into(),
+            json!({
+                "events": n,
+                "event_cap": rec.cap,
+                "dropped_events": rec.dropped,
+                "truncated": rec.dropped > 0,
+                "kept": if rec.ring { "newest events (ring)" } else { "oldest events" },
+                "clock": format!("{}: ticks mapped onto the OS monotonic clock; ts = time since recording started", rec.clock),
+            }),
+        );
+    }
+    w.write_all(b"\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":")?;
+    serde_json::to_writer(&mut w, other)?;
+    w.write_all(b"}\n")?;
+    w.flush()
 }

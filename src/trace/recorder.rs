@@ -19,6 +19,8 @@ static EPOCH: OnceLock<Instant> = OnceLock::new();
 static CAP: AtomicUsize = AtomicUsize::new(0);
 static COUNT: AtomicUsize = AtomicUsize::new(0);
 static DROPPED: AtomicUsize = AtomicUsize::new(0);
+/// At the cap, drop the oldest events (a thread its own) instead of the new ones.
+static RING: AtomicBool = AtomicBool::new(false);
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 static NEXT_TID: AtomicU64 = AtomicU64::new(1);
 static REGISTRY: Mutex<Vec<Arc<Mutex<ThreadBuf>>>> = Mutex::new(Vec::new());
@@ -179,7 +181,20 @@ fn invariant_tsc() -> bool {
 }
 
 /// Start recording (dropping anything recorded before), keeping at most `cap` events.
+/// Start recording, keeping the newest `cap` events once there are more (the workbench: its
+/// export should hold the latest tokens of a long session).
+pub fn start_ring(cap: usize) {
+    RING.store(true, Ordering::SeqCst);
+    start_inner(cap);
+}
+
+/// Start recording; at `cap` events, later ones are dropped (and counted).
 pub fn start(cap: usize) {
+    RING.store(false, Ordering::SeqCst);
+    start_inner(cap);
+}
+
+fn start_inner(cap: usize) {
     now_ticks();
     for b in REGISTRY.lock().unwrap_or_else(|p| p.into_inner()).iter() {
         let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
@@ -198,8 +213,10 @@ pub fn start(cap: usize) {
 pub struct Recording {
     pub threads: Vec<ThreadBuf>,
     pub cap: usize,
-    /// Events not recorded because the cap was reached.
+    /// Events not recorded (or, in ring mode, dropped as the oldest) because of the cap.
     pub dropped: usize,
+    /// Ring mode: the recording holds the newest events.
+    pub ring: bool,
     /// Which clock stamped the events: "tsc" or "os" (both exported as ns since `start`).
     pub clock: &'static str,
 }
@@ -229,7 +246,13 @@ pub fn stop() -> Recording {
         }
     }
     let clock = if cfg!(target_arch = "x86_64") && *USE_TSC.get_or_init(invariant_tsc) { "tsc" } else { "os" };
-    Recording { threads, cap: CAP.load(Ordering::Relaxed), dropped: DROPPED.load(Ordering::Relaxed), clock }
+    Recording {
+        threads,
+        cap: CAP.load(Ordering::Relaxed),
+        dropped: DROPPED.load(Ordering::Relaxed),
+        ring: RING.load(Ordering::Relaxed),
+        clock,
+    }
 }
 
 /// A copy of everything recorded so far, timestamps in nanoseconds since `start`, while
@@ -254,7 +277,13 @@ pub fn snapshot() -> Recording {
         }
     }
     let clock = if cfg!(target_arch = "x86_64") && *USE_TSC.get_or_init(invariant_tsc) { "tsc" } else { "os" };
-    Recording { threads, cap: CAP.load(Ordering::Relaxed), dropped: DROPPED.load(Ordering::Relaxed), clock }
+    Recording {
+        threads,
+        cap: CAP.load(Ordering::Relaxed),
+        dropped: DROPPED.load(Ordering::Relaxed),
+        ring: RING.load(Ordering::Relaxed),
+        clock,
+    }
 }
 
 fn map_event(e: &mut Event, ns: &dyn Fn(u64) -> u64) {
@@ -291,23 +320,36 @@ fn with_buf<R>(f: impl FnOnce(&mut ThreadBuf) -> R) -> R {
     })
 }
 
-/// Room for one more event under the cap?
-fn admit() -> bool {
-    if COUNT.fetch_add(1, Ordering::Relaxed) < CAP.load(Ordering::Relaxed) {
-        true
-    } else {
-        DROPPED.fetch_add(1, Ordering::Relaxed);
-        false
+/// Room for `n` more events in `b` under the cap? In ring mode, the thread makes room by
+/// dropping its own oldest eighth (amortized: one move of the buffer per len/8 events).
+fn admit(b: &mut ThreadBuf, n: usize) -> bool {
+    if COUNT.fetch_add(n, Ordering::Relaxed) + n <= CAP.load(Ordering::Relaxed) {
+        return true;
     }
+    if RING.load(Ordering::Relaxed) && !b.events.is_empty() {
+        let k = (b.events.len() / 8).max(n).min(b.events.len());
+        b.events.drain(..k);
+        // indices moved: the next chunk starts a slice of its own
+        b.merge = None;
+        COUNT.fetch_sub(k, Ordering::Relaxed);
+        DROPPED.fetch_add(k, Ordering::Relaxed);
+        return true;
+    }
+    if RING.load(Ordering::Relaxed) {
+        // nothing of this thread's to drop: the count stays what is held
+        COUNT.fetch_sub(n, Ordering::Relaxed);
+    }
+    DROPPED.fetch_add(n, Ordering::Relaxed);
+    false
 }
 
 fn push(e: Event) {
-    if admit() {
-        with_buf(|b| {
+    with_buf(|b| {
+        if admit(b, 1) {
             b.merge = None;
             b.events.push(e)
-        });
-    }
+        }
+    });
 }
 
 /// A slice being timed; recorded when dropped. Spans on one thread must be dropped in reverse
@@ -383,14 +425,12 @@ impl Span {
         let base = NEXT_ID.fetch_add(n as u64, Ordering::Relaxed);
         let ts = now_ticks();
         // all under the cap or none: a partial set would leave unmatched flows anyway
-        if COUNT.fetch_add(n, Ordering::Relaxed) + n <= CAP.load(Ordering::Relaxed) {
-            with_buf(|b| {
+        with_buf(|b| {
+            if admit(b, n) {
                 b.merge = None;
                 b.events.extend((base..base + n as u64).map(|id| Event::Flow { id, ts, start: true }));
-            });
-        } else {
-            DROPPED.fetch_add(n, Ordering::Relaxed);
-        }
+            }
+        });
         Some(base)
     }
 }
@@ -409,7 +449,7 @@ impl Drop for Span {
                     }
                 }
                 _ => {
-                    if admit() {
+                    if admit(b, 1) {
                         b.events.push(Event::Slice { name: o.name, ts: o.start, dur: end - o.start, args: o.args });
                         b.merge = Some((key, b.events.len() - 1));
                     }
