@@ -123,12 +123,22 @@ impl UtcTime {
         let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
         let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
         let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
-        UtcTime { year, month, day, hour: (rem / 3600) as u32, minute: (rem % 3600 / 60) as u32, second: (rem % 60) as u32 }
+        UtcTime {
+            year,
+            month,
+            day,
+            hour: (rem / 3600) as u32,
+            minute: (rem % 3600 / 60) as u32,
+            second: (rem % 60) as u32,
+        }
     }
 
     /// `YYYY-MM-DDTHH:MM:SSZ`
     pub fn iso(&self) -> String {
-        format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", self.year, self.month, self.day, self.hour, self.minute, self.second)
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+            self.year, self.month, self.day, self.hour, self.minute, self.second
+        )
     }
 
     /// `YYYYMMDD-HHMMSS`, for file names.

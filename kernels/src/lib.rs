@@ -5,6 +5,8 @@
 //! No I/O, no model knowledge and no threads: callers hand in slices and split the work.
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 pub mod dot;
 pub mod isa;
 pub mod mat;

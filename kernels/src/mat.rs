@@ -103,6 +103,10 @@ impl<'a> Mat<'a> {
     /// Each weight row is read from memory once for the whole batch.
     pub fn matmul_rows(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
         debug_assert_eq!(out.len(), rows.len() * n);
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx512 && self.matmul_avx512(input, n, rows.clone(), out) {
+            return;
+        }
         match (self.data, input) {
             // float weights with several inputs: widen the row to f32 once, then reuse it
             (MatData::Bf16(_), Input::F32(x)) if n > 1 => {
@@ -122,6 +126,60 @@ impl<'a> Mat<'a> {
                     }
                 }
             }
+        }
+    }
+}
+
+impl Mat<'_> {
+    /// The AVX-512 VNNI kernels, where the format and group suit them (false when they do
+    /// not: the caller falls back). Several input rows run the same per-row kernel once per
+    /// token, so a prompt's logits equal those of decoding its tokens one by one.
+    #[cfg(target_arch = "x86_64")]
+    fn matmul_avx512(&self, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> bool {
+        use crate::avx512;
+        thread_local! {
+            static PERMUTED: std::cell::RefCell<Vec<i8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let c = self.cols;
+        match (self.data, input) {
+            (MatData::Q4 { q, scales, group }, Input::Quant(a)) if avx512::supports_q4(group) => {
+                PERMUTED.with(|p| {
+                    let mut p = p.borrow_mut();
+                    avx512::permute_q4_act(&a.q[..n * c], &mut p);
+                    for (i, r) in rows.enumerate() {
+                        for t in 0..n {
+                            let row = a.row(t);
+                            // SAFETY: the Avx512 tier was detected (or capped down to) on this
+                            // CPU; the group suits the kernel; slices are the matrix's and the
+                            // token's
+                            unsafe {
+                                avx512::q4_matvec(
+                                    q,
+                                    scales,
+                                    c,
+                                    row,
+                                    &p[t * c..(t + 1) * c],
+                                    r..r + 1,
+                                    &mut out[i * n + t..i * n + t + 1],
+                                )
+                            };
+                        }
+                    }
+                });
+                true
+            }
+            (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512::supports_q8(group) => {
+                for (i, r) in rows.enumerate() {
+                    for t in 0..n {
+                        // SAFETY: as above
+                        unsafe {
+                            avx512::q8_matvec(q, scales, c, a.row(t), r..r + 1, &mut out[i * n + t..i * n + t + 1])
+                        };
+                    }
+                }
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -187,6 +245,71 @@ mod tests {
                         let want: f64 = row.iter().zip(&xs).map(|(a, b)| *a as f64 * *b as f64).sum();
                         let got = out[i * n + t] as f64;
                         assert!((got - want).abs() < 1e-4, "{:?} {isa}: {got} vs {want}", m.format());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matvec_tiers_agree_with_the_scalar_reference() {
+        // every tier, every row count up to two blocks and a remainder, q4 and q8 groups the
+        // vector kernels take and some they do not
+        let mut s = 17u64;
+        let mut r = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for (cols, group) in [(128, 128), (256, 128), (512, 256), (384, 128), (192, 64), (96, 32)] {
+            for rows in [1, 2, 3, 4, 5, 7, 9] {
+                let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+                let x: Vec<f32> = (0..cols).map(|_| 4.0 * r()).collect();
+                let ng = cols / group;
+                let mut q8 = vec![0i8; rows * cols];
+                let mut d8 = vec![0f32; rows * ng];
+                let mut q4 = vec![0u8; rows * cols / 2];
+                let mut d4 = vec![0f32; rows * ng];
+                for i in 0..rows {
+                    let wr = &w[i * cols..(i + 1) * cols];
+                    quantize_q8_row(wr, group, &mut q8[i * cols..(i + 1) * cols], &mut d8[i * ng..(i + 1) * ng]);
+                    quantize_q4_row(
+                        wr,
+                        group,
+                        &mut q4[i * cols / 2..(i + 1) * cols / 2],
+                        &mut d4[i * ng..(i + 1) * ng],
+                    );
+                }
+                let mut qa = QuantAct::default();
+                qa.quantize(&x, cols, group);
+                for m in [
+                    Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group } },
+                    Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group } },
+                ] {
+                    let mut want = vec![0f32; rows];
+                    m.matmul_rows(Isa::Scalar, Input::Quant(&qa), 1, 0..rows, &mut want);
+                    // the scale of the rounding: the sum of the products' magnitudes
+                    let mut row = vec![0f32; cols];
+                    let mag: Vec<f64> = (0..rows)
+                        .map(|i| {
+                            m.dequant_row(i, &mut row);
+                            row.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum()
+                        })
+                        .collect();
+                    for isa in Isa::available() {
+                        // a sub-range too, so block offsets are exercised
+                        for range in [0..rows, (rows / 2)..rows] {
+                            let mut got = vec![0f32; range.len()];
+                            m.matmul_rows(isa, Input::Quant(&qa), 1, range.clone(), &mut got);
+                            for (i, g) in got.iter().enumerate() {
+                                let (w, tol) = (want[range.start + i], 1e-5 * mag[range.start + i] + 1e-6);
+                                assert!(
+                                    ((*g - w) as f64).abs() <= tol,
+                                    "{:?} {isa} rows={rows} cols={cols} row {}: {g} vs {w}",
+                                    m.format(),
+                                    range.start + i
+                                );
+                            }
+                        }
                     }
                 }
             }

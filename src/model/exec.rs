@@ -1,15 +1,34 @@
 //! How the model's matrix products run: on which ISA tier and over which threads.
-//! The kernels crate has no threads; this splits a product's output rows over a rayon pool.
+//! The kernels crate has no threads; this splits a product's output rows over the pool.
 
 use moescope_kernels::mat::Input;
 use moescope_kernels::{Isa, Mat, QuantAct};
-use rayon::prelude::*;
 
+use super::pool::Pool;
 use crate::trace;
 
 pub struct Exec {
     pub isa: Isa,
-    pool: rayon::ThreadPool,
+    pool: Pool,
+}
+
+/// A pointer to the output shared by the tasks of one section, each writing its own chunk.
+struct Chunks {
+    ptr: *mut f32,
+    len: usize,
+}
+// SAFETY: tasks write disjoint chunks (see `for_chunks_mut`)
+unsafe impl Sync for Chunks {}
+
+impl Chunks {
+    /// # Safety
+    /// `[start, start + n)` inside the buffer, and no other live slice overlaps it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slice(&self, start: usize, n: usize) -> &mut [f32] {
+        debug_assert!(start + n <= self.len);
+        // SAFETY: the caller's guarantee
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), n) }
+    }
 }
 
 /// Buffers a product needs besides its output, kept between calls.
@@ -21,21 +40,29 @@ pub struct Scratch {
 
 impl Exec {
     pub fn new(threads: usize, isa: Isa) -> Result<Exec, String> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.max(1))
-            .thread_name(|i| format!("moescope-compute-{i}"))
-            .build()
-            .map_err(|e| e.to_string())?;
+        let pool = Pool::new(threads).map_err(|e| format!("starting {threads} compute threads: {e}"))?;
         Ok(Exec { isa, pool })
     }
 
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.pool.threads()
     }
 
-    /// Run `f` inside the pool (so nested parallel loops use its threads).
-    pub fn install<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        self.pool.install(f)
+    /// `f(i, chunk_i, participant)` for each `chunk`-sized piece of `data` (the last may be
+    /// shorter), in parallel over the compute threads.
+    pub fn for_chunks_mut(&self, data: &mut [f32], chunk: usize, f: &(dyn Fn(usize, &mut [f32], usize) + Sync)) {
+        let chunk = chunk.max(1);
+        let tasks = data.len().div_ceil(chunk);
+        let len = data.len();
+        let out = Chunks { ptr: data.as_mut_ptr(), len };
+        self.pool.run(tasks, &|i, p| {
+            let start = i * chunk;
+            let n = chunk.min(len - start);
+            // SAFETY: task i alone writes [start, start + n), inside `data`, which outlives the
+            // section (`run` returns after every task)
+            let c = unsafe { out.slice(start, n) };
+            f(i, c, p);
+        });
     }
 
     /// `out[t, r] = W[r] · x[t]` for `x` of `[n, w.cols]` and `out` of `[n, w.rows]`.
@@ -67,13 +94,11 @@ impl Exec {
         let chunks = (self.threads() * 4).max(1);
         let rows_per = w.rows.div_ceil(chunks).max(8);
         let run = |o: &mut [f32], n: usize| {
-            self.pool.install(|| {
-                o.par_chunks_mut(rows_per * n).enumerate().for_each(|(ci, oc)| {
-                    let _c = trace::span(label).merge_with(key);
-                    trace::flow_in(flows.map(|b| b + rayon::current_thread_index().unwrap_or(0) as u64), key);
-                    let r0 = ci * rows_per;
-                    w.matmul_rows(isa, input, n, r0..r0 + oc.len() / n, oc);
-                })
+            self.for_chunks_mut(o, rows_per * n, &|ci, oc, p| {
+                let _c = trace::span(label).merge_with(key);
+                trace::flow_in(flows.map(|b| b + p as u64), key);
+                let r0 = ci * rows_per;
+                w.matmul_rows(isa, input, n, r0..r0 + oc.len() / n, oc);
             })
         };
         if n == 1 {

@@ -4,6 +4,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod kv_cache;
+pub mod pool;
 pub mod qwen3_moe;
 
 pub use config::ModelConfig;

@@ -22,7 +22,6 @@ use std::sync::Arc;
 
 use moescope_kernels::Mat;
 use moescope_kernels::ops::{Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace, softmax_inplace, swiglu};
-use rayon::prelude::*;
 
 use super::config::ModelConfig;
 use super::error::ModelError;
@@ -339,24 +338,22 @@ impl Qwen3Moe {
         let heads = trace::span("heads").arg("heads", nh).arg("tokens", t_n).arg("kv_len", pos0 + t_n);
         let key = if heads.is_recording() { trace::next_id() } else { 0 };
         let flows = heads.flows_out(exec.threads());
-        exec.install(|| {
-            attn.par_chunks_mut(hd).enumerate().for_each(|(i, o)| {
-                let _c = trace::span("heads").merge_with(key);
-                trace::flow_in(flows.map(|b| b + rayon::current_thread_index().unwrap_or(0) as u64), key);
-                let (t, head) = (i / nh, i % nh);
-                let n = pos0 + t + 1;
-                let (keys, vals) = kv_ref.head(l, head / group, n);
-                let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
-                let mut sc: Vec<f32> =
-                    keys.chunks_exact(hd).map(|kr| moescope_kernels::dot::dot_f32(isa, qh, kr) * scale).collect();
-                softmax_inplace(&mut sc);
-                o.fill(0.0);
-                for (p, vr) in sc.iter().zip(vals.chunks_exact(hd)) {
-                    for (a, b) in o.iter_mut().zip(vr) {
-                        *a += p * b;
-                    }
+        exec.for_chunks_mut(&mut attn, hd, &|i, o, p| {
+            let _c = trace::span("heads").merge_with(key);
+            trace::flow_in(flows.map(|b| b + p as u64), key);
+            let (t, head) = (i / nh, i % nh);
+            let n = pos0 + t + 1;
+            let (keys, vals) = kv_ref.head(l, head / group, n);
+            let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
+            let mut sc: Vec<f32> =
+                keys.chunks_exact(hd).map(|kr| moescope_kernels::dot::dot_f32(isa, qh, kr) * scale).collect();
+            softmax_inplace(&mut sc);
+            o.fill(0.0);
+            for (pr, vr) in sc.iter().zip(vals.chunks_exact(hd)) {
+                for (a, b) in o.iter_mut().zip(vr) {
+                    *a += pr * b;
                 }
-            })
+            }
         });
         drop(heads);
         exec.matmul("o_proj", &pkg.mat_by_index(layer.o), &attn, t_n, out, s);

@@ -49,8 +49,13 @@ pub enum Phase {
     /// The model did not load: only quitting makes sense.
     Failed,
     Idle,
-    Prefill { done: usize, total: usize },
-    Decoding { tokens: usize },
+    Prefill {
+        done: usize,
+        total: usize,
+    },
+    Decoding {
+        tokens: usize,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +112,8 @@ impl Heat {
             *self = Heat { n_layers: l, num_experts: e, share: vec![0.0; l * e], last: vec![Vec::new(); l] };
         }
         // a pass of many tokens (a prompt chunk) counts as one step of its average
-        let tokens = counts.first().map_or(0, |c| c.iter().sum::<u32>()) as f32 / last.first().map_or(1, |x| x.len().max(1)) as f32;
+        let tokens = counts.first().map_or(0, |c| c.iter().sum::<u32>()) as f32
+            / last.first().map_or(1, |x| x.len().max(1)) as f32;
         if tokens == 0.0 {
             // a snapshot without a pass (the pool after a reply): nothing to decay
             self.last = last.to_vec();
@@ -416,7 +422,9 @@ impl App {
             if stall_ms > 0.3 * step_ms {
                 w.push("SSD-bound");
             }
-            if reloads as f64 / self.recent.len() as f64 > 1.0 || (hit < 50.0 && self.recent.iter().any(|(d, _)| d.evictions > 0)) {
+            if reloads as f64 / self.recent.len() as f64 > 1.0
+                || (hit < 50.0 && self.recent.iter().any(|(d, _)| d.evictions > 0))
+            {
                 w.push("cache thrashing");
             }
             if wasted > useful && wasted > 0 {
@@ -616,7 +624,8 @@ impl App {
                     vec![Outcome::Send(Cmd::Reset)]
                 }
                 ("regen", []) if !self.busy() => {
-                    if matches!(self.messages.iter().rev().find(|m| m.role != Role::Info), Some(m) if m.role == Role::Assistant) {
+                    if matches!(self.messages.iter().rev().find(|m| m.role != Role::Info), Some(m) if m.role == Role::Assistant)
+                    {
                         while let Some(m) = self.messages.last() {
                             if m.role == Role::User {
                                 break;
@@ -649,7 +658,11 @@ impl App {
             return vec![];
         }
         if matches!(self.phase, Phase::Loading | Phase::Failed) {
-            self.note(if self.phase == Phase::Loading { "the model is still loading" } else { "the model did not load: q quits" });
+            self.note(if self.phase == Phase::Loading {
+                "the model is still loading"
+            } else {
+                "the model did not load: q quits"
+            });
             self.input.text = text;
             self.input.end();
             return vec![];

@@ -23,9 +23,15 @@ pub enum EngineEvent {
     /// The model could not be loaded; the workbench shows why and waits for quit.
     LoadFailed(String),
     /// Prompt tokens evaluated so far.
-    Prefill { done: usize, total: usize },
+    Prefill {
+        done: usize,
+        total: usize,
+    },
     /// A generated token and the text it completes (None while a character is incomplete).
-    Token { id: u32, piece: Option<String> },
+    Token {
+        id: u32,
+        piece: Option<String>,
+    },
     /// Engine state after a decode step (or the prompt).
     Step(Box<Step>),
     Done(Box<DoneInfo>),

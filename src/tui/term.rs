@@ -63,7 +63,13 @@ pub fn restore() {
     if MOUSE.load(Ordering::SeqCst) {
         let _ = execute!(out, DisableMouseCapture);
     }
-    let _ = execute!(out, PopKeyboardEnhancementFlags, DisableBracketedPaste, LeaveAlternateScreen, crossterm::cursor::Show);
+    let _ = execute!(
+        out,
+        PopKeyboardEnhancementFlags,
+        DisableBracketedPaste,
+        LeaveAlternateScreen,
+        crossterm::cursor::Show
+    );
     let _ = disable_raw_mode();
     let _ = out.flush();
 }

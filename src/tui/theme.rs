@@ -100,11 +100,41 @@ impl Theme {
     pub fn cell(&self, c: Cell) -> Color {
         let full = self.depth == Depth::Full;
         match c {
-            Cell::Free => if full { Color::Indexed(235) } else { Color::Black },
-            Cell::Resident => if full { Color::Indexed(34) } else { Color::Green },
-            Cell::Reading => if full { Color::Indexed(220) } else { Color::Yellow },
-            Cell::Predicted => if full { Color::Indexed(45) } else { Color::Cyan },
-            Cell::Evicted => if full { Color::Indexed(124) } else { Color::Red },
+            Cell::Free => {
+                if full {
+                    Color::Indexed(235)
+                } else {
+                    Color::Black
+                }
+            }
+            Cell::Resident => {
+                if full {
+                    Color::Indexed(34)
+                } else {
+                    Color::Green
+                }
+            }
+            Cell::Reading => {
+                if full {
+                    Color::Indexed(220)
+                } else {
+                    Color::Yellow
+                }
+            }
+            Cell::Predicted => {
+                if full {
+                    Color::Indexed(45)
+                } else {
+                    Color::Cyan
+                }
+            }
+            Cell::Evicted => {
+                if full {
+                    Color::Indexed(124)
+                } else {
+                    Color::Red
+                }
+            }
         }
     }
 

@@ -31,7 +31,8 @@ pub fn draw(f: &mut Frame, app: &App, th: &Theme) {
         let [left, right] = Layout::horizontal([Constraint::Percentage(55), Constraint::Percentage(45)]).areas(main);
         draw_pane(f, left, app, th, Pane::Chat, false);
         let [r, c, i] =
-            Layout::vertical([Constraint::Percentage(42), Constraint::Percentage(36), Constraint::Percentage(22)]).areas(right);
+            Layout::vertical([Constraint::Percentage(42), Constraint::Percentage(36), Constraint::Percentage(22)])
+                .areas(right);
         draw_pane(f, r, app, th, Pane::Routing, false);
         draw_pane(f, c, app, th, Pane::Cache, false);
         draw_pane(f, i, app, th, Pane::Io, false);
@@ -96,7 +97,9 @@ fn draw_tabs(f: &mut Frame, area: Rect, app: &App, th: &Theme) {
 pub fn help_lines(compact: bool) -> Vec<String> {
     let w = KEYMAP.iter().map(|b| b.keys.chars().count()).max().unwrap_or(8) + 2;
     let mut v = Vec::new();
-    for (place, name) in [(Where::Input, "typing"), (Where::Commands, "commands (after Esc)"), (Where::Anywhere, "anywhere")] {
+    for (place, name) in
+        [(Where::Input, "typing"), (Where::Commands, "commands (after Esc)"), (Where::Anywhere, "anywhere")]
+    {
         v.push(format!("{name}:"));
         for b in KEYMAP.iter().filter(|b| b.place == place) {
             v.push(format!("  {:<w$}{}", b.keys, b.what));

@@ -272,7 +272,9 @@ fn reply(
 ) {
     cancel.store(false, Ordering::SeqCst);
     let Some(tok) = engine.tok.clone() else {
-        send(EngineEvent::Error("this model has no tokenizer: the workbench needs text (use `run --prompt-ids`)".into()));
+        send(EngineEvent::Error(
+            "this model has no tokenizer: the workbench needs text (use `run --prompt-ids`)".into(),
+        ));
         return;
     };
     let ids = match engine.template.clone() {
@@ -357,7 +359,13 @@ fn reply(
 }
 
 /// Drain the tap's counts and read the pool.
-fn step(data: &Arc<Mutex<TapData>>, experts: Option<&crate::experts::Experts>, token: usize, step_ms: f64, full: bool) -> Step {
+fn step(
+    data: &Arc<Mutex<TapData>>,
+    experts: Option<&crate::experts::Experts>,
+    token: usize,
+    step_ms: f64,
+    full: bool,
+) -> Step {
     let (counts, last) = {
         let mut d = data.lock().unwrap_or_else(|p| p.into_inner());
         let counts = d.counts.clone();

@@ -55,7 +55,12 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool, exp
             Span::raw("pool "),
             Span::styled("█".repeat(filled), Style::default().fg(th.cell(Cell::Resident))),
             Span::styled("░".repeat(bar_w - filled), th.info()),
-            Span::raw(format!(" {} / {} ({:.0}%) · {n_res} experts", super::bytes(r.resident_bytes), super::bytes(r.budget_bytes), frac * 100.0)),
+            Span::raw(format!(
+                " {} / {} ({:.0}%) · {n_res} experts",
+                super::bytes(r.resident_bytes),
+                super::bytes(r.budget_bytes),
+                frac * 100.0
+            )),
         ]));
     } else if knobs.is_some_and(|k| !k.streaming) {
         text.push(Line::from("experts are mapped from the package (--no-stream): the OS page cache holds them"));
@@ -68,7 +73,11 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool, exp
             l.push_str(&format!(" · {:.1}% last {} tok", recent_hit, app.recent.len()));
         }
         if p.routed > 0 {
-            l.push_str(&format!(" · predictor recall {:.0}% precision {:.0}%", p.recall() * 100.0, p.precision() * 100.0));
+            l.push_str(&format!(
+                " · predictor recall {:.0}% precision {:.0}%",
+                p.recall() * 100.0,
+                p.precision() * 100.0
+            ));
         }
         text.push(Line::from(l));
     }
@@ -109,7 +118,11 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool, exp
             legend.push(Span::raw(format!(" {name}  ")));
         }
     }
-    let legend_area = Rect { y: grid_area.y + grid_area.height, height: legend_h.min(inner.height.saturating_sub(text_h + grid_h)), ..inner };
+    let legend_area = Rect {
+        y: grid_area.y + grid_area.height,
+        height: legend_h.min(inner.height.saturating_sub(text_h + grid_h)),
+        ..inner
+    };
     f.render_widget(Paragraph::new(vec![Line::from(legend), Line::styled(b.legend(), th.info())]), legend_area);
     if per_layer_h > 0 {
         if let Some(s) = step {

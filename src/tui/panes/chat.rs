@@ -131,12 +131,17 @@ pub fn visible(app: &App, width: u16, height: usize, th: &Theme) -> (Vec<Line<'s
     let max_scroll = if more_above { usize::MAX } else { total.saturating_sub(height) };
     app.scroll_max.set(max_scroll);
     let skip = app.scroll.min(max_scroll);
-    let lines: Vec<Line<'static>> = rev.into_iter().skip(skip).take(height).collect::<Vec<_>>().into_iter().rev().collect();
+    let lines: Vec<Line<'static>> =
+        rev.into_iter().skip(skip).take(height).collect::<Vec<_>>().into_iter().rev().collect();
     (lines, more_above || skip + height < total)
 }
 
 pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool) {
-    let extra = if app.scroll > 0 { format!("↑ {} lines up · PgDn", app.scroll.min(app.scroll_max.get())) } else { String::new() };
+    let extra = if app.scroll > 0 {
+        format!("↑ {} lines up · PgDn", app.scroll.min(app.scroll_max.get()))
+    } else {
+        String::new()
+    };
     let block = super::frame(Pane::Chat, extra, focused, th);
     let inner = block.inner(area);
     f.render_widget(block, area);

@@ -68,7 +68,13 @@ pub enum Mark {
 
 /// Draw the grid: `cell(slot, col)` says what each binned cell shows; rows are labelled with
 /// their first layer every few rows.
-pub fn draw(buf: &mut Buffer, area: Rect, b: &Binning, label_of: &dyn Fn(usize) -> usize, cell: &dyn Fn(usize, usize) -> Mark) {
+pub fn draw(
+    buf: &mut Buffer,
+    area: Rect,
+    b: &Binning,
+    label_of: &dyn Fn(usize) -> usize,
+    cell: &dyn Fn(usize, usize) -> Mark,
+) {
     let rows = b.rows().min(area.height as usize);
     for r in 0..rows {
         let y = area.y + r as u16;
@@ -116,7 +122,13 @@ pub fn draw(buf: &mut Buffer, area: Rect, b: &Binning, label_of: &dyn Fn(usize) 
 }
 
 /// The layers and experts one binned cell covers.
-pub fn span(b: &Binning, s: usize, c: usize, n_layers: usize, n_experts: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+pub fn span(
+    b: &Binning,
+    s: usize,
+    c: usize,
+    n_layers: usize,
+    n_experts: usize,
+) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
     let l0 = s * b.layers;
     let e0 = c * b.experts;
     (l0..(l0 + b.layers).min(n_layers), e0..(e0 + b.experts).min(n_experts))
@@ -128,7 +140,9 @@ mod tests {
 
     #[test]
     fn binning_covers_every_expert_and_layer_and_fits() {
-        for &(l, e, w, h) in &[(4, 16, 80, 10), (48, 128, 90, 20), (94, 512, 60, 12), (94, 512, 200, 40), (8, 128, 40, 4)] {
+        for &(l, e, w, h) in
+            &[(4, 16, 80, 10), (48, 128, 90, 20), (94, 512, 60, 12), (94, 512, 200, 40), (8, 128, 40, 4)]
+        {
             for half in [true, false] {
                 let b = Binning::fit(l, e, w, h, half);
                 assert!(b.cols * b.cw <= (w - LABEL) as usize, "{l}x{e} in {w}x{h}: {b:?}");

@@ -37,7 +37,11 @@ pub fn lines(app: &App) -> Vec<String> {
         format!("read: demand {} · prefetch {}", mb(t.bytes_demand), mb(t.bytes_prefetch)),
     ];
     let (u_all, w_all) = (t.prefetch_useful_bytes, t.prefetch_wasted_bytes);
-    let pct = if u_all + w_all > 0 { format!(" ({:.0}% useful)", 100.0 * u_all as f64 / (u_all + w_all) as f64) } else { String::new() };
+    let pct = if u_all + w_all > 0 {
+        format!(" ({:.0}% useful)", 100.0 * u_all as f64 / (u_all + w_all) as f64)
+    } else {
+        String::new()
+    };
     v.push(format!("prefetch useful {} · wasted {}{pct}", mb(u_all), mb(w_all)));
     if !app.recent.is_empty() {
         v.push(format!(

@@ -13,7 +13,10 @@ use crate::tui::theme::Theme;
 
 pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool) {
     let heat = &app.heat;
-    let extra = app.info.as_ref().map_or(String::new(), |i| format!("{} MoE layers × {} experts, top-{}", i.moe_layers, i.num_experts, i.top_k));
+    let extra = app
+        .info
+        .as_ref()
+        .map_or(String::new(), |i| format!("{} MoE layers × {} experts, top-{}", i.moe_layers, i.num_experts, i.top_k));
     let block = super::frame(Pane::Routing, extra, focused, th);
     let inner = block.inner(area);
     f.render_widget(block, area);

@@ -15,7 +15,9 @@ pub fn state(app: &App) -> String {
         Phase::Loading => format!("loading {}…", app.model_label),
         Phase::Failed => "model not loaded".into(),
         Phase::Idle => "idle".into(),
-        Phase::Prefill { done, total } if total > 0 => format!("prefill {done}/{total} ({:.0}%)", 100.0 * done as f64 / total as f64),
+        Phase::Prefill { done, total } if total > 0 => {
+            format!("prefill {done}/{total} ({:.0}%)", 100.0 * done as f64 / total as f64)
+        }
         Phase::Prefill { .. } => "prefill".into(),
         Phase::Decoding { tokens } => format!("decoding · {tokens} tok"),
     }
@@ -51,7 +53,10 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
             parts.push(format!("decode {t:.1} t/s"));
         }
     } else if let Some(d) = &app.last_done {
-        parts.push(format!("prefill {:.1} t/s · decode {:.1} t/s · TTFT {:.0} ms", d.prefill_tps, d.decode_tps, d.ttft_ms));
+        parts.push(format!(
+            "prefill {:.1} t/s · decode {:.1} t/s · TTFT {:.0} ms",
+            d.prefill_tps, d.decode_tps, d.ttft_ms
+        ));
     }
     if app.frozen {
         parts.push("FROZEN".into());
@@ -67,7 +72,11 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
     let mut tail = Vec::new();
     if let Some(i) = &app.info {
         if app.rss > 0 {
-            let trace = if app.trace_bytes >= 1 << 20 { format!(" + trace {}", super::bytes(app.trace_bytes)) } else { String::new() };
+            let trace = if app.trace_bytes >= 1 << 20 {
+                format!(" + trace {}", super::bytes(app.trace_bytes))
+            } else {
+                String::new()
+            };
             tail.push(format!("RSS {} / plan {}{trace}", super::bytes(app.rss), super::bytes(i.expected_memory)));
         }
         tail.push(format!("{} {}", i.name, i.quant));
