@@ -31,6 +31,31 @@ pub enum Command {
     Bench(BenchArgs),
     /// Replay a routing trace (--routing-out) against cache policies and Belady's optimum.
     Sim(SimArgs),
+    /// Perplexity of a model on a text file (windows of --window tokens, each from an empty
+    /// context).
+    Perplexity(PerplexityArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    /// A .moe package, or a HuggingFace directory (converted once into the cache directory).
+    /// Default: the built-in demo model.
+    #[arg(short = 'm', long)]
+    pub model: Option<PathBuf>,
+    /// Plain text (UTF-8), tokenized whole.
+    pub file: PathBuf,
+    /// Tokens per window; every token of a window but the first is predicted.
+    #[arg(long, default_value_t = 512)]
+    pub window: usize,
+    /// Compute threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Quantization when --model is a HuggingFace directory.
+    #[arg(long, default_value = "q4")]
+    pub quant: String,
+    /// Print one JSON object instead of a line.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

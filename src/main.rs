@@ -23,6 +23,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Inspect(a)) => cmd::inspect::run(a),
         Some(cli::Command::Bench(a)) => cmd::bench::run(a),
         Some(cli::Command::Sim(a)) => cmd::sim::run(a),
+        Some(cli::Command::Perplexity(a)) => cmd::perplexity::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

@@ -250,7 +250,7 @@ fn builtin_demo_without_arguments() {
     let d = tempfile::tempdir().unwrap();
     let o = moescope(&["run", "--prompt", "Rust is", "-n", "8", "--seed", "1", "--json"], d.path());
     let v = json_out(&o);
-    assert!(stderr(&o).contains("random weights"), "the demo says what it is: {}", stderr(&o));
+    assert!(stderr(&o).contains("trained on the Rust docs"), "the demo says what it is: {}", stderr(&o));
     // it streams its experts through a pool smaller than they are
     let ex = &v["experts"];
     assert!(ex["budget_mib"].as_f64().unwrap() < ex["experts_mib"].as_f64().unwrap(), "{ex}");

@@ -216,6 +216,7 @@ fixture_tests! {
     transformers5_config => "t5-config",
     odd_sizes_mha_sparse_step => "odd",
     many_experts_top8 => "wide",
+    trained_demo_model => "demo",
 }
 
 /// Checkpoints made outside the repository (see the module comment); nothing to do when unset.

@@ -35,8 +35,11 @@ fn recorded() -> &'static Vec<Event> {
         let (pkg, _) = moescope::demo::ensure_package(dir.path()).expect("demo package");
         let (tx, rx) = crossbeam_channel::unbounded();
         let load = Box::new(move || {
-            Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(512), isa: Isa::detect(), stream: Some(Default::default()) })
-                .map_err(|e| e.to_string())
+            Engine::load(
+                &pkg,
+                EngineOptions { threads: 2, ctx_size: Some(512), isa: Isa::detect(), stream: Some(Default::default()) },
+            )
+            .map_err(|e| e.to_string())
         });
         let settings = ChatSettings {
             sampler: SamplerParams { temperature: 0.0, ..Default::default() },
@@ -51,7 +54,8 @@ fn recorded() -> &'static Vec<Event> {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             let ev = rx.recv_timeout(Duration::from_secs(30)).expect("engine events");
-            let done = matches!(ev, Event::Engine(EngineEvent::Done(_) | EngineEvent::Error(_) | EngineEvent::LoadFailed(_)));
+            let done =
+                matches!(ev, Event::Engine(EngineEvent::Done(_) | EngineEvent::Error(_) | EngineEvent::LoadFailed(_)));
             evs.push(ev);
             if done {
                 break;
@@ -146,7 +150,8 @@ fn the_recorded_reply_draws_in_every_pane_at_both_sizes() {
     assert!(matches!(evs.last(), Some(Event::Engine(EngineEvent::Done(_)))), "the reply finished: {:?}", evs.last());
     let inf = info(evs);
     let step = last_step(evs);
-    let tokens = evs.iter().filter(|e| matches!(e, Event::Engine(EngineEvent::Token { id, .. }) if *id != u32::MAX)).count();
+    let tokens =
+        evs.iter().filter(|e| matches!(e, Event::Engine(EngineEvent::Token { id, .. }) if *id != u32::MAX)).count();
     assert_eq!(tokens, 40);
     let t = &step.totals;
     let hits = format!("hits {:.1}% all", 100.0 * t.hits as f64 / (t.hits + t.misses) as f64);
@@ -175,7 +180,8 @@ fn the_recorded_reply_draws_in_every_pane_at_both_sizes() {
         for (l, picks) in step.last.iter().enumerate() {
             let y = label_row(&b, bx, l).unwrap_or_else(|| panic!("{size:?}: no row for layer {l}:\n{s}"));
             let gx = bx.0 + 5;
-            let drawn: Vec<u16> = (gx..b.area.width).filter(|&x| b[(x, y)].symbol() != " " && b[(x, y)].symbol() != "│").collect();
+            let drawn: Vec<u16> =
+                (gx..b.area.width).filter(|&x| b[(x, y)].symbol() != " " && b[(x, y)].symbol() != "│").collect();
             // wide cells: expert e is drawn at gx + e*cw over cw-1 columns, then a gap
             let last_x = *drawn.last().unwrap();
             let cw = (last_x - gx + 2) as usize / inf.num_experts;
@@ -203,7 +209,14 @@ fn the_recorded_reply_draws_in_every_pane_at_both_sizes() {
         if lat.count > 0 {
             assert!(s.contains(&format!("{} reads", lat.count)), "{size:?}:\n{s}");
         }
-        assert!(s.contains(&format!("read: demand {:.1} MB · prefetch {:.1} MB", t.bytes_demand as f64 / 1e6, t.bytes_prefetch as f64 / 1e6)), "{size:?}:\n{s}");
+        assert!(
+            s.contains(&format!(
+                "read: demand {:.1} MB · prefetch {:.1} MB",
+                t.bytes_demand as f64 / 1e6,
+                t.bytes_prefetch as f64 / 1e6
+            )),
+            "{size:?}:\n{s}"
+        );
         assert!(s.contains("queue: "), "{size:?}:\n{s}");
         if rich {
             // all panes at once
@@ -263,7 +276,13 @@ fn synthetic_step(token: usize, totals: LayerStats, last: Vec<Vec<usize>>) -> St
         token,
         counts,
         last,
-        residency: Some(Residency { n_layers: l, num_experts: e, cells: vec![Cell::Resident; l * e], resident_bytes: 1 << 30, budget_bytes: 2 << 30 }),
+        residency: Some(Residency {
+            n_layers: l,
+            num_experts: e,
+            cells: vec![Cell::Resident; l * e],
+            resident_bytes: 1 << 30,
+            budget_bytes: 2 << 30,
+        }),
         totals,
         per_layer: vec![LayerStats::default(); l],
         predict: PredictStats::default(),
@@ -287,7 +306,8 @@ fn binned_heatmap_draws_what_its_legend_says() {
         let b = render(&app, &FULL, size);
         let s = screen(&b);
         // "cell = A layers × B experts" (or "1 layer", "1 expert")
-        let legend = s.lines().find_map(|l| l.split("cell = ").nth(1)).unwrap_or_else(|| panic!("{size:?}: legend:\n{s}"));
+        let legend =
+            s.lines().find_map(|l| l.split("cell = ").nth(1)).unwrap_or_else(|| panic!("{size:?}: legend:\n{s}"));
         let num = |w: &str| -> usize { w.split_whitespace().next().unwrap().parse().unwrap() };
         let mut parts = legend.split(" × ");
         let (lb, eb) = (num(parts.next().unwrap()), num(parts.next().unwrap()));
@@ -303,7 +323,11 @@ fn binned_heatmap_draws_what_its_legend_says() {
             let Some(first) = label.strip_prefix('L').and_then(|n| n.trim().parse::<usize>().ok()) else { continue };
             let slot = first / lb;
             // cells are one column each when experts are binned, else the gap tells the width
-            let cw = if eb > 1 { 1 } else { ((bx.0..b.area.width).filter(|&x| b[(x, y)].symbol() == "▀").max().unwrap() - gx + 2) as usize / 128 };
+            let cw = if eb > 1 {
+                1
+            } else {
+                ((bx.0..b.area.width).filter(|&x| b[(x, y)].symbol() == "▀").max().unwrap() - gx + 2) as usize / 128
+            };
             for x in gx..b.area.width {
                 let c = &b[(x, y)];
                 if c.symbol() != "▀" {
@@ -385,7 +409,10 @@ fn drawing_wraps_only_what_is_on_screen() {
     let n = app.messages.len();
     assert!(app.messages[n - 1].wrapped.borrow().is_none(), "the reply's wrap is stale");
     assert!(app.messages[n - 2].wrapped.borrow().is_some(), "earlier messages keep theirs");
-    assert_eq!(before[..n - 1], app.messages[..n - 1].iter().map(|m| m.wrapped.borrow().is_some()).collect::<Vec<_>>()[..]);
+    assert_eq!(
+        before[..n - 1],
+        app.messages[..n - 1].iter().map(|m| m.wrapped.borrow().is_some()).collect::<Vec<_>>()[..]
+    );
 }
 
 #[test]

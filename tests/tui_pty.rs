@@ -98,7 +98,9 @@ fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
     let s = p.wait_for("the reply to stop", 10, |s| s.contains("stop: cancelled"));
     let n: usize = s
         .lines()
-        .find_map(|l| l.split(" tokens · TTFT").next().filter(|x| x.len() < l.len()).map(|x| x.trim_start_matches('│').trim()))
+        .find_map(|l| {
+            l.split(" tokens · TTFT").next().filter(|x| x.len() < l.len()).map(|x| x.trim_start_matches('│').trim())
+        })
         .and_then(|x| x.parse().ok())
         .unwrap_or_else(|| panic!("a stats line:\n{s}"));
     assert!(n < 3500, "stopped early: {n} tokens");
@@ -116,7 +118,8 @@ fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
     assert_eq!(traces.len(), 1, "{traces:?}\n{s}");
     let name = traces[0].file_name().unwrap().to_string_lossy().into_owned();
     assert!(name.starts_with("moescope-") && name.ends_with(".json"), "{name}");
-    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&traces[0]).unwrap()).expect("the trace is JSON");
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&traces[0]).unwrap()).expect("the trace is JSON");
     let sum = common::trace_check::check(&doc);
     let meta = &doc["otherData"]["trace"];
     assert_eq!(meta["kept"], "newest events (ring)", "{meta}");

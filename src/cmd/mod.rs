@@ -8,6 +8,7 @@ pub mod experts_report;
 pub mod inspect;
 pub mod interrupt;
 pub mod model_arg;
+pub mod perplexity;
 pub mod repl;
 pub mod run;
 pub mod sim;

@@ -16,7 +16,7 @@ pub fn resolve(model: Option<&Path>, quant: &str) -> Result<PathBuf> {
         let dir = cache_dir().map_err(anyhow::Error::msg)?;
         let (path, fresh) = demo::ensure_package(&dir).context("writing the built-in demo model")?;
         eprintln!(
-            "moescope: built-in demo model (random weights: it babbles until a trained demo lands){}",
+            "moescope: built-in demo model (7M-parameter MoE trained on the Rust docs){}",
             if fresh { format!("; written to {}", path.display()) } else { String::new() }
         );
         return Ok(path);

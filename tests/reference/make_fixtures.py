@@ -162,10 +162,20 @@ def make(name, out_root):
     else:
         ids, forced = [i % V for i in QWEN3_PROMPT], [i % V for i in QWEN3_FORCED]
 
+    oracle(out, ids, forced, dict(fixture=name, seed=opt["seed"], config_overrides=over,
+                                  fused=bool(opt.get("fused")), transformers5_config=bool(opt.get("t5_config")),
+                                  tokenizer=os.path.basename(os.path.normpath(opt["tokenizer"])) if opt.get("tokenizer") else None))
+
+
+def oracle(out, ids, forced, info_extra, prompt=PROMPT):
+    """What transformers computes on the checkpoint saved in `out` (reloaded in fp32, eager
+    attention and experts): reference.safetensors and reference.json, as the module doc says."""
+    name = info_extra.get("fixture", os.path.basename(out))
     # ---- the oracle: reload the saved files in fp32 --------------------------------------
     m = transformers.Qwen3MoeForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
                                                          experts_implementation="eager").eval()
     c = m.config
+    V = c.vocab_size
     L, E, K = c.num_hidden_layers, c.num_local_experts, c.num_experts_per_tok
     hs = {}
     hooks = [m.model.embed_tokens.register_forward_hook(lambda mod, i, o: hs.__setitem__(0, o.detach().clone()))]
@@ -204,18 +214,17 @@ def make(name, out_root):
         fo = m(input_ids=torch.tensor([ids + forced]), use_cache=False).logits[0].float()
     ref.update(forced_ids=torch.tensor(forced), forced_logits=fo[T - 1:T + len(forced) - 1].contiguous())
     save_file(ref, os.path.join(out, "reference.safetensors"))
-    info = dict(fixture=name, seed=opt["seed"], config_overrides=over, moe_layers=moe_layers, prompt=PROMPT,
-                prompt_ids=ids, forced_ids=forced, generated_ids=gen.tolist(),
+    info = dict(info_extra)
+    info.update(moe_layers=moe_layers, prompt=prompt, prompt_ids=ids, forced_ids=forced, generated_ids=gen.tolist(),
                 gen_margin_min=float(ref["gen_margin"].min()), router_margin_min=float(margin.min()),
                 router_margin_below_1em4=int((margin < 1e-4).sum()),
                 cache_vs_onepass_max_abs=float((fo[T - 1:T - 1 + 1] - gl[:1]).abs().max()),
-                fused=bool(opt.get("fused")), transformers5_config=bool(opt.get("t5_config")),
-                tokenizer=os.path.basename(os.path.normpath(opt["tokenizer"])) if opt.get("tokenizer") else None,
                 versions=dict(torch=torch.__version__, transformers=transformers.__version__))
     json.dump(info, open(os.path.join(out, "reference.json"), "w"), indent=1, ensure_ascii=False)
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
     print(f"{name}: {size / 1e6:.2f} MB, gen margin min {info['gen_margin_min']:.2e}, "
           f"router margin min {info['router_margin_min']:.2e}, files {sorted(os.listdir(out))}")
+    return m
 
 
 def main():
