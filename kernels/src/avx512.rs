@@ -93,24 +93,9 @@ unsafe fn q4_row(q: &[u8], wd: &[f32], a: QuantRow<'_>, ap: &[i8]) -> f32 {
         }
         (lo_acc, hi_acc)
     };
-    // the bias: sum (n - 8) a = sum n a - 8 sum a, exactly, in lane 0
-    let fold = |gi: usize, (lo, hi): (__m512i, __m512i), f: __m512| -> __m512 {
-        let bias = _mm512_maskz_set1_epi32(1, -8 * a.sums[gi]);
-        let v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(lo, hi), bias));
-        _mm512_fmadd_ps(v, _mm512_set1_ps(wd[gi] * a.scales[gi]), f)
-    };
-    let (mut f0, mut f1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut gi = 0;
-    while gi + 1 < ng {
-        let (s0, s1) = (group(gi), group(gi + 1));
-        f0 = fold(gi, s0, f0);
-        f1 = fold(gi + 1, s1, f1);
-        gi += 2;
-    }
-    if gi < ng {
-        f0 = fold(gi, group(gi), f0);
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
+    // the bias: sum (n - 8) a = sum n a - 8 sum a
+    // SAFETY: the caller's guarantees (CPU features; wd and a cover the row's groups)
+    unsafe { sum_groups(ng, 8, wd, a, group) }
 }
 
 /// `out[i] = W[rows.start + i] · a` for q8 weights `q` (`[rows, cols]`) with `scales`.
@@ -159,9 +144,27 @@ unsafe fn q8_row(q: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
         }
         (e, o)
     };
-    let fold = |gi: usize, (e, o): (__m512i, __m512i), f: __m512| -> __m512 {
-        let bias = _mm512_maskz_set1_epi32(1, -128 * a.sums[gi]);
-        let v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(e, o), bias));
+    // the bias: sum ((w + 128) - 128) a = sum (w + 128) a - 128 sum a
+    // SAFETY: as above
+    unsafe { sum_groups(ng, 128, wd, a, group) }
+}
+
+/// The row's dot product from its groups' int32 lanes: `group(gi)` gives two accumulators of
+/// group gi's biased products; `bias` times the group's activation sum comes off exactly, in
+/// lane 0, then one FMA scales the group by weight scale times activation scale. Two groups at a
+/// time into separate float accumulators keep two chains in flight.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn sum_groups(
+    ng: usize,
+    bias: i32,
+    wd: &[f32],
+    a: QuantRow<'_>,
+    group: impl Fn(usize) -> (__m512i, __m512i),
+) -> f32 {
+    let fold = |gi: usize, (x, y): (__m512i, __m512i), f: __m512| -> __m512 {
+        let b = _mm512_maskz_set1_epi32(1, -bias * a.sums[gi]);
+        let v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(x, y), b));
         _mm512_fmadd_ps(v, _mm512_set1_ps(wd[gi] * a.scales[gi]), f)
     };
     let (mut f0, mut f1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
