@@ -132,8 +132,8 @@ impl<'a> Mat<'a> {
 
 impl Mat<'_> {
     /// The AVX-512 VNNI kernels, where the format and group suit them (false when they do
-    /// not: the caller falls back). Several input rows run the same per-row kernel once per
-    /// token, so a prompt's logits equal those of decoding its tokens one by one.
+    /// not: the caller falls back). Each (row, token) product is computed the same way whatever
+    /// the batch, so a prompt's logits equal those of decoding its tokens one by one.
     #[cfg(target_arch = "x86_64")]
     fn matmul_avx512(&self, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> bool {
         use crate::avx512;
@@ -146,25 +146,9 @@ impl Mat<'_> {
                 PERMUTED.with(|p| {
                     let mut p = p.borrow_mut();
                     avx512::permute_q4_act(&a.q[..n * c], &mut p);
-                    for (i, r) in rows.enumerate() {
-                        for t in 0..n {
-                            let row = a.row(t);
-                            // SAFETY: the Avx512 tier was detected (or capped down to) on this
-                            // CPU; the group suits the kernel; slices are the matrix's and the
-                            // token's
-                            unsafe {
-                                avx512::q4_matvec(
-                                    q,
-                                    scales,
-                                    c,
-                                    row,
-                                    &p[t * c..(t + 1) * c],
-                                    r..r + 1,
-                                    &mut out[i * n + t..i * n + t + 1],
-                                )
-                            };
-                        }
-                    }
+                    // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
+                    // group suits the kernel; the slices are the matrix's and the tokens'
+                    unsafe { avx512::q4_matmul(q, scales, c, a, &p, n, rows, out) };
                 });
                 true
             }
@@ -253,17 +237,18 @@ mod tests {
 
     #[test]
     fn matvec_tiers_agree_with_the_scalar_reference() {
-        // every tier, every row count up to two blocks and a remainder, q4 and q8 groups the
-        // vector kernels take and some they do not
+        // every tier, every row count up to two blocks and a remainder, one token and several
+        // (tiles of 4 tokens and their remainders), q4 and q8 groups the vector kernels take and
+        // some they do not
         let mut s = 17u64;
         let mut r = || {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
         for (cols, group) in [(128, 128), (256, 128), (512, 256), (384, 128), (192, 64), (96, 32)] {
-            for rows in [1, 2, 3, 4, 5, 7, 9] {
+            for (rows, n) in [(1, 1), (2, 5), (3, 1), (4, 4), (5, 9), (7, 2), (9, 1), (9, 6)] {
                 let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
-                let x: Vec<f32> = (0..cols).map(|_| 4.0 * r()).collect();
+                let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
                 let ng = cols / group;
                 let mut q8 = vec![0i8; rows * cols];
                 let mut d8 = vec![0f32; rows * ng];
@@ -285,29 +270,48 @@ mod tests {
                     Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group } },
                     Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group } },
                 ] {
-                    let mut want = vec![0f32; rows];
-                    m.matmul_rows(Isa::Scalar, Input::Quant(&qa), 1, 0..rows, &mut want);
+                    let mut want = vec![0f32; rows * n];
+                    m.matmul_rows(Isa::Scalar, Input::Quant(&qa), n, 0..rows, &mut want);
                     // the scale of the rounding: the sum of the products' magnitudes
                     let mut row = vec![0f32; cols];
-                    let mag: Vec<f64> = (0..rows)
-                        .map(|i| {
-                            m.dequant_row(i, &mut row);
-                            row.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum()
-                        })
-                        .collect();
+                    let mut mag = vec![0f64; rows * n];
+                    for i in 0..rows {
+                        m.dequant_row(i, &mut row);
+                        for t in 0..n {
+                            let xt = &x[t * cols..(t + 1) * cols];
+                            mag[i * n + t] = row.iter().zip(xt).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                        }
+                    }
                     for isa in Isa::available() {
                         // a sub-range too, so block offsets are exercised
                         for range in [0..rows, (rows / 2)..rows] {
-                            let mut got = vec![0f32; range.len()];
-                            m.matmul_rows(isa, Input::Quant(&qa), 1, range.clone(), &mut got);
-                            for (i, g) in got.iter().enumerate() {
-                                let (w, tol) = (want[range.start + i], 1e-5 * mag[range.start + i] + 1e-6);
+                            let mut got = vec![0f32; range.len() * n];
+                            m.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut got);
+                            for (j, g) in got.iter().enumerate() {
+                                let at = range.start * n + j;
+                                let (w, tol) = (want[at], 1e-5 * mag[at] + 1e-6);
                                 assert!(
                                     ((*g - w) as f64).abs() <= tol,
-                                    "{:?} {isa} rows={rows} cols={cols} row {}: {g} vs {w}",
+                                    "{:?} {isa} rows={rows} cols={cols} n={n} row {} token {}: {g} vs {w}",
                                     m.format(),
-                                    range.start + i
+                                    range.start + j / n,
+                                    j % n
                                 );
+                            }
+                            // a prompt's products are its tokens' one at a time, bit for bit
+                            for t in 0..n {
+                                let mut one = QuantAct::default();
+                                one.quantize(&x[t * cols..(t + 1) * cols], cols, group);
+                                let mut single = vec![0f32; range.len()];
+                                m.matmul_rows(isa, Input::Quant(&one), 1, range.clone(), &mut single);
+                                for (i, v) in single.iter().enumerate() {
+                                    assert_eq!(
+                                        v.to_bits(),
+                                        got[i * n + t].to_bits(),
+                                        "{:?} {isa} rows={rows} cols={cols} n={n}: token {t} alone",
+                                        m.format()
+                                    );
+                                }
                             }
                         }
                     }
