@@ -26,9 +26,52 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// One format's matrix: (Mat, input, bytes).
+fn run(
+    rows: usize,
+    cols: usize,
+    isa: Isa,
+    fmt: &str,
+    mats: &[Mat<'_>],
+    x: &[f32],
+    qa: &QuantAct,
+    passes: usize,
+) -> f64 {
+    let mut out = vec![0f32; rows];
+    let mut times = vec![];
+    let input = if fmt == "bf16" { Input::F32(x) } else { Input::Quant(qa) };
+    let bytes = mats[0].format().data_bytes(rows, cols) + mats[0].format().scale_bytes(rows, cols);
+    for _ in 0..15 {
+        let t = Instant::now();
+        for _ in 0..passes {
+            for m in mats {
+                m.matmul_rows(isa, input, 1, 0..rows, &mut out);
+            }
+        }
+        times.push(t.elapsed().as_secs_f64());
+    }
+    (bytes * mats.len() * passes) as f64 / median(times) / 1e9
+}
+
+/// The machine's read bandwidth now: summing 256 MB of u64 (the roofline for every "memory"
+/// number below), median of 15 passes.
+fn read_bandwidth() -> f64 {
+    let v: Vec<u64> = (0..(256usize << 20) / 8).map(|i| i as u64).collect();
+    let mut times = vec![];
+    for _ in 0..15 {
+        let t = Instant::now();
+        let s = v.iter().fold(0u64, |a, &b| a.wrapping_add(b));
+        std::hint::black_box(s);
+        times.push(t.elapsed().as_secs_f64());
+    }
+    (v.len() * 8) as f64 / median(times) / 1e9
+}
+
 fn main() {
-    // a working set larger than the L3 cache, so the numbers are memory-bound like decode
-    let copies = 24;
+    println!("read bandwidth (sum of 256 MB, 1 thread): {:.1} GB/s", read_bandwidth());
+    // "memory": copies making a working set of 256 MB or more, far past the L3 cache, so the
+    // numbers are memory-bound like decode; "hot": one copy over and over (in L2 or L3), so
+    // the number is the kernel's own speed, the ceiling it would reach with infinite bandwidth
     for (rows, cols) in [(768usize, 2048usize), (2048, 768), (4096, 2048)] {
         let w = rnd(rows * cols, 1);
         let x = rnd(cols, 2);
@@ -43,39 +86,30 @@ fn main() {
             quantize_q8_row(&w[a..b], g, &mut q8[a..b], &mut d8[r * cols / g..(r + 1) * cols / g]);
             quantize_q4_row(&w[a..b], g, &mut q4[a / 2..b / 2], &mut d4[r * cols / g..(r + 1) * cols / g]);
         }
-        let bufs: Vec<(Vec<u16>, Vec<i8>, Vec<u8>)> =
-            (0..copies).map(|_| (wb.clone(), q8.clone(), q4.clone())).collect();
         let mut qa = QuantAct::default();
         qa.quantize(&x, cols, g);
-        for isa in Isa::available() {
-            for fmt in ["bf16", "q8", "q4"] {
-                let mut out = vec![0f32; rows];
-                let mut times = vec![];
-                let mut bytes = 0usize;
-                for rep in 0..15 {
-                    let t = Instant::now();
-                    for (b16, b8, b4) in &bufs {
-                        let (m, input) = match fmt {
-                            "bf16" => (Mat { rows, cols, data: MatData::Bf16(b16) }, Input::F32(&x)),
-                            "q8" => (
-                                Mat { rows, cols, data: MatData::Q8 { q: b8, scales: &d8, group: g } },
-                                Input::Quant(&qa),
-                            ),
-                            _ => (
-                                Mat { rows, cols, data: MatData::Q4 { q: b4, scales: &d4, group: g } },
-                                Input::Quant(&qa),
-                            ),
-                        };
-                        m.matmul_rows(isa, input, 1, 0..rows, &mut out);
-                        if rep == 0 {
-                            bytes += m.format().data_bytes(rows, cols) + m.format().scale_bytes(rows, cols);
-                        }
-                    }
-                    times.push(t.elapsed().as_secs_f64());
+        for fmt in ["bf16", "q8", "q4"] {
+            let bytes = match fmt {
+                "bf16" => rows * cols * 2,
+                "q8" => rows * cols,
+                _ => rows * cols / 2,
+            };
+            let copies = (256usize << 20).div_ceil(bytes);
+            let b16: Vec<Vec<u16>> = if fmt == "bf16" { (0..copies).map(|_| wb.clone()).collect() } else { vec![] };
+            let b8: Vec<Vec<i8>> = if fmt == "q8" { (0..copies).map(|_| q8.clone()).collect() } else { vec![] };
+            let b4: Vec<Vec<u8>> = if fmt == "q4" { (0..copies).map(|_| q4.clone()).collect() } else { vec![] };
+            let mats: Vec<Mat<'_>> = match fmt {
+                "bf16" => b16.iter().map(|b| Mat { rows, cols, data: MatData::Bf16(b) }).collect(),
+                "q8" => {
+                    b8.iter().map(|b| Mat { rows, cols, data: MatData::Q8 { q: b, scales: &d8, group: g } }).collect()
                 }
-                let gbs = bytes as f64 / median(times) / 1e9;
+                _ => b4.iter().map(|b| Mat { rows, cols, data: MatData::Q4 { q: b, scales: &d4, group: g } }).collect(),
+            };
+            for isa in Isa::available() {
+                let mem = run(rows, cols, isa, fmt, &mats, &x, &qa, 1);
+                let hot = run(rows, cols, isa, fmt, &mats[..1], &x, &qa, copies.min(64));
                 println!(
-                    "matvec [{rows:>4}, {cols:>4}] {fmt:<5} {isa:<7} {gbs:6.1} GB/s  (1 thread, {copies} matrices in turn)"
+                    "matvec [{rows:>4}, {cols:>4}] {fmt:<5} {isa:<7} memory {mem:6.1} GB/s  hot {hot:6.1} GB/s  (1 thread)"
                 );
             }
         }

@@ -107,11 +107,19 @@ unsafe fn tiles<const R: usize, const T: usize>(m: &Q4<'_>, rows: Range<usize>, 
     while r < rows.end {
         let got: &[[f32; T]] = if rows.end - r >= R {
             // SAFETY: rows r..r + R and tokens t0..t0 + T exist
-            unsafe { q4_tile::<R, T>(m, r, t0, &mut res) };
+            if m.cpg == 1 {
+                unsafe { q4_tile::<R, T, true>(m, r, t0, &mut res) }
+            } else {
+                unsafe { q4_tile::<R, T, false>(m, r, t0, &mut res) }
+            };
             &res
         } else {
             // SAFETY: as above, for one row
-            unsafe { q4_tile::<1, T>(m, r, t0, &mut one) };
+            if m.cpg == 1 {
+                unsafe { q4_tile::<1, T, true>(m, r, t0, &mut one) }
+            } else {
+                unsafe { q4_tile::<1, T, false>(m, r, t0, &mut one) }
+            };
             &one
         };
         for (i, row) in got.iter().enumerate() {
@@ -131,16 +139,22 @@ unsafe fn tiles<const R: usize, const T: usize>(m: &Q4<'_>, rows: Range<usize>, 
 /// in f32 over the groups.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q4_tile<const R: usize, const T: usize>(m: &Q4<'_>, r0: usize, t0: usize, out: &mut [[f32; T]; R]) {
+unsafe fn q4_tile<const R: usize, const T: usize, const G128: bool>(
+    m: &Q4<'_>,
+    r0: usize,
+    t0: usize,
+    out: &mut [[f32; T]; R],
+) {
     let (cols, ng) = (m.cols, m.ng);
     let mask = _mm512_set1_epi8(0x0F);
-    // even and odd groups in separate float accumulators: two FMA chains
-    let mut f = [[[_mm512_setzero_ps(); 2]; T]; R];
-    for gi in 0..ng {
+    // group gi's products, folded into `acc` with the group's scales
+    let group = |gi: usize, acc: &mut [[__m512; T]; R]| {
         let mut lo = [[_mm512_setzero_si512(); T]; R];
         let mut hi = [[_mm512_setzero_si512(); T]; R];
-        for ch in 0..m.cpg {
-            let c = (gi * m.cpg + ch) * 128;
+        // groups of 128 (the default) are one chunk: a loop the compiler can drop
+        let cpg = if G128 { 1 } else { m.cpg };
+        for ch in 0..cpg {
+            let c = (gi * cpg + ch) * 128;
             let mut wl = [_mm512_setzero_si512(); R];
             let mut wh = [_mm512_setzero_si512(); R];
             for i in 0..R {
@@ -165,13 +179,25 @@ unsafe fn q4_tile<const R: usize, const T: usize>(m: &Q4<'_>, r0: usize, t0: usi
             }
         }
         for i in 0..R {
-            let wd = m.wd[(r0 + i) * ng + gi];
+            // SAFETY: gi < ng, rows r0 + i and tokens t0 + t exist (the scales' shapes)
+            let wd = unsafe { *m.wd.get_unchecked((r0 + i) * ng + gi) };
             for t in 0..T {
-                let s = wd * m.a.scales[(t0 + t) * ng + gi];
+                let s = wd * unsafe { *m.a.scales.get_unchecked((t0 + t) * ng + gi) };
                 let v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i][t], hi[i][t]));
-                f[i][t][gi % 2] = _mm512_fmadd_ps(v, _mm512_set1_ps(s), f[i][t][gi % 2]);
+                acc[i][t] = _mm512_fmadd_ps(v, _mm512_set1_ps(s), acc[i][t]);
             }
         }
+    };
+    // even and odd groups in separate float accumulators: two FMA chains
+    let (mut f0, mut f1) = ([[_mm512_setzero_ps(); T]; R], [[_mm512_setzero_ps(); T]; R]);
+    let mut gi = 0;
+    while gi + 1 < ng {
+        group(gi, &mut f0);
+        group(gi + 1, &mut f1);
+        gi += 2;
+    }
+    if gi < ng {
+        group(gi, &mut f0);
     }
     for i in 0..R {
         let wd = &m.wd[(r0 + i) * ng..(r0 + i + 1) * ng];
@@ -182,7 +208,7 @@ unsafe fn q4_tile<const R: usize, const T: usize>(m: &Q4<'_>, r0: usize, t0: usi
             for g in 0..ng {
                 bias += wd[g] * (-8.0 * sums[g] as f32 * sc[g]);
             }
-            out[i][t] = _mm512_reduce_add_ps(_mm512_add_ps(f[i][t][0], f[i][t][1])) + bias;
+            out[i][t] = _mm512_reduce_add_ps(_mm512_add_ps(f0[i][t], f1[i][t])) + bias;
         }
     }
 }
