@@ -108,9 +108,14 @@ impl Exec {
             s.t.resize(w.rows * n, 0.0);
             let mut t = std::mem::take(&mut s.t);
             run(&mut t, n);
-            for r in 0..w.rows {
+            // in blocks of 16 rows: each token's 16 results are one cache line of `out`
+            // (column by column, every store missed the cache: 7.5% of prefill)
+            for r0 in (0..w.rows).step_by(16) {
+                let r1 = (r0 + 16).min(w.rows);
                 for i in 0..n {
-                    out[i * w.rows + r] = t[r * n + i];
+                    for r in r0..r1 {
+                        out[i * w.rows + r] = t[r * n + i];
+                    }
                 }
             }
             s.t = t;
