@@ -73,8 +73,9 @@ pub unsafe fn q4_matmul(
     let mut t0 = 0;
     while t0 < n {
         // SAFETY (all calls): the caller's guarantees; tiles stay inside rows and 0..n
-        // 2 rows x 4 tokens when the batch allows (measured on bench8: pp128 +17% at 1 thread
-        // over one token at a time), else one row and one token (decode: one stream of weights)
+        // 2 rows x 4 tokens when the batch allows (bench8 pp128 at 1 thread: 71 t/s one token
+        // at a time, 108 so; 4 x 2, 1 x 8 and 2 x 2 tiles for the rest measured no better), else
+        // one row and one token (decode: one stream of weights)
         if n - t0 >= 4 {
             unsafe { tiles::<2, 4>(&m, rows.clone(), t0, n, out) };
             t0 += 4;
@@ -173,8 +174,14 @@ unsafe fn q4_tile<const R: usize, const T: usize, const G128: bool>(
                     )
                 };
                 for i in 0..R {
-                    lo[i][t] = _mm512_dpbusd_epi32(lo[i][t], wl[i], al);
-                    hi[i][t] = _mm512_dpbusd_epi32(hi[i][t], wh[i], ah);
+                    if R * T >= 4 {
+                        // chains enough: one accumulator per product leaves registers for a
+                        // bigger tile (integer sums: the result is the same)
+                        lo[i][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[i][t], wl[i], al), wh[i], ah);
+                    } else {
+                        lo[i][t] = _mm512_dpbusd_epi32(lo[i][t], wl[i], al);
+                        hi[i][t] = _mm512_dpbusd_epi32(hi[i][t], wh[i], ah);
+                    }
                 }
             }
         }
