@@ -65,6 +65,64 @@ impl Exec {
         });
     }
 
+    /// `out = [A x | B x]` for one input row `x` (`[a.cols]`) and two matrices of the same
+    /// input size and format (an expert's gate and up): `out` is `[a.rows + b.rows]`. One
+    /// parallel section instead of two, and `x` quantized once. Falls back to two products when
+    /// the formats differ. `label` names the pair in the trace.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_pair(
+        &self,
+        label: &'static str,
+        a: &Mat<'_>,
+        b: &Mat<'_>,
+        x: &[f32],
+        out: &mut [f32],
+        s: &mut Scratch,
+    ) {
+        debug_assert_eq!(out.len(), a.rows + b.rows);
+        if a.cols != b.cols || a.format() != b.format() {
+            let (oa, ob) = out.split_at_mut(a.rows);
+            self.matmul(label, a, x, 1, oa, s);
+            self.matmul(label, b, x, 1, ob, s);
+            return;
+        }
+        let span = trace::span(label).args_with(|args| {
+            let f = a.format();
+            args.push(("rows", (a.rows + b.rows).into()));
+            args.push(("cols", a.cols.into()));
+            args.push(("tokens", 1usize.into()));
+            args.push(("format", f.name().into()));
+            let bytes = |m: &Mat<'_>| f.data_bytes(m.rows, m.cols) + f.scale_bytes(m.rows, m.cols);
+            args.push(("weight_bytes", (bytes(a) + bytes(b)).into()));
+        });
+        let key = if span.is_recording() { trace::next_id() } else { 0 };
+        let flows = span.flows_out(self.threads());
+        let input = match a.quant_group() {
+            Some(g) => {
+                s.qa.quantize(x, a.cols, g);
+                Input::Quant(&s.qa)
+            }
+            None => Input::F32(x),
+        };
+        let isa = self.isa;
+        let rows = a.rows + b.rows;
+        let rows_per = rows.div_ceil((self.threads() * 4).max(1)).max(8);
+        self.for_chunks_mut(out, rows_per, &|ci, oc, p| {
+            let _c = trace::span(label).merge_with(key);
+            trace::flow_in(flows.map(|f| f + p as u64), key);
+            // global rows [r0, r1): the part in A, then the part in B
+            let (r0, r1) = (ci * rows_per, ci * rows_per + oc.len());
+            let split = r1.min(a.rows).max(r0) - r0;
+            if split > 0 {
+                a.matmul_rows(isa, input, 1, r0..r0 + split, &mut oc[..split]);
+            }
+            if split < oc.len() {
+                let b0 = (r0 + split) - a.rows;
+                b.matmul_rows(isa, input, 1, b0..b0 + oc.len() - split, &mut oc[split..]);
+            }
+        });
+    }
+
     /// `out[t, r] = W[r] · x[t]` for `x` of `[n, w.cols]` and `out` of `[n, w.rows]`.
     /// `label` names the product in the trace (on this thread and on the workers' tracks).
     pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {

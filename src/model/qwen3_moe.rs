@@ -253,7 +253,16 @@ impl Qwen3Moe {
                 Ffn::Dense { gate, up, down } => {
                     let _m = trace::span("mlp").arg("layer", l);
                     let (g, u, d) = (pkg.mat_by_index(gate), pkg.mat_by_index(up), pkg.mat_by_index(down));
-                    swiglu_mlp(exec, ["gate_proj", "up_proj", "down_proj"], &g, &u, &d, &hbuf, t_n, &mut s)
+                    swiglu_mlp(
+                        exec,
+                        ["gate_up_proj", "gate_proj", "up_proj", "down_proj"],
+                        &g,
+                        &u,
+                        &d,
+                        &hbuf,
+                        t_n,
+                        &mut s,
+                    )
                 }
                 Ffn::Moe { router } => self.moe(exec, l, router, &hbuf, pos0, &mut s, obs)?,
             };
@@ -428,7 +437,7 @@ impl Qwen3Moe {
             for &(t, _) in users {
                 xe.extend_from_slice(&hn[t * h..(t + 1) * h]);
             }
-            let labels = ["expert_gate", "expert_up", "expert_down"];
+            let labels = ["expert_gate_up", "expert_gate", "expert_up", "expert_down"];
             let ye = swiglu_mlp(exec, labels, &ex.gate, &ex.up, &ex.down, &xe, users.len(), s);
             for (i, &(t, j)) in users.iter().enumerate() {
                 let w = chosen[t * k_n + j].1;
@@ -474,11 +483,11 @@ impl Qwen3Moe {
 }
 
 /// `down(silu(gate x) * up x)` for `x` of `[n, H]`; returns `[n, H]`. `labels` name the
-/// three products in the trace.
+/// products in the trace: gate and up as one (one token), gate, up (several), down.
 #[allow(clippy::too_many_arguments)]
 fn swiglu_mlp(
     exec: &Exec,
-    labels: [&'static str; 3],
+    labels: [&'static str; 4],
     gate: &Mat<'_>,
     up: &Mat<'_>,
     down: &Mat<'_>,
@@ -487,12 +496,20 @@ fn swiglu_mlp(
     s: &mut Scratch,
 ) -> Vec<f32> {
     let i = gate.rows;
-    let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
-    exec.matmul(labels[0], gate, x, n, &mut g, s);
-    exec.matmul(labels[1], up, x, n, &mut u, s);
     let mut a = vec![0f32; n * i];
-    swiglu(&g, &u, &mut a);
+    if n == 1 {
+        // one token (decode): gate and up in one parallel section, the input quantized once
+        let mut gu = vec![0f32; gate.rows + up.rows];
+        exec.matvec_pair(labels[0], gate, up, x, &mut gu, s);
+        let (g, u) = gu.split_at(i);
+        swiglu(g, u, &mut a);
+    } else {
+        let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
+        exec.matmul(labels[1], gate, x, n, &mut g, s);
+        exec.matmul(labels[2], up, x, n, &mut u, s);
+        swiglu(&g, &u, &mut a);
+    }
     let mut y = vec![0f32; n * down.rows];
-    exec.matmul(labels[2], down, &a, n, &mut y, s);
+    exec.matmul(labels[3], down, &a, n, &mut y, s);
     y
 }
