@@ -444,3 +444,37 @@ fn help_lists_every_key_of_the_live_map() {
         assert_eq!(got, Some(b.action), "key {first}");
     }
 }
+
+#[test]
+fn a_reply_shorter_than_a_sample_window_still_shows_its_reads() {
+    // a fast reply on a small model: two steps ~30 ms apart, 5 MB read, then done; the I/O
+    // history must get a point for it (it used to wait for 250 ms of steps that never came)
+    let mut app = App::new();
+    app.on_event(Event::Engine(EngineEvent::Ready(Box::new(big_info(u64::MAX)))));
+    let t0 = Instant::now();
+    app.on_event(Event::Engine(EngineEvent::Step(Box::new(synthetic_step(0, LayerStats::default(), vec![])))));
+    std::thread::sleep(Duration::from_millis(30));
+    let read = LayerStats { bytes_demand: 4_000_000, bytes_prefetch: 1_000_000, ..Default::default() };
+    let mut s = synthetic_step(1, read, vec![]);
+    s.reads = 2;
+    app.on_event(Event::Engine(EngineEvent::Step(Box::new(s))));
+    let elapsed = t0.elapsed().as_secs_f64();
+    let done = moescope::tui::event::DoneInfo {
+        prompt_tokens: 1,
+        cached_tokens: 0,
+        generated: 1,
+        ttft_ms: 1.0,
+        prefill_tps: 1.0,
+        decode_tps: 1.0,
+        stop: "eos".into(),
+        experts: read,
+    };
+    app.on_event(Event::Engine(EngineEvent::Done(Box::new(done))));
+    assert_eq!(app.io.mbps.len(), 1, "one point for the reply");
+    // 5 MB over the time between the two steps: at least 30 ms, at most what the test took
+    let (lo, hi) = (5.0 / elapsed, 5.0f64 / 0.030);
+    let got = app.io.mbps[0] as f64;
+    assert!(got >= lo.floor() && got <= hi.ceil(), "{got} MB/s, expected {lo:.0}-{hi:.0}");
+    assert_eq!(app.io.max_mbps, app.io.mbps[0]);
+    assert!(app.io.reads_per_s > 0.0);
+}

@@ -136,7 +136,50 @@ pub struct IoHistory {
     pub mbps: VecDeque<u64>,
     pub reads_per_s: f64,
     pub max_mbps: u64,
+    /// Start of the open window: (when, bytes read, reads) by then.
     last: Option<(Instant, u64, u64)>,
+    /// The newest step's (when, bytes read, reads).
+    latest: Option<(Instant, u64, u64)>,
+}
+
+/// How long one point of the I/O history covers while steps come.
+const IO_WINDOW: Duration = Duration::from_millis(250);
+
+impl IoHistory {
+    /// A step saw `bytes` read and `reads` so far: close the window when it is long enough.
+    fn step(&mut self, now: Instant, bytes: u64, reads: u64) {
+        self.latest = Some((now, bytes, reads));
+        match self.last {
+            Some((t, _, _)) if now.duration_since(t) >= IO_WINDOW => self.close(now, bytes, reads),
+            None => self.last = Some((now, bytes, reads)),
+            _ => {}
+        }
+    }
+
+    /// A reply ended: its last window becomes a point however short it is (a fast reply on a
+    /// small model reads in bursts of 100 ms and would otherwise never show), and the idle time
+    /// until the next reply is not averaged into its first point.
+    fn reply_done(&mut self) {
+        if let (Some((t, b, _)), Some((now, bytes, reads))) = (self.last, self.latest) {
+            if bytes > b && now > t {
+                self.close(now, bytes, reads);
+            }
+        }
+        self.last = None;
+    }
+
+    fn close(&mut self, now: Instant, bytes: u64, reads: u64) {
+        let Some((t, b, r)) = self.last else { return };
+        let dt = now.duration_since(t).as_secs_f64();
+        let mbps = (bytes.saturating_sub(b) as f64 / 1e6 / dt) as u64;
+        self.reads_per_s = reads.saturating_sub(r) as f64 / dt;
+        self.max_mbps = self.max_mbps.max(mbps);
+        self.mbps.push_back(mbps);
+        if self.mbps.len() > IO_SAMPLES {
+            self.mbps.pop_front();
+        }
+        self.last = Some((now, bytes, reads));
+    }
 }
 
 pub const IO_SAMPLES: usize = 120;
@@ -317,6 +360,7 @@ impl App {
                     line.push_str(&format!(" · hits {:.1}% · SSD {:.1} MB", e.hit_pct(), e.bytes_read() as f64 / 1e6));
                 }
                 self.push(Role::Info, line);
+                self.io.reply_done();
                 self.publish();
                 self.last_done = Some(*d);
                 self.phase = Phase::Idle;
@@ -362,23 +406,7 @@ impl App {
                 self.recent.pop_front();
             }
         }
-        let now = Instant::now();
-        let bytes = s.totals.bytes_read();
-        match self.io.last {
-            Some((t, b, r)) if now.duration_since(t) >= Duration::from_millis(250) => {
-                let dt = now.duration_since(t).as_secs_f64();
-                let mbps = ((bytes.saturating_sub(b)) as f64 / 1e6 / dt) as u64;
-                self.io.reads_per_s = s.reads.saturating_sub(r) as f64 / dt;
-                self.io.max_mbps = self.io.max_mbps.max(mbps);
-                self.io.mbps.push_back(mbps);
-                if self.io.mbps.len() > IO_SAMPLES {
-                    self.io.mbps.pop_front();
-                }
-                self.io.last = Some((now, bytes, s.reads));
-            }
-            None => self.io.last = Some((now, bytes, s.reads)),
-            _ => {}
-        }
+        self.io.step(Instant::now(), s.totals.bytes_read(), s.reads);
         self.heat_live.fold(&s.counts, &s.last);
         self.pending = Some(s);
         if self.published_at.is_none_or(|t| t.elapsed() >= PANE_PERIOD) {
