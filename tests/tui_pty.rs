@@ -61,7 +61,7 @@ fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
     let mut cmd = CommandBuilder::new(env!("CARGO_BIN_EXE_moescope"));
     // long replies, so there is time to stop one
     // a small recorder cap, so the session overflows it and the ring keeps the newest events
-    cmd.args(["chat", "-n", "3500", "--ignore-eos", "--temperature", "0", "-t", "1", "--trace-max-events", "15000"]);
+    cmd.args(["chat", "-n", "3500", "--ignore-eos", "--temperature", "0", "-t", "1", "--trace-max-events", "4000"]);
     cmd.cwd(dir.path());
     cmd.env("MOESCOPE_CACHE_DIR", dir.path().join("cache"));
     cmd.env("TERM", "xterm-256color");
