@@ -223,7 +223,7 @@ unsafe fn q4_tile<const R: usize, const T: usize, const G128: bool>(
 /// `out[i] = W[rows.start + i] · a` for q8 weights `q` (`[rows, cols]`) with `scales`.
 ///
 /// # Safety
-/// As for [`q4_matvec`], with `supports_q8(a.group)`.
+/// The CPU must support AVX-512 F, BW and VNNI; `supports_q8(a.group)`; slices sized as above.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q8_matvec(q: &[i8], scales: &[f32], cols: usize, a: QuantRow<'_>, rows: Range<usize>, out: &mut [f32]) {
     debug_assert!(supports_q8(a.group) && out.len() == rows.len());
