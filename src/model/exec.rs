@@ -2,6 +2,7 @@
 //! The kernels crate has no threads; this splits a product's output rows over the pool.
 
 use moescope_kernels::mat::Input;
+use moescope_kernels::quant::Format;
 use moescope_kernels::{Isa, Mat, QuantAct};
 
 use super::pool::Pool;
@@ -86,24 +87,10 @@ impl Exec {
             self.matmul(label, b, x, 1, ob, s);
             return;
         }
-        let span = trace::span(label).args_with(|args| {
-            let f = a.format();
-            args.push(("rows", (a.rows + b.rows).into()));
-            args.push(("cols", a.cols.into()));
-            args.push(("tokens", 1usize.into()));
-            args.push(("format", f.name().into()));
-            let bytes = |m: &Mat<'_>| f.data_bytes(m.rows, m.cols) + f.scale_bytes(m.rows, m.cols);
-            args.push(("weight_bytes", (bytes(a) + bytes(b)).into()));
-        });
+        let span = product_span(label, a.format(), a.rows + b.rows, a.cols, 1);
         let key = if span.is_recording() { trace::next_id() } else { 0 };
         let flows = span.flows_out(self.threads());
-        let input = match a.quant_group() {
-            Some(g) => {
-                s.qa.quantize(x, a.cols, g);
-                Input::Quant(&s.qa)
-            }
-            None => Input::F32(x),
-        };
+        let input = quantized(a, x, &mut s.qa);
         let isa = self.isa;
         let rows = a.rows + b.rows;
         let rows_per = rows.div_ceil((self.threads() * 4).max(1)).max(8);
@@ -126,27 +113,14 @@ impl Exec {
     /// `out[t, r] = W[r] · x[t]` for `x` of `[n, w.cols]` and `out` of `[n, w.rows]`.
     /// `label` names the product in the trace (on this thread and on the workers' tracks).
     pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
-        let span = trace::span(label).args_with(|a| {
-            let f = w.format();
-            a.push(("rows", w.rows.into()));
-            a.push(("cols", w.cols.into()));
-            a.push(("tokens", n.into()));
-            a.push(("format", f.name().into()));
-            a.push(("weight_bytes", (f.data_bytes(w.rows, w.cols) + f.scale_bytes(w.rows, w.cols)).into()));
-        });
+        let span = product_span(label, w.format(), w.rows, w.cols, n);
         // the workers' chunks of this product merge into one slice per worker, each reached
         // by a flow from this slice
         let key = if span.is_recording() { trace::next_id() } else { 0 };
         let flows = span.flows_out(self.threads());
         debug_assert_eq!(x.len(), n * w.cols);
         debug_assert_eq!(out.len(), n * w.rows);
-        let input = match w.quant_group() {
-            Some(g) => {
-                s.qa.quantize(x, w.cols, g);
-                Input::Quant(&s.qa)
-            }
-            None => Input::F32(x),
-        };
+        let input = quantized(w, x, &mut s.qa);
         let isa = self.isa;
         // enough chunks to balance the threads, each a few hundred KB of weights at most
         let chunks = (self.threads() * 4).max(1);
@@ -178,5 +152,28 @@ impl Exec {
             }
             s.t = t;
         }
+    }
+}
+
+/// The trace slice of a product of `rows` x `cols` weights in format `f` with `tokens` inputs.
+fn product_span(label: &'static str, f: Format, rows: usize, cols: usize, tokens: usize) -> trace::Span {
+    trace::span(label).args_with(|a| {
+        a.push(("rows", rows.into()));
+        a.push(("cols", cols.into()));
+        a.push(("tokens", tokens.into()));
+        a.push(("format", f.name().into()));
+        a.push(("weight_bytes", (f.data_bytes(rows, cols) + f.scale_bytes(rows, cols)).into()));
+    })
+}
+
+/// The input a product of `w` reads: `x` itself for float weights, else `x` quantized (into
+/// `qa`) with the weight's group.
+fn quantized<'a>(w: &Mat<'_>, x: &'a [f32], qa: &'a mut QuantAct) -> Input<'a> {
+    match w.quant_group() {
+        Some(g) => {
+            qa.quantize(x, w.cols, g);
+            Input::Quant(qa)
+        }
+        None => Input::F32(x),
     }
 }
