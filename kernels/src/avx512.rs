@@ -1,5 +1,5 @@
-//! AVX-512 VNNI kernels for q4 and q8 weights: matrix-vector (decode) and, for q4, tiles of
-//! rows x tokens (prefill).
+//! AVX-512 VNNI kernels for q4, q6 and q8 weights: matrix-vector (decode) and, for q4 and q6,
+//! tiles of rows x tokens (prefill).
 //!
 //! `vpdpbusd` multiplies 64 unsigned bytes by 64 signed bytes and adds each group of four
 //! products into one of 16 int32 lanes. Both formats make their weights unsigned for it:
@@ -68,8 +68,36 @@ pub unsafe fn q4_matmul(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    debug_assert!(supports_q4(a.group) && ap.len() >= n * cols && out.len() == rows.len() * n);
-    let m = Q4 { q, wd: scales, cols, ng: cols / a.group, cpg: a.group / 128, a, ap };
+    let m = QMat { q, wd: scales, cols, row_bytes: cols / 2, ng: cols / a.group, cpg: a.group / 128, a, ap };
+    // SAFETY: the caller's guarantees
+    unsafe { matmul::<false>(&m, n, rows, out) }
+}
+
+/// As [`q4_matmul`] for q6 weights (`q6_lo4hi2`: 96 bytes per 128 values, so `q` is
+/// `[rows, cols / 128 * 96]`): the same low-nibble unpacking, the high bits ORed in from the
+/// chunk's last 32 bytes, and a bias of 32.
+///
+/// # Safety
+/// As for [`q4_matmul`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q6_matmul(
+    q: &[u8],
+    scales: &[f32],
+    cols: usize,
+    a: &QuantAct,
+    ap: &[i8],
+    n: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let m = QMat { q, wd: scales, cols, row_bytes: cols / 128 * 96, ng: cols / a.group, cpg: a.group / 128, a, ap };
+    // SAFETY: the caller's guarantees
+    unsafe { matmul::<true>(&m, n, rows, out) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn matmul<const SIX: bool>(m: &QMat<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
+    debug_assert!(supports_q4(m.a.group) && m.ap.len() >= n * m.cols && out.len() == rows.len() * n);
     let mut t0 = 0;
     while t0 < n {
         // SAFETY (all calls): the caller's guarantees; tiles stay inside rows and 0..n
@@ -77,20 +105,22 @@ pub unsafe fn q4_matmul(
         // at a time, 108 so; 4 x 2, 1 x 8 and 2 x 2 tiles for the rest measured no better), else
         // one row and one token (decode: one stream of weights)
         if n - t0 >= 4 {
-            unsafe { tiles::<2, 4>(&m, rows.clone(), t0, n, out) };
+            unsafe { tiles::<2, 4, SIX>(m, rows.clone(), t0, n, out) };
             t0 += 4;
         } else {
-            unsafe { tiles::<1, 1>(&m, rows.clone(), t0, n, out) };
+            unsafe { tiles::<1, 1, SIX>(m, rows.clone(), t0, n, out) };
             t0 += 1;
         }
     }
 }
 
-/// A q4 matrix and the activations it multiplies.
-struct Q4<'a> {
+/// A q4 or q6 matrix and the activations it multiplies.
+struct QMat<'a> {
     q: &'a [u8],
     wd: &'a [f32],
     cols: usize,
+    /// bytes of one weight row
+    row_bytes: usize,
     /// groups per row, 128-value chunks per group
     ng: usize,
     cpg: usize,
@@ -101,7 +131,13 @@ struct Q4<'a> {
 /// Tokens `t0..t0 + T` for every row of `rows`, `R` rows at a time (the rest one by one).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tiles<const R: usize, const T: usize>(m: &Q4<'_>, rows: Range<usize>, t0: usize, n: usize, out: &mut [f32]) {
+unsafe fn tiles<const R: usize, const T: usize, const SIX: bool>(
+    m: &QMat<'_>,
+    rows: Range<usize>,
+    t0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
     let mut r = rows.start;
     let mut res = [[0f32; T]; R];
     let mut one = [[0f32; T]; 1];
@@ -109,17 +145,17 @@ unsafe fn tiles<const R: usize, const T: usize>(m: &Q4<'_>, rows: Range<usize>, 
         let got: &[[f32; T]] = if rows.end - r >= R {
             // SAFETY: rows r..r + R and tokens t0..t0 + T exist
             if m.cpg == 1 {
-                unsafe { q4_tile::<R, T, true>(m, r, t0, &mut res) }
+                unsafe { q_tile::<R, T, true, SIX>(m, r, t0, &mut res) }
             } else {
-                unsafe { q4_tile::<R, T, false>(m, r, t0, &mut res) }
+                unsafe { q_tile::<R, T, false, SIX>(m, r, t0, &mut res) }
             };
             &res
         } else {
             // SAFETY: as above, for one row
             if m.cpg == 1 {
-                unsafe { q4_tile::<1, T, true>(m, r, t0, &mut one) }
+                unsafe { q_tile::<1, T, true, SIX>(m, r, t0, &mut one) }
             } else {
-                unsafe { q4_tile::<1, T, false>(m, r, t0, &mut one) }
+                unsafe { q_tile::<1, T, false, SIX>(m, r, t0, &mut one) }
             };
             &one
         };
@@ -135,19 +171,30 @@ unsafe fn tiles<const R: usize, const T: usize>(m: &Q4<'_>, rows: Range<usize>, 
 /// Rows `r0..r0 + R` times tokens `t0..t0 + T`. Per (row, token): int32 lanes per group (low
 /// and high nibbles in separate accumulators: two chains), then one FMA per group into a float
 /// accumulator with the group's weight x activation scale; at the end the 16 lanes are summed
-/// and the bias term added: the nibbles are stored as `n = q + 8`, so the dot product is
-/// `sum_g s_g (sum n a - 8 sum a)`, and the second part is `sum_g wd_g (-8 sum_g a as_g)`, done
-/// in f32 over the groups.
+/// and the bias term added: the values are stored as `n = q + bias` (q4: 8, q6: 32), so the dot
+/// product is `sum_g s_g (sum n a - bias sum a)`, and the second part is
+/// `sum_g wd_g (-bias sum_g a as_g)`, done in f32 over the groups.
+///
+/// q6 (`SIX`): a chunk's 32 high bytes, loaded into both halves of a register, give the high
+/// bits of the low-nibble lanes shifted left by 4 (lanes 0-31, field 0) and 2 (lanes 32-63, field
+/// 1), and those of the high-nibble lanes by 0 and -2 (fields 2 and 3); masked with 0x30 and
+/// ORed in. 16-bit shifts move bits across bytes only into bits the mask drops.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q4_tile<const R: usize, const T: usize, const G128: bool>(
-    m: &Q4<'_>,
+unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bool>(
+    m: &QMat<'_>,
     r0: usize,
     t0: usize,
     out: &mut [[f32; T]; R],
 ) {
     let (cols, ng) = (m.cols, m.ng);
     let mask = _mm512_set1_epi8(0x0F);
+    let hmask = _mm512_set1_epi8(0x30);
+    // per 16-bit lane: 4 for the low 256 bits, 2 for the high (left shifts of the low-nibble
+    // lanes' fields); 0 and 2 (right shifts of the high-nibble lanes' fields)
+    let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+    let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    let chunk_bytes = if SIX { 96 } else { 64 };
     // group gi's products, folded into `acc` with the group's scales
     let group = |gi: usize, acc: &mut [[__m512; T]; R]| {
         let mut lo = [[_mm512_setzero_si512(); T]; R];
@@ -155,14 +202,22 @@ unsafe fn q4_tile<const R: usize, const T: usize, const G128: bool>(
         // groups of 128 (the default) are one chunk: a loop the compiler can drop
         let cpg = if G128 { 1 } else { m.cpg };
         for ch in 0..cpg {
-            let c = (gi * cpg + ch) * 128;
+            let ci = gi * cpg + ch;
+            let c = ci * 128;
             let mut wl = [_mm512_setzero_si512(); R];
             let mut wh = [_mm512_setzero_si512(); R];
             for i in 0..R {
-                // SAFETY: row r0 + i has cols / 2 bytes and c + 128 <= cols
-                let w = unsafe { _mm512_loadu_si512(m.q.as_ptr().add((r0 + i) * cols / 2 + c / 2) as *const _) };
+                // SAFETY: row r0 + i has row_bytes bytes and chunk ci is inside it
+                let p = unsafe { m.q.as_ptr().add((r0 + i) * m.row_bytes + ci * chunk_bytes) };
+                let w = unsafe { _mm512_loadu_si512(p as *const _) };
                 wl[i] = _mm512_and_si512(w, mask);
                 wh[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+                if SIX {
+                    // SAFETY: the chunk's high bytes follow its 64 low-nibble bytes
+                    let h = unsafe { _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(64) as *const _)) };
+                    wl[i] = _mm512_or_si512(wl[i], _mm512_and_si512(_mm512_sllv_epi16(h, shl), hmask));
+                    wh[i] = _mm512_or_si512(wh[i], _mm512_and_si512(_mm512_srlv_epi16(h, shr), hmask));
+                }
             }
             for t in 0..T {
                 let base = (t0 + t) * cols + c;
@@ -206,6 +261,7 @@ unsafe fn q4_tile<const R: usize, const T: usize, const G128: bool>(
     if gi < ng {
         group(gi, &mut f0);
     }
+    let nbias = if SIX { -32.0 } else { -8.0 };
     for i in 0..R {
         let wd = &m.wd[(r0 + i) * ng..(r0 + i + 1) * ng];
         for t in 0..T {
@@ -213,7 +269,7 @@ unsafe fn q4_tile<const R: usize, const T: usize, const G128: bool>(
                 (&m.a.scales[(t0 + t) * ng..(t0 + t + 1) * ng], &m.a.sums[(t0 + t) * ng..(t0 + t + 1) * ng]);
             let mut bias = 0f32;
             for g in 0..ng {
-                bias += wd[g] * (-8.0 * sums[g] as f32 * sc[g]);
+                bias += wd[g] * (nbias * sums[g] as f32 * sc[g]);
             }
             out[i][t] = _mm512_reduce_add_ps(_mm512_add_ps(f0[i][t], f1[i][t])) + bias;
         }

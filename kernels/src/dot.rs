@@ -61,9 +61,23 @@ pub fn dot_q4(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     scalar::dot_q4(wq, wd, a)
 }
 
+/// `w · a` with `w` a q6 row (`q6_lo4hi2` layout) and `a` quantized with the same group.
+#[inline]
+pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+    debug_assert_eq!(wq.len() / 96 * 128, a.q.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: as above; groups are whole 128-value chunks (the format's rule).
+        return unsafe { x86::dot_q6(wq, wd, a) };
+    }
+    let _ = isa;
+    scalar::dot_q6(wq, wd, a)
+}
+
 /// The reference kernels.
 pub mod scalar {
     use super::*;
+    use crate::quant::q6_value;
 
     pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         // eight partial sums: the order the SIMD kernels use, and what lets the compiler
@@ -128,6 +142,16 @@ pub mod scalar {
                     isum += lo * x[j] as i32 + hi * x[j + half] as i32;
                 }
             }
+            acc += isum as f32 * (wd[gi] * a.scales[gi]);
+        }
+        acc
+    }
+
+    pub fn dot_q6(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+        let g = a.group;
+        let mut acc = 0f32;
+        for gi in 0..wd.len() {
+            let isum: i32 = (gi * g..(gi + 1) * g).map(|j| q6_value(wq, j) * a.q[j] as i32).sum();
             acc += isum as f32 * (wd[gi] * a.scales[gi]);
         }
         acc
@@ -285,13 +309,54 @@ mod x86 {
         }
         acc
     }
+
+    /// As `dot_q4`, per 32-value block, with each block's high bits merged in: block `b` of a
+    /// chunk has its low-nibble values at load positions `16 b..`, so their high bits are field
+    /// `b / 2` of high bytes `16 (b % 2)..`, and its high-nibble values field `2 + b / 2`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_q6(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+        let g = a.group;
+        let mask = _mm_set1_epi8(0x0F);
+        let two = _mm_set1_epi8(0x03);
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = 0f32;
+        for gi in 0..wd.len() {
+            let mut v = _mm256_setzero_si256();
+            for ch in 0..g / 128 {
+                let at = (gi * g / 128 + ch) * 96;
+                for b in 0..4 {
+                    let x0 = gi * g + ch * 128 + b * 32;
+                    // SAFETY: the chunk's 96 bytes and the block's 32 activations are in the row
+                    let (lob, hib, x) = unsafe {
+                        (
+                            _mm_loadu_si128(wq.as_ptr().add(at + b * 16) as *const __m128i),
+                            _mm_loadu_si128(wq.as_ptr().add(at + 64 + (b % 2) * 16) as *const __m128i),
+                            _mm256_loadu_si256(a.q.as_ptr().add(x0) as *const __m256i),
+                        )
+                    };
+                    let f = _mm_cvtsi32_si128(2 * (b / 2) as i32);
+                    let fh = _mm_cvtsi32_si128(2 * (2 + b / 2) as i32);
+                    let hl = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hib, f), two), 4);
+                    let hh = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hib, fh), two), 4);
+                    let lo = _mm_or_si128(_mm_and_si128(lob, mask), hl);
+                    let hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lob, 4), mask), hh);
+                    let n = _mm256_set_m128i(hi, lo);
+                    // n in [0, 63]: a maddubs pair is at most 2 * 63 * 127, no saturation
+                    v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(n, x), ones));
+                }
+            }
+            let isum = hsum_epi32(v) - 32 * a.sums[gi];
+            acc += isum as f32 * (wd[gi] * a.scales[gi]);
+        }
+        acc
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::act::QuantAct;
-    use crate::quant::{GROUPS, f32_to_bf16, q4_value, quantize_q4_row, quantize_q8_row};
+    use crate::quant::{GROUPS, f32_to_bf16, q4_value, q6_value, quantize_q4_row, quantize_q6_row, quantize_q8_row};
 
     fn rnd(seed: &mut u64, n: usize) -> Vec<f32> {
         (0..n)
@@ -365,6 +430,44 @@ mod tests {
                     assert_eq!(dot_q8(isa, &q8, &d8, a.row(0)).to_bits(), ref8.to_bits(), "{isa} q8 g={g}");
                     assert_eq!(dot_q4(isa, &q4, &d4, a.row(0)).to_bits(), ref4.to_bits(), "{isa} q4 g={g}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn q6_kernels_match_brute_force_bit_identically_across_tiers() {
+        let mut s = 23;
+        for g in [128, 256] {
+            for ngroups in [1, 2, 3, 7] {
+                let k = g * ngroups;
+                let w = rnd(&mut s, k);
+                let x: Vec<f32> = rnd(&mut s, k).iter().map(|v| v * 4.0).collect();
+                let mut a = QuantAct::default();
+                a.quantize(&x, k, g);
+                let mut q6 = vec![0u8; k / 128 * 96];
+                let mut d6 = vec![0f32; ngroups];
+                quantize_q6_row(&w, g, &mut q6, &mut d6);
+                let v6: Vec<i32> = (0..k).map(|j| q6_value(&q6, j)).collect();
+                let want = brute_q(&v6, &d6, &a, g);
+                let got = scalar::dot_q6(&q6, &d6, a.row(0));
+                assert!((got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()), "g={g}: {got} vs {want}");
+                for isa in Isa::available() {
+                    assert_eq!(dot_q6(isa, &q6, &d6, a.row(0)).to_bits(), got.to_bits(), "{isa} q6 g={g}");
+                }
+            }
+        }
+        // every weight at +31 and -32 against int8 extremes: the largest pair sums
+        for (wv, xv) in [(31.0f32, 1.0f32), (-32.0, -1.0)] {
+            let w = vec![wv; 128];
+            let mut q6 = vec![0u8; 96];
+            let mut d6 = vec![0f32; 1];
+            quantize_q6_row(&w, 128, &mut q6, &mut d6);
+            let mut a = QuantAct::default();
+            a.quantize(&vec![xv; 128], 128, 128);
+            let want = (wv * xv * 128.0) as f64;
+            for isa in Isa::available() {
+                let got = dot_q6(isa, &q6, &d6, a.row(0)) as f64;
+                assert!((got - want).abs() <= 1e-4 * want.abs(), "{isa}: {got} vs {want}");
             }
         }
     }

@@ -5,7 +5,7 @@ use std::ops::Range;
 use crate::act::QuantAct;
 use crate::dot;
 use crate::isa::Isa;
-use crate::quant::{Format, bf16_to_f32, dequantize_q4_row, dequantize_q8_row};
+use crate::quant::{Format, Q6_CHUNK, Q6_CHUNK_BYTES, bf16_to_f32, dequantize_q4_row, dequantize_q6_row, dequantize_q8_row};
 
 /// The values of a matrix, borrowed (usually from the mmapped package).
 #[derive(Debug, Clone, Copy)]
@@ -20,6 +20,12 @@ pub enum MatData<'a> {
     },
     /// `q`: `[rows, cols / 2]` bytes in the `q4_lohi32` layout; `scales` as for Q8.
     Q4 {
+        q: &'a [u8],
+        scales: &'a [f32],
+        group: usize,
+    },
+    /// `q`: `[rows, cols / 128 * 96]` bytes in the `q6_lo4hi2` layout; `scales` as for Q8.
+    Q6 {
         q: &'a [u8],
         scales: &'a [f32],
         group: usize,
@@ -50,6 +56,7 @@ impl<'a> Mat<'a> {
             MatData::Bf16(_) => Format::Bf16,
             MatData::Q8 { group, .. } => Format::Q8 { group },
             MatData::Q4 { group, .. } => Format::Q4 { group },
+            MatData::Q6 { group, .. } => Format::Q6 { group },
         }
     }
 
@@ -76,6 +83,10 @@ impl<'a> Mat<'a> {
                 let ng = c / group;
                 dequantize_q4_row(&q[r * c / 2..(r + 1) * c / 2], &scales[r * ng..(r + 1) * ng], group, out)
             }
+            MatData::Q6 { q, scales, group } => {
+                let (ng, rb) = (c / group, c / Q6_CHUNK * Q6_CHUNK_BYTES);
+                dequantize_q6_row(&q[r * rb..(r + 1) * rb], &scales[r * ng..(r + 1) * ng], group, out)
+            }
         }
     }
 
@@ -93,6 +104,10 @@ impl<'a> Mat<'a> {
             (MatData::Q4 { q, scales, group }, Input::Quant(a)) => {
                 let ng = c / group;
                 dot::dot_q4(isa, &q[r * c / 2..(r + 1) * c / 2], &scales[r * ng..(r + 1) * ng], a.row(t))
+            }
+            (MatData::Q6 { q, scales, group }, Input::Quant(a)) => {
+                let (ng, rb) = (c / group, c / Q6_CHUNK * Q6_CHUNK_BYTES);
+                dot::dot_q6(isa, &q[r * rb..(r + 1) * rb], &scales[r * ng..(r + 1) * ng], a.row(t))
             }
             _ => panic!("moescope-kernels: input kind does not match the weight format (caller bug)"),
         }
@@ -152,6 +167,15 @@ impl Mat<'_> {
                 });
                 true
             }
+            (MatData::Q6 { q, scales, group }, Input::Quant(a)) if avx512::supports_q4(group) => {
+                PERMUTED.with(|p| {
+                    let mut p = p.borrow_mut();
+                    avx512::permute_q4_act(&a.q[..n * c], &mut p);
+                    // SAFETY: as above (q6 groups are whole 128-value chunks, as the q4 kernel's)
+                    unsafe { avx512::q6_matmul(q, scales, c, a, &p, n, rows, out) };
+                });
+                true
+            }
             (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512::supports_q8(group) => {
                 for (i, r) in rows.enumerate() {
                     for t in 0..n {
@@ -171,7 +195,7 @@ impl Mat<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{f32_to_bf16, quantize_q4_row, quantize_q8_row};
+    use crate::quant::{f32_to_bf16, quantize_q4_row, quantize_q6_row, quantize_q8_row};
 
     #[test]
     fn matmul_rows_matches_dequantized_f64_product() {
@@ -264,12 +288,26 @@ mod tests {
                         &mut d4[i * ng..(i + 1) * ng],
                     );
                 }
+                let mut q6 = vec![0u8; rows * cols / 128 * 96];
+                let mut d6 = vec![0f32; rows * ng];
+                let six = Format::Q6 { group }.fits(cols);
+                if six {
+                    let rb = cols / 128 * 96;
+                    for i in 0..rows {
+                        let wr = &w[i * cols..(i + 1) * cols];
+                        quantize_q6_row(wr, group, &mut q6[i * rb..(i + 1) * rb], &mut d6[i * ng..(i + 1) * ng]);
+                    }
+                }
                 let mut qa = QuantAct::default();
                 qa.quantize(&x, cols, group);
-                for m in [
+                let mut mats = vec![
                     Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group } },
                     Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group } },
-                ] {
+                ];
+                if six {
+                    mats.push(Mat { rows, cols, data: MatData::Q6 { q: &q6, scales: &d6, group } });
+                }
+                for m in mats {
                     let mut want = vec![0f32; rows * n];
                     m.matmul_rows(Isa::Scalar, Input::Quant(&qa), n, 0..rows, &mut want);
                     // the scale of the rounding: the sum of the products' magnitudes

@@ -11,6 +11,14 @@
 //!   `B = min(group, 32)`: byte `j` of a block holds value `j` in its low nibble and value
 //!   `j + B/2` in its high nibble, so a SIMD kernel gets the block's two halves with one mask
 //!   and one shift. Layout name: `q4_lohi32`.
+//! - `Q6`: signed int6 in `[-32, 31]`, `d = m / -32` as for Q4, stored biased (`n = q + 32`,
+//!   in `[0, 63]`); groups are whole chunks of 128 values. A chunk is 96 bytes: 64 bytes of low
+//!   nibbles exactly as a `q4_lohi32` chunk, then 32 bytes of the high two bits. Number the
+//!   chunk's values in the order a 64-byte load of its low nibbles delivers them (position
+//!   `p` = the byte for a low nibble, 64 + the byte for a high nibble); position `p`'s high bits
+//!   are bits `2 * (p / 32)..` of high byte `p % 32`, so one 32-byte load, shifted by 4, 2, 0 and
+//!   -2 bits, lines them up with the low nibbles. Layout name: `q6_lo4hi2`. This is the output
+//!   layer's format in q4 packages (6.25 bits a weight; llama.cpp's Q6_K: 6.56).
 
 use half::bf16;
 
@@ -21,7 +29,13 @@ pub enum Format {
     Bf16,
     Q8 { group: usize },
     Q4 { group: usize },
+    Q6 { group: usize },
 }
+
+/// Values per q6 chunk (a group is a whole number of chunks).
+pub const Q6_CHUNK: usize = 128;
+/// Bytes per q6 chunk: 64 of low nibbles, 32 of high bits.
+pub const Q6_CHUNK_BYTES: usize = 96;
 
 /// The groups a quantized format may use, largest first.
 pub const GROUPS: [usize; 4] = [128, 64, 32, 16];
@@ -38,12 +52,13 @@ impl Format {
             Format::Bf16 => "bf16",
             Format::Q8 { .. } => "q8",
             Format::Q4 { .. } => "q4",
+            Format::Q6 { .. } => "q6",
         }
     }
 
     pub fn group(&self) -> Option<usize> {
         match self {
-            Format::Q8 { group } | Format::Q4 { group } => Some(*group),
+            Format::Q8 { group } | Format::Q4 { group } | Format::Q6 { group } => Some(*group),
             _ => None,
         }
     }
@@ -52,6 +67,7 @@ impl Format {
     pub fn layout(&self) -> &'static str {
         match self {
             Format::Q4 { .. } => "q4_lohi32",
+            Format::Q6 { .. } => "q6_lo4hi2",
             _ => "row_major",
         }
     }
@@ -59,7 +75,14 @@ impl Format {
     /// Whether `cols` can be stored in this format (a group must divide the row).
     pub fn fits(&self, cols: usize) -> bool {
         match self.group() {
-            Some(g) => g > 0 && cols % g == 0 && (!matches!(self, Format::Q4 { .. }) || g % 2 == 0),
+            Some(g) => {
+                let unit = match self {
+                    Format::Q4 { .. } => 2,
+                    Format::Q6 { .. } => Q6_CHUNK,
+                    _ => 1,
+                };
+                g > 0 && cols % g == 0 && g % unit == 0
+            }
             None => true,
         }
     }
@@ -72,6 +95,7 @@ impl Format {
             Format::Bf16 => n * 2,
             Format::Q8 { .. } => n,
             Format::Q4 { .. } => n / 2,
+            Format::Q6 { .. } => n / Q6_CHUNK * Q6_CHUNK_BYTES,
         }
     }
 
@@ -142,6 +166,53 @@ pub fn q4_value(qg: &[u8], group: usize, j: usize) -> i32 {
     let byte = qg[b * half + (i % half)];
     let n = if i < half { byte & 0x0F } else { byte >> 4 };
     n as i32 - 8
+}
+
+/// Position of value `j` (0..128) of a q6 chunk in the order its low nibbles load: the
+/// low-nibble byte for the first 16 values of each 32-value block, 64 + that byte for the rest.
+#[inline]
+fn q6_position(j: usize) -> usize {
+    let (b, i) = (j / 32, j % 32);
+    if i < 16 { b * 16 + i } else { 64 + b * 16 + i - 16 }
+}
+
+/// Quantize one row to biased int6 (`q6_lo4hi2` layout). `q.len() == x.len() / 128 * 96`.
+pub fn quantize_q6_row(x: &[f32], group: usize, q: &mut [u8], scales: &mut [f32]) {
+    debug_assert!(x.len() % group == 0 && group % Q6_CHUNK == 0);
+    q.fill(0);
+    for (gi, xs) in x.chunks_exact(group).enumerate() {
+        let m = xs.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+        let d = m / -32.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        scales[gi] = d;
+        for (ci, xc) in xs.chunks_exact(Q6_CHUNK).enumerate() {
+            let at = (gi * group / Q6_CHUNK + ci) * Q6_CHUNK_BYTES;
+            let chunk = &mut q[at..at + Q6_CHUNK_BYTES];
+            for (j, &v) in xc.iter().enumerate() {
+                let n = ((v * id).round().clamp(-32.0, 31.0) as i32 + 32) as u8;
+                let p = q6_position(j);
+                chunk[p % 64] |= (n & 0x0F) << (4 * (p / 64));
+                chunk[64 + p % 32] |= (n >> 4) << (2 * (p / 32));
+            }
+        }
+    }
+}
+
+/// Signed value `j` of a q6 row (`q` = the row's bytes).
+#[inline]
+pub fn q6_value(q: &[u8], j: usize) -> i32 {
+    let chunk = &q[j / Q6_CHUNK * Q6_CHUNK_BYTES..][..Q6_CHUNK_BYTES];
+    let p = q6_position(j % Q6_CHUNK);
+    let lo = (chunk[p % 64] >> (4 * (p / 64))) & 0x0F;
+    let hi = (chunk[64 + p % 32] >> (2 * (p / 32))) & 0x03;
+    (lo | (hi << 4)) as i32 - 32
+}
+
+/// Dequantize one q6 row.
+pub fn dequantize_q6_row(q: &[u8], scales: &[f32], group: usize, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = scales[j / group] * q6_value(q, j) as f32;
+    }
 }
 
 /// Dequantize one q8 row.
@@ -226,6 +297,63 @@ mod tests {
         assert_eq!(q[4] >> 4, 0); // value 20 = -8 -> nibble 0, high half of byte 4
         assert_eq!(q[3] & 0x0F, (3 - 4 + 8) as u8); // value 3 -> -1
         assert_eq!(q[3] >> 4, ((19 % 8) - 4 + 8) as u8);
+    }
+
+    #[test]
+    fn q6_round_trip_within_half_a_step_and_extreme_exact() {
+        let mut s = 9;
+        for group in [128, 256] {
+            let x: Vec<f32> = (0..group * 3).map(|_| lcg(&mut s) * 2.0).collect();
+            let mut q = vec![0u8; x.len() / 128 * 96];
+            let mut d = vec![0f32; 3];
+            quantize_q6_row(&x, group, &mut q, &mut d);
+            let mut y = vec![0f32; x.len()];
+            dequantize_q6_row(&q, &d, group, &mut y);
+            for g in 0..3 {
+                let xs = &x[g * group..(g + 1) * group];
+                let m = xs.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+                assert_eq!(d[g], m / -32.0);
+                for j in 0..group {
+                    let (a, b) = (xs[j], y[g * group + j]);
+                    if a == m {
+                        assert!((a - b).abs() < 1e-6);
+                    }
+                    // +31 steps on the side opposite the extreme: one step at most there
+                    let bound = if a / d[g] > 31.5 { d[g].abs() } else { d[g].abs() * 0.5 };
+                    assert!((a - b).abs() <= bound + 1e-6, "g={group} j={j}: {a} {b}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q6_layout_low_nibbles_as_q4_high_bits_by_load_position() {
+        // values n = q + 32 of one chunk chosen so every field is distinct where it matters
+        let vals: Vec<i32> = (0..128).map(|j| ((j * 37 + 5) % 64) as i32 - 32).collect();
+        let mut x: Vec<f32> = vals.iter().map(|v| *v as f32).collect();
+        x[0] = -32.0; // the extreme: scale exactly 1
+        let mut q = vec![0u8; 96];
+        let mut d = vec![0f32; 1];
+        quantize_q6_row(&x, 128, &mut q, &mut d);
+        assert_eq!(d[0], 1.0);
+        let n = |j: usize| (x[j] as i32 + 32) as u8;
+        // value 40 = block 1, index 8 (low half): low nibble of byte 24 -> position 24
+        assert_eq!(q[24] & 0x0F, n(40) & 0x0F);
+        assert_eq!(q[64 + 24] & 0x03, n(40) >> 4);
+        // value 59 = block 1, index 27 (high half): high nibble of byte 27 -> position 91
+        assert_eq!(q[27] >> 4, n(59) & 0x0F);
+        assert_eq!((q[64 + 91 % 32] >> (2 * (91 / 32))) & 0x03, n(59) >> 4);
+        for j in 0..128 {
+            assert_eq!(q6_value(&q, j), x[j] as i32, "value {j}");
+        }
+    }
+
+    #[test]
+    fn q6_fits_only_whole_chunks() {
+        assert!(Format::Q6 { group: 128 }.fits(2048));
+        assert!(!Format::Q6 { group: 64 }.fits(2048));
+        assert!(!Format::Q6 { group: 128 }.fits(192));
+        assert_eq!(Format::Q6 { group: 128 }.data_bytes(2, 256), 2 * 2 * 96);
     }
 
     #[test]

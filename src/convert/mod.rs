@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use moescope_kernels::Format;
-use moescope_kernels::quant::{f32_to_bf16, quantize_q4_row, quantize_q8_row};
+use moescope_kernels::quant::{f32_to_bf16, quantize_q4_row, quantize_q6_row, quantize_q8_row};
 use rayon::prelude::*;
 
 pub use error::ConvertError;
@@ -278,6 +278,15 @@ pub fn encode_rows(f: Format, x: &[f32], cols: usize, vals: &mut Vec<u8>, scales
                     &mut vals[r * cols / 2..(r + 1) * cols / 2],
                     &mut scales[r * ng..(r + 1) * ng],
                 );
+            }
+        }
+        Format::Q6 { group } => {
+            let rb = f.data_bytes(1, cols);
+            vals.resize(x.len() / cols * rb, 0);
+            scales.resize(x.len() / group, 0.0);
+            for (r, row) in x.chunks_exact(cols).enumerate() {
+                let ng = cols / group;
+                quantize_q6_row(row, group, &mut vals[r * rb..(r + 1) * rb], &mut scales[r * ng..(r + 1) * ng]);
             }
         }
     }

@@ -3,17 +3,22 @@
 //! | tensor                          | bf16 | q8   | q4 / q4g32                    |
 //! |---------------------------------|------|------|-------------------------------|
 //! | norms, router (`mlp.gate`)      | f32  | f32  | f32                           |
-//! | embedding, lm_head              | bf16 | q8   | q8                            |
+//! | embedding                       | bf16 | q8   | q8                            |
+//! | lm_head (untied)                | bf16 | q8   | q6 (q8 where 128 does not fit)|
 //! | attention q/k/v/o, dense MLP    | bf16 | q8   | q4 (q8 where no group fits)   |
 //! | routed experts (expert region)  | bf16 | q8   | q4 (q8 where no group fits)   |
 //!
 //! q8 uses group 128, else the largest of 64/32/16 dividing the row, else the whole row.
 //! q4 uses group 128 (`q4g32`: 32), else the largest smaller power of two down to 16 dividing
 //! the row; a row none divides stays q8.
+//! q6 uses group 128 (whole 128-value chunks), else the output layer stays q8.
 //! Why: norms and the router are tiny and decide everything downstream (a flipped expert choice
 //! costs more than any weight error), so they stay exact. The embedding is only looked up (one
-//! row per token) and the lm_head's errors land directly on the logits, so both keep 8 bits, as
-//! llama.cpp keeps its output layer at 6+ bits in Q4 files.
+//! row per token, so its size costs memory, not time) and keeps 8 bits. The lm_head's errors land
+//! directly on the logits, but it is also the largest matrix a decode token reads (Qwen3-30B-A3B:
+//! 311 M weights, 45% of a q4 token's bytes at q8), so q4 packages store it at 6 bits, as
+//! llama.cpp stores its output layer in Q6_K in Q4 files. A tied output layer is the embedding
+//! and keeps its q8.
 
 use moescope_kernels::Format;
 use moescope_kernels::quant::pick_group;
@@ -55,7 +60,7 @@ impl QuantMode {
             QuantMode::Bf16 => "norms and router f32; all other weights bf16".into(),
             QuantMode::Q8 => "norms and router f32; all other weights q8 (int8, group 128 or the largest of 64/32/16 dividing the row, else one group per row)".into(),
             QuantMode::Q4 { max_group } => format!(
-                "norms and router f32; embedding and lm_head q8; attention, dense MLP and experts q4 (int4, group {max_group} or the largest smaller one down to 16 dividing the row, else q8)"
+                "norms and router f32; embedding q8; lm_head q6 (int6, group 128; else q8); attention, dense MLP and experts q4 (int4, group {max_group} or the largest smaller one down to 16 dividing the row, else q8)"
             ),
         }
     }
@@ -66,7 +71,11 @@ impl QuantMode {
         match (k, self) {
             (Kind::Norm | Kind::Router, _) => Format::F32,
             (_, QuantMode::Bf16) => Format::Bf16,
-            (_, QuantMode::Q8) | (Kind::Embedding | Kind::LmHead, QuantMode::Q4 { .. }) => q8(),
+            (_, QuantMode::Q8) | (Kind::Embedding, QuantMode::Q4 { .. }) => q8(),
+            (Kind::LmHead, QuantMode::Q4 { .. }) => {
+                let q6 = Format::Q6 { group: 128 };
+                if q6.fits(cols) { q6 } else { q8() }
+            }
             (Kind::Linear, QuantMode::Q4 { max_group }) => match pick_group(cols, max_group) {
                 Some(group) => Format::Q4 { group },
                 None => q8(),
@@ -145,7 +154,9 @@ mod tests {
         assert_eq!(q4.format(Kind::Linear, 2048), Format::Q4 { group: 128 });
         assert_eq!(q4.format(Kind::Linear, 80), Format::Q4 { group: 16 });
         assert_eq!(q4.format(Kind::Linear, 72), Format::Q8 { group: 72 });
-        assert_eq!(q4.format(Kind::LmHead, 2048), Format::Q8 { group: 128 });
+        assert_eq!(q4.format(Kind::LmHead, 2048), Format::Q6 { group: 128 });
+        assert_eq!(q4.format(Kind::LmHead, 96), Format::Q8 { group: 32 });
+        assert_eq!(q4.format(Kind::Embedding, 2048), Format::Q8 { group: 128 });
         assert_eq!(q4.format(Kind::Router, 2048), Format::F32);
         let q4g32 = QuantMode::Q4 { max_group: 32 };
         assert_eq!(q4g32.format(Kind::Linear, 2048), Format::Q4 { group: 32 });

@@ -119,6 +119,7 @@ pub enum DType {
     Bf16,
     Q8,
     Q4,
+    Q6,
 }
 
 impl DType {
@@ -128,6 +129,7 @@ impl DType {
             DType::Bf16 => Format::Bf16,
             DType::Q8 => Format::Q8 { group: group? },
             DType::Q4 => Format::Q4 { group: group? },
+            DType::Q6 => Format::Q6 { group: group? },
         })
     }
 
@@ -137,6 +139,7 @@ impl DType {
             Format::Bf16 => DType::Bf16,
             Format::Q8 { .. } => DType::Q8,
             Format::Q4 { .. } => DType::Q4,
+            Format::Q6 { .. } => DType::Q6,
         }
     }
 }

@@ -283,6 +283,7 @@ fn mat_at<'a>(bytes: &'a [u8], t: &TensorEntry, base: u64) -> Mat<'a> {
         Format::Bf16 => MatData::Bf16(bytemuck::cast_slice(data)),
         Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group },
         Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group },
+        Format::Q6 { group } => MatData::Q6 { q: data, scales: scales(), group },
     };
     Mat { rows, cols, data }
 }
