@@ -56,6 +56,14 @@ pub struct PerplexityArgs {
     /// Print one JSON object instead of a line.
     #[arg(long)]
     pub json: bool,
+    /// Compare with a base model (a package or HuggingFace directory, usually the bf16 package of
+    /// the same checkpoint): mean KL(base || model) of the next-token distributions, top-1
+    /// agreement, and the base's perplexity, on the same windows.
+    #[arg(long, value_name = "BASE")]
+    pub against: Option<PathBuf>,
+    /// Use only the text's first N tokens.
+    #[arg(long, value_name = "N")]
+    pub tokens: Option<usize>,
 }
 
 #[derive(Args, Debug)]

@@ -37,7 +37,15 @@ fn heldout() -> String {
 }
 
 fn perplexity(pkg: &Path, cache: &Path) -> Value {
-    let o = moescope(&["perplexity", "-m", &pkg.to_string_lossy(), &heldout(), "--json", "-t", "2"], cache);
+    perplexity_with(pkg, cache, &[])
+}
+
+fn perplexity_with(pkg: &Path, cache: &Path, extra: &[&str]) -> Value {
+    let mut args = vec!["perplexity", "-m"];
+    let (p, h) = (pkg.to_string_lossy().into_owned(), heldout());
+    args.extend([p.as_str(), h.as_str(), "--json", "-t", "2"]);
+    args.extend_from_slice(extra);
+    let o = moescope(&args, cache);
     assert!(o.status.success(), "perplexity failed: {}", stderr(&o));
     serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)))
 }
@@ -80,4 +88,39 @@ fn perplexity_rejects_bad_input_clearly() {
     std::fs::write(&one, "a").expect("write");
     let o = moescope(&["perplexity", "-m", &pkg, &one.to_string_lossy()], cache.path());
     assert_clean_failure(&o, &["one.txt", "fewer than 2 tokens"]);
+}
+
+/// `--against`: a model against itself diverges by nothing; quantized against bf16, the base's
+/// perplexity is bf16's own and the divergence orders as the reference test measures it (KL on
+/// the demo's prompt: q8 3.0e-3, q4 5e-2 to 8e-2; bounds at about twice those).
+#[test]
+fn against_reports_kl_and_top1_agreement_with_the_base() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (_d, bf16) = convert("demo", "bf16");
+    let b16 = bf16.to_string_lossy().into_owned();
+    let lim = ["--tokens", "600", "--window", "256"];
+    let own = perplexity_with(&bf16, cache.path(), &lim);
+    // 600 tokens in windows of 256: 255 + 255 + 87 predicted
+    assert_eq!(own["predicted"].as_u64(), Some(597), "{own}");
+    let mut args = lim.to_vec();
+    args.extend(["--against", b16.as_str()]);
+    let me = perplexity_with(&bf16, cache.path(), &args);
+    assert_eq!(me["against"]["kl_max"].as_f64(), Some(0.0), "{me}");
+    assert_eq!(me["against"]["top1_agreement"].as_f64(), Some(1.0), "{me}");
+    let mut kls = vec![];
+    for quant in ["q8", "q4"] {
+        let (_d, pkg) = convert("demo", quant);
+        let q = perplexity_with(&pkg, cache.path(), &args);
+        let ag = &q["against"];
+        assert_eq!(ag["nll"].as_f64(), own["nll"].as_f64(), "{quant}: the base's NLL is bf16's: {q}");
+        let kl = ag["kl_mean"].as_f64().expect("kl");
+        let top1 = ag["top1_agreement"].as_f64().expect("top1");
+        assert!(kl > 0.0 && ag["kl_median"].as_f64() <= Some(ag["kl_max"].as_f64().expect("max")), "{q}");
+        let (max_kl, min_top1) = if quant == "q8" { (6e-3, 0.9) } else { (0.16, 0.6) };
+        assert!(kl <= max_kl && top1 >= min_top1, "{quant}: KL {kl}, top-1 {top1}");
+        kls.push(kl);
+    }
+    assert!(kls[0] < kls[1], "q8 diverges less than q4: {kls:?}");
+    let o = moescope(&["perplexity", "-m", &b16, &heldout(), "--against", "/nonexistent/base.moe"], cache.path());
+    assert_clean_failure(&o, &["/nonexistent/base.moe"]);
 }

@@ -5,6 +5,10 @@
 //! the text is tokenized whole (no special tokens added), cut into consecutive windows of
 //! `--window` tokens (the last one shorter), each evaluated from an empty context in one
 //! batch; every token of a window but its first is predicted, and ppl = exp(mean NLL).
+//!
+//! `--against BASE` runs a second model on the same windows and compares the two next-token
+//! distributions at every predicted position (llama.cpp's `--kl-divergence`): mean
+//! KL(p_base || p_model) and how often both put the same token first.
 
 use std::time::Instant;
 
@@ -17,14 +21,48 @@ use super::model_arg;
 use super::run::isa_from_env;
 use crate::cli::PerplexityArgs;
 
+/// log-sum-exp of a row of logits, in f64: the sum over 150k logits must not lose the small ones.
+fn logsumexp(row: &[f32]) -> f64 {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+    max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
+}
+
 /// Negative log-likelihoods of a window's next tokens, from its logits (`[n, vocab]`).
 fn window_nlls(logits: &[f32], ids: &[u32], vocab: usize, out: &mut Vec<f64>) {
     for (row, &next) in logits.chunks_exact(vocab).zip(&ids[1..]) {
-        // log-softmax in f64: the sum over 150k logits must not lose the small ones
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
-        let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-        out.push(lse - row[next as usize] as f64);
+        out.push(logsumexp(row) - row[next as usize] as f64);
     }
+}
+
+/// Index of the largest logit (the first of equals).
+fn argmax(row: &[f32]) -> usize {
+    row.iter().enumerate().fold(0, |best, (i, &x)| if x > row[best] { i } else { best })
+}
+
+/// Per position of a window (`[n, vocab]` logits, the last row predicting nothing):
+/// KL(p_base || p_model) in nats and whether both rank the same token first.
+fn window_divergence(base: &[f32], model: &[f32], vocab: usize, predicted: usize, out: &mut Vec<(f64, bool)>) {
+    for (b, m) in base.chunks_exact(vocab).zip(model.chunks_exact(vocab)).take(predicted) {
+        let (lb, lm) = (logsumexp(b), logsumexp(m));
+        let kl: f64 = b
+            .iter()
+            .zip(m)
+            .map(|(&x, &y)| {
+                let lpb = x as f64 - lb;
+                lpb.exp() * (lpb - (y as f64 - lm))
+            })
+            .sum();
+        // rounding can leave a tiny negative sum where the two are equal
+        out.push((kl.max(0.0), argmax(b) == argmax(m)));
+    }
+}
+
+/// Mean, median and largest of a list (sorted in place).
+fn summary(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let n = v.len().max(1) as f64;
+    let med = if v.is_empty() { 0.0 } else { v[v.len() / 2] };
+    (v.iter().sum::<f64>() / n, med, v.last().copied().unwrap_or(0.0))
 }
 
 pub fn run(a: &PerplexityArgs) -> Result<()> {
@@ -40,24 +78,53 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     let text = String::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {})", a.file.display(), e.utf8_error().valid_up_to()))?;
     let path = model_arg::resolve(a.model.as_deref(), &a.quant)?;
-    let opts = EngineOptions { threads, ctx_size: Some(a.window), isa: isa_from_env()?, stream: None };
-    let mut eng = Engine::load(&path, opts).with_context(|| format!("loading {}", path.display()))?;
+    let opts = || -> Result<EngineOptions> {
+        Ok(EngineOptions { threads, ctx_size: Some(a.window), isa: isa_from_env()?, stream: None })
+    };
+    let mut eng = Engine::load(&path, opts()?).with_context(|| format!("loading {}", path.display()))?;
+    let mut base = match &a.against {
+        Some(b) => {
+            let bp = model_arg::resolve(Some(b), "bf16")?;
+            let be = Engine::load(&bp, opts()?).with_context(|| format!("loading {}", bp.display()))?;
+            if be.model.cfg.vocab_size != eng.model.cfg.vocab_size {
+                bail!(
+                    "{}: vocabulary of {} tokens, {} has {}: not the same model",
+                    bp.display(),
+                    be.model.cfg.vocab_size,
+                    path.display(),
+                    eng.model.cfg.vocab_size
+                );
+            }
+            Some(be)
+        }
+        None => None,
+    };
     let Some(tok) = eng.tok.clone() else {
         bail!("{}: this package has no tokenizer", path.display());
     };
-    let ids =
+    let mut ids =
         tok.encode(&text).map_err(anyhow::Error::msg).with_context(|| format!("tokenizing {}", a.file.display()))?;
+    if let Some(n) = a.tokens {
+        ids.truncate(n);
+    }
     if ids.len() < 2 {
         bail!("{}: fewer than 2 tokens: nothing to predict", a.file.display());
     }
     let vocab = eng.model.cfg.vocab_size;
     let t0 = Instant::now();
     let mut nll = Vec::with_capacity(ids.len());
+    let (mut base_nll, mut div) = (Vec::new(), Vec::new());
     let mut windows = 0;
     for w in ids.chunks(a.window).filter(|w| w.len() >= 2) {
         eng.reset();
         let logits = eng.eval(w, Logits::All, &mut NoObserver)?;
         window_nlls(&logits, w, vocab, &mut nll);
+        if let Some(be) = base.as_mut() {
+            be.reset();
+            let bl = be.eval(w, Logits::All, &mut NoObserver)?;
+            window_nlls(&bl, w, vocab, &mut base_nll);
+            window_divergence(&bl, &logits, vocab, w.len() - 1, &mut div);
+        }
         windows += 1;
     }
     let secs = t0.elapsed().as_secs_f64();
@@ -68,13 +135,26 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     let se = (var / n).sqrt();
     let ppl = mean.exp();
     let name = eng.package().meta.name.clone();
+    let against = base.as_ref().map(|_| {
+        let bmean = base_nll.iter().sum::<f64>() / n;
+        let same = div.iter().filter(|d| d.1).count() as f64 / div.len().max(1) as f64;
+        let mut kls: Vec<f64> = div.iter().map(|d| d.0).collect();
+        let (kl, kl_median, kl_max) = summary(&mut kls);
+        (bmean, same, kl, kl_median, kl_max)
+    });
     if a.json {
-        let j = json!({
+        let mut j = json!({
             "model": name, "file": a.file.display().to_string(), "window": a.window, "windows": windows,
             "tokens": ids.len(), "predicted": nll.len(), "nll": mean, "nll_stderr": se, "perplexity": ppl,
             "perplexity_stderr": ppl * se, "seconds": secs, "tokens_per_second": ids.len() as f64 / secs,
             "threads": threads, "isa": eng.exec.isa.name(),
         });
+        if let (Some((bmean, same, kl, kl_median, kl_max)), Some(b)) = (against, &a.against) {
+            j["against"] = json!({
+                "model": b.display().to_string(), "nll": bmean, "perplexity": bmean.exp(),
+                "top1_agreement": same, "kl_mean": kl, "kl_median": kl_median, "kl_max": kl_max,
+            });
+        }
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
         println!(
@@ -85,6 +165,14 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
             secs,
             ids.len() as f64 / secs
         );
+        if let (Some((bmean, same, kl, kl_median, kl_max)), Some(b)) = (against, &a.against) {
+            println!(
+                "against {}: perplexity {:.4}; KL(base || model) mean {kl:.6} median {kl_median:.6} max {kl_max:.6} nats; same top-1 {:.2}%",
+                b.display(),
+                bmean.exp(),
+                same * 100.0
+            );
+        }
     }
     Ok(())
 }
@@ -92,6 +180,24 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn divergence_is_kl_of_the_softmaxes_and_top1_compares_argmaxes() {
+        // vocabulary 2: p = softmax(0, ln 3) = (1/4, 3/4), q = softmax(0, 0) = (1/2, 1/2);
+        // KL(p || q) = 1/4 ln(1/2) + 3/4 ln(3/2); the second row equal (KL 0, same top-1);
+        // the third row predicts nothing and is skipped
+        let base = [0.0, 3f32.ln(), 1.0, 2.0, 9.0, 9.0];
+        let model = [0.0, 0.0, 11.0, 12.0, 0.0, 0.0];
+        let mut out = vec![];
+        window_divergence(&base, &model, 2, 2, &mut out);
+        assert_eq!(out.len(), 2);
+        let want = 0.25 * 0.5f64.ln() + 0.75 * 1.5f64.ln();
+        assert!((out[0].0 - want).abs() < 1e-7, "{} vs {want}", out[0].0);
+        assert!(!out[0].1, "argmax 1 vs 0 (first of equals)");
+        assert!(out[1].0.abs() < 1e-12 && out[1].1);
+        let mut v = vec![3.0, 1.0, 2.0];
+        assert_eq!(summary(&mut v), (2.0, 2.0, 3.0));
+    }
 
     #[test]
     fn nll_is_the_log_softmax_of_the_next_token() {
