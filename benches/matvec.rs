@@ -53,22 +53,12 @@ fn run(
     (bytes * mats.len() * passes) as f64 / median(times) / 1e9
 }
 
-/// The machine's read bandwidth now: summing 256 MB of u64 (the roofline for every "memory"
-/// number below), median of 15 passes.
-fn read_bandwidth() -> f64 {
-    let v: Vec<u64> = (0..(256usize << 20) / 8).map(|i| i as u64).collect();
-    let mut times = vec![];
-    for _ in 0..15 {
-        let t = Instant::now();
-        let s = v.iter().fold(0u64, |a, &b| a.wrapping_add(b));
-        std::hint::black_box(s);
-        times.push(t.elapsed().as_secs_f64());
-    }
-    (v.len() * 8) as f64 / median(times) / 1e9
-}
-
 fn main() {
-    println!("read bandwidth (sum of 256 MB, 1 thread): {:.1} GB/s", read_bandwidth());
+    // the machine's read bandwidth now: the roofline for every "memory" number below
+    println!(
+        "read bandwidth (sum of 256 MB, 1 thread): {:.1} GB/s",
+        moescope::sysinfo::read_bandwidth(1, 256 << 20, 15)
+    );
     // "memory": copies making a working set of 256 MB or more, far past the L3 cache, so the
     // numbers are memory-bound like decode; "hot": one copy over and over (in L2 or L3), so
     // the number is the kernel's own speed, the ceiling it would reach with infinite bandwidth

@@ -248,6 +248,10 @@ pub struct BenchArgs {
     /// Empty the expert pool and drop the package from the page cache before each repetition.
     #[arg(long, conflicts_with = "warm")]
     pub cold: bool,
+    /// Probe the memory read bandwidth at each thread count (a 2 GiB buffer, or a quarter of
+    /// the available memory if less) and give each decode test's share of that roofline.
+    #[arg(long)]
+    pub roofline: bool,
     /// Keep the pool (and page cache) between repetitions (the default).
     #[arg(long)]
     pub warm: bool,

@@ -139,3 +139,27 @@ fn bad_bench_arguments() {
         assert_clean_failure(&o, &[needle]);
     }
 }
+
+/// `--roofline`: each decode row carries the probed read bandwidth and its share of the roofline
+/// (weight GB/s over read GB/s); prompt rows carry neither; the table's footer gives the roofline.
+#[test]
+fn roofline_share_is_weight_rate_over_probed_bandwidth() {
+    let (d, p) = convert("wide", "q4");
+    let pkg = p.to_string_lossy().into_owned();
+    let args = ["bench", "-m", pkg.as_str(), "-p", "8", "-n", "4", "-r", "1", "-t", "1", "--roofline"];
+    let o = moescope(&[&args[..], &["-o", "json"]].concat(), d.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let rows = rows.as_array().expect("rows");
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0]["read_gbps"].is_null() && rows[0]["roofline_pct"].is_null(), "pp row: {}", rows[0]);
+    let r = &rows[1];
+    let (w, g, pct) =
+        (r["weight_gbps"].as_f64().unwrap(), r["read_gbps"].as_f64().unwrap(), r["roofline_pct"].as_f64().unwrap());
+    assert!(g > 0.1 && g.is_finite(), "{r}");
+    assert!((pct - 100.0 * w / g).abs() <= 1e-9 * pct.max(1.0), "{r}");
+    let o = moescope(&args, d.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("| roof % |") && out.contains("at 1T: roofline"), "{out}");
+}

@@ -5,7 +5,9 @@ use std::ops::Range;
 use crate::act::QuantAct;
 use crate::dot;
 use crate::isa::Isa;
-use crate::quant::{Format, Q6_CHUNK, Q6_CHUNK_BYTES, bf16_to_f32, dequantize_q4_row, dequantize_q6_row, dequantize_q8_row};
+use crate::quant::{
+    Format, Q6_CHUNK, Q6_CHUNK_BYTES, bf16_to_f32, dequantize_q4_row, dequantize_q6_row, dequantize_q8_row,
+};
 
 /// The values of a matrix, borrowed (usually from the mmapped package).
 #[derive(Debug, Clone, Copy)]

@@ -132,8 +132,17 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let vocab = cfg.vocab_size as u64;
     let mut rows = Vec::new();
     let cold = a.cold;
+    // the probe's buffer: 2 GiB (past any cache), less where memory is short
+    let probe_bytes = (2usize << 30).min(sysinfo::available_memory_bytes() as usize / 4);
+    let mut probes = Vec::new();
     for &t in &threads {
         engine.set_threads(t)?;
+        let read_gbps = (a.roofline && tests.iter().any(|t| matches!(t, Test::Gen(_)))).then(|| {
+            let g = sysinfo::read_bandwidth(t, probe_bytes, 5);
+            eprintln!("moescope bench: read bandwidth {g:.1} GB/s at {t} thread(s) ({} MiB probe)", probe_bytes >> 20);
+            probes.push((t, g));
+            g
+        });
         for budget in &budgets_mib {
             let budget_bytes = budget.map_or(default_budget, |m| (m * (1u64 << 20) as f64) as u64);
             for &prefetch in &prefetches {
@@ -143,6 +152,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 }
                 for test in &tests {
                     let row = run_test(&mut engine, test, t, a, cold, &mut rng, vocab)?;
+                    let weight_gbps = row.decode_latency.map(|_| row.avg_ts * weight_bytes as f64 / 1e9);
                     let row = Row {
                         model_filename: path.display().to_string(),
                         model_type: model_type.clone(),
@@ -150,7 +160,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         model_n_params: n_params,
                         quant: meta.quant.mode.clone(),
                         weight_bytes_per_token: weight_bytes,
-                        weight_gbps: row.decode_latency.map(|_| row.avg_ts * weight_bytes as f64 / 1e9),
+                        weight_gbps,
+                        read_gbps: weight_gbps.and(read_gbps),
+                        roofline_pct: weight_gbps.zip(read_gbps).map(|(w, r)| 100.0 * w / r),
                         ..row
                     };
                     match out {
@@ -168,12 +180,19 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         Format::Json => writeln!(stdout, "{}", serde_json::to_string_pretty(&rows)?)?,
         Format::Md => writeln!(
             stdout,
-            "\nbuild: moescope {} ({}) | CPU: {} ({} cores) | {:.1} MB of weights per decode token",
+            "\nbuild: moescope {} ({}) | CPU: {} ({} cores) | {:.1} MB of weights per decode token{}",
             env!("CARGO_PKG_VERSION"),
             if cfg!(debug_assertions) { "debug" } else { "release" },
             sysinfo::cpu_model(),
             sysinfo::logical_cores(),
-            weight_bytes as f64 / 1e6
+            weight_bytes as f64 / 1e6,
+            probes
+                .iter()
+                .map(|(t, g)| format!(
+                    " | read {g:.1} GB/s at {t}T: roofline {:.1} t/s",
+                    g * 1e9 / weight_bytes.max(1) as f64
+                ))
+                .collect::<String>()
         )?,
         Format::Csv => {}
     }
@@ -286,6 +305,8 @@ fn run_test(
         ttft: (!is_gen).then(|| ttft.summary()),
         weight_bytes_per_token: 0,
         weight_gbps: None,
+        read_gbps: None,
+        roofline_pct: None,
         peak_rss_bytes: sysinfo::peak_rss_bytes(),
         expected_memory_bytes: engine.memory_plan().total,
         experts,

@@ -38,6 +38,12 @@ pub struct Row {
     /// makes of it (decode tests only).
     pub weight_bytes_per_token: u64,
     pub weight_gbps: Option<f64>,
+    /// With `--roofline`: the memory read bandwidth probed at this thread count, and the decode
+    /// rate as a share of its roofline (read bandwidth / weight bytes per token), in percent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roofline_pct: Option<f64>,
     pub peak_rss_bytes: u64,
     /// What the engine expects to use (dense + expert pool + KV + buffers + runtime).
     pub expected_memory_bytes: u64,
@@ -73,8 +79,8 @@ fn params(n: u64) -> String {
     if n >= 1_000_000_000 { format!("{:.2} B", n as f64 / 1e9) } else { format!("{:.2} M", n as f64 / 1e6) }
 }
 
-pub const MD_HEADER: &str = "| model | size | params | quant | threads | isa | pool MiB | prefetch | cache | test | t/s | p50 ms | p99 ms | GB/s | hit % | SSD MB/t | stall ms/t | peak RSS |\n\
-| ----- | ---: | -----: | ----- | ------: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+pub const MD_HEADER: &str = "| model | size | params | quant | threads | isa | pool MiB | prefetch | cache | test | t/s | p50 ms | p99 ms | GB/s | roof % | hit % | SSD MB/t | stall ms/t | peak RSS |\n\
+| ----- | ---: | -----: | ----- | ------: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
 
 /// The expert columns: pool, prefetch, cold/warm, hit %, SSD MB per token, stall ms per token.
 fn expert_cols(r: &Row) -> [String; 6] {
@@ -96,7 +102,7 @@ pub fn md_row(r: &Row) -> String {
         |f: fn(&LatencySummary) -> f64| r.decode_latency.as_ref().map_or(String::new(), |l| format!("{:.2}", f(l)));
     let [pool, pf, mode, hit, ssd, stall] = expert_cols(r);
     format!(
-        "| {} | {} | {} | {} | {} | {} | {pool} | {pf} | {mode} | {} | {:.2} ± {:.2} | {} | {} | {} | {hit} | {ssd} | {stall} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {pool} | {pf} | {mode} | {} | {:.2} ± {:.2} | {} | {} | {} | {} | {hit} | {ssd} | {stall} | {} |",
         r.model_type,
         gib(r.model_size),
         params(r.model_n_params),
@@ -109,11 +115,12 @@ pub fn md_row(r: &Row) -> String {
         lat(|l| l.p50_ms),
         lat(|l| l.p99_ms),
         r.weight_gbps.map_or(String::new(), |g| format!("{g:.1}")),
+        r.roofline_pct.map_or(String::new(), |p| format!("{p:.0}")),
         gib(r.peak_rss_bytes),
     )
 }
 
-pub const CSV_HEADER: &str = "build_commit,cpu_info,model_filename,model_type,model_size,model_n_params,quant,n_threads,isa,n_prompt,n_gen,test,test_time,n_reps,avg_ns,stddev_ns,avg_ts,stddev_ts,decode_p50_ms,decode_p90_ms,decode_p99_ms,decode_max_ms,weight_bytes_per_token,weight_gbps,peak_rss_bytes,pool_mib,prefetch,cache_mode,hit_pct,ssd_mb_per_token,stall_ms_per_token";
+pub const CSV_HEADER: &str = "build_commit,cpu_info,model_filename,model_type,model_size,model_n_params,quant,n_threads,isa,n_prompt,n_gen,test,test_time,n_reps,avg_ns,stddev_ns,avg_ts,stddev_ts,decode_p50_ms,decode_p90_ms,decode_p99_ms,decode_max_ms,weight_bytes_per_token,weight_gbps,read_gbps,roofline_pct,peak_rss_bytes,pool_mib,prefetch,cache_mode,hit_pct,ssd_mb_per_token,stall_ms_per_token";
 
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
@@ -147,6 +154,8 @@ pub fn csv_row(r: &Row) -> String {
         lat(|l| l.max_ms),
         r.weight_bytes_per_token.to_string(),
         r.weight_gbps.map_or(String::new(), |g| format!("{g:.4}")),
+        r.read_gbps.map_or(String::new(), |g| format!("{g:.4}")),
+        r.roofline_pct.map_or(String::new(), |p| format!("{p:.2}")),
         r.peak_rss_bytes.to_string(),
     ]
     .into_iter()
