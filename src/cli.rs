@@ -34,6 +34,15 @@ pub enum Command {
     /// Perplexity of a model on a text file (windows of --window tokens, each from an empty
     /// context).
     Perplexity(PerplexityArgs),
+    /// Print the memory read bandwidth in GB/s (what `bench --roofline` runs in a child process,
+    /// so the probe's buffer stays out of the bench's peak RSS).
+    #[command(hide = true)]
+    ReadBandwidth {
+        #[arg(long, default_value_t = 1)]
+        threads: usize,
+        #[arg(long, default_value_t = 2048)]
+        mib: usize,
+    },
 }
 
 #[derive(Args, Debug)]

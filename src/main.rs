@@ -24,6 +24,10 @@ fn main() -> ExitCode {
         Some(cli::Command::Bench(a)) => cmd::bench::run(a),
         Some(cli::Command::Sim(a)) => cmd::sim::run(a),
         Some(cli::Command::Perplexity(a)) => cmd::perplexity::run(a),
+        Some(cli::Command::ReadBandwidth { threads, mib }) => {
+            println!("{:.3}", moescope::sysinfo::read_bandwidth(*threads, mib << 20, 5));
+            Ok(())
+        }
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

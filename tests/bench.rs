@@ -158,6 +158,8 @@ fn roofline_share_is_weight_rate_over_probed_bandwidth() {
         (r["weight_gbps"].as_f64().unwrap(), r["read_gbps"].as_f64().unwrap(), r["roofline_pct"].as_f64().unwrap());
     assert!(g > 0.1 && g.is_finite(), "{r}");
     assert!((pct - 100.0 * w / g).abs() <= 1e-9 * pct.max(1.0), "{r}");
+    // the probe's 2 GiB buffer lives in a child process, not in the bench's peak RSS
+    assert!(r["peak_rss_bytes"].as_u64().unwrap() < 1 << 30, "{r}");
     let o = moescope(&args, d.path());
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);

@@ -11,7 +11,7 @@
 use std::io::Write;
 use std::time::Instant;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use moescope::engine::sampler::Rng;
 use moescope::engine::{Engine, EngineOptions};
 use moescope::model::Logits;
@@ -137,12 +137,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut probes = Vec::new();
     for &t in &threads {
         engine.set_threads(t)?;
-        let read_gbps = (a.roofline && tests.iter().any(|t| matches!(t, Test::Gen(_)))).then(|| {
-            let g = sysinfo::read_bandwidth(t, probe_bytes, 5);
+        let read_gbps = if a.roofline && tests.iter().any(|t| matches!(t, Test::Gen(_))) {
+            let g = probe_bandwidth(t, probe_bytes >> 20)?;
             eprintln!("moescope bench: read bandwidth {g:.1} GB/s at {t} thread(s) ({} MiB probe)", probe_bytes >> 20);
             probes.push((t, g));
-            g
-        });
+            Some(g)
+        } else {
+            None
+        };
         for budget in &budgets_mib {
             let budget_bytes = budget.map_or(default_budget, |m| (m * (1u64 << 20) as f64) as u64);
             for &prefetch in &prefetches {
@@ -211,6 +213,25 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         }))?;
     }
     Ok(())
+}
+
+/// The read bandwidth at `threads` threads, probed by a child process (this binary's hidden
+/// `read-bandwidth` command) so its buffer never counts in this process's peak RSS.
+fn probe_bandwidth(threads: usize, mib: usize) -> Result<f64> {
+    let exe = std::env::current_exe().context("--roofline: locating this executable")?;
+    let o = std::process::Command::new(&exe)
+        .args(["read-bandwidth", "--threads", &threads.to_string(), "--mib", &mib.to_string()])
+        .output()
+        .with_context(|| format!("--roofline: running {}", exe.display()))?;
+    let s = String::from_utf8_lossy(&o.stdout);
+    match s.trim().parse::<f64>() {
+        Ok(g) if o.status.success() && g > 0.0 => Ok(g),
+        _ => bail!(
+            "--roofline: the bandwidth probe failed ({}): {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+    }
 }
 
 /// One test at the engine's current settings: warmup, then timed repetitions (each starting
