@@ -113,14 +113,46 @@ impl Exec {
     /// `out[t, r] = W[r] · x[t]` for `x` of `[n, w.cols]` and `out` of `[n, w.rows]`.
     /// `label` names the product in the trace (on this thread and on the workers' tracks).
     pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
+        debug_assert_eq!(x.len(), n * w.cols);
+        let Scratch { qa, t } = s;
+        let input = quantized(w, x, qa);
+        self.product(label, w, input, n, out, t);
+    }
+
+    /// Several products of the same input (attention's q, k and v; an expert's gate and up
+    /// over its tokens), each `(label, W, out)`: `x` is quantized once for all the matrices
+    /// that take the same quantized input as the first, again for any that do not.
+    pub fn matmul_shared(
+        &self,
+        x: &[f32],
+        n: usize,
+        products: &mut [(&'static str, &Mat<'_>, &mut [f32])],
+        s: &mut Scratch,
+    ) {
+        let Some(first) = products.first() else { return };
+        let (cols, group) = (first.1.cols, first.1.quant_group());
+        let Scratch { qa, t } = s;
+        let input = quantized(first.1, x, qa);
+        let mut other = QuantAct::default();
+        for (label, w, out) in products.iter_mut() {
+            if w.cols == cols && w.quant_group() == group {
+                self.product(label, w, input, n, out, t);
+            } else {
+                let inp = quantized(w, x, &mut other);
+                self.product(label, w, inp, n, out, t);
+            }
+        }
+    }
+
+    /// `out[t, r] = W[r] · input[t]`, the input already in the form `w` reads; `t` is scratch
+    /// for the weight-row-major results of several tokens.
+    fn product(&self, label: &'static str, w: &Mat<'_>, input: Input<'_>, n: usize, out: &mut [f32], t: &mut Vec<f32>) {
         let span = product_span(label, w.format(), w.rows, w.cols, n);
         // the workers' chunks of this product merge into one slice per worker, each reached
         // by a flow from this slice
         let key = if span.is_recording() { trace::next_id() } else { 0 };
         let flows = span.flows_out(self.threads());
-        debug_assert_eq!(x.len(), n * w.cols);
         debug_assert_eq!(out.len(), n * w.rows);
-        let input = quantized(w, x, &mut s.qa);
         let isa = self.isa;
         // enough chunks to balance the threads, each a few hundred KB of weights at most
         let chunks = (self.threads() * 4).max(1);
@@ -137,9 +169,8 @@ impl Exec {
             run(out, 1);
         } else {
             // weight-row-major results (each chunk contiguous), then one transpose
-            s.t.resize(w.rows * n, 0.0);
-            let mut t = std::mem::take(&mut s.t);
-            run(&mut t, n);
+            t.resize(w.rows * n, 0.0);
+            run(t, n);
             // in blocks of 16 rows: each token's 16 results are one cache line of `out`
             // (column by column, every store missed the cache: 7.5% of prefill)
             for r0 in (0..w.rows).step_by(16) {
@@ -150,7 +181,6 @@ impl Exec {
                     }
                 }
             }
-            s.t = t;
         }
     }
 }

@@ -321,9 +321,14 @@ impl Qwen3Moe {
         }
         // q [T, nh*hd], k and v [T, nkv*hd]
         let (mut q, mut k, mut v) = (vec![0f32; t_n * nh * hd], vec![0f32; t_n * nkv * hd], vec![0f32; t_n * nkv * hd]);
-        exec.matmul("q_proj", &pkg.mat_by_index(layer.q), &hn, t_n, &mut q, s);
-        exec.matmul("k_proj", &pkg.mat_by_index(layer.k), &hn, t_n, &mut k, s);
-        exec.matmul("v_proj", &pkg.mat_by_index(layer.v), &hn, t_n, &mut v, s);
+        let (wq, wk, wv) = (pkg.mat_by_index(layer.q), pkg.mat_by_index(layer.k), pkg.mat_by_index(layer.v));
+        // one quantization of the normed input for all three
+        exec.matmul_shared(
+            &hn,
+            t_n,
+            &mut [("q_proj", &wq, &mut q), ("k_proj", &wk, &mut k), ("v_proj", &wv, &mut v)],
+            s,
+        );
         let (qn, kn) = (pkg.f32_by_index(layer.q_norm), pkg.f32_by_index(layer.k_norm));
         let half = hd / 2;
         for t in 0..t_n {
@@ -505,8 +510,7 @@ fn swiglu_mlp(
         swiglu(g, u, &mut a);
     } else {
         let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
-        exec.matmul(labels[1], gate, x, n, &mut g, s);
-        exec.matmul(labels[2], up, x, n, &mut u, s);
+        exec.matmul_shared(x, n, &mut [(labels[1], gate, &mut g), (labels[2], up, &mut u)], s);
         swiglu(&g, &u, &mut a);
     }
     let mut y = vec![0f32; n * down.rows];
