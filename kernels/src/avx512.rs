@@ -196,7 +196,7 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
     let chunk_bytes = if SIX { 96 } else { 64 };
     // group gi's products, folded into `acc` with the group's scales
-    let group = |gi: usize, acc: &mut [[__m512; T]; R]| {
+    let group = |gi: usize, sc: &[[[f32; 16]; T]; R], acc: &mut [[__m512; T]; R]| {
         let mut lo = [[_mm512_setzero_si512(); T]; R];
         let mut hi = [[_mm512_setzero_si512(); T]; R];
         // groups of 128 (the default) are one chunk: a loop the compiler can drop
@@ -241,12 +241,10 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
             }
         }
         for i in 0..R {
-            // SAFETY: gi < ng, rows r0 + i and tokens t0 + t exist (the scales' shapes)
-            let wd = unsafe { *m.wd.get_unchecked((r0 + i) * ng + gi) };
             for t in 0..T {
-                let s = wd * unsafe { *m.a.scales.get_unchecked((t0 + t) * ng + gi) };
+                // the scale from the block's table: one FMA with a broadcast memory operand
                 let v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i][t], hi[i][t]));
-                acc[i][t] = _mm512_fmadd_ps(v, _mm512_set1_ps(s), acc[i][t]);
+                acc[i][t] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc[i][t][gi % 16]), acc[i][t]);
             }
         }
     };
@@ -254,8 +252,24 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     // GB/s of q4 at 3 GHz) is not the limit, and a second set would not fit the 2 x 4 tile in
     // the 32 registers (even/odd accumulators spilled pointers to the stack)
     let mut f = [[_mm512_setzero_ps(); T]; R];
-    for gi in 0..ng {
-        group(gi, &mut f);
+    // per block of 16 groups, each product's group scales (weight x activation), 16 at a time
+    let mut sc = [[[0f32; 16]; T]; R];
+    for gb in (0..ng).step_by(16) {
+        let k = (ng - gb).min(16);
+        let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
+        for i in 0..R {
+            // SAFETY: groups gb..gb + k of row r0 + i and of each token exist; masked lanes are
+            // not read
+            let w = unsafe { _mm512_maskz_loadu_ps(mask, m.wd.as_ptr().add((r0 + i) * ng + gb)) };
+            for t in 0..T {
+                let a = unsafe { _mm512_maskz_loadu_ps(mask, m.a.scales.as_ptr().add((t0 + t) * ng + gb)) };
+                // SAFETY: 16 floats into a 16-float array
+                unsafe { _mm512_storeu_ps(sc[i][t].as_mut_ptr(), _mm512_mul_ps(w, a)) };
+            }
+        }
+        for gi in gb..gb + k {
+            group(gi, &sc, &mut f);
+        }
     }
     // the bias term, 16 groups at a time: sum_g wd_g * (-bias * sum_g a * as_g), added to the
     // float lanes before the one reduction (a scalar loop over the groups was one long chain:

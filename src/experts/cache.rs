@@ -75,6 +75,9 @@ struct State {
     evicted_at: HashMap<Key, u64>,
     stats: Vec<LayerStats>,
     in_flight: usize,
+    /// Demand reads being read now: prefetches wait for them (two concurrent reads share the
+    /// disk, so a prefetch started beside a demand read doubles that read's stall).
+    demand_in_flight: usize,
     shutdown: bool,
     /// Latency of each completed read (pread + checksum), and how many.
     read_latency: Latency,
@@ -167,6 +170,7 @@ impl ExpertCache {
                 evicted_at: HashMap::new(),
                 stats: vec![LayerStats::default(); n_layers],
                 in_flight: 0,
+                demand_in_flight: 0,
                 shutdown: false,
                 read_latency: Latency::new(),
                 reads: 0,
@@ -796,7 +800,7 @@ fn io_worker(sh: &Shared, demand_only: bool) {
             if let Some(si) = st.demand_q.pop_front() {
                 break si;
             }
-            if !demand_only && !st.prefetch_q.is_empty() {
+            if !demand_only && !st.prefetch_q.is_empty() && st.demand_in_flight == 0 {
                 let best = (0..st.prefetch_q.len())
                     .max_by(|&a, &b| st.prefetch_q[a].1.total_cmp(&st.prefetch_q[b].1).then(b.cmp(&a)))
                     .unwrap_or(0);
@@ -810,6 +814,7 @@ fn io_worker(sh: &Shared, demand_only: bool) {
             (slot.key, slot.origin, slot.queued_at.elapsed(), slot.flow_issue.take());
         let mut buf = st.spare.pop();
         st.in_flight += 1;
+        st.demand_in_flight += usize::from(origin == Origin::Demand);
         drop(st);
 
         let mut span = trace::span("read")
@@ -831,6 +836,13 @@ fn io_worker(sh: &Shared, demand_only: bool) {
 
         let mut st = sh.lock();
         st.in_flight -= 1;
+        if origin == Origin::Demand {
+            st.demand_in_flight -= 1;
+            if st.demand_in_flight == 0 && !st.prefetch_q.is_empty() {
+                // the disk is the prefetches' again
+                sh.work.notify_all();
+            }
+        }
         if res.is_ok() {
             st.read_latency.record_ns(read_ns);
             st.reads += 1;
