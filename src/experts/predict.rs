@@ -34,6 +34,9 @@ struct PredState {
     /// For each MoE layer: (pass, predicted experts by rank, how many were issued)
     pending: HashMap<usize, (u64, Vec<usize>, usize)>,
     keep: usize,
+    /// Tasks taken in and tasks done (queued prefetches included), for `wait_idle`.
+    submitted: u64,
+    done: u64,
 }
 
 pub struct Predictor {
@@ -49,7 +52,13 @@ impl Predictor {
     pub fn start(pkg: Arc<Package>, routers: Vec<usize>, cache: Arc<ExpertCache>, isa: Isa) -> Predictor {
         let c = pkg.meta.model.clone();
         let (k, n_layers) = (c.num_experts_per_tok, routers.len());
-        let state = Arc::new(Mutex::new(PredState { stats: PredictStats::new(k), pending: HashMap::new(), keep: k }));
+        let state = Arc::new(Mutex::new(PredState {
+            stats: PredictStats::new(k),
+            pending: HashMap::new(),
+            keep: k,
+            submitted: 0,
+            done: 0,
+        }));
         // two tasks at most: an older one still waiting is stale by the time a new one comes
         let (tx, rx) = sync_channel::<Task>(2);
         let st = state.clone();
@@ -65,9 +74,31 @@ impl Predictor {
     pub fn submit(&self, pass: u64, li: usize, x: &[f32]) {
         let (pass, li) = if li + 1 < self.n_layers { (pass, li + 1) } else { (pass + 1, 0) };
         if let Some(tx) = &self.tx {
+            // counted before it is sent, so `wait_idle` never misses a task in the channel
+            self.state.lock().unwrap_or_else(|p| p.into_inner()).submitted += 1;
             if let Err(TrySendError::Full(_)) = tx.try_send(Task { pass, li, x: x.to_vec() }) {
+                self.state.lock().unwrap_or_else(|p| p.into_inner()).submitted -= 1;
                 trace::instant("predict_dropped", vec![("layer", li.into())]);
             }
+        }
+    }
+
+    /// Wait (up to `timeout`) until every submitted prediction has been made and its prefetches
+    /// queued; true if so. Decode never waits for the predictor: this is for tests and
+    /// measurements that need its work done at a known point.
+    pub fn wait_idle(&self, timeout: std::time::Duration) -> bool {
+        let until = std::time::Instant::now() + timeout;
+        loop {
+            {
+                let s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                if s.done >= s.submitted {
+                    return true;
+                }
+            }
+            if std::time::Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
         }
     }
 
@@ -165,5 +196,6 @@ fn worker(
             s.stats.late += 1;
         }
         s.pending.insert(t.li, (t.pass, top, keep));
+        s.done += 1;
     }
 }

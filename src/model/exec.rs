@@ -11,21 +11,28 @@ use crate::trace;
 pub struct Exec {
     pub isa: Isa,
     pool: Pool,
+    /// The same tier on the calling thread alone, for work already split over the pool (a task
+    /// of a parallel section cannot open another); None when this one is single-threaded.
+    serial: Option<Box<Exec>>,
 }
 
-/// A pointer to the output shared by the tasks of one section, each writing its own chunk.
-struct Chunks {
+/// A pointer to an output shared by the tasks of one section, each writing its own part.
+pub(crate) struct Chunks {
     ptr: *mut f32,
     len: usize,
 }
-// SAFETY: tasks write disjoint chunks (see `for_chunks_mut`)
+// SAFETY: tasks write disjoint parts (see `for_chunks_mut` and the MoE layer's expert tasks)
 unsafe impl Sync for Chunks {}
 
 impl Chunks {
+    pub(crate) fn new(data: &mut [f32]) -> Chunks {
+        Chunks { ptr: data.as_mut_ptr(), len: data.len() }
+    }
+
     /// # Safety
     /// `[start, start + n)` inside the buffer, and no other live slice overlaps it.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn slice(&self, start: usize, n: usize) -> &mut [f32] {
+    pub(crate) unsafe fn slice(&self, start: usize, n: usize) -> &mut [f32] {
         debug_assert!(start + n <= self.len);
         // SAFETY: the caller's guarantee
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), n) }
@@ -42,11 +49,23 @@ pub struct Scratch {
 impl Exec {
     pub fn new(threads: usize, isa: Isa) -> Result<Exec, String> {
         let pool = Pool::new(threads).map_err(|e| format!("starting {threads} compute threads: {e}"))?;
-        Ok(Exec { isa, pool })
+        let serial = if pool.threads() > 1 { Some(Box::new(Exec::new(1, isa)?)) } else { None };
+        Ok(Exec { isa, pool, serial })
     }
 
     pub fn threads(&self) -> usize {
         self.pool.threads()
+    }
+
+    /// This tier on the calling thread alone (itself when single-threaded).
+    pub fn serial(&self) -> &Exec {
+        self.serial.as_deref().unwrap_or(self)
+    }
+
+    /// `f(task, participant)` for each task of `0..tasks`, in parallel over the compute threads;
+    /// `f` must not open a parallel section of its own (use [`serial`](Self::serial)).
+    pub fn run(&self, tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        self.pool.run(tasks, f);
     }
 
     /// `f(i, chunk_i, participant)` for each `chunk`-sized piece of `data` (the last may be
@@ -55,7 +74,7 @@ impl Exec {
         let chunk = chunk.max(1);
         let tasks = data.len().div_ceil(chunk);
         let len = data.len();
-        let out = Chunks { ptr: data.as_mut_ptr(), len };
+        let out = Chunks::new(data);
         self.pool.run(tasks, &|i, p| {
             let start = i * chunk;
             let n = chunk.min(len - start);

@@ -18,14 +18,14 @@
 //! once per batch; each token's expert outputs are summed in rank order, whatever order the
 //! experts ran in, so the result never depends on scheduling.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use moescope_kernels::Mat;
 use moescope_kernels::ops::{Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace, softmax_inplace, swiglu};
 
 use super::config::ModelConfig;
 use super::error::ModelError;
-use super::exec::{Exec, Scratch};
+use super::exec::{Chunks, Exec, Scratch};
 use super::kv_cache::KvCache;
 use crate::experts::Experts;
 use crate::package::{ExpertMats, Package};
@@ -430,7 +430,9 @@ impl Qwen3Moe {
         let blob_bytes = pkg.sizes().2;
         let used: Vec<usize> = (0..e_n).filter(|&e| !per_expert[e].is_empty()).collect();
         moe_span.set("experts_used", used.len());
-        let mut run_expert = |e: usize, ex: &ExpertMats<'_>, s: &mut Scratch, flow: Option<u64>| {
+        // each (token, rank) slot of yk is written by the one expert that rank chose
+        let yk_slots = Chunks::new(&mut yk);
+        let run_expert = |e: usize, ex: &ExpertMats<'_>, exec: &Exec, s: &mut Scratch, flow: Option<u64>| {
             let users = &per_expert[e];
             let _es = trace::span("expert")
                 .arg("layer", l)
@@ -446,17 +448,35 @@ impl Qwen3Moe {
             let ye = swiglu_mlp(exec, labels, &ex.gate, &ex.up, &ex.down, &xe, users.len(), s);
             for (i, &(t, j)) in users.iter().enumerate() {
                 let w = chosen[t * k_n + j].1;
-                let dst = &mut yk[(t * k_n + j) * h..(t * k_n + j + 1) * h];
+                // SAFETY: slot (t, j) is inside yk and belongs to expert e alone (token t's rank
+                // j chose e), so no other task writes it; yk outlives every task
+                let dst = unsafe { yk_slots.slice((t * k_n + j) * h, h) };
                 for (d, y) in dst.iter_mut().zip(&ye[i * h..(i + 1) * h]) {
                     *d = y * w;
                 }
             }
         };
         match &self.experts {
+            None if t_n > 1 && exec.threads() > 1 => {
+                // a prompt: whole experts per compute thread, the largest first (one parallel
+                // section for the layer instead of three per expert, and each expert's
+                // gathering, quantization and SwiGLU in parallel too); every product runs as it
+                // would alone, so the result is the same bits
+                let mats: Vec<ExpertMats<'_>> = used.iter().map(|&e| pkg.expert(l, e)).collect::<Result<_, _>>()?;
+                let mut order: Vec<usize> = (0..used.len()).collect();
+                order.sort_by_key(|&i| std::cmp::Reverse(per_expert[used[i]].len()));
+                let scratch: Vec<Mutex<Scratch>> =
+                    (0..exec.threads()).map(|_| Mutex::new(Scratch::default())).collect();
+                exec.run(order.len(), &|task, p| {
+                    let i = order[task];
+                    let mut s = scratch[p].lock().unwrap_or_else(|e| e.into_inner());
+                    run_expert(used[i], &mats[i], exec.serial(), &mut s, None);
+                });
+            }
             None => {
                 for &e in &used {
                     let ex = pkg.expert(l, e)?;
-                    run_expert(e, &ex, s, None);
+                    run_expert(e, &ex, exec, s, None);
                 }
             }
             Some(streamed) => {
@@ -471,7 +491,7 @@ impl Qwen3Moe {
                 let mut req = streamed.cache.request(li, &used);
                 while let Some(b) = req.next_ready()? {
                     let ex = pkg.expert_view(b.bytes())?;
-                    run_expert(b.expert, &ex, s, b.flow);
+                    run_expert(b.expert, &ex, exec, s, b.flow);
                     req.release(b);
                 }
             }
