@@ -17,7 +17,7 @@ use moescope_kernels::Isa;
 use crate::experts::routing_log::RoutingLog;
 use crate::experts::{Experts, StreamConfig};
 use crate::model::{Exec, KvCache, Logits, ModelError, NoObserver, Observer, Qwen3Moe};
-use crate::package::{Package, PackageError};
+use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
 use sampler::Sampler;
@@ -149,7 +149,19 @@ pub struct GenRequest<'a> {
 impl Engine {
     pub fn load(path: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
         let _load = trace::span("load").arg("package", path.display().to_string());
-        let pkg = Arc::new(Package::open(path)?);
+        // verified after the resident copy is made, so the file's pages are never mapped (they
+        // would count in the RSS beside the copy)
+        let mut pkg = Package::open_with(path, OpenOptions { verify_dense: false })?;
+        let mut warnings = Vec::new();
+        // the weights decode streams every token, in huge pages: the dense ones always, the
+        // experts too when they are not streamed and the whole file fits in half the memory
+        let all = opts.stream.is_none() && pkg.file_size() <= crate::sysinfo::available_memory_bytes() / 2;
+        let resident = if all { pkg.file_size() } else { pkg.header.dense_len };
+        if let Err(e) = pkg.make_resident(all) {
+            warnings.push(format!("weights stay memory-mapped from the file (no resident copy: {e})"));
+        }
+        pkg.verify_dense()?;
+        let pkg = Arc::new(pkg);
         let model = Qwen3Moe::load(pkg.clone())?;
         let cfg = &model.cfg;
         let ctx = opts.ctx_size.unwrap_or(cfg.max_position_embeddings.min(8192));
@@ -172,7 +184,6 @@ impl Engine {
         let exec = Exec::new(opts.threads, opts.isa).map_err(EngineError::Setup)?;
         let kv = KvCache::new(cfg, ctx);
         let mut model = model;
-        let mut warnings = Vec::new();
         let experts = match (opts.stream, pkg.meta.experts.is_some()) {
             (Some(sc), true) => {
                 let (ex, w) = Experts::start(pkg.clone(), model.routers(), sc, opts.isa)?;
@@ -183,7 +194,7 @@ impl Engine {
             }
             _ => None,
         };
-        let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(pkg.sizes().0);
+        let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(resident.max(pkg.sizes().0));
         Ok(Engine {
             model,
             experts,

@@ -16,6 +16,9 @@ use super::layout::*;
 pub struct Package {
     path: PathBuf,
     mmap: Mmap,
+    /// A copy of part of the file in anonymous memory backed by huge pages (see
+    /// [`Package::make_resident`]): `(file offset of its first byte, the bytes)`.
+    resident: Option<(u64, Mmap)>,
     pub header: Header,
     pub meta: Meta,
     index: HashMap<String, usize>,
@@ -139,17 +142,24 @@ impl Package {
         let pkg = Package {
             path: p,
             mmap,
+            resident: None,
             header,
             meta,
             index,
             expert_checked: (0..n_blobs).map(|_| AtomicU8::new(0)).collect(),
         };
         if opts.verify_dense {
-            for t in &pkg.meta.tensors {
-                pkg.verify(&t.name, t.offset, t.length, t.xxh3.as_deref())?;
-            }
+            pkg.verify_dense()?;
         }
         Ok(pkg)
+    }
+
+    /// Check every dense tensor against its checksum (in the resident copy once there is one).
+    pub fn verify_dense(&self) -> Result<(), PackageError> {
+        for t in &self.meta.tensors {
+            self.verify(&t.name, t.offset, t.length, t.xxh3.as_deref())?;
+        }
+        Ok(())
     }
 
     pub fn path(&self) -> &Path {
@@ -165,7 +175,8 @@ impl Package {
             path: self.path.clone(),
             msg: format!("{what}: missing or malformed checksum"),
         })?;
-        let bytes = &self.mmap[offset as usize..(offset + len) as usize];
+        let (bytes, origin) = self.bytes_for(offset, len);
+        let bytes = &bytes[(offset - origin) as usize..(offset - origin + len) as usize];
         if xxhash_rust::xxh3::xxh3_64(bytes) != want {
             return Err(PackageError::Checksum { path: self.path.clone(), what: what.to_string(), offset, len });
         }
@@ -198,13 +209,51 @@ impl Package {
 
     /// Dense tensor `i` (from [`Package::require`]) as a matrix; a vector is one row.
     pub fn mat_by_index(&self, i: usize) -> Mat<'_> {
-        mat_at(&self.mmap, &self.meta.tensors[i], 0)
+        let t = &self.meta.tensors[i];
+        let (bytes, origin) = self.bytes_for(t.offset, t.length);
+        mat_at(bytes, origin, t, 0)
     }
 
     /// Dense f32 tensor `i` (from [`Package::require`] with `f32_only`).
     pub fn f32_by_index(&self, i: usize) -> &[f32] {
         let t = &self.meta.tensors[i];
-        bytemuck::cast_slice(&self.mmap[t.offset as usize..(t.offset + t.length) as usize])
+        let (bytes, origin) = self.bytes_for(t.offset, t.length);
+        bytemuck::cast_slice(&bytes[(t.offset - origin) as usize..(t.offset - origin + t.length) as usize])
+    }
+
+    /// The bytes holding file range `offset..offset + len`, and the file offset of their first
+    /// byte: the resident copy when it covers the range, else the file's mapping.
+    fn bytes_for(&self, offset: u64, len: u64) -> (&[u8], u64) {
+        match &self.resident {
+            Some((start, r)) if offset >= *start && offset + len <= start + r.len() as u64 => (&r[..], *start),
+            _ => (&self.mmap[..], 0),
+        }
+    }
+
+    /// Copy the dense region (or, with `all`, the whole file: a model that fits in memory) into
+    /// anonymous memory backed by transparent huge pages, and drop those pages of the file from
+    /// the page cache. Decode streams every dense weight once per token: with 2 MiB pages the
+    /// reads cross no 4 KiB page boundaries and miss no TLB entries (bench8 tg32 A/B: 37.2/36.1
+    /// -> 43.3/50.2 t/s at 1 thread). The page cache's copy is file-backed 4 KiB pages that
+    /// the kernel does not map huge.
+    pub fn make_resident(&mut self, all: bool) -> Result<(), PackageError> {
+        use std::os::unix::fs::FileExt;
+        let (start, len) =
+            if all { (0, self.header.file_size) } else { (self.header.dense_offset, self.header.dense_len) };
+        let io = |e: std::io::Error| PackageError::Io { path: self.path.clone(), error: e };
+        let mut anon = memmap2::MmapMut::map_anon(len as usize).map_err(io)?;
+        // advisory: without THP the copy still works, as 4 KiB pages
+        let _ = anon.advise(memmap2::Advice::HugePage);
+        let file = std::fs::File::open(&self.path).map_err(io)?;
+        file.read_exact_at(&mut anon[..], start).map_err(io)?;
+        // the copy is what is used now: the file's pages of that range are not needed twice
+        // SAFETY: advisory call on an open descriptor
+        unsafe {
+            use std::os::fd::AsRawFd;
+            libc::posix_fadvise(file.as_raw_fd(), start as i64, len as i64, libc::POSIX_FADV_DONTNEED);
+        }
+        self.resident = Some((start, anon.make_read_only().map_err(io)?));
+        Ok(())
     }
 
     /// The three matrices of expert `e` of MoE layer `layer`, checksum verified on first use.
@@ -227,10 +276,11 @@ impl Package {
             self.verify(&format!("expert blob (layer {layer}, expert {e})"), *off, ex.blob_len, Some(sum))?;
             self.expert_checked[slot].store(1, Ordering::Release);
         }
+        let (bytes, origin) = self.bytes_for(*off, ex.blob_len);
         Ok(ExpertMats {
-            gate: mat_at(&self.mmap, &ex.parts[0], *off),
-            up: mat_at(&self.mmap, &ex.parts[1], *off),
-            down: mat_at(&self.mmap, &ex.parts[2], *off),
+            gate: mat_at(bytes, origin, &ex.parts[0], *off),
+            up: mat_at(bytes, origin, &ex.parts[1], *off),
+            down: mat_at(bytes, origin, &ex.parts[2], *off),
         })
     }
 
@@ -248,9 +298,9 @@ impl Package {
             });
         }
         Ok(ExpertMats {
-            gate: mat_at(blob, &ex.parts[0], 0),
-            up: mat_at(blob, &ex.parts[1], 0),
-            down: mat_at(blob, &ex.parts[2], 0),
+            gate: mat_at(blob, 0, &ex.parts[0], 0),
+            up: mat_at(blob, 0, &ex.parts[1], 0),
+            down: mat_at(blob, 0, &ex.parts[2], 0),
         })
     }
 
@@ -269,13 +319,14 @@ pub struct ExpertMats<'a> {
 }
 
 /// The matrix an (already validated) entry describes, its offsets taken from `base`.
-fn mat_at<'a>(bytes: &'a [u8], t: &TensorEntry, base: u64) -> Mat<'a> {
+/// `bytes` start at file (or blob) offset `origin`.
+fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u64) -> Mat<'a> {
     let (rows, cols) = t.rows_cols();
     let f = t.format().unwrap_or(Format::F32);
-    let start = (base + t.offset) as usize;
+    let start = (base + t.offset - origin) as usize;
     let data = &bytes[start..start + f.data_bytes(rows, cols)];
     let scales = || {
-        let s = (base + t.scales_offset.unwrap_or(t.offset)) as usize;
+        let s = (base + t.scales_offset.unwrap_or(t.offset) - origin) as usize;
         bytemuck::cast_slice::<u8, f32>(&bytes[s..s + f.scale_bytes(rows, cols)])
     };
     let data = match f {
