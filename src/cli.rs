@@ -153,8 +153,8 @@ pub struct RunArgs {
     /// Quantization when -m is a HuggingFace directory: bf16, q8, q4, q4g32.
     #[arg(long, default_value = "q4")]
     pub quant: String,
-    /// Size of the expert pool in MiB (default: every expert if they fit in half of the
-    /// available memory, else half of the available memory).
+    /// Size of the expert pool in MiB (default: no pool when the package fits in half of the
+    /// available memory, everything loaded at start; else half of the available memory).
     #[arg(long, value_name = "MiB")]
     pub cache_mb: Option<f64>,
     /// Prefetch predicted experts: on or off.

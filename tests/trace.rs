@@ -52,6 +52,10 @@ fn run_trace_is_valid_and_shows_the_token_pipeline() {
             "0",
             "-t",
             "2",
+            // a pool smaller than the experts (by default a model whose experts fit is loaded
+            // whole, and there would be no reads to show)
+            "--cache-mb",
+            "0.1",
             "--trace",
             t.to_str().unwrap(),
         ],

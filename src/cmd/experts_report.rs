@@ -17,6 +17,9 @@ fn mib(b: u64) -> f64 {
 /// One line about the expert pool (or that experts are read through the mapping).
 pub fn describe(engine: &Engine) -> String {
     match &engine.experts {
+        None if engine.package().all_resident() => {
+            "experts: all resident (loaded into memory at start: they fit; --cache-mb streams them)".into()
+        }
         None => "experts: read through the package mapping (all resident once touched)".into(),
         Some(ex) => {
             let c = &ex.cache;

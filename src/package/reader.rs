@@ -221,6 +221,11 @@ impl Package {
         bytemuck::cast_slice(&bytes[(t.offset - origin) as usize..(t.offset - origin + t.length) as usize])
     }
 
+    /// Whether the whole file is held in memory (see [`Package::make_resident`]).
+    pub fn all_resident(&self) -> bool {
+        matches!(&self.resident, Some((0, r)) if r.len() as u64 >= self.header.file_size)
+    }
+
     /// The bytes holding file range `offset..offset + len`, and the file offset of their first
     /// byte: the resident copy when it covers the range, else the file's mapping.
     fn bytes_for(&self, offset: u64, len: u64) -> (&[u8], u64) {
