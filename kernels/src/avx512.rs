@@ -322,29 +322,26 @@ unsafe fn q8_row(q: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     let g = a.group;
     let ng = wd.len();
     let flip = _mm512_set1_epi8(-128);
+    // one 64-byte chunk at c into an accumulator: w + 128 as an unsigned byte times a
+    let chunk = |acc: __m512i, c: usize| -> __m512i {
+        // SAFETY: c + 64 <= cols (groups are whole 64-byte chunks)
+        unsafe {
+            let w = _mm512_loadu_si512(q.as_ptr().add(c) as *const _);
+            let x = _mm512_loadu_si512(a.q.as_ptr().add(c) as *const _);
+            _mm512_dpbusd_epi32(acc, _mm512_xor_si512(w, flip), x)
+        }
+    };
     // even and odd 64-byte chunks of group gi in separate accumulators
     let group = |gi: usize| -> (__m512i, __m512i) {
         let (mut e, mut o) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-        let mut c = gi * g;
         let end = (gi + 1) * g;
+        let mut c = gi * g;
         while c < end {
-            // SAFETY: c + 64 <= cols (groups are whole 64-byte chunks)
-            unsafe {
-                let w = _mm512_loadu_si512(q.as_ptr().add(c) as *const _);
-                let x = _mm512_loadu_si512(a.q.as_ptr().add(c) as *const _);
-                // w + 128 as an unsigned byte
-                e = _mm512_dpbusd_epi32(e, _mm512_xor_si512(w, flip), x);
+            e = chunk(e, c);
+            if c + 64 < end {
+                o = chunk(o, c + 64);
             }
-            c += 64;
-            if c < end {
-                // SAFETY: as above
-                unsafe {
-                    let w = _mm512_loadu_si512(q.as_ptr().add(c) as *const _);
-                    let x = _mm512_loadu_si512(a.q.as_ptr().add(c) as *const _);
-                    o = _mm512_dpbusd_epi32(o, _mm512_xor_si512(w, flip), x);
-                }
-                c += 64;
-            }
+            c += 128;
         }
         (e, o)
     };

@@ -159,22 +159,23 @@ impl Mat<'_> {
         }
         let c = self.cols;
         match (self.data, input) {
-            (MatData::Q4 { q, scales, group }, Input::Quant(a)) if avx512::supports_q4(group) => {
+            (MatData::Q4 { q, scales, group } | MatData::Q6 { q, scales, group }, Input::Quant(a))
+                if avx512::supports_q4(group) =>
+            {
+                // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles
+                let six = matches!(self.data, MatData::Q6 { .. });
                 PERMUTED.with(|p| {
                     let mut p = p.borrow_mut();
                     avx512::permute_q4_act(&a.q[..n * c], &mut p);
                     // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                     // group suits the kernel; the slices are the matrix's and the tokens'
-                    unsafe { avx512::q4_matmul(q, scales, c, a, &p, n, rows, out) };
-                });
-                true
-            }
-            (MatData::Q6 { q, scales, group }, Input::Quant(a)) if avx512::supports_q4(group) => {
-                PERMUTED.with(|p| {
-                    let mut p = p.borrow_mut();
-                    avx512::permute_q4_act(&a.q[..n * c], &mut p);
-                    // SAFETY: as above (q6 groups are whole 128-value chunks, as the q4 kernel's)
-                    unsafe { avx512::q6_matmul(q, scales, c, a, &p, n, rows, out) };
+                    unsafe {
+                        if six {
+                            avx512::q6_matmul(q, scales, c, a, &p, n, rows, out)
+                        } else {
+                            avx512::q4_matmul(q, scales, c, a, &p, n, rows, out)
+                        }
+                    };
                 });
                 true
             }
