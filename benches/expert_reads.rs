@@ -4,12 +4,7 @@
 //!
 //! `cargo bench --bench expert_reads -- PACKAGE.moe [SECONDS]`
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-use moescope::engine::sampler::Rng;
-use moescope::experts::store::{AlignedBuf, ExpertStore, IoMode};
+use moescope::experts::store::{ExpertStore, IoMode, probe_read_bandwidth};
 use moescope::package::Package;
 
 fn main() {
@@ -37,41 +32,17 @@ fn main() {
     if let Some(w) = warn {
         eprintln!("warning: {w}");
     }
-    let store = Arc::new(store);
+
     let blob = store.blob_len();
     println!("{path}: {n_blobs} expert blobs of {:.2} MB, O_DIRECT ({})", blob as f64 / 1e6, store.mode().name());
     for threads in [1usize, 2, 4] {
-        let bytes = Arc::new(AtomicU64::new(0));
-        let reads = Arc::new(AtomicU64::new(0));
-        let stop = Instant::now() + Duration::from_secs_f64(secs);
-        let t0 = Instant::now();
-        let hs: Vec<_> = (0..threads)
-            .map(|i| {
-                let (store, bytes, reads) = (store.clone(), bytes.clone(), reads.clone());
-                std::thread::spawn(move || {
-                    let mut buf = AlignedBuf::new(blob);
-                    let mut rng = Rng::new(i as u64 + 7);
-                    while Instant::now() < stop {
-                        let slot = (rng.next_u64() % n_blobs as u64) as usize;
-                        if store.read(slot, &mut buf).is_ok() {
-                            bytes.fetch_add(blob as u64, Ordering::Relaxed);
-                            reads.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                })
-            })
-            .collect();
-        for h in hs {
-            let _ = h.join();
-        }
-        let dt = t0.elapsed().as_secs_f64();
-        let b = bytes.load(Ordering::Relaxed) as f64;
-        let n = reads.load(Ordering::Relaxed) as f64;
+        let secs_each = secs;
+        let bw = probe_read_bandwidth(&store, threads, secs_each);
+        let per_read_ms = blob as f64 * threads as f64 / bw * 1e3;
         println!(
-            "{threads} thread(s): {:.0} MB/s, {:.0} reads/s, {:.2} ms per read",
-            b / dt / 1e6,
-            n / dt,
-            dt * 1000.0 * threads as f64 / n.max(1.0)
+            "{threads} thread(s): {:.0} MB/s, {:.0} reads/s, {per_read_ms:.2} ms per read",
+            bw / 1e6,
+            bw / blob as f64
         );
     }
 }

@@ -165,3 +165,30 @@ fn roofline_share_is_weight_rate_over_probed_bandwidth() {
     let out = stdout(&o);
     assert!(out.contains("| roof % |") && out.contains("at 1T: roofline"), "{out}");
 }
+
+/// `--roofline` with streamed experts: the disk's side too. Each streamed decode row carries the
+/// probed expert-read bandwidth and the share of it the run's reads used (t/s x MB per token /
+/// MB/s).
+#[test]
+fn roofline_gives_the_disk_share_when_experts_stream() {
+    let (d, p) = convert("wide", "q4");
+    let pkg = p.to_string_lossy().into_owned();
+    let args = ["bench", "-m", pkg.as_str(), "-p", "0", "-n", "6", "-r", "1", "-t", "1", "--cache-mb", "0.2", "--cold"];
+    let o = moescope(&[&args[..], &["--roofline", "-o", "json"]].concat(), d.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("expert reads"), "{}", stderr(&o));
+    let rows: Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let e = &rows[0]["experts"];
+    let (bw, pct, mbt) = (
+        e["disk_read_mbps"].as_f64().expect("disk_read_mbps"),
+        e["disk_roofline_pct"].as_f64().expect("disk_roofline_pct"),
+        e["read_mb_per_token"].as_f64().expect("read_mb_per_token"),
+    );
+    assert!(bw > 0.0 && mbt > 0.0, "{e}");
+    let want = 100.0 * rows[0]["avg_ts"].as_f64().unwrap() * mbt / bw;
+    assert!((pct - want).abs() <= 1e-9 * want.max(1.0), "{pct} vs {want}");
+    // without --roofline there is no probe and no share
+    let o = moescope(&[&args[..], &["-o", "json"]].concat(), d.path());
+    let rows: Value = serde_json::from_str(&stdout(&o)).expect("json");
+    assert!(rows[0]["experts"]["disk_roofline_pct"].is_null(), "{}", rows[0]);
+}

@@ -22,6 +22,8 @@ use serde_json::json;
 use super::bench_report::{self as report, Format, Row};
 use super::{experts_report, model_arg, run, run::isa_from_env, trace_out};
 use crate::cli::BenchArgs;
+use moescope::experts::IoMode;
+use moescope::experts::store::{ExpertStore, probe_read_bandwidth};
 
 fn parse_list(flag: &str, s: &str) -> Result<Vec<usize>> {
     let v: Vec<usize> = s
@@ -132,6 +134,22 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let vocab = cfg.vocab_size as u64;
     let mut rows = Vec::new();
     let cold = a.cold;
+    // the disk's side of the roofline when experts stream: random O_DIRECT blob reads by as many
+    // threads as the pool's I/O workers, without checksums, before any test
+    let disk_bps = match (&engine.experts, a.roofline) {
+        (Some(_), true) => {
+            let (store, _) = ExpertStore::open(engine.package(), IoMode::Direct, false)?;
+            let bps = probe_read_bandwidth(&store, a.experts.io_workers, 2.0);
+            eprintln!(
+                "moescope bench: expert reads {:.0} MB/s ({} threads, {}, random blobs)",
+                bps / 1e6,
+                a.experts.io_workers,
+                store.mode().name()
+            );
+            Some(bps)
+        }
+        _ => None,
+    };
     // the probe's buffer: 2 GiB (past any cache), less where memory is short
     let probe_bytes = (2usize << 30).min(sysinfo::available_memory_bytes() as usize / 4);
     let mut probes = Vec::new();
@@ -155,6 +173,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 for test in &tests {
                     let row = run_test(&mut engine, test, t, a, cold, &mut rng, vocab)?;
                     let weight_gbps = row.decode_latency.map(|_| row.avg_ts * weight_bytes as f64 / 1e9);
+                    let mut row = row;
+                    if let (Some(e), Some(bps), true) = (row.experts.as_mut(), disk_bps, row.decode_latency.is_some()) {
+                        // the share of the disk's bandwidth this run's reads kept busy: t/s over
+                        // (read bandwidth / bytes read per token)
+                        let mbt = e["read_mb_per_token"].as_f64().unwrap_or(0.0);
+                        e["disk_read_mbps"] = json!(bps / 1e6);
+                        e["disk_roofline_pct"] = json!(100.0 * row.avg_ts * mbt * 1e6 / bps);
+                    }
                     let row = Row {
                         model_filename: path.display().to_string(),
                         model_type: model_type.clone(),
@@ -195,6 +221,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     g * 1e9 / weight_bytes.max(1) as f64
                 ))
                 .collect::<String>()
+                + &disk_bps
+                    .map(|b| format!(" | expert reads {:.0} MB/s: disk roofline = that / SSD MB per token", b / 1e6))
+                    .unwrap_or_default()
         )?,
         Format::Csv => {}
     }

@@ -234,3 +234,33 @@ fn open_direct(path: &Path) -> std::io::Result<File> {
     f.read_at(probe.as_mut_slice(), 0)?;
     Ok(f)
 }
+
+/// Read bandwidth of random expert blobs: `threads` threads, one blob read after another each
+/// (as the I/O workers read them; open the store without verification to time the disk alone),
+/// for `secs` seconds; bytes per second.
+/// The disk roofline of streamed decode is this over the bytes read per token.
+pub fn probe_read_bandwidth(store: &ExpertStore, threads: usize, secs: f64) -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let n_blobs = store.table.len().max(1) as u64;
+    let bytes = AtomicU64::new(0);
+    let stop = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+    let t0 = std::time::Instant::now();
+    std::thread::scope(|s| {
+        for i in 0..threads.max(1) {
+            let bytes = &bytes;
+            s.spawn(move || {
+                let mut buf = AlignedBuf::new(store.blob_len);
+                // a fixed LCG per thread: reproducible, and spread over the whole expert region
+                let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ i as u64;
+                while std::time::Instant::now() < stop {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    let slot = ((x >> 33) % n_blobs) as usize;
+                    if store.read(slot, &mut buf).is_ok() {
+                        bytes.fetch_add(store.blob_len as u64, Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    bytes.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
+}
