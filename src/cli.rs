@@ -154,7 +154,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "q4")]
     pub quant: String,
     /// Size of the expert pool in MiB (default: no pool when the package fits in half of the
-    /// available memory, everything loaded at start; else half of the available memory).
+    /// available memory, experts read through the mapping; else half of the available memory).
     #[arg(long, value_name = "MiB")]
     pub cache_mb: Option<f64>,
     /// Prefetch predicted experts: on or off.

@@ -17,10 +17,7 @@ fn mib(b: u64) -> f64 {
 /// One line about the expert pool (or that experts are read through the mapping).
 pub fn describe(engine: &Engine) -> String {
     match &engine.experts {
-        None if engine.package().all_resident() => {
-            "experts: all resident (loaded into memory at start: they fit; --cache-mb streams them)".into()
-        }
-        None => "experts: read through the package mapping (all resident once touched)".into(),
+        None => "experts: read through the package mapping, resident once touched (no pool: the package fits in half the memory, or --no-stream; --cache-mb streams)".into(),
         Some(ex) => {
             let c = &ex.cache;
             format!(

@@ -153,22 +153,20 @@ impl Engine {
         // would count in the RSS beside the copy)
         let mut pkg = Package::open_with(path, OpenOptions { verify_dense: false })?;
         let mut warnings = Vec::new();
-        // the weights decode streams every token, in huge pages: the dense ones always, the
-        // experts too when they are not streamed and the whole file fits in half the memory.
-        // A default pool would hold every expert when they fit in half the memory: then they
-        // are simply all loaded now (nothing would ever be evicted, and the first tokens would
-        // wait on their reads), unless the package asks for a pool of its own (the demo).
-        let avail = crate::sysinfo::available_memory_bytes();
-        let fits = pkg.file_size() <= avail / 2;
+        // A default pool would hold every expert when the package fits in half the memory: then
+        // there is no pool and experts are read through the mapping (nothing would ever be
+        // evicted, and the first tokens would wait on O_DIRECT reads), unless the package asks
+        // for a pool of its own (the demo).
+        let fits = pkg.file_size() <= crate::sysinfo::available_memory_bytes() / 2;
         let mut opts = opts;
         if let Some(sc) = &opts.stream {
             if sc.budget_bytes.is_none() && pkg.meta.default_pool_fraction.is_none() && fits {
                 opts.stream = None;
             }
         }
-        let all = opts.stream.is_none() && fits;
-        let resident = if all { pkg.file_size() } else { pkg.header.dense_len };
-        if let Err(e) = pkg.make_resident(all) {
+        // the dense weights, which every decode token reads, in huge pages
+        let resident = pkg.header.dense_len;
+        if let Err(e) = pkg.make_dense_resident(opts.stream.is_some()) {
             warnings.push(format!("weights stay memory-mapped from the file (no resident copy: {e})"));
         }
         pkg.verify_dense()?;

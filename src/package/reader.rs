@@ -16,8 +16,8 @@ use super::layout::*;
 pub struct Package {
     path: PathBuf,
     mmap: Mmap,
-    /// A copy of part of the file in anonymous memory backed by huge pages (see
-    /// [`Package::make_resident`]): `(file offset of its first byte, the bytes)`.
+    /// The dense region copied into anonymous memory backed by huge pages (see
+    /// [`Package::make_dense_resident`]): `(file offset of its first byte, the bytes)`.
     resident: Option<(u64, Mmap)>,
     pub header: Header,
     pub meta: Meta,
@@ -221,11 +221,6 @@ impl Package {
         bytemuck::cast_slice(&bytes[(t.offset - origin) as usize..(t.offset - origin + t.length) as usize])
     }
 
-    /// Whether the whole file is held in memory (see [`Package::make_resident`]).
-    pub fn all_resident(&self) -> bool {
-        matches!(&self.resident, Some((0, r)) if r.len() as u64 >= self.header.file_size)
-    }
-
     /// The bytes holding file range `offset..offset + len`, and the file offset of their first
     /// byte: the resident copy when it covers the range, else the file's mapping.
     fn bytes_for(&self, offset: u64, len: u64) -> (&[u8], u64) {
@@ -235,27 +230,30 @@ impl Package {
         }
     }
 
-    /// Copy the dense region (or, with `all`, the whole file: a model that fits in memory) into
-    /// anonymous memory backed by transparent huge pages, and drop those pages of the file from
-    /// the page cache. Decode streams every dense weight once per token: with 2 MiB pages the
-    /// reads cross no 4 KiB page boundaries and miss no TLB entries (bench8 tg32 A/B: 37.2/36.1
-    /// -> 43.3/50.2 t/s at 1 thread). The page cache's copy is file-backed 4 KiB pages that
-    /// the kernel does not map huge.
-    pub fn make_resident(&mut self, all: bool) -> Result<(), PackageError> {
+    /// Copy the dense region into anonymous memory backed by transparent huge pages. Decode
+    /// streams every dense weight once per token (the lm_head alone is 45% of a Qwen3-30B-A3B q4
+    /// token): with 2 MiB pages the reads cross no 4 KiB page boundaries and miss no TLB entries
+    /// (bench8 tg32 A/B, three pairs: 1T 42.9/36.4/43.6 -> 49.0/44.1/36.5 t/s). The page cache's
+    /// copy is 4 KiB pages the kernel does not map huge. Copying the experts too (when they fit)
+    /// measured within 1-2% of this and made a start read the whole file, so they stay mapped.
+    /// `drop_cached`: drop the file's copy of those pages from the page cache (when experts
+    /// stream, memory is what the pool is sized against; else the next start reads them from
+    /// memory rather than the disk).
+    pub fn make_dense_resident(&mut self, drop_cached: bool) -> Result<(), PackageError> {
         use std::os::unix::fs::FileExt;
-        let (start, len) =
-            if all { (0, self.header.file_size) } else { (self.header.dense_offset, self.header.dense_len) };
+        let (start, len) = (self.header.dense_offset, self.header.dense_len);
         let io = |e: std::io::Error| PackageError::Io { path: self.path.clone(), error: e };
         let mut anon = memmap2::MmapMut::map_anon(len as usize).map_err(io)?;
         // advisory: without THP the copy still works, as 4 KiB pages
         let _ = anon.advise(memmap2::Advice::HugePage);
         let file = std::fs::File::open(&self.path).map_err(io)?;
         file.read_exact_at(&mut anon[..], start).map_err(io)?;
-        // the copy is what is used now: the file's pages of that range are not needed twice
-        // SAFETY: advisory call on an open descriptor
-        unsafe {
-            use std::os::fd::AsRawFd;
-            libc::posix_fadvise(file.as_raw_fd(), start as i64, len as i64, libc::POSIX_FADV_DONTNEED);
+        if drop_cached {
+            // SAFETY: advisory call on an open descriptor
+            unsafe {
+                use std::os::fd::AsRawFd;
+                libc::posix_fadvise(file.as_raw_fd(), start as i64, len as i64, libc::POSIX_FADV_DONTNEED);
+            }
         }
         self.resident = Some((start, anon.make_read_only().map_err(io)?));
         Ok(())
