@@ -46,9 +46,11 @@ pub fn permute_q4_act(a: &[i8], out: &mut Vec<i8>) {
     }
 }
 
-/// `out[i * n + t] = W[rows.start + i] · x[t]` for q4 weights `q` (`[rows, cols / 2]`) with
-/// `scales` (`[rows, cols / group]`) and the `n` activation rows of `a`; `ap` is `a.q` (all `n`
-/// rows) permuted by [`permute_q4_act`].
+/// `out[i * n + t] = W[rows.start + i] · x[t]` for q4 weights `q` (`[rows, cols / 2]`), or with
+/// `six` q6 weights (`q6_lo4hi2`: `[rows, cols / 128 * 96]`, the same low-nibble unpacking with
+/// the high bits ORed in from each chunk's last 32 bytes, and a bias of 32), with `scales`
+/// (`[rows, cols / group]`) and the `n` activation rows of `a`; `ap` is `a.q` (all `n` rows)
+/// permuted by [`permute_q4_act`].
 ///
 /// Tiles of rows x tokens share their loads: a weight chunk is unpacked once for every token of
 /// the tile, an activation chunk loaded once for every row. Each (row, token) product goes
@@ -57,8 +59,10 @@ pub fn permute_q4_act(a: &[i8], out: &mut Vec<i8>) {
 ///
 /// # Safety
 /// The CPU must support AVX-512 F, BW and VNNI; `supports_q4(a.group)`; slices sized as above.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn q4_matmul(
+pub unsafe fn q_matmul(
+    six: bool,
     q: &[u8],
     scales: &[f32],
     cols: usize,
@@ -68,31 +72,10 @@ pub unsafe fn q4_matmul(
     rows: Range<usize>,
     out: &mut [f32],
 ) {
-    let m = QMat { q, wd: scales, cols, row_bytes: cols / 2, ng: cols / a.group, cpg: a.group / 128, a, ap };
+    let row_bytes = if six { cols / 128 * 96 } else { cols / 2 };
+    let m = QMat { q, wd: scales, cols, row_bytes, ng: cols / a.group, cpg: a.group / 128, a, ap };
     // SAFETY: the caller's guarantees
-    unsafe { matmul::<false>(&m, n, rows, out) }
-}
-
-/// As [`q4_matmul`] for q6 weights (`q6_lo4hi2`: 96 bytes per 128 values, so `q` is
-/// `[rows, cols / 128 * 96]`): the same low-nibble unpacking, the high bits ORed in from the
-/// chunk's last 32 bytes, and a bias of 32.
-///
-/// # Safety
-/// As for [`q4_matmul`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn q6_matmul(
-    q: &[u8],
-    scales: &[f32],
-    cols: usize,
-    a: &QuantAct,
-    ap: &[i8],
-    n: usize,
-    rows: Range<usize>,
-    out: &mut [f32],
-) {
-    let m = QMat { q, wd: scales, cols, row_bytes: cols / 128 * 96, ng: cols / a.group, cpg: a.group / 128, a, ap };
-    // SAFETY: the caller's guarantees
-    unsafe { matmul::<true>(&m, n, rows, out) }
+    unsafe { if six { matmul::<true>(&m, n, rows, out) } else { matmul::<false>(&m, n, rows, out) } }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]

@@ -169,13 +169,7 @@ impl Mat<'_> {
                     avx512::permute_q4_act(&a.q[..n * c], &mut p);
                     // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                     // group suits the kernel; the slices are the matrix's and the tokens'
-                    unsafe {
-                        if six {
-                            avx512::q6_matmul(q, scales, c, a, &p, n, rows, out)
-                        } else {
-                            avx512::q4_matmul(q, scales, c, a, &p, n, rows, out)
-                        }
-                    };
+                    unsafe { avx512::q_matmul(six, q, scales, c, a, &p, n, rows, out) };
                 });
                 true
             }
