@@ -165,7 +165,6 @@ impl Engine {
             }
         }
         // the dense weights, which every decode token reads, in huge pages
-        let resident = pkg.header.dense_len;
         if let Err(e) = pkg.make_dense_resident(opts.stream.is_some()) {
             warnings.push(format!("weights stay memory-mapped from the file (no resident copy: {e})"));
         }
@@ -203,7 +202,7 @@ impl Engine {
             }
             _ => None,
         };
-        let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(resident.max(pkg.sizes().0));
+        let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(pkg.sizes().0);
         Ok(Engine {
             model,
             experts,
