@@ -1,14 +1,16 @@
 //! Matrix-vector products per format and ISA tier, on a Qwen3-30B-A3B expert's shapes
 //! (gate/up `[768, 2048]`, down `[2048, 768]`) and its attention q_proj `[4096, 2048]`, one
-//! thread: GB/s of weights streamed, median of repeated runs.
+//! thread: GB/s of weights streamed, median of repeated runs. `q4x4` is q4 with rows interleaved
+//! by 4 (`q4_lohi32_x4`, what packages store): the row-major `q4` beside it shows what the layout
+//! buys.
 //!
-//! `cargo bench --bench matvec` (the decode and prefill macro numbers come from `moescope run
-//! --json` now, and from `moescope bench` when it lands).
+//! `cargo bench --bench matvec` (the decode and prefill macro numbers come from `moescope bench`).
 
 use std::time::Instant;
 
 use moescope_kernels::mat::{Input, Mat, MatData};
-use moescope_kernels::quant::{f32_to_bf16, quantize_q4_row, quantize_q8_row};
+use moescope_kernels::Format;
+use moescope_kernels::quant::{f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row};
 use moescope_kernels::{Isa, QuantAct};
 
 fn rnd(n: usize, seed: u64) -> Vec<f32> {
@@ -19,6 +21,39 @@ fn rnd(n: usize, seed: u64) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.04
         })
         .collect()
+}
+
+/// `w` (`[rows, cols]`) in `format`: value bytes (rows interleaved when `x4`) and scales.
+fn encode(format: Format, w: &[f32], rows: usize, cols: usize, x4: bool) -> (Vec<u8>, Vec<f32>) {
+    let (rb, ng) = (format.data_bytes(1, cols), format.group().map_or(0, |g| cols / g));
+    let (mut q, mut d) = (vec![0u8; rows * rb], vec![0f32; rows * ng]);
+    for r in 0..rows {
+        let (wr, qr) = (&w[r * cols..(r + 1) * cols], &mut q[r * rb..(r + 1) * rb]);
+        let dr = &mut d[r * ng..(r + 1) * ng];
+        match format {
+            Format::Bf16 => {
+                for (o, v) in qr.chunks_exact_mut(2).zip(wr) {
+                    o.copy_from_slice(&f32_to_bf16(*v).to_le_bytes());
+                }
+            }
+            Format::Q8 { group } => {
+                let mut q8 = vec![0i8; cols];
+                quantize_q8_row(wr, group, &mut q8, dr);
+                for (o, v) in qr.iter_mut().zip(q8) {
+                    *o = v as u8;
+                }
+            }
+            Format::Q4 { group } => quantize_q4_row(wr, group, qr, dr),
+            Format::Q6 { group } => quantize_q6_row(wr, group, qr, dr),
+            Format::F32 => unreachable!("not measured"),
+        }
+    }
+    if x4 {
+        let mut out = vec![0u8; q.len()];
+        interleave_rows(&q, rb, format.chunk_bytes().unwrap_or(rb), &mut out);
+        q = out;
+    }
+    (q, d)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -62,44 +97,69 @@ fn main() {
     // "memory": copies making a working set of 256 MB or more, far past the L3 cache, so the
     // numbers are memory-bound like decode; "hot": one copy over and over (in L2 or L3), so
     // the number is the kernel's own speed, the ceiling it would reach with infinite bandwidth
-    for (rows, cols) in [(768usize, 2048usize), (2048, 768), (4096, 2048)] {
+    // the output layer [151936, 2048] only in the formats packages give it
+    let shapes: [(usize, usize, &[&str]); 4] = [
+        (768, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4"]),
+        (2048, 768, &["bf16", "q8", "q4", "q4x4"]),
+        (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4"]),
+        (151936, 2048, &["q8", "q6", "q6x4"]),
+    ];
+    for (rows, cols, fmts) in shapes {
         let w = rnd(rows * cols, 1);
         let x = rnd(cols, 2);
-        let wb: Vec<u16> = w.iter().map(|v| f32_to_bf16(*v)).collect();
         let g = 128;
-        let mut q8 = vec![0i8; rows * cols];
-        let mut d8 = vec![0f32; rows * cols / g];
-        let mut q4 = vec![0u8; rows * cols / 2];
-        let mut d4 = vec![0f32; rows * cols / g];
-        for r in 0..rows {
-            let (a, b) = (r * cols, (r + 1) * cols);
-            quantize_q8_row(&w[a..b], g, &mut q8[a..b], &mut d8[r * cols / g..(r + 1) * cols / g]);
-            quantize_q4_row(&w[a..b], g, &mut q4[a / 2..b / 2], &mut d4[r * cols / g..(r + 1) * cols / g]);
-        }
         let mut qa = QuantAct::default();
         qa.quantize(&x, cols, g);
-        for fmt in ["bf16", "q8", "q4"] {
-            let bytes = match fmt {
-                "bf16" => rows * cols * 2,
-                "q8" => rows * cols,
-                _ => rows * cols / 2,
+        for &fmt in fmts {
+            // the matrix's value bytes (q4x4/q6x4: rows interleaved by 4, the layout packages
+            // store; the row-major format beside each shows what that buys) and scales
+            let format = match fmt {
+                "bf16" => Format::Bf16,
+                "q8" => Format::Q8 { group: g },
+                "q4" | "q4x4" => Format::Q4 { group: g },
+                _ => Format::Q6 { group: g },
             };
+            let x4 = fmt.ends_with("x4");
+            let (vals, scales) = encode(format, &w, rows, cols, x4);
+            let bytes = vals.len();
             let copies = (256usize << 20).div_ceil(bytes);
-            let b16: Vec<Vec<u16>> = if fmt == "bf16" { (0..copies).map(|_| wb.clone()).collect() } else { vec![] };
-            let b8: Vec<Vec<i8>> = if fmt == "q8" { (0..copies).map(|_| q8.clone()).collect() } else { vec![] };
-            let b4: Vec<Vec<u8>> = if fmt == "q4" { (0..copies).map(|_| q4.clone()).collect() } else { vec![] };
-            let mats: Vec<Mat<'_>> = match fmt {
-                "bf16" => b16.iter().map(|b| Mat { rows, cols, data: MatData::Bf16(b) }).collect(),
-                "q8" => {
-                    b8.iter().map(|b| Mat { rows, cols, data: MatData::Q8 { q: b, scales: &d8, group: g } }).collect()
-                }
-                _ => b4.iter().map(|b| Mat { rows, cols, data: MatData::Q4 { q: b, scales: &d4, group: g } }).collect(),
-            };
+            // the copies side by side in one arena of 2 MiB pages, as the engine keeps the dense
+            // weights (`Package::make_dense_resident`): 4 KiB pages cost decode a TLB walk a page
+            let mut arena = memmap2::MmapMut::map_anon(bytes * copies).expect("anonymous mapping for the copies");
+            let _ = arena.advise(memmap2::Advice::HugePage);
+            for c in arena.chunks_exact_mut(bytes) {
+                c.copy_from_slice(&vals);
+            }
+            let mats: Vec<Mat<'_>> = arena
+                .chunks_exact(bytes)
+                .map(|b| {
+                    let data = match format {
+                        // SAFETY (both): the arena is page-aligned and each copy a whole number
+                        // of elements; the views live no longer than the arena
+                        Format::Bf16 => {
+                            MatData::Bf16(unsafe { std::slice::from_raw_parts(b.as_ptr() as *const u16, bytes / 2) })
+                        }
+                        Format::Q8 { group } => MatData::Q8 {
+                            q: unsafe { std::slice::from_raw_parts(b.as_ptr() as *const i8, bytes) },
+                            scales: &scales,
+                            group,
+                        },
+                        Format::Q4 { group } => MatData::Q4 { q: b, scales: &scales, group, x4 },
+                        _ => MatData::Q6 { q: b, scales: &scales, group: g, x4 },
+                    };
+                    Mat { rows, cols, data }
+                })
+                .collect();
             for isa in Isa::available() {
                 let mem = run(rows, cols, isa, fmt, &mats, &x, &qa, 1);
-                let hot = run(rows, cols, isa, fmt, &mats[..1], &x, &qa, copies.min(64));
+                // (a matrix past the L3 cache has no hot number)
+                let hot = if bytes <= 16 << 20 {
+                    format!("{:6.1} GB/s", run(rows, cols, isa, fmt, &mats[..1], &x, &qa, copies.min(64)))
+                } else {
+                    "     -     ".into()
+                };
                 println!(
-                    "matvec [{rows:>4}, {cols:>4}] {fmt:<5} {isa:<7} memory {mem:6.1} GB/s  hot {hot:6.1} GB/s  (1 thread)"
+                    "matvec [{rows:>6}, {cols:>4}] {fmt:<5} {isa:<7} memory {mem:6.1} GB/s  hot {hot}  (1 thread)"
                 );
             }
         }

@@ -20,6 +20,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::act::{QuantAct, QuantRow};
+use crate::quant::{ROW_BLOCK, interleaved_offset};
 
 /// Whether these kernels take a quantized matrix with groups of `group` (q4: whole 128-value
 /// chunks per group; q8: whole 64-byte vectors per group).
@@ -48,9 +49,9 @@ pub fn permute_q4_act(a: &[i8], out: &mut Vec<i8>) {
 
 /// `out[i * n + t] = W[rows.start + i] · x[t]` for q4 weights `q` (`[rows, cols / 2]`), or with
 /// `six` q6 weights (`q6_lo4hi2`: `[rows, cols / 128 * 96]`, the same low-nibble unpacking with
-/// the high bits ORed in from each chunk's last 32 bytes, and a bias of 32), with `scales`
-/// (`[rows, cols / group]`) and the `n` activation rows of `a`; `ap` is `a.q` (all `n` rows)
-/// permuted by [`permute_q4_act`].
+/// the high bits ORed in from each chunk's last 32 bytes, and a bias of 32), rows interleaved by
+/// [`ROW_BLOCK`] when `x4` (see [`crate::quant`]), with `scales` (`[rows, cols / group]`) and the
+/// `n` activation rows of `a`; `ap` is `a.q` (all `n` rows) permuted by [`permute_q4_act`].
 ///
 /// Tiles of rows x tokens share their loads: a weight chunk is unpacked once for every token of
 /// the tile, an activation chunk loaded once for every row. Each (row, token) product goes
@@ -63,6 +64,7 @@ pub fn permute_q4_act(a: &[i8], out: &mut Vec<i8>) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q_matmul(
     six: bool,
+    x4: bool,
     q: &[u8],
     scales: &[f32],
     cols: usize,
@@ -74,24 +76,32 @@ pub unsafe fn q_matmul(
 ) {
     let row_bytes = if six { cols / 128 * 96 } else { cols / 2 };
     let m = QMat { q, wd: scales, cols, row_bytes, ng: cols / a.group, cpg: a.group / 128, a, ap };
-    // SAFETY: the caller's guarantees
-    unsafe { if six { matmul::<true>(&m, n, rows, out) } else { matmul::<false>(&m, n, rows, out) } }
+    // SAFETY (all four): the caller's guarantees
+    unsafe {
+        match (six, x4) {
+            (false, false) => matmul::<false, 1>(&m, n, rows, out),
+            (false, true) => matmul::<false, ROW_BLOCK>(&m, n, rows, out),
+            (true, false) => matmul::<true, 1>(&m, n, rows, out),
+            (true, true) => matmul::<true, ROW_BLOCK>(&m, n, rows, out),
+        }
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn matmul<const SIX: bool>(m: &QMat<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
+unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
     debug_assert!(supports_q4(m.a.group) && m.ap.len() >= n * m.cols && out.len() == rows.len() * n);
     let mut t0 = 0;
     while t0 < n {
         // SAFETY (all calls): the caller's guarantees; tiles stay inside rows and 0..n
         // 2 rows x 4 tokens when the batch allows (bench8 pp128 at 1 thread: 71 t/s one token
         // at a time, 108 so; 4 x 2, 1 x 8 and 2 x 2 tiles for the rest measured no better), else
-        // one row and one token (decode: one stream of weights)
+        // one token and, interleaved, a block of rows at a time (decode: one stream of
+        // weights either way), else one row
         if n - t0 >= 4 {
-            unsafe { tiles::<2, 4, SIX>(m, rows.clone(), t0, n, out) };
+            unsafe { tiles::<2, 4, SIX, IL>(m, rows.clone(), t0, n, out) };
             t0 += 4;
         } else {
-            unsafe { tiles::<1, 1, SIX>(m, rows.clone(), t0, n, out) };
+            unsafe { tiles::<IL, 1, SIX, IL>(m, rows.clone(), t0, n, out) };
             t0 += 1;
         }
     }
@@ -111,10 +121,12 @@ struct QMat<'a> {
     ap: &'a [i8],
 }
 
-/// Tokens `t0..t0 + T` for every row of `rows`, `R` rows at a time (the rest one by one).
+/// Tokens `t0..t0 + T` for every row of `rows`, `R` rows at a time (the rest one by one; with
+/// interleaved rows (`IL` > 1) the rows before the first whole block too, so an `R`-row tile
+/// of a decode reads its block's bytes in order).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tiles<const R: usize, const T: usize, const SIX: bool>(
+unsafe fn tiles<const R: usize, const T: usize, const SIX: bool, const IL: usize>(
     m: &QMat<'_>,
     rows: Range<usize>,
     t0: usize,
@@ -125,20 +137,21 @@ unsafe fn tiles<const R: usize, const T: usize, const SIX: bool>(
     let mut res = [[0f32; T]; R];
     let mut one = [[0f32; T]; 1];
     while r < rows.end {
-        let got: &[[f32; T]] = if rows.end - r >= R {
+        let aligned = IL == 1 || r % R.min(IL) == 0;
+        let got: &[[f32; T]] = if aligned && rows.end - r >= R {
             // SAFETY: rows r..r + R and tokens t0..t0 + T exist
             if m.cpg == 1 {
-                unsafe { q_tile::<R, T, true, SIX>(m, r, t0, &mut res) }
+                unsafe { q_tile::<R, T, true, SIX, IL>(m, r, t0, &mut res) }
             } else {
-                unsafe { q_tile::<R, T, false, SIX>(m, r, t0, &mut res) }
+                unsafe { q_tile::<R, T, false, SIX, IL>(m, r, t0, &mut res) }
             };
             &res
         } else {
             // SAFETY: as above, for one row
             if m.cpg == 1 {
-                unsafe { q_tile::<1, T, true, SIX>(m, r, t0, &mut one) }
+                unsafe { q_tile::<1, T, true, SIX, IL>(m, r, t0, &mut one) }
             } else {
-                unsafe { q_tile::<1, T, false, SIX>(m, r, t0, &mut one) }
+                unsafe { q_tile::<1, T, false, SIX, IL>(m, r, t0, &mut one) }
             };
             &one
         };
@@ -164,7 +177,7 @@ unsafe fn tiles<const R: usize, const T: usize, const SIX: bool>(
 /// ORed in. 16-bit shifts move bits across bytes only into bits the mask drops.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bool>(
+unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bool, const IL: usize>(
     m: &QMat<'_>,
     r0: usize,
     t0: usize,
@@ -190,8 +203,14 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
             let mut wl = [_mm512_setzero_si512(); R];
             let mut wh = [_mm512_setzero_si512(); R];
             for i in 0..R {
-                // SAFETY: row r0 + i has row_bytes bytes and chunk ci is inside it
-                let p = unsafe { m.q.as_ptr().add((r0 + i) * m.row_bytes + ci * chunk_bytes) };
+                // SAFETY: row r0 + i has row_bytes bytes and chunk ci is inside it (interleaved: in its block)
+                let r = r0 + i;
+                let off = if IL == 1 {
+                    r * m.row_bytes + ci * chunk_bytes
+                } else {
+                    interleaved_offset(r, ci, m.row_bytes, chunk_bytes)
+                };
+                let p = unsafe { m.q.as_ptr().add(off) };
                 let w = unsafe { _mm512_loadu_si512(p as *const _) };
                 wl[i] = _mm512_and_si512(w, mask);
                 wh[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);

@@ -7,7 +7,7 @@
 
 use crate::act::QuantRow;
 use crate::isa::Isa;
-use crate::quant::bf16_to_f32;
+use crate::quant::{CHUNK, Q6_CHUNK_BYTES, ROW_BLOCK, bf16_to_f32, gather_row};
 
 /// `a · b` in f32.
 #[inline]
@@ -72,6 +72,27 @@ pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     }
     let _ = isa;
     scalar::dot_q6(wq, wd, a)
+}
+
+/// Rows `0..4` of one block of a row-interleaved q4 matrix (`q4_lohi32_x4`; `six`: q6,
+/// `q6_lo4hi2_x4`): `block` is the block's bytes (4 rows), `wd` its rows' scales one row after
+/// another. Each value is what [`dot_q4`] / [`dot_q6`] give for that row at this tier, bit for bit
+/// (AVX2 reads the block in order; the scalar reference gathers each row).
+pub fn dot_x4(isa: Isa, six: bool, block: &[u8], wd: &[f32], a: QuantRow<'_>) -> [f32; 4] {
+    let ng = wd.len() / ROW_BLOCK;
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && a.group % 32 == 0 {
+        // SAFETY: AVX2 and FMA were detected; the block holds 4 rows of a.q.len() values; every
+        // block is 32 values (q6 groups are whole chunks)
+        return unsafe { if six { x86::dot_x4::<true>(block, wd, a) } else { x86::dot_x4::<false>(block, wd, a) } };
+    }
+    let cb = if six { Q6_CHUNK_BYTES } else { CHUNK / 2 };
+    let mut row = vec![0u8; block.len() / ROW_BLOCK];
+    std::array::from_fn(|i| {
+        gather_row(block, i, cb, &mut row);
+        let wd = &wd[i * ng..(i + 1) * ng];
+        if six { dot_q6(isa, &row, wd, a) } else { dot_q4(isa, &row, wd, a) }
+    })
 }
 
 /// The reference kernels.
@@ -161,6 +182,7 @@ pub mod scalar {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+    use crate::quant::interleaved_offset;
     use std::arch::x86_64::*;
 
     #[inline]
@@ -279,29 +301,63 @@ mod x86 {
         acc
     }
 
+    /// One 32-value block of `q4_lohi32` (16 bytes at `p`) as 32 unsigned values in `[0, 15]`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn q4_block(p: *const u8) -> __m256i {
+        let mask = _mm_set1_epi8(0x0F);
+        // SAFETY: the caller's 16 bytes
+        let b = unsafe { _mm_loadu_si128(p as *const __m128i) };
+        let lo = _mm_and_si128(b, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// Block `b` (0..4) of the q6 chunk at `p` (96 bytes) as 32 unsigned values in `[0, 63]`:
+    /// its low-nibble values sit at load positions `16 b..`, so their high bits are field `b / 2`
+    /// of high bytes `16 (b % 2)..`, and its high-nibble values' field `2 + b / 2`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn q6_block(p: *const u8, b: usize) -> __m256i {
+        let mask = _mm_set1_epi8(0x0F);
+        let two = _mm_set1_epi8(0x03);
+        // SAFETY: the caller's chunk of 96 bytes
+        let (lob, hib) = unsafe {
+            (
+                _mm_loadu_si128(p.add(b * 16) as *const __m128i),
+                _mm_loadu_si128(p.add(64 + (b % 2) * 16) as *const __m128i),
+            )
+        };
+        let f = _mm_cvtsi32_si128(2 * (b / 2) as i32);
+        let fh = _mm_cvtsi32_si128(2 * (2 + b / 2) as i32);
+        let hl = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hib, f), two), 4);
+        let hh = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hib, fh), two), 4);
+        let lo = _mm_or_si128(_mm_and_si128(lob, mask), hl);
+        let hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lob, 4), mask), hh);
+        _mm256_set_m128i(hi, lo)
+    }
+
+    /// `v + sum n * x` over pairs and quads of the 32 unsigned values `n` and activations `x`
+    /// (q6: a maddubs pair is at most 2 * 63 * 127, no saturation).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn block_dot(v: __m256i, n: __m256i, x: __m256i) -> __m256i {
+        _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(n, x), _mm256_set1_epi16(1)))
+    }
+
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_q4(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
         let g = a.group;
-        let mask = _mm_set1_epi8(0x0F);
-        let ones = _mm256_set1_epi16(1);
         let mut acc = 0f32;
         for gi in 0..wd.len() {
             let mut v = _mm256_setzero_si256();
-            let mut j = 0;
-            while j < g {
-                let base = gi * g + j;
-                // SAFETY: 16 weight bytes hold values base..base+32, all inside the row.
-                let (b, x) = unsafe {
-                    (
-                        _mm_loadu_si128(wq.as_ptr().add(base / 2) as *const __m128i),
-                        _mm256_loadu_si256(a.q.as_ptr().add(base) as *const __m256i),
-                    )
+            let mut j = gi * g;
+            while j < (gi + 1) * g {
+                // SAFETY: 16 weight bytes hold values j..j+32, all inside the row.
+                let (n, x) = unsafe {
+                    (q4_block(wq.as_ptr().add(j / 2)), _mm256_loadu_si256(a.q.as_ptr().add(j) as *const __m256i))
                 };
-                let lo = _mm_and_si128(b, mask);
-                let hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-                let n = _mm256_set_m128i(hi, lo);
-                // n in [0, 15] is unsigned: maddubs(n, a) = sum n*a over pairs, no overflow
-                v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(n, x), ones));
+                v = block_dot(v, n, x);
                 j += 32;
             }
             let isum = hsum_epi32(v) - 8 * a.sums[gi];
@@ -310,15 +366,9 @@ mod x86 {
         acc
     }
 
-    /// As `dot_q4`, per 32-value block, with each block's high bits merged in: block `b` of a
-    /// chunk has its low-nibble values at load positions `16 b..`, so their high bits are field
-    /// `b / 2` of high bytes `16 (b % 2)..`, and its high-nibble values field `2 + b / 2`.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn dot_q6(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
         let g = a.group;
-        let mask = _mm_set1_epi8(0x0F);
-        let two = _mm_set1_epi8(0x03);
-        let ones = _mm256_set1_epi16(1);
         let mut acc = 0f32;
         for gi in 0..wd.len() {
             let mut v = _mm256_setzero_si256();
@@ -327,28 +377,54 @@ mod x86 {
                 for b in 0..4 {
                     let x0 = gi * g + ch * 128 + b * 32;
                     // SAFETY: the chunk's 96 bytes and the block's 32 activations are in the row
-                    let (lob, hib, x) = unsafe {
-                        (
-                            _mm_loadu_si128(wq.as_ptr().add(at + b * 16) as *const __m128i),
-                            _mm_loadu_si128(wq.as_ptr().add(at + 64 + (b % 2) * 16) as *const __m128i),
-                            _mm256_loadu_si256(a.q.as_ptr().add(x0) as *const __m256i),
-                        )
+                    let (n, x) = unsafe {
+                        (q6_block(wq.as_ptr().add(at), b), _mm256_loadu_si256(a.q.as_ptr().add(x0) as *const __m256i))
                     };
-                    let f = _mm_cvtsi32_si128(2 * (b / 2) as i32);
-                    let fh = _mm_cvtsi32_si128(2 * (2 + b / 2) as i32);
-                    let hl = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hib, f), two), 4);
-                    let hh = _mm_slli_epi16(_mm_and_si128(_mm_srl_epi16(hib, fh), two), 4);
-                    let lo = _mm_or_si128(_mm_and_si128(lob, mask), hl);
-                    let hi = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(lob, 4), mask), hh);
-                    let n = _mm256_set_m128i(hi, lo);
-                    // n in [0, 63]: a maddubs pair is at most 2 * 63 * 127, no saturation
-                    v = _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(n, x), ones));
+                    v = block_dot(v, n, x);
                 }
             }
             let isum = hsum_epi32(v) - 32 * a.sums[gi];
             acc += isum as f32 * (wd[gi] * a.scales[gi]);
         }
         acc
+    }
+
+    /// `dot_q4` / `dot_q6` (`SIX`) of the 4 rows of an interleaved block at once, reading the
+    /// block's bytes in order: per group, each row's int32 lanes, the four summed together
+    /// (exact), then per lane the same f32 operations in the same order as the one-row kernels.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_x4<const SIX: bool>(block: &[u8], wd: &[f32], a: QuantRow<'_>) -> [f32; 4] {
+        let g = a.group;
+        let ng = a.q.len() / g;
+        let cb = if SIX { Q6_CHUNK_BYTES } else { CHUNK / 2 };
+        let rb = a.q.len() / CHUNK * cb;
+        let bias = _mm_set1_epi32(if SIX { 32 } else { 8 });
+        let mut acc = _mm_setzero_ps();
+        for gi in 0..ng {
+            let mut v = [_mm256_setzero_si256(); 4];
+            let mut j = gi * g;
+            while j < (gi + 1) * g {
+                // SAFETY: values j..j + 32 of the activations and of each row's chunk j / 128
+                let x = unsafe { _mm256_loadu_si256(a.q.as_ptr().add(j) as *const __m256i) };
+                for (i, v) in v.iter_mut().enumerate() {
+                    let p = unsafe { block.as_ptr().add(interleaved_offset(i, j / CHUNK, rb, cb)) };
+                    let n =
+                        unsafe { if SIX { q6_block(p, (j % CHUNK) / 32) } else { q4_block(p.add((j % CHUNK) / 2)) } };
+                    *v = block_dot(*v, n, x);
+                }
+                j += 32;
+            }
+            // the four rows' sums in lanes 0-3
+            let h = |v: __m256i| _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+            let s = _mm_hadd_epi32(_mm_hadd_epi32(h(v[0]), h(v[1])), _mm_hadd_epi32(h(v[2]), h(v[3])));
+            let isum = _mm_sub_epi32(s, _mm_mullo_epi32(bias, _mm_set1_epi32(a.sums[gi])));
+            let w = _mm_set_ps(wd[3 * ng + gi], wd[2 * ng + gi], wd[ng + gi], wd[gi]);
+            acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(w, _mm_set1_ps(a.scales[gi]))));
+        }
+        let mut out = [0f32; 4];
+        // SAFETY: 4 floats into a 4-float array
+        unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+        out
     }
 }
 

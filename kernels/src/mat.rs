@@ -6,7 +6,7 @@ use crate::act::QuantAct;
 use crate::dot;
 use crate::isa::Isa;
 use crate::quant::{
-    Format, Q6_CHUNK, Q6_CHUNK_BYTES, bf16_to_f32, dequantize_q4_row, dequantize_q6_row, dequantize_q8_row,
+    Format, ROW_BLOCK, bf16_to_f32, dequantize_q4_row, dequantize_q6_row, dequantize_q8_row, gather_row,
 };
 
 /// The values of a matrix, borrowed (usually from the mmapped package).
@@ -20,17 +20,21 @@ pub enum MatData<'a> {
         scales: &'a [f32],
         group: usize,
     },
-    /// `q`: `[rows, cols / 2]` bytes in the `q4_lohi32` layout; `scales` as for Q8.
+    /// `q`: `[rows, cols / 2]` bytes in the `q4_lohi32` layout, rows interleaved by 4 when `x4`
+    /// (`q4_lohi32_x4`, see [`crate::quant`]); `scales` as for Q8.
     Q4 {
         q: &'a [u8],
         scales: &'a [f32],
         group: usize,
+        x4: bool,
     },
-    /// `q`: `[rows, cols / 128 * 96]` bytes in the `q6_lo4hi2` layout; `scales` as for Q8.
+    /// `q`: `[rows, cols / 128 * 96]` bytes in the `q6_lo4hi2` layout (`_x4`: rows interleaved
+    /// as for Q4); `scales` as for Q8.
     Q6 {
         q: &'a [u8],
         scales: &'a [f32],
         group: usize,
+        x4: bool,
     },
 }
 
@@ -51,6 +55,11 @@ pub enum Input<'a> {
     Quant(&'a QuantAct),
 }
 
+thread_local! {
+    /// One row of a row-interleaved matrix, gathered for the kernels that take a row-major row.
+    static ROW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 impl<'a> Mat<'a> {
     pub fn format(&self) -> Format {
         match self.data {
@@ -67,6 +76,23 @@ impl<'a> Mat<'a> {
         self.format().group()
     }
 
+    /// `f` applied to row `r`'s value bytes of a q4 or q6 matrix (`q`, interleaved when `x4`):
+    /// the row itself, or gathered into a thread-local buffer.
+    fn with_q_row<R>(&self, q: &[u8], x4: bool, r: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        let f_ = self.format();
+        let rb = f_.data_bytes(1, self.cols);
+        if !x4 {
+            return f(&q[r * rb..(r + 1) * rb]);
+        }
+        let cb = f_.chunk_bytes().unwrap_or(rb);
+        ROW.with(|b| {
+            let mut b = b.borrow_mut();
+            b.resize(rb, 0);
+            gather_row(q, r, cb, &mut b);
+            f(&b)
+        })
+    }
+
     /// Row `r` as f32.
     pub fn dequant_row(&self, r: usize, out: &mut [f32]) {
         let c = self.cols;
@@ -81,35 +107,52 @@ impl<'a> Mat<'a> {
                 let ng = c / group;
                 dequantize_q8_row(&q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], group, out)
             }
-            MatData::Q4 { q, scales, group } => {
+            MatData::Q4 { q, scales, group, x4 } => {
                 let ng = c / group;
-                dequantize_q4_row(&q[r * c / 2..(r + 1) * c / 2], &scales[r * ng..(r + 1) * ng], group, out)
+                self.with_q_row(q, x4, r, |q| dequantize_q4_row(q, &scales[r * ng..(r + 1) * ng], group, out))
             }
-            MatData::Q6 { q, scales, group } => {
-                let (ng, rb) = (c / group, c / Q6_CHUNK * Q6_CHUNK_BYTES);
-                dequantize_q6_row(&q[r * rb..(r + 1) * rb], &scales[r * ng..(r + 1) * ng], group, out)
+            MatData::Q6 { q, scales, group, x4 } => {
+                let ng = c / group;
+                self.with_q_row(q, x4, r, |q| dequantize_q6_row(q, &scales[r * ng..(r + 1) * ng], group, out))
             }
         }
     }
 
-    /// Dot product of row `r` with input row `t`.
-    #[inline]
-    pub fn row_dot(&self, isa: Isa, r: usize, input: Input<'_>, t: usize) -> f32 {
+    /// Dot products of row `r` with input rows `0..out.len()`.
+    fn row_dots(&self, isa: Isa, r: usize, input: Input<'_>, out: &mut [f32]) {
         let c = self.cols;
         match (self.data, input) {
-            (MatData::F32(w), Input::F32(x)) => dot::dot_f32(isa, &w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
-            (MatData::Bf16(w), Input::F32(x)) => dot::dot_bf16(isa, &w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]),
+            (MatData::F32(w), Input::F32(x)) => {
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = dot::dot_f32(isa, &w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]);
+                }
+            }
+            (MatData::Bf16(w), Input::F32(x)) => {
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = dot::dot_bf16(isa, &w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]);
+                }
+            }
             (MatData::Q8 { q, scales, group }, Input::Quant(a)) => {
                 let ng = c / group;
-                dot::dot_q8(isa, &q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], a.row(t))
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = dot::dot_q8(isa, &q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], a.row(t));
+                }
             }
-            (MatData::Q4 { q, scales, group }, Input::Quant(a)) => {
-                let ng = c / group;
-                dot::dot_q4(isa, &q[r * c / 2..(r + 1) * c / 2], &scales[r * ng..(r + 1) * ng], a.row(t))
+            (MatData::Q4 { q, scales, group, x4 }, Input::Quant(a)) => {
+                let wd = &scales[r * (c / group)..(r + 1) * (c / group)];
+                self.with_q_row(q, x4, r, |q| {
+                    for (t, o) in out.iter_mut().enumerate() {
+                        *o = dot::dot_q4(isa, q, wd, a.row(t));
+                    }
+                })
             }
-            (MatData::Q6 { q, scales, group }, Input::Quant(a)) => {
-                let (ng, rb) = (c / group, c / Q6_CHUNK * Q6_CHUNK_BYTES);
-                dot::dot_q6(isa, &q[r * rb..(r + 1) * rb], &scales[r * ng..(r + 1) * ng], a.row(t))
+            (MatData::Q6 { q, scales, group, x4 }, Input::Quant(a)) => {
+                let wd = &scales[r * (c / group)..(r + 1) * (c / group)];
+                self.with_q_row(q, x4, r, |q| {
+                    for (t, o) in out.iter_mut().enumerate() {
+                        *o = dot::dot_q6(isa, q, wd, a.row(t));
+                    }
+                })
             }
             _ => panic!("moescope-kernels: input kind does not match the weight format (caller bug)"),
         }
@@ -136,11 +179,33 @@ impl<'a> Mat<'a> {
                     }
                 }
             }
+            // interleaved rows: whole blocks through the block kernel (one stream of weights)
+            (
+                MatData::Q4 { q, scales, group, x4: true } | MatData::Q6 { q, scales, group, x4: true },
+                Input::Quant(a),
+            ) => {
+                let six = matches!(self.data, MatData::Q6 { .. });
+                let (bb, ng) = (self.format().data_bytes(ROW_BLOCK, self.cols), self.cols / group);
+                let mut r = rows.start;
+                while r < rows.end {
+                    let i = r - rows.start;
+                    if r % ROW_BLOCK == 0 && r + ROW_BLOCK <= rows.end {
+                        let (block, wd) = (&q[r / ROW_BLOCK * bb..][..bb], &scales[r * ng..(r + ROW_BLOCK) * ng]);
+                        for t in 0..n {
+                            for (k, v) in dot::dot_x4(isa, six, block, wd, a.row(t)).into_iter().enumerate() {
+                                out[(i + k) * n + t] = v;
+                            }
+                        }
+                        r += ROW_BLOCK;
+                    } else {
+                        self.row_dots(isa, r, input, &mut out[i * n..(i + 1) * n]);
+                        r += 1;
+                    }
+                }
+            }
             _ => {
                 for (i, r) in rows.enumerate() {
-                    for t in 0..n {
-                        out[i * n + t] = self.row_dot(isa, r, input, t);
-                    }
+                    self.row_dots(isa, r, input, &mut out[i * n..(i + 1) * n]);
                 }
             }
         }
@@ -159,7 +224,7 @@ impl Mat<'_> {
         }
         let c = self.cols;
         match (self.data, input) {
-            (MatData::Q4 { q, scales, group } | MatData::Q6 { q, scales, group }, Input::Quant(a))
+            (MatData::Q4 { q, scales, group, x4 } | MatData::Q6 { q, scales, group, x4 }, Input::Quant(a))
                 if avx512::supports_q4(group) =>
             {
                 // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles
@@ -169,7 +234,7 @@ impl Mat<'_> {
                     avx512::permute_q4_act(&a.q[..n * c], &mut p);
                     // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                     // group suits the kernel; the slices are the matrix's and the tokens'
-                    unsafe { avx512::q_matmul(six, q, scales, c, a, &p, n, rows, out) };
+                    unsafe { avx512::q_matmul(six, x4, q, scales, c, a, &p, n, rows, out) };
                 });
                 true
             }
@@ -192,7 +257,7 @@ impl Mat<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quant::{f32_to_bf16, quantize_q4_row, quantize_q6_row, quantize_q8_row};
+    use crate::quant::{f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row};
 
     #[test]
     fn matmul_rows_matches_dequantized_f64_product() {
@@ -227,7 +292,7 @@ mod tests {
             Mat { rows, cols, data: MatData::F32(&w) },
             Mat { rows, cols, data: MatData::Bf16(&wb) },
             Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group: 32 } },
-            Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32 } },
+            Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32, x4: false } },
         ];
         let mut qa = QuantAct::default();
         qa.quantize(&x, cols, 32);
@@ -299,10 +364,10 @@ mod tests {
                 qa.quantize(&x, cols, group);
                 let mut mats = vec![
                     Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group } },
-                    Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group } },
+                    Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group, x4: false } },
                 ];
                 if six {
-                    mats.push(Mat { rows, cols, data: MatData::Q6 { q: &q6, scales: &d6, group } });
+                    mats.push(Mat { rows, cols, data: MatData::Q6 { q: &q6, scales: &d6, group, x4: false } });
                 }
                 for m in mats {
                     let mut want = vec![0f32; rows * n];
@@ -347,6 +412,75 @@ mod tests {
                                         m.format()
                                     );
                                 }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
+        // the x4 layouts hold the same bytes in another order: every tier, every sub-range
+        // (thread chunks start anywhere, not only at a block), one token and tiles of several,
+        // must give exactly what the row-major matrix gives at that tier
+        let mut s = 23u64;
+        let mut r = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        for (cols, group) in [(128, 128), (384, 128), (768, 128), (256, 64), (512, 256)] {
+            for rows in [4, 8, 20] {
+                let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+                let ng = cols / group;
+                let mut d = vec![0f32; rows * ng];
+                for six in [false, true] {
+                    let f = if six { Format::Q6 { group } } else { Format::Q4 { group } };
+                    if !f.fits(cols) {
+                        continue;
+                    }
+                    assert!(f.interleaves(rows, cols));
+                    let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(0));
+                    let mut q = vec![0u8; rows * rb];
+                    for i in 0..rows {
+                        let (wr, qr, dr) =
+                            (&w[i * cols..(i + 1) * cols], &mut q[i * rb..(i + 1) * rb], &mut d[i * ng..(i + 1) * ng]);
+                        if six { quantize_q6_row(wr, group, qr, dr) } else { quantize_q4_row(wr, group, qr, dr) }
+                    }
+                    let mut qx = vec![0u8; q.len()];
+                    interleave_rows(&q, rb, cb, &mut qx);
+                    // (rows of one chunk are the same either way)
+                    assert_eq!(q == qx, cols == 128, "{f:?} rows={rows} cols={cols}");
+                    let mk = |q, x4| {
+                        let data = if six {
+                            MatData::Q6 { q, scales: &d, group, x4 }
+                        } else {
+                            MatData::Q4 { q, scales: &d, group, x4 }
+                        };
+                        Mat { rows, cols, data }
+                    };
+                    let (plain, x4) = (mk(&q, false), mk(&qx, true));
+                    let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+                    for i in 0..rows {
+                        plain.dequant_row(i, &mut a);
+                        x4.dequant_row(i, &mut b);
+                        assert_eq!(a, b, "{f:?} row {i}");
+                    }
+                    for n in [1, 3, 4, 9] {
+                        let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
+                        let mut qa = QuantAct::default();
+                        qa.quantize(&x, cols, group);
+                        for isa in Isa::available() {
+                            for range in [0..rows, 1..rows, 2..rows - 1, 3..4] {
+                                let (mut want, mut got) = (vec![0f32; range.len() * n], vec![0f32; range.len() * n]);
+                                plain.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut want);
+                                x4.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut got);
+                                let (wb, gb): (Vec<u32>, Vec<u32>) = (
+                                    want.iter().map(|v| v.to_bits()).collect(),
+                                    got.iter().map(|v| v.to_bits()).collect(),
+                                );
+                                assert_eq!(wb, gb, "{f:?} {isa} rows={rows} cols={cols} n={n} range {range:?}");
                             }
                         }
                     }

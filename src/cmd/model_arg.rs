@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use moescope::cache_dir::cache_dir;
 use moescope::convert::{ConvertOptions, QuantMode, convert_hf};
 use moescope::demo;
+use moescope::convert::WRITER_REVISION;
 use moescope::package::layout::VERSION;
 
 pub fn resolve(model: Option<&Path>, quant: &str) -> Result<PathBuf> {
@@ -55,14 +56,15 @@ pub fn resolve(model: Option<&Path>, quant: &str) -> Result<PathBuf> {
 }
 
 /// `<dir name>-<quant>-<fingerprint>.moe`: the fingerprint covers the directory's path, every
-/// file's name, size and modification time, the quantization and the package version, so any
-/// change to the checkpoint (or to the format) converts again.
+/// file's name, size and modification time, the quantization, the package version and the
+/// converter's revision, so any change to the checkpoint (or to the format) converts again.
 fn cache_name(dir: &Path, mode: QuantMode) -> Result<String> {
     let canon = dir.canonicalize().with_context(|| format!("{}", dir.display()))?;
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     h.update(canon.as_os_str().as_encoded_bytes());
     h.update(mode.name().as_bytes());
     h.update(&VERSION.to_le_bytes());
+    h.update(&WRITER_REVISION.to_le_bytes());
     let mut entries: Vec<_> =
         std::fs::read_dir(&canon).with_context(|| format!("{}", canon.display()))?.filter_map(|e| e.ok()).collect();
     entries.sort_by_key(|e| e.file_name());

@@ -15,8 +15,14 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use moescope_kernels::Format;
-use moescope_kernels::quant::{f32_to_bf16, quantize_q4_row, quantize_q6_row, quantize_q8_row};
+use moescope_kernels::quant::{
+    ROW_BLOCK, f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row,
+};
 use rayon::prelude::*;
+
+/// Bumped when the converter writes a different package from the same checkpoint that readers
+/// still take (2: q4/q6 rows interleaved by 4), so a cached conversion is made again.
+pub const WRITER_REVISION: u32 = 2;
 
 pub use error::ConvertError;
 pub use plan::QuantMode;
@@ -142,7 +148,13 @@ pub fn write_package(
         dtype: DType::of(f),
         shape: shape.to_vec(),
         group: f.group(),
-        layout: f.layout().into(),
+        layout: {
+            let (rows, cols) = match shape {
+                [r, c] => (*r, *c),
+                _ => (1, shape.iter().product()),
+            };
+            f.layout(rows, cols).into()
+        },
         offset: 0,
         length: 0,
         scales_offset: None,
@@ -200,12 +212,14 @@ pub fn write_package(
         bar.set_message(t.name.clone());
         let f = e.format().unwrap_or(Format::F32);
         let (rows, cols) = e.rows_cols();
-        let chunk = (16 << 20) / cols.max(1);
+        // whole blocks of interleaved rows per chunk
+        let x4 = f.interleaves(rows, cols);
+        let chunk = ((16 << 20) / cols.max(1)).max(ROW_BLOCK) / ROW_BLOCK * ROW_BLOCK;
         let mut r0 = 0;
         while r0 < rows {
             let n = chunk.clamp(1, rows - r0);
             src.read_rows(&t.name, r0, n, &mut x)?;
-            encode_rows(f, &x, cols, &mut vals, &mut scales);
+            encode_rows(f, &x, cols, x4, &mut vals, &mut scales);
             w.write_values(&vals)?;
             w.push_scales(&scales);
             bar.inc(vals.len() as u64 + scales.len() as u64 * 4);
@@ -228,7 +242,8 @@ pub fn write_package(
                         let (mut x, mut vals, mut scales) = (Vec::new(), Vec::new(), Vec::new());
                         for (p, (tname, shape)) in plan::expert_tensors(cfg, l, e).iter().enumerate() {
                             src.read_rows(tname, 0, shape[0], &mut x)?;
-                            encode_rows(fmts[p], &x, shape[1], &mut vals, &mut scales);
+                            let x4 = fmts[p].interleaves(shape[0], shape[1]);
+                            encode_rows(fmts[p], &x, shape[1], x4, &mut vals, &mut scales);
                             b.put(p, &vals, &scales);
                         }
                         Ok(b.buf)
@@ -247,8 +262,9 @@ pub fn write_package(
     Ok(total)
 }
 
-/// Encode rows of `x` (`[n, cols]`) in format `f`: value bytes into `vals`, scales into `scales`.
-pub fn encode_rows(f: Format, x: &[f32], cols: usize, vals: &mut Vec<u8>, scales: &mut Vec<f32>) {
+/// Encode rows of `x` (`[n, cols]`) in format `f`: value bytes into `vals`, scales into `scales`;
+/// with `x4`, the rows interleaved in blocks (`n` a multiple of the block).
+pub fn encode_rows(f: Format, x: &[f32], cols: usize, x4: bool, vals: &mut Vec<u8>, scales: &mut Vec<f32>) {
     vals.clear();
     scales.clear();
     match f {
@@ -289,5 +305,13 @@ pub fn encode_rows(f: Format, x: &[f32], cols: usize, vals: &mut Vec<u8>, scales
                 quantize_q6_row(row, group, &mut vals[r * rb..(r + 1) * rb], &mut scales[r * ng..(r + 1) * ng]);
             }
         }
+    }
+    // rows interleaved (`x4`: the matrix these rows come from is, and they are whole blocks)
+    if x4 {
+        debug_assert!(f.interleaves(x.len() / cols, cols));
+        let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(cols));
+        let mut x4 = vec![0u8; vals.len()];
+        interleave_rows(vals, rb, cb, &mut x4);
+        *vals = x4;
     }
 }

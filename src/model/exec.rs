@@ -2,7 +2,7 @@
 //! The kernels crate has no threads; this splits a product's output rows over the pool.
 
 use moescope_kernels::mat::Input;
-use moescope_kernels::quant::Format;
+use moescope_kernels::quant::{Format, ROW_BLOCK};
 use moescope_kernels::{Isa, Mat, QuantAct};
 
 use super::pool::Pool;
@@ -112,7 +112,8 @@ impl Exec {
         let input = quantized(a, x, &mut s.qa);
         let isa = self.isa;
         let rows = a.rows + b.rows;
-        let rows_per = rows.div_ceil((self.threads() * 4).max(1)).max(8);
+        // whole blocks of interleaved rows per chunk (`ROW_BLOCK`), so each chunk streams
+        let rows_per = rows.div_ceil((self.threads() * 4).max(1)).max(8).next_multiple_of(ROW_BLOCK);
         self.for_chunks_mut(out, rows_per, &|ci, oc, p| {
             let _c = trace::span(label).merge_with(key);
             trace::flow_in(flows.map(|f| f + p as u64), key);
@@ -175,7 +176,7 @@ impl Exec {
         let isa = self.isa;
         // enough chunks to balance the threads, each a few hundred KB of weights at most
         let chunks = (self.threads() * 4).max(1);
-        let rows_per = w.rows.div_ceil(chunks).max(8);
+        let rows_per = w.rows.div_ceil(chunks).max(8).next_multiple_of(ROW_BLOCK);
         let run = |o: &mut [f32], n: usize| {
             self.for_chunks_mut(o, rows_per * n, &|ci, oc, p| {
                 let _c = trace::span(label).merge_with(key);

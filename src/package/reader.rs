@@ -336,10 +336,16 @@ fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u64) -> Mat<'
         Format::F32 => MatData::F32(bytemuck::cast_slice(data)),
         Format::Bf16 => MatData::Bf16(bytemuck::cast_slice(data)),
         Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group },
-        Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group },
-        Format::Q6 { group } => MatData::Q6 { q: data, scales: scales(), group },
+        Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t) },
+        Format::Q6 { group } => MatData::Q6 { q: data, scales: scales(), group, x4: interleaved(t) },
     };
     Mat { rows, cols, data }
+}
+
+/// Whether a (validated) entry's rows are stored interleaved.
+fn interleaved(t: &TensorEntry) -> bool {
+    let (rows, cols) = t.rows_cols();
+    t.format().is_some_and(|f| f.interleaves(rows, cols) && t.layout == f.layout(rows, cols))
 }
 
 /// Shape, format, size and alignment of one entry, within `[lo, hi)`.
@@ -364,9 +370,11 @@ fn check_entry(path: &Path, t: &TensorEntry, lo: u64, hi: u64) -> Result<(), Pac
     if t.scales_offset != so.map(|s| t.offset + s) {
         return Err(bad(format!("scales offset {:?} does not follow the values", t.scales_offset)));
     }
-    let want_layout = t.format().map(|f| f.layout()).unwrap_or("");
-    if t.layout != want_layout {
-        return Err(bad(format!("layout '{}' is not supported (expected '{want_layout}')", t.layout)));
+    // the layout this version writes, or rows one after another (as earlier versions wrote)
+    let (rows, cols) = t.rows_cols();
+    let (want, plain) = t.format().map(|f| (f.layout(rows, cols), f.row_major_layout())).unwrap_or(("", ""));
+    if t.layout != want && t.layout != plain {
+        return Err(bad(format!("layout '{}' is not supported (expected '{want}')", t.layout)));
     }
     Ok(())
 }
