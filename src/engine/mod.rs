@@ -88,6 +88,18 @@ pub struct Engine {
     cached: Vec<u32>,
     pub tok: Option<Arc<Tok>>,
     pub template: Option<Arc<ChatTemplate>>,
+    /// Experts read through the mapping: the thread checking their checksums ahead of their
+    /// first use, and its stop flag.
+    verifier: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some((stop, h)) = self.verifier.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = h.join();
+        }
+    }
 }
 
 /// Why generation stopped.
@@ -203,6 +215,24 @@ impl Engine {
             _ => None,
         };
         let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(pkg.sizes().0);
+        // experts through the mapping: checked ahead of their first use (the store checks each
+        // read of streamed ones); if the thread cannot start, each is checked at its first use
+        let verifier = match (&experts, pkg.meta.experts.is_some()) {
+            (None, true) => {
+                let (stop, p) = (Arc::new(AtomicBool::new(false)), pkg.clone());
+                let flag = stop.clone();
+                std::thread::Builder::new()
+                    .name("moescope-verify".into())
+                    .spawn(move || {
+                        trace::recorder::set_thread_name("verify");
+                        let _s = trace::span("verify_experts");
+                        p.verify_experts(&flag);
+                    })
+                    .ok()
+                    .map(|h| (stop, h))
+            }
+            _ => None,
+        };
         Ok(Engine {
             model,
             experts,
@@ -215,6 +245,7 @@ impl Engine {
             cached: Vec::new(),
             tok,
             template,
+            verifier,
         })
     }
 

@@ -274,6 +274,15 @@ impl PackageWriter {
         f.seek(SeekFrom::Start(0)).map_err(io)?;
         f.write_all(&header).map_err(io)?;
         f.sync_all().map_err(io)?;
+        // Out of the page cache: the pages `write` cached are small folios, which an mmap maps
+        // 4 KiB at a time; read back afresh, readahead caches 2 MiB folios that map with PMDs.
+        // bench8 decode through the mapping: 45.5 -> 51.5 t/s at 1 thread (experts' TLB misses).
+        // SAFETY: advisory, on the open file; its data is synced above
+        #[cfg(target_os = "linux")]
+        unsafe {
+            use std::os::fd::AsRawFd;
+            libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        }
         drop(f);
         fs::rename(&self.tmp_path, &self.final_path)
             .map_err(|source| PackageError::Io { path: self.final_path.clone(), error: source })?;
