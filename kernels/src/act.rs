@@ -11,6 +11,10 @@ pub struct QuantAct {
     pub q: Vec<i8>,
     pub scales: Vec<f32>,
     pub sums: Vec<i32>,
+    /// `q` in the order the AVX-512 q4/q6 kernels read it (`avx512::permute_q4_act`), made
+    /// once here rather than by each chunk of each product; empty where rows are not whole
+    /// 128-value chunks (or off x86-64).
+    pub permuted: Vec<i8>,
 }
 
 impl QuantAct {
@@ -35,6 +39,11 @@ impl QuantAct {
                 sum += qv as i32;
             }
             self.sums[gi] = sum;
+        }
+        self.permuted.clear();
+        #[cfg(target_arch = "x86_64")]
+        if cols % 128 == 0 {
+            crate::avx512::permute_q4_act(&self.q, &mut self.permuted);
         }
     }
 

@@ -219,23 +219,18 @@ impl Mat<'_> {
     #[cfg(target_arch = "x86_64")]
     fn matmul_avx512(&self, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> bool {
         use crate::avx512;
-        thread_local! {
-            static PERMUTED: std::cell::RefCell<Vec<i8>> = const { std::cell::RefCell::new(Vec::new()) };
-        }
         let c = self.cols;
         match (self.data, input) {
-            (MatData::Q4 { q, scales, group, x4 } | MatData::Q6 { q, scales, group, x4 }, Input::Quant(a))
-                if avx512::supports_q4(group) =>
-            {
+            (
+                MatData::Q4 { q, scales, group, x4 } | MatData::Q6 { q, scales, group, x4 },
+                Input::Quant(a),
+            ) if avx512::supports_q4(group) && a.permuted.len() >= n * c => {
                 // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles
                 let six = matches!(self.data, MatData::Q6 { .. });
-                PERMUTED.with(|p| {
-                    let mut p = p.borrow_mut();
-                    avx512::permute_q4_act(&a.q[..n * c], &mut p);
-                    // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
-                    // group suits the kernel; the slices are the matrix's and the tokens'
-                    unsafe { avx512::q_matmul(six, x4, q, scales, c, a, &p, n, rows, out) };
-                });
+                // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
+                // group suits the kernel; the slices are the matrix's and the tokens' (the
+                // permuted rows were made with the rows, `QuantAct::quantize`)
+                unsafe { avx512::q_matmul(six, x4, q, scales, c, a, &a.permuted, n, rows, out) };
                 true
             }
             (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512::supports_q8(group) => {
