@@ -187,8 +187,19 @@ fn roofline_gives_the_disk_share_when_experts_stream() {
     assert!(bw > 0.0 && mbt > 0.0, "{e}");
     let want = 100.0 * rows[0]["avg_ts"].as_f64().unwrap() * mbt / bw;
     assert!((pct - want).abs() <= 1e-9 * want.max(1.0), "{pct} vs {want}");
-    // without --roofline there is no probe and no share
+    // the share of decode time with a read in flight: a pool this small reads every token
+    let busy = e["io_busy_pct"].as_f64().expect("io_busy_pct");
+    assert!(busy > 0.0 && busy <= 100.0 + 1e-6, "{e}");
+    // without --roofline there is no probe and no share, but the busy time is measured
     let o = moescope(&[&args[..], &["-o", "json"]].concat(), d.path());
     let rows: Value = serde_json::from_str(&stdout(&o)).expect("json");
     assert!(rows[0]["experts"]["disk_roofline_pct"].is_null(), "{}", rows[0]);
+    assert!(rows[0]["experts"]["io_busy_pct"].as_f64().is_some(), "{}", rows[0]);
+    // the table: the column in the header, every row as wide as the header
+    let o = moescope(&args, d.path());
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with('|')).collect();
+    assert!(lines[0].contains("| I/O busy % |"), "{out}");
+    let cols = lines[0].matches('|').count();
+    assert!(lines.len() >= 3 && lines.iter().all(|l| l.matches('|').count() == cols), "{out}");
 }

@@ -278,6 +278,8 @@ fn run_test(
     let mut samples_ns = Vec::new();
     let (mut lat, mut ttft) = (Latency::new(), Latency::new());
     let mut before = None;
+    // the disk's busy time over the timed repetitions (decode): how little it idled
+    let mut busy_ns = 0u64;
     for rep in 0..a.warmup + a.repetitions {
         let timed = rep >= a.warmup;
         engine.reset();
@@ -301,6 +303,7 @@ fn run_test(
                 }
             }
             Test::Gen(n) => {
+                let busy0 = engine.experts.as_ref().map_or(0, |ex| ex.cache.disk_busy_ns());
                 let t0 = Instant::now();
                 for _ in 0..*n {
                     let id = (rng.next_u64() % vocab) as u32;
@@ -312,6 +315,7 @@ fn run_test(
                 }
                 if timed {
                     samples_ns.push(t0.elapsed().as_nanos() as u64);
+                    busy_ns += engine.experts.as_ref().map_or(0, |ex| ex.cache.disk_busy_ns()) - busy0;
                 }
             }
         }
@@ -327,6 +331,10 @@ fn run_test(
         let tokens = (n_tokens * a.repetitions).max(1);
         let mut e = experts_report::experts_json(engine, &before.unwrap_or_default(), tokens);
         e["mode"] = json!(if cold { "cold" } else { "warm" });
+        if is_gen {
+            let wall: u64 = samples_ns.iter().sum();
+            e["io_busy_pct"] = json!(if wall == 0 { 0.0 } else { 100.0 * busy_ns as f64 / wall as f64 });
+        }
         let _ = ex;
         e
     });

@@ -79,12 +79,12 @@ fn params(n: u64) -> String {
     if n >= 1_000_000_000 { format!("{:.2} B", n as f64 / 1e9) } else { format!("{:.2} M", n as f64 / 1e6) }
 }
 
-pub const MD_HEADER: &str = "| model | size | params | quant | threads | isa | pool MiB | prefetch | cache | test | t/s | p50 ms | p99 ms | GB/s | roof % | hit % | SSD MB/t | disk % | stall ms/t | peak RSS |\n\
-| ----- | ---: | -----: | ----- | ------: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+pub const MD_HEADER: &str = "| model | size | params | quant | threads | isa | pool MiB | prefetch | cache | test | t/s | p50 ms | p99 ms | GB/s | roof % | hit % | SSD MB/t | disk % | I/O busy % | stall ms/t | peak RSS |\n\
+| ----- | ---: | -----: | ----- | ------: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
 
 /// The expert columns: pool, prefetch, cold/warm, hit %, SSD MB per token, share of the disk
-/// roofline (with --roofline), stall ms per token.
-fn expert_cols(r: &Row) -> [String; 7] {
+/// roofline (with --roofline), share of decode time with a read in flight, stall ms per token.
+fn expert_cols(r: &Row) -> [String; 8] {
     match &r.experts {
         None => Default::default(),
         Some(e) => [
@@ -94,6 +94,7 @@ fn expert_cols(r: &Row) -> [String; 7] {
             format!("{:.1}", e["hit_pct"].as_f64().unwrap_or(0.0)),
             format!("{:.1}", e["read_mb_per_token"].as_f64().unwrap_or(0.0)),
             e["disk_roofline_pct"].as_f64().map_or(String::new(), |p| format!("{p:.0}")),
+            e["io_busy_pct"].as_f64().map_or(String::new(), |p| format!("{p:.0}")),
             format!("{:.2}", e["stall_ms_per_token"].as_f64().unwrap_or(0.0)),
         ],
     }
@@ -102,9 +103,9 @@ fn expert_cols(r: &Row) -> [String; 7] {
 pub fn md_row(r: &Row) -> String {
     let lat =
         |f: fn(&LatencySummary) -> f64| r.decode_latency.as_ref().map_or(String::new(), |l| format!("{:.2}", f(l)));
-    let [pool, pf, mode, hit, ssd, disk, stall] = expert_cols(r);
+    let [pool, pf, mode, hit, ssd, disk, busy, stall] = expert_cols(r);
     format!(
-        "| {} | {} | {} | {} | {} | {} | {pool} | {pf} | {mode} | {} | {:.2} ± {:.2} | {} | {} | {} | {} | {hit} | {ssd} | {disk} | {stall} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {pool} | {pf} | {mode} | {} | {:.2} ± {:.2} | {} | {} | {} | {} | {hit} | {ssd} | {disk} | {busy} | {stall} | {} |",
         r.model_type,
         gib(r.model_size),
         params(r.model_n_params),
@@ -122,7 +123,7 @@ pub fn md_row(r: &Row) -> String {
     )
 }
 
-pub const CSV_HEADER: &str = "build_commit,cpu_info,model_filename,model_type,model_size,model_n_params,quant,n_threads,isa,n_prompt,n_gen,test,test_time,n_reps,avg_ns,stddev_ns,avg_ts,stddev_ts,decode_p50_ms,decode_p90_ms,decode_p99_ms,decode_max_ms,weight_bytes_per_token,weight_gbps,read_gbps,roofline_pct,peak_rss_bytes,pool_mib,prefetch,cache_mode,hit_pct,ssd_mb_per_token,disk_roofline_pct,stall_ms_per_token";
+pub const CSV_HEADER: &str = "build_commit,cpu_info,model_filename,model_type,model_size,model_n_params,quant,n_threads,isa,n_prompt,n_gen,test,test_time,n_reps,avg_ns,stddev_ns,avg_ts,stddev_ts,decode_p50_ms,decode_p90_ms,decode_p99_ms,decode_max_ms,weight_bytes_per_token,weight_gbps,read_gbps,roofline_pct,peak_rss_bytes,pool_mib,prefetch,cache_mode,hit_pct,ssd_mb_per_token,disk_roofline_pct,io_busy_pct,stall_ms_per_token";
 
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }

@@ -82,6 +82,10 @@ struct State {
     /// Latency of each completed read (pread + checksum), and how many.
     read_latency: Latency,
     reads: u64,
+    /// Time with at least one read in flight (the disk busy), closed intervals, and the start
+    /// of the open one.
+    busy_ns: u64,
+    busy_since: Option<Instant>,
 }
 
 /// What one (layer, expert) of the pool is doing, for the workbench's residency grid.
@@ -174,6 +178,8 @@ impl ExpertCache {
                 shutdown: false,
                 read_latency: Latency::new(),
                 reads: 0,
+                busy_ns: 0,
+                busy_since: None,
             }),
             ready: Condvar::new(),
             work: Condvar::new(),
@@ -430,6 +436,13 @@ impl ExpertCache {
     }
 
     /// Read latency so far (pread and checksum of one blob), and the number of reads.
+    /// Nanoseconds so far with at least one expert read in flight: the disk's busy time as the
+    /// pool sees it (over a run's wall time: how little the disk idled).
+    pub fn disk_busy_ns(&self) -> u64 {
+        let st = self.shared.lock();
+        st.busy_ns + st.busy_since.map_or(0, |t| t.elapsed().as_nanos() as u64)
+    }
+
     pub fn read_latency(&self) -> (LatencySummary, u64) {
         let st = self.shared.lock();
         (st.read_latency.summary(), st.reads)
@@ -813,6 +826,9 @@ fn io_worker(sh: &Shared, demand_only: bool) {
         let (key, origin, waited, flow_issue) =
             (slot.key, slot.origin, slot.queued_at.elapsed(), slot.flow_issue.take());
         let mut buf = st.spare.pop();
+        if st.in_flight == 0 {
+            st.busy_since = Some(Instant::now());
+        }
         st.in_flight += 1;
         st.demand_in_flight += usize::from(origin == Origin::Demand);
         drop(st);
@@ -836,6 +852,11 @@ fn io_worker(sh: &Shared, demand_only: bool) {
 
         let mut st = sh.lock();
         st.in_flight -= 1;
+        if st.in_flight == 0 {
+            if let Some(t) = st.busy_since.take() {
+                st.busy_ns += t.elapsed().as_nanos() as u64;
+            }
+        }
         if origin == Origin::Demand {
             st.demand_in_flight -= 1;
             if st.demand_in_flight == 0 && !st.prefetch_q.is_empty() {
