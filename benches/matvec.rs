@@ -8,8 +8,8 @@
 
 use std::time::Instant;
 
-use moescope_kernels::mat::{Input, Mat, MatData};
 use moescope_kernels::Format;
+use moescope_kernels::mat::{Input, Mat, MatData};
 use moescope_kernels::quant::{f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row};
 use moescope_kernels::{Isa, QuantAct};
 

@@ -289,6 +289,7 @@ fn synthetic_step(token: usize, totals: LayerStats, last: Vec<Vec<usize>>) -> St
         queue: (1, 2, 3),
         read_latency: Default::default(),
         reads: 0,
+        disk_busy_ns: 0,
         step_ms: if token == 0 { 0.0 } else { 60.0 },
         full: true,
     }

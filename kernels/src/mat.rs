@@ -221,10 +221,9 @@ impl Mat<'_> {
         use crate::avx512;
         let c = self.cols;
         match (self.data, input) {
-            (
-                MatData::Q4 { q, scales, group, x4 } | MatData::Q6 { q, scales, group, x4 },
-                Input::Quant(a),
-            ) if avx512::supports_q4(group) && a.permuted.len() >= n * c => {
+            (MatData::Q4 { q, scales, group, x4 } | MatData::Q6 { q, scales, group, x4 }, Input::Quant(a))
+                if avx512::supports_q4(group) && a.permuted.len() >= n * c =>
+            {
                 // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles
                 let six = matches!(self.data, MatData::Q6 { .. });
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the

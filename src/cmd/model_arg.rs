@@ -7,9 +7,9 @@ use std::time::UNIX_EPOCH;
 use anyhow::{Context, Result, bail};
 
 use moescope::cache_dir::cache_dir;
+use moescope::convert::WRITER_REVISION;
 use moescope::convert::{ConvertOptions, QuantMode, convert_hf};
 use moescope::demo;
-use moescope::convert::WRITER_REVISION;
 use moescope::package::layout::VERSION;
 
 pub fn resolve(model: Option<&Path>, quant: &str) -> Result<PathBuf> {

@@ -136,22 +136,25 @@ pub struct IoHistory {
     pub mbps: VecDeque<u64>,
     pub reads_per_s: f64,
     pub max_mbps: u64,
-    /// Start of the open window: (when, bytes read, reads) by then.
-    last: Option<(Instant, u64, u64)>,
-    /// The newest step's (when, bytes read, reads).
-    latest: Option<(Instant, u64, u64)>,
+    /// Share of the last closed window with a read in flight, percent.
+    pub busy_pct: f64,
+    /// Start of the open window: (when, bytes read, reads, disk busy ns) by then.
+    last: Option<(Instant, u64, u64, u64)>,
+    /// The newest step's (when, bytes read, reads, disk busy ns).
+    latest: Option<(Instant, u64, u64, u64)>,
 }
 
 /// How long one point of the I/O history covers while steps come.
 const IO_WINDOW: Duration = Duration::from_millis(250);
 
 impl IoHistory {
-    /// A step saw `bytes` read and `reads` so far: close the window when it is long enough.
-    fn step(&mut self, now: Instant, bytes: u64, reads: u64) {
-        self.latest = Some((now, bytes, reads));
+    /// A step saw `bytes` read, `reads` and `busy` ns with a read in flight so far: close the
+    /// window when it is long enough.
+    fn step(&mut self, now: Instant, bytes: u64, reads: u64, busy: u64) {
+        self.latest = Some((now, bytes, reads, busy));
         match self.last {
-            Some((t, _, _)) if now.duration_since(t) >= IO_WINDOW => self.close(now, bytes, reads),
-            None => self.last = Some((now, bytes, reads)),
+            Some((t, ..)) if now.duration_since(t) >= IO_WINDOW => self.close(now, bytes, reads, busy),
+            None => self.last = Some((now, bytes, reads, busy)),
             _ => {}
         }
     }
@@ -160,25 +163,26 @@ impl IoHistory {
     /// small model reads in bursts of 100 ms and would otherwise never show), and the idle time
     /// until the next reply is not averaged into its first point.
     fn reply_done(&mut self) {
-        if let (Some((t, b, _)), Some((now, bytes, reads))) = (self.last, self.latest) {
+        if let (Some((t, b, _, _)), Some((now, bytes, reads, busy))) = (self.last, self.latest) {
             if bytes > b && now > t {
-                self.close(now, bytes, reads);
+                self.close(now, bytes, reads, busy);
             }
         }
         self.last = None;
     }
 
-    fn close(&mut self, now: Instant, bytes: u64, reads: u64) {
-        let Some((t, b, r)) = self.last else { return };
+    fn close(&mut self, now: Instant, bytes: u64, reads: u64, busy: u64) {
+        let Some((t, b, r, u)) = self.last else { return };
         let dt = now.duration_since(t).as_secs_f64();
         let mbps = (bytes.saturating_sub(b) as f64 / 1e6 / dt) as u64;
         self.reads_per_s = reads.saturating_sub(r) as f64 / dt;
+        self.busy_pct = (100.0 * busy.saturating_sub(u) as f64 / 1e9 / dt).min(100.0);
         self.max_mbps = self.max_mbps.max(mbps);
         self.mbps.push_back(mbps);
         if self.mbps.len() > IO_SAMPLES {
             self.mbps.pop_front();
         }
-        self.last = Some((now, bytes, reads));
+        self.last = Some((now, bytes, reads, busy));
     }
 }
 
@@ -406,7 +410,7 @@ impl App {
                 self.recent.pop_front();
             }
         }
-        self.io.step(Instant::now(), s.totals.bytes_read(), s.reads);
+        self.io.step(Instant::now(), s.totals.bytes_read(), s.reads, s.disk_busy_ns);
         self.heat_live.fold(&s.counts, &s.last);
         self.pending = Some(s);
         if self.published_at.is_none_or(|t| t.elapsed() >= PANE_PERIOD) {
@@ -713,5 +717,27 @@ impl App {
             s.push_str(&format!("{who}\n\n{}\n\n", m.text.trim_end()));
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_windows_give_rate_and_disk_busy_share() {
+        let mut h = IoHistory::default();
+        let t0 = Instant::now();
+        h.step(t0, 0, 0, 0);
+        // 100 ms in: the window is still open
+        h.step(t0 + Duration::from_millis(100), 10_000_000, 4, 40_000_000);
+        assert!(h.mbps.is_empty());
+        // 400 ms in: 40 MB, 8 reads and 200 ms with a read in flight over 0.4 s
+        h.step(t0 + Duration::from_millis(400), 40_000_000, 8, 200_000_000);
+        assert_eq!(h.mbps.back().copied(), Some(100));
+        assert!((h.reads_per_s - 20.0).abs() < 1e-9 && (h.busy_pct - 50.0).abs() < 1e-9, "{h:?}");
+        // busy time read a little after the step's clock can run past the window: capped at 100%
+        h.step(t0 + Duration::from_millis(700), 40_000_000, 8, 200_000_000 + 900_000_000);
+        assert_eq!(h.busy_pct, 100.0);
     }
 }

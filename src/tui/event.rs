@@ -86,6 +86,8 @@ pub struct Step {
     pub queue: (usize, usize, usize),
     pub read_latency: LatencySummary,
     pub reads: u64,
+    /// Nanoseconds so far with an expert read in flight (the disk busy, as the pool sees it).
+    pub disk_busy_ns: u64,
     /// This step's latency (forward + sample), ms; 0 for the prompt.
     pub step_ms: f64,
     /// Whether the pool's picture (residency, per-layer counters, predictor, queue, latency)

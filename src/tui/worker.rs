@@ -388,6 +388,7 @@ fn step(
                 queue: ex.cache.queue_depth(),
                 read_latency,
                 reads,
+                disk_busy_ns: ex.cache.disk_busy_ns(),
                 step_ms,
                 full,
             }
@@ -403,6 +404,7 @@ fn step(
             queue: (0, 0, 0),
             read_latency: Default::default(),
             reads: 0,
+            disk_busy_ns: ex.cache.disk_busy_ns(),
             step_ms,
             full,
         },
@@ -417,6 +419,7 @@ fn step(
             queue: (0, 0, 0),
             read_latency: Default::default(),
             reads: 0,
+            disk_busy_ns: 0,
             step_ms,
             full: true,
         },

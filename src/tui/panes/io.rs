@@ -1,5 +1,5 @@
-//! SSD I/O: read throughput over time against the highest seen, reads per second, queue
-//! depth, read latency, demand vs prefetch bytes, useful vs wasted prefetch, stall per token.
+//! SSD I/O: read throughput over time against the highest seen, reads per second, the share of
+//! time with a read in flight (disk busy), queue depth, read latency, demand vs prefetch bytes, useful vs wasted prefetch, stall per token.
 
 use ratatui::Frame;
 use ratatui::layout::Rect;
@@ -27,7 +27,10 @@ pub fn lines(app: &App) -> Vec<String> {
     let (dq, pq, fl) = s.queue;
     let lat = &s.read_latency;
     let mut v = vec![
-        format!("read {now} MB/s (peak {} MB/s) · {:.0} reads/s", app.io.max_mbps, app.io.reads_per_s),
+        format!(
+            "read {now} MB/s (peak {} MB/s) · {:.0} reads/s · disk busy {:.0}%",
+            app.io.max_mbps, app.io.reads_per_s, app.io.busy_pct
+        ),
         format!("queue: {dq} demand, {pq} prefetch, {fl} in flight"),
         if lat.count > 0 {
             format!("latency p50 {:.2} ms · p99 {:.2} ms · {} reads", lat.p50_ms, lat.p99_ms, lat.count)
