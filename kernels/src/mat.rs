@@ -253,14 +253,19 @@ mod tests {
     use super::*;
     use crate::quant::{f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row};
 
+    /// Uniform values in [-0.5, 0.5) from a 64-bit LCG seeded with `seed`.
+    fn uniform(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed;
+        move || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        }
+    }
+
     #[test]
     fn matmul_rows_matches_dequantized_f64_product() {
         let (rows, cols, n) = (5, 96, 3);
-        let mut s = 5u64;
-        let mut r = || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
+        let mut r = uniform(5);
         let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
         let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
         let wb: Vec<u16> = w.iter().map(|v| f32_to_bf16(*v)).collect();
@@ -320,11 +325,7 @@ mod tests {
         // every tier, every row count up to two blocks and a remainder, one token and several
         // (tiles of 4 tokens and their remainders), q4 and q8 groups the vector kernels take and
         // some they do not
-        let mut s = 17u64;
-        let mut r = || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
+        let mut r = uniform(17);
         for (cols, group) in [(128, 128), (256, 128), (512, 256), (384, 128), (192, 64), (96, 32)] {
             for (rows, n) in [(1, 1), (2, 5), (3, 1), (4, 4), (5, 9), (7, 2), (9, 1), (9, 6)] {
                 let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
@@ -419,11 +420,7 @@ mod tests {
         // the x4 layouts hold the same bytes in another order: every tier, every sub-range
         // (thread chunks start anywhere, not only at a block), one token and tiles of several,
         // must give exactly what the row-major matrix gives at that tier
-        let mut s = 23u64;
-        let mut r = || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        };
+        let mut r = uniform(23);
         for (cols, group) in [(128, 128), (384, 128), (768, 128), (256, 64), (512, 256)] {
             for rows in [4, 8, 20] {
                 let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
