@@ -216,8 +216,10 @@ impl Engine {
         };
         let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(pkg.sizes().0);
         // experts through the mapping: checked ahead of their first use (the store checks each
-        // read of streamed ones); if the thread cannot start, each is checked at its first use
-        let verifier = match (&experts, pkg.meta.experts.is_some()) {
+        // read of streamed ones), when the package fits in memory (a larger one, mapped with
+        // --no-stream, would be read whole from disk and churn the page cache); if the thread
+        // cannot start, or the package is larger, each is checked at its first use
+        let verifier = match (&experts, pkg.meta.experts.is_some() && fits) {
             (None, true) => {
                 let (stop, p) = (Arc::new(AtomicBool::new(false)), pkg.clone());
                 let flag = stop.clone();
