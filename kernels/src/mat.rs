@@ -79,12 +79,12 @@ impl<'a> Mat<'a> {
     /// `f` applied to row `r`'s value bytes of a q4 or q6 matrix (`q`, interleaved when `x4`):
     /// the row itself, or gathered into a thread-local buffer.
     fn with_q_row<R>(&self, q: &[u8], x4: bool, r: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-        let f_ = self.format();
-        let rb = f_.data_bytes(1, self.cols);
+        let fmt = self.format();
+        let rb = fmt.data_bytes(1, self.cols);
         if !x4 {
             return f(&q[r * rb..(r + 1) * rb]);
         }
-        let cb = f_.chunk_bytes().unwrap_or(rb);
+        let cb = fmt.chunk_bytes().unwrap_or(rb);
         ROW.with(|b| {
             let mut b = b.borrow_mut();
             b.resize(rb, 0);
