@@ -444,3 +444,47 @@ fn check_experts(path: &Path, ex: &ExpertRegion, meta: &Meta, h: &Header) -> Res
     }
     Ok(n)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q4_entry(shape: &[usize], layout: &str) -> TensorEntry {
+        let f = Format::Q4 { group: 128 };
+        let (rows, cols) = (shape[0], shape[1]);
+        let (length, so) = span(f, rows, cols);
+        TensorEntry {
+            name: "w".into(),
+            dtype: DType::Q4,
+            shape: shape.to_vec(),
+            group: Some(128),
+            layout: layout.into(),
+            offset: 0,
+            length,
+            scales_offset: so,
+            xxh3: None,
+        }
+    }
+
+    #[test]
+    fn layouts_this_version_writes_and_row_major_ones_are_taken_others_refused() {
+        let p = Path::new("m.moe");
+        // 8 rows of whole chunks: written interleaved, and row-major (older packages) still read
+        for layout in ["q4_lohi32_x4", "q4_lohi32"] {
+            let t = q4_entry(&[8, 256], layout);
+            assert!(check_entry(p, &t, 0, 1 << 20).is_ok(), "{layout}");
+            assert_eq!(interleaved(&t), layout.ends_with("_x4"), "{layout}");
+        }
+        // 6 rows are not whole blocks of 4: an x4 claim is refused, naming the tensor and layout
+        let t = q4_entry(&[6, 256], "q4_lohi32_x4");
+        let e = check_entry(p, &t, 0, 1 << 20).unwrap_err().to_string();
+        assert!(
+            e.contains("'q4_lohi32_x4' is not supported") && e.contains("expected 'q4_lohi32'") && e.contains('w'),
+            "{e}"
+        );
+        assert!(check_entry(p, &q4_entry(&[6, 256], "q4_lohi32"), 0, 1 << 20).is_ok());
+        // and another format's layout name
+        let e = check_entry(p, &q4_entry(&[8, 256], "q6_lo4hi2_x4"), 0, 1 << 20).unwrap_err().to_string();
+        assert!(e.contains("not supported"), "{e}");
+    }
+}
