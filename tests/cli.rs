@@ -211,6 +211,16 @@ fn inspect_reports_layout() {
     // hidden 80 takes q4 group 16; the dense layers' down_proj (K = 112) fits no group: q8
     assert_eq!(ex["parts"][0]["dtype"], "q4");
     assert_eq!(ex["parts"][0]["group"], 16);
+    // rows of 80 values are not whole 128-value chunks: row-major, not interleaved
+    assert_eq!(ex["parts"][0]["layout"], "q4_lohi32");
+    // hidden 128, expert width 64: gate and up [64, 128] (whole blocks of 4 rows of whole
+    // chunks) are interleaved; down [128, 64] (half a chunk a row) is not
+    let (d2, p2) = convert("single", "q4");
+    let v2: Value =
+        serde_json::from_str(&stdout(&moescope(&["inspect", "--json", p2.to_str().unwrap()], d2.path()))).unwrap();
+    let layouts: Vec<&str> =
+        v2["regions"]["experts"]["parts"].as_array().unwrap().iter().map(|p| p["layout"].as_str().unwrap()).collect();
+    assert_eq!(layouts, ["q4_lohi32_x4", "q4_lohi32_x4", "q4_lohi32"]);
     let text = stdout(&moescope(&["inspect", p.to_str().unwrap()], d.path()));
     assert!(text.contains("per expert") && text.contains("q4"), "{text}");
 }

@@ -23,7 +23,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         .map(|e| {
             e.parts
                 .iter()
-                .map(|p| json!({"name": p.name, "dtype": p.dtype, "shape": p.shape, "group": p.group, "bytes": p.length}))
+                .map(|p| json!({"name": p.name, "dtype": p.dtype, "shape": p.shape, "group": p.group, "layout": p.layout, "bytes": p.length}))
                 .collect()
         })
         .unwrap_or_default();
