@@ -27,18 +27,17 @@ impl QuantAct {
         self.q.resize(x.len(), 0);
         self.scales.resize(ng, 0.0);
         self.sums.resize(ng, 0);
+        #[cfg(target_arch = "x86_64")]
+        let wide = group % 16 == 0 && avx512_available();
         for (gi, xs) in x.chunks_exact(group).enumerate() {
-            let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            self.scales[gi] = d;
-            let mut sum = 0i32;
-            for (qo, &v) in self.q[gi * group..(gi + 1) * group].iter_mut().zip(xs) {
-                let qv = round_even_small(v * id).clamp(-127.0, 127.0) as i8;
-                *qo = qv;
-                sum += qv as i32;
+            let qs = &mut self.q[gi * group..(gi + 1) * group];
+            // SAFETY: AVX-512 F and BW were detected; the group is whole 16-float vectors
+            #[cfg(target_arch = "x86_64")]
+            if wide {
+                (self.scales[gi], self.sums[gi]) = unsafe { quantize_group_avx512(xs, qs) };
+                continue;
             }
-            self.sums[gi] = sum;
+            (self.scales[gi], self.sums[gi]) = quantize_group(xs, qs);
         }
         self.permuted.clear();
         #[cfg(target_arch = "x86_64")]
@@ -73,6 +72,63 @@ pub struct QuantRow<'a> {
     pub sums: &'a [i32],
 }
 
+/// One group to int8: `q = round(x / d)` with `d = absmax / 127`; returns `(d, sum of q)`.
+/// The reference the vector version matches bit for bit.
+fn quantize_group(xs: &[f32], q: &mut [i8]) -> (f32, i32) {
+    let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (qo, &v) in q.iter_mut().zip(xs) {
+        let qv = round_even_small(v * id).clamp(-127.0, 127.0) as i8;
+        *qo = qv;
+        sum += qv as i32;
+    }
+    (d, sum)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_available() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("avx512bw")
+}
+
+/// [`quantize_group`] 16 values at a time, the same operations per value (the max is exact in
+/// any order; the rounding is the same add and subtract; a NaN, which `f32::max` skips and `as
+/// i8` turns into 0, is skipped and zeroed here too), so the same bits. Run serially on the
+/// calling thread before every product, it was 1.1-1.3% of decode in the SSE2 loop.
+///
+/// # Safety
+/// The CPU must support AVX-512 F and BW; `xs.len() == q.len()`, a multiple of 16.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_group_avx512(xs: &[f32], q: &mut [i8]) -> (f32, i32) {
+    use std::arch::x86_64::*;
+    let mut m = _mm512_setzero_ps();
+    for c in xs.chunks_exact(16) {
+        // SAFETY: 16 floats
+        let v = unsafe { _mm512_loadu_ps(c.as_ptr()) };
+        // a NaN lane is the first operand: vmaxps then gives the second, as f32::max skips it
+        m = _mm512_max_ps(_mm512_abs_ps(v), m);
+    }
+    let amax = _mm512_reduce_max_ps(m);
+    let d = amax / 127.0;
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let (idv, magic, lo, hi) =
+        (_mm512_set1_ps(id), _mm512_set1_ps(12_582_912.0), _mm512_set1_ps(-127.0), _mm512_set1_ps(127.0));
+    let mut sum = _mm512_setzero_si512();
+    for (c, o) in xs.chunks_exact(16).zip(q.chunks_exact_mut(16)) {
+        // SAFETY: 16 floats in, 16 bytes out
+        let v = unsafe { _mm512_loadu_ps(c.as_ptr()) };
+        let r = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(v, idv), magic), magic);
+        let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(r, r);
+        let r = _mm512_maskz_mov_ps(ordered, _mm512_min_ps(_mm512_max_ps(r, lo), hi));
+        let i = _mm512_cvttps_epi32(r);
+        sum = _mm512_add_epi32(sum, i);
+        unsafe { _mm_storeu_si128(o.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(i)) };
+    }
+    (d, _mm512_reduce_add_epi32(sum))
+}
+
 /// `x` rounded to the nearest integer, ties to even, for `|x| < 2^22` (here `|x| <= 127`):
 /// adding and taking off 1.5 x 2^23 leaves no fraction bits. Plain SSE2 arithmetic, so the
 /// quantization loop vectorizes, where `round` and `round_ties_even` are libm calls on the
@@ -86,6 +142,39 @@ fn round_even_small(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn avx512_group_quantization_is_the_scalar_bits() {
+        if !avx512_available() {
+            return;
+        }
+        let mut s = 7u64;
+        let mut r = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        };
+        let mut groups: Vec<Vec<f32>> =
+            (0..200).map(|i| (0..16 * (1 + i % 8)).map(|_| r() * 10f32.powi(i as i32 % 7 - 3)).collect()).collect();
+        // ties at every half step, zeros, a lone extreme, NaN and infinities
+        groups.push((0..128).map(|j| (j as f32 - 64.0) * 0.5).collect());
+        groups.push(vec![0.0; 32]);
+        let mut g = vec![1e-3f32; 64];
+        g[17] = -5.0;
+        groups.push(g.clone());
+        g[3] = f32::NAN;
+        groups.push(g.clone());
+        g[40] = f32::INFINITY;
+        groups.push(g);
+        for xs in &groups {
+            let (mut a, mut b) = (vec![0i8; xs.len()], vec![0i8; xs.len()]);
+            let want = quantize_group(xs, &mut a);
+            // SAFETY: detected above; the groups are whole 16-float vectors
+            let got = unsafe { quantize_group_avx512(xs, &mut b) };
+            assert_eq!((want.0.to_bits(), want.1), (got.0.to_bits(), got.1), "{xs:?}");
+            assert_eq!(a, b, "{xs:?}");
+        }
+    }
 
     #[test]
     fn small_rounding_is_round_ties_even() {
