@@ -18,27 +18,15 @@ fn anon_huge_kib() -> u64 {
 fn main() {
     let bytes: usize = 1 << 30;
     for huge in [false, true, false, true] {
-        // SAFETY: an anonymous private mapping with no address hint, unmapped below
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                bytes,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
+        // an anonymous mapping, as the engine's resident copy and the matvec bench's arena
+        let Ok(mut map) = memmap2::MmapMut::map_anon(bytes) else {
             eprintln!("mmap of 1 GiB failed");
             return;
-        }
+        };
         if huge {
-            // SAFETY: advisory, on the mapping above
-            unsafe { libc::madvise(p, bytes, libc::MADV_HUGEPAGE) };
+            let _ = map.advise(memmap2::Advice::HugePage);
         }
-        // SAFETY: the mapping is bytes long, writable, and only this slice refers to it
-        let v = unsafe { std::slice::from_raw_parts_mut(p as *mut u64, bytes / 8) };
+        let v: &mut [u64] = bytemuck::cast_slice_mut(&mut map[..]);
         for (i, x) in v.iter_mut().enumerate() {
             *x = i as u64;
         }
@@ -52,7 +40,5 @@ fn main() {
         rates.sort_by(f64::total_cmp);
         let pages = if huge { "2 MiB pages (MADV_HUGEPAGE)" } else { "4 KiB pages" };
         println!("{pages:28}: {:.1} GB/s  (AnonHugePages {} MiB)", rates[3], anon_huge_kib() >> 10);
-        // SAFETY: mapped above with this length; v is not used after
-        unsafe { libc::munmap(p, bytes) };
     }
 }
