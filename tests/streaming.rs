@@ -191,3 +191,61 @@ fn verification_can_be_switched_off() {
     // no checksum: the damaged bytes are used (this is what verification is for)
     assert!(run(&mut eng, &prompt, &forced).is_ok());
 }
+
+/// Poll `f` for up to 10 s.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::time::Instant::now() < until {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    f()
+}
+
+/// Speculative reads (the predictor's lower ranks) fill free slots while the disk idles, never
+/// push out an entry the policy values more, and leave the logits the resident run's.
+#[test]
+fn speculative_reads_fill_free_slots_and_evict_nothing_worth_more() {
+    use moescope::experts::cache::Cell;
+    let (_d, pkg) = convert("wide", "q8");
+    let r = Reference::load("wide");
+    let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
+    let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
+    let mut eng = engine(&pkg, Some(stream(1 << 30, true, PolicyKind::Foresight, IoMode::Direct)));
+    eng.reset();
+    let mut got = eng.eval(&prompt, Logits::All, &mut NoObserver).unwrap();
+    let cache = eng.experts.as_ref().unwrap().cache.clone();
+    let idle = || cache.queue_depth() == (0, 0, 0);
+    assert!(eng.experts.as_ref().unwrap().predictor.wait_idle(std::time::Duration::from_secs(10)));
+    assert!(eventually(idle), "reads drained");
+    let res = cache.residency();
+    let free: Vec<usize> = (0..res.num_experts).filter(|&e| res.cells[e] == Cell::Free).collect();
+    assert!(free.len() >= 4, "the prompt left layer 0 experts unread: {:?}", res.cells);
+    let blob = cache.blob_len() as u64;
+    let before = cache.total_stats();
+    let next = cache.pass() + 1;
+    cache.speculate(next, 0, &[(free[0], 0.3), (free[1], 0.2), (free[2], 0.1)]);
+    assert!(
+        eventually(|| { free[..3].iter().all(|&e| cache.residency().cells[e] == Cell::Predicted) }),
+        "speculative candidates read into free slots: {:?}",
+        &cache.residency().cells[..res.num_experts]
+    );
+    let after = cache.total_stats();
+    assert_eq!(after.bytes_prefetch - before.bytes_prefetch, 3 * blob);
+    assert_eq!((after.bytes_demand, after.evictions), (before.bytes_demand, before.evictions));
+    // a full pool: a candidate with no chance of use is read into nothing and evicts nothing
+    let (n_resident, bytes) = cache.resident();
+    cache.set_budget(bytes);
+    cache.speculate(next, 0, &[(free[3], 0.0)]);
+    assert!(eventually(idle));
+    assert_eq!(cache.residency().cells[free[3]], Cell::Free);
+    assert_eq!(cache.resident().0, n_resident);
+    assert_eq!(cache.total_stats().evictions, before.evictions);
+    cache.set_budget(1 << 30);
+    for &id in &forced[..12] {
+        got.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
+    }
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ from the resident run");
+}

@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::policy::{Ctx, Entry, PolicyKind, RouteModel, Scores};
 use super::stats::LayerStats;
@@ -67,6 +67,10 @@ struct State {
     prefetch_on: bool,
     demand_q: VecDeque<usize>,
     prefetch_q: Vec<(usize, f32)>,
+    /// Speculative reads: (pass, key, chance of use), no slot reserved. Read only when the
+    /// disk would otherwise idle, and admitted only into a free slot or over an entry the
+    /// policy values less (see [`ExpertCache::speculate`]).
+    spec_q: Vec<(u64, Key, f32)>,
     tick: u64,
     token: u64,
     active_layer: usize,
@@ -122,7 +126,18 @@ pub(crate) struct Shared {
     pub num_experts: usize,
     pub top_k: usize,
     pub blob_len: usize,
+    /// I/O worker threads: with more than one, the first serves only demand reads, and the
+    /// others' speculative reads stand aside for them piece by piece.
+    n_workers: usize,
 }
+
+/// Speculative and prefetch reads go in pieces of this many bytes; between two, a read stands
+/// aside while a demand read is queued or in flight (this disk gives two concurrent reads half
+/// its bandwidth each, so a demand read beside a whole blob's prefetch would take twice as long).
+const PIECE: usize = 512 * 1024;
+
+/// Most speculative candidates kept; older ones give way.
+const SPEC_MAX: usize = 64;
 
 /// Settings of the pool.
 #[derive(Debug, Clone, Copy)]
@@ -166,6 +181,7 @@ impl ExpertCache {
                 prefetch_on: cfg.prefetch,
                 demand_q: VecDeque::new(),
                 prefetch_q: Vec::new(),
+                spec_q: Vec::new(),
                 tick: 0,
                 token: 0,
                 active_layer: 0,
@@ -187,6 +203,7 @@ impl ExpertCache {
             num_experts,
             top_k,
             blob_len,
+            n_workers: cfg.io_workers.max(1),
         });
         let n_workers = cfg.io_workers.max(1);
         let workers = (0..n_workers)
@@ -249,6 +266,7 @@ impl ExpertCache {
         st.prefetch_on = on;
         if !on {
             drop_queued_prefetches(&mut st, &self.shared, |_| true);
+            st.spec_q.clear();
         }
     }
 
@@ -272,6 +290,7 @@ impl ExpertCache {
     pub fn clear(&self) {
         let mut st = self.shared.lock();
         drop_queued_prefetches(&mut st, &self.shared, |_| true);
+        st.spec_q.clear();
         while evict_one(&mut st, &self.shared, false).is_some() {}
         st.spare.clear();
         st.evicted_at.clear();
@@ -348,7 +367,11 @@ impl ExpertCache {
                             }
                             if state == SlotState::Queued {
                                 promote(&mut st, si);
-                                sh.work.notify_one();
+                            }
+                            if matches!(state, SlotState::Queued | SlotState::Reading) {
+                                // a promoted read for an idle worker, or a paused
+                                // speculative read that is now demanded: it goes on at once
+                                sh.work.notify_all();
                             }
                             Item::Slot(si)
                         }
@@ -370,8 +393,7 @@ impl ExpertCache {
     pub fn prefetch(&self, pass: u64, li: usize, experts: &[(usize, f32)], flow: Option<u64>) -> usize {
         let sh = &self.shared;
         let mut st = sh.lock();
-        let ahead = pass > st.token || (pass == st.token && li > st.active_layer);
-        if !st.prefetch_on || !ahead || li >= sh.n_layers {
+        if !st.prefetch_on || !ahead(pass, li, st.token, st.active_layer) || li >= sh.n_layers {
             return 0;
         }
         // the route and its prediction need room together
@@ -400,6 +422,31 @@ impl ExpertCache {
             sh.work.notify_all();
         }
         queued
+    }
+
+    /// Experts that may be used by MoE layer `li` of pass `pass` (below the prediction's
+    /// confidence: its lower ranks), with their chance of use: read only while the disk has
+    /// nothing else to do, taking a free slot or evicting only an entry the policy values below
+    /// the candidate, so a cold pool fills during compute and a full one changes only for the
+    /// better. They replace earlier candidates for the same layer.
+    pub fn speculate(&self, pass: u64, li: usize, experts: &[(usize, f32)]) {
+        let sh = &self.shared;
+        let mut st = sh.lock();
+        if !st.prefetch_on || li >= sh.n_layers || st.capacity < 2 * sh.top_k {
+            return;
+        }
+        let (token, active) = (st.token, st.active_layer);
+        st.spec_q.retain(|&(p, k, _)| ahead(p, k.0, token, active) && !(p == pass && k.0 == li));
+        for &(e, conf) in experts {
+            if !st.map.contains_key(&(li, e)) {
+                st.spec_q.push((pass, (li, e), conf));
+            }
+        }
+        if st.spec_q.len() > SPEC_MAX {
+            let extra = st.spec_q.len() - SPEC_MAX;
+            st.spec_q.drain(..extra);
+        }
+        sh.work.notify_all();
     }
 
     /// What every (layer, expert) is doing now.
@@ -448,10 +495,10 @@ impl ExpertCache {
         (st.read_latency.summary(), st.reads)
     }
 
-    /// Queued reads, demand and prefetch.
+    /// Queued reads, demand and prefetch (speculative candidates included).
     pub fn queue_depth(&self) -> (usize, usize, usize) {
         let st = self.shared.lock();
-        (st.demand_q.len(), st.prefetch_q.len(), st.in_flight)
+        (st.demand_q.len(), st.prefetch_q.len() + st.spec_q.len(), st.in_flight)
     }
 }
 
@@ -593,6 +640,32 @@ impl Drop for Request {
         }
         self.shared.ready.notify_all();
     }
+}
+
+/// Whether MoE layer `li` of pass `pass` is still to come, the pool being at `token`, `active`.
+fn ahead(pass: u64, li: usize, token: u64, active: usize) -> bool {
+    pass > token || (pass == token && li > active)
+}
+
+/// The most likely speculative candidate still to come and not resident that the pool admits:
+/// a slot reserved for it, or None (candidates that can no longer help are dropped).
+fn take_speculative(st: &mut State, sh: &Shared) -> Option<usize> {
+    while !st.spec_q.is_empty() {
+        let best = (0..st.spec_q.len())
+            .max_by(|&a, &b| st.spec_q[a].2.total_cmp(&st.spec_q[b].2).then(b.cmp(&a)))
+            .unwrap_or(0);
+        let (pass, key, conf) = st.spec_q.swap_remove(best);
+        if !ahead(pass, key.0, st.token, st.active_layer) || st.map.contains_key(&key) {
+            continue;
+        }
+        if let Some(si) = reserve(st, sh, key, Origin::Prefetch, Some(conf)) {
+            if let Some(s) = st.slots[si].as_mut() {
+                s.predicted = Some(conf);
+            }
+            return Some(si);
+        }
+    }
+    None
 }
 
 fn next_tick(st: &mut State) -> u64 {
@@ -813,11 +886,16 @@ fn io_worker(sh: &Shared, demand_only: bool) {
             if let Some(si) = st.demand_q.pop_front() {
                 break si;
             }
-            if !demand_only && !st.prefetch_q.is_empty() && st.demand_in_flight == 0 {
-                let best = (0..st.prefetch_q.len())
-                    .max_by(|&a, &b| st.prefetch_q[a].1.total_cmp(&st.prefetch_q[b].1).then(b.cmp(&a)))
-                    .unwrap_or(0);
-                break st.prefetch_q.remove(best).0;
+            if !demand_only && st.demand_in_flight == 0 {
+                if !st.prefetch_q.is_empty() {
+                    let best = (0..st.prefetch_q.len())
+                        .max_by(|&a, &b| st.prefetch_q[a].1.total_cmp(&st.prefetch_q[b].1).then(b.cmp(&a)))
+                        .unwrap_or(0);
+                    break st.prefetch_q.remove(best).0;
+                }
+                if let Some(si) = take_speculative(&mut st, sh) {
+                    break si;
+                }
             }
             st = sh.work.wait(st).unwrap_or_else(|p| p.into_inner());
         };
@@ -842,7 +920,16 @@ fn io_worker(sh: &Shared, demand_only: bool) {
         trace::flow_end(flow_issue);
         let mut b = buf.take().unwrap_or_else(|| AlignedBuf::new(sh.blob_len));
         let t_read = Instant::now();
-        let res = sh.store.read(sh.store.slot_of(key.0, key.1), &mut b);
+        let blob = sh.store.slot_of(key.0, key.1);
+        let res = if origin == Origin::Prefetch && sh.n_workers > 1 {
+            let r = read_standing_aside(sh, si, blob, &mut b);
+            if let Ok(paused) = &r {
+                span.set("paused_us", paused.as_micros() as u64);
+            }
+            r.map(|_| ())
+        } else {
+            sh.store.read(blob, &mut b)
+        };
         let read_ns = t_read.elapsed().as_nanos() as u64;
         let flow_use = span.flows_out(1);
         if let Err(e) = &res {
@@ -859,8 +946,8 @@ fn io_worker(sh: &Shared, demand_only: bool) {
         }
         if origin == Origin::Demand {
             st.demand_in_flight -= 1;
-            if st.demand_in_flight == 0 && !st.prefetch_q.is_empty() {
-                // the disk is the prefetches' again
+            if st.demand_in_flight == 0 {
+                // the disk is the prefetches' again (queued ones, and a paused one)
                 sh.work.notify_all();
             }
         }
@@ -898,4 +985,31 @@ fn io_worker(sh: &Shared, demand_only: bool) {
         drop(st);
         sh.ready.notify_all();
     }
+}
+
+/// Read a prefetched blob piece by piece into `b`, standing aside before each piece while a
+/// demand read is queued or in flight (unless this blob is now demanded itself); the time spent
+/// aside.
+fn read_standing_aside(sh: &Shared, si: usize, blob: usize, b: &mut AlignedBuf) -> Result<Duration, ReadError> {
+    let mut paused = Duration::ZERO;
+    let mut from = 0;
+    while from < sh.blob_len {
+        if from > 0 {
+            let mut st = sh.lock();
+            let t0 = Instant::now();
+            loop {
+                let demanded = st.slots[si].as_ref().is_some_and(|s| s.pins > 0);
+                if st.shutdown || demanded || (st.demand_q.is_empty() && st.demand_in_flight == 0) {
+                    break;
+                }
+                st = sh.work.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+            paused += t0.elapsed();
+        }
+        let to = (from + PIECE).min(sh.blob_len);
+        sh.store.read_part(blob, b, from, to)?;
+        from = to;
+    }
+    sh.store.check(blob, b)?;
+    Ok(paused)
 }

@@ -23,6 +23,11 @@ use crate::trace;
 pub const MIN_SAMPLES: u64 = 128;
 pub const MIN_ACCURACY: f64 = 0.8;
 
+/// Ranks predicted, in multiples of top-k: those past the issued ones (trimmed ranks, and
+/// ranks k..2k) go to the pool as speculative reads, made only while the disk would idle.
+/// Their accuracy is tracked like the others'.
+pub const SPEC_RANKS: usize = 2;
+
 struct Task {
     pass: u64,
     li: usize,
@@ -53,7 +58,7 @@ impl Predictor {
         let c = pkg.meta.model.clone();
         let (k, n_layers) = (c.num_experts_per_tok, routers.len());
         let state = Arc::new(Mutex::new(PredState {
-            stats: PredictStats::new(k),
+            stats: PredictStats::new(SPEC_RANKS * k),
             pending: HashMap::new(),
             keep: k,
             submitted: 0,
@@ -113,16 +118,19 @@ impl Predictor {
             return;
         }
         let s = &mut st.stats;
-        for (r, e) in pred.iter().enumerate().take(k) {
+        for (r, e) in pred.iter().enumerate() {
             s.samples[r] += 1;
             if route.contains(e) {
                 s.hits[r] += 1;
             }
         }
+        // recall and precision are the top-k prediction's (the speculative ranks beyond have
+        // their per-rank accuracy)
+        let top = &pred[..k.min(pred.len())];
         s.issued += issued as u64;
         s.issued_routed += pred.iter().take(issued).filter(|e| route.contains(e)).count() as u64;
         s.routed += route.len() as u64;
-        s.routed_predicted += route.iter().filter(|e| pred.contains(e)).count() as u64;
+        s.routed_predicted += route.iter().filter(|e| top.contains(e)).count() as u64;
         // trim ranks that do not pay
         let floor = k.div_ceil(2);
         let mut keep = k;
@@ -177,18 +185,26 @@ fn worker(
         order.clear();
         order.extend(0..e_n);
         order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
-        let top: Vec<usize> = order[..k].to_vec();
+        let ranks = (SPEC_RANKS * k).min(e_n);
+        let top: Vec<usize> = order[..ranks].to_vec();
         // confidence of rank r: how often rank r has been right so far (8 pseudo-samples at
-        // one half while evidence is thin), a calibrated chance of use the pool can weigh
-        // against what it would evict
+        // one half for the top-k, one eighth beyond, while evidence is thin), a calibrated
+        // chance of use the pool can weigh against what it would evict
         let (keep, conf): (usize, Vec<f32>) = {
             let s = st.lock().unwrap_or_else(|p| p.into_inner());
-            let c = (0..k).map(|r| (s.stats.hits[r] as f32 + 4.0) / (s.stats.samples[r] as f32 + 8.0)).collect();
+            let c = (0..ranks)
+                .map(|r| {
+                    let prior = if r < k { 4.0 } else { 1.0 };
+                    (s.stats.hits[r] as f32 + prior) / (s.stats.samples[r] as f32 + 8.0)
+                })
+                .collect();
             (s.keep, c)
         };
         let ask: Vec<(usize, f32)> = top.iter().take(keep).enumerate().map(|(r, &e)| (e, conf[r])).collect();
+        let spec: Vec<(usize, f32)> = top.iter().enumerate().skip(keep).map(|(r, &e)| (e, conf[r])).collect();
         let flow = span.flows_out(1);
         let queued = cache.prefetch(t.pass, t.li, &ask, flow);
+        cache.speculate(t.pass, t.li, &spec);
         span.set("predicted", top.as_slice());
         span.set("queued", queued);
         let mut s = st.lock().unwrap_or_else(|p| p.into_inner());

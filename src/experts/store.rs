@@ -171,19 +171,27 @@ impl ExpertStore {
     /// Read blob `slot` into `buf` (at least `blob_len` bytes), retrying short reads and
     /// EINTR; verify its checksum if asked.
     pub fn read(&self, slot: usize, buf: &mut AlignedBuf) -> Result<(), ReadError> {
-        let (off, sum) = self.table[slot];
-        let li = slot / self.num_experts;
-        let what = || format!("expert blob (layer {}, expert {})", self.layers[li], slot % self.num_experts);
-        let dst = &mut buf.as_mut_slice()[..self.blob_len];
+        self.read_part(slot, buf, 0, self.blob_len)?;
+        self.check(slot, buf)
+    }
+
+    /// Read bytes `from..to` of blob `slot` into the same range of `buf` (a read in pieces,
+    /// so a speculative read can stand aside between them); `from` a multiple of 4096 (as
+    /// O_DIRECT needs), `to` one too or the blob's end.
+    pub fn read_part(&self, slot: usize, buf: &mut AlignedBuf, from: usize, to: usize) -> Result<(), ReadError> {
+        let (off, _) = self.table[slot];
+        let to = to.min(self.blob_len);
+        let dst = &mut buf.as_mut_slice()[from..to];
         let mut done = 0;
         while done < dst.len() {
-            match self.file.read_at(&mut dst[done..], off + done as u64) {
+            let at = off + (from + done) as u64;
+            match self.file.read_at(&mut dst[done..], at) {
                 Ok(0) => {
                     return Err(PackageError::Truncated {
                         path: self.path.clone(),
-                        what: format!("{} (the file shrank while in use)", what()),
+                        what: format!("{} (the file shrank while in use)", self.blob_name(slot)),
                         need: off + self.blob_len as u64,
-                        have: off + done as u64,
+                        have: at,
                     });
                 }
                 Ok(n) => done += n,
@@ -193,21 +201,32 @@ impl ExpertStore {
                         path: self.path.clone(),
                         error: std::io::Error::new(
                             e.kind(),
-                            format!("reading {} at offset {}: {e}", what(), off + done as u64),
+                            format!("reading {} at offset {at}: {e}", self.blob_name(slot)),
                         ),
                     });
                 }
             }
         }
-        if self.verify && xxhash_rust::xxh3::xxh3_64(dst) != sum {
+        Ok(())
+    }
+
+    /// Verify a wholly read blob against its checksum, if verification is on.
+    pub fn check(&self, slot: usize, buf: &AlignedBuf) -> Result<(), ReadError> {
+        let (off, sum) = self.table[slot];
+        if self.verify && xxhash_rust::xxh3::xxh3_64(&buf.as_slice()[..self.blob_len]) != sum {
             return Err(PackageError::Checksum {
                 path: self.path.clone(),
-                what: what(),
+                what: self.blob_name(slot),
                 offset: off,
                 len: self.blob_len as u64,
             });
         }
         Ok(())
+    }
+
+    fn blob_name(&self, slot: usize) -> String {
+        let li = slot / self.num_experts;
+        format!("expert blob (layer {}, expert {})", self.layers[li], slot % self.num_experts)
     }
 
     /// Drop the package's pages from the page cache (for cold-start measurements); pages a
