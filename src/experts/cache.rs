@@ -168,6 +168,7 @@ fn slots_for(budget: u64, blob: usize, top_k: usize, all: usize) -> usize {
 impl ExpertCache {
     pub fn new(store: ExpertStore, n_layers: usize, num_experts: usize, top_k: usize, cfg: CacheConfig) -> ExpertCache {
         let blob_len = store.blob_len();
+        let n_workers = cfg.io_workers.max(1);
         let capacity = slots_for(cfg.budget_bytes, blob_len, top_k, n_layers * num_experts);
         let shared = Arc::new(Shared {
             store,
@@ -203,9 +204,8 @@ impl ExpertCache {
             num_experts,
             top_k,
             blob_len,
-            n_workers: cfg.io_workers.max(1),
+            n_workers,
         });
-        let n_workers = cfg.io_workers.max(1);
         let workers = (0..n_workers)
             .map(|i| {
                 let s = shared.clone();
