@@ -457,11 +457,14 @@ impl Qwen3Moe {
             }
         };
         match &self.experts {
-            None if t_n > 1 && exec.threads() > 1 => {
-                // a prompt: whole experts per compute thread, the largest first (one parallel
-                // section for the layer instead of three per expert, and each expert's
-                // gathering, quantization and SwiGLU in parallel too); every product runs as it
-                // would alone, so the result is the same bits
+            None if exec.threads() > 1 && (t_n > 1 || used.len() % exec.threads() == 0) => {
+                // whole experts per compute thread, the largest first: one parallel section for
+                // the layer instead of three per expert, and each expert's gathering,
+                // quantization and SwiGLU in parallel too. One token's experts (all the same
+                // size) go this way when they divide evenly among the threads: each thread then
+                // streams through its experts' weights without meeting the others at every
+                // product (bench8 decode, 2T, 5 alternated pairs: 65.0 vs 57.6 t/s median).
+                // Every product runs as it would alone, so the result is the same bits.
                 let mats: Vec<ExpertMats<'_>> = used.iter().map(|&e| pkg.expert(l, e)).collect::<Result<_, _>>()?;
                 let mut order: Vec<usize> = (0..used.len()).collect();
                 order.sort_by_key(|&i| std::cmp::Reverse(per_expert[used[i]].len()));
