@@ -249,3 +249,27 @@ fn speculative_reads_fill_free_slots_and_evict_nothing_worth_more() {
     }
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ from the resident run");
 }
+
+/// The pool allocates its buffers ahead of use, up to the budget and no further, before any
+/// read (so first reads do not pay for their pages).
+#[test]
+fn the_pool_allocates_its_buffers_ahead_up_to_the_budget() {
+    let (_d, pkg) = convert("wide", "q8");
+    let probe = engine(&pkg, Some(stream(1, false, PolicyKind::Lru, IoMode::Direct)));
+    let blob = probe.experts.as_ref().unwrap().cache.blob_len() as u64;
+    drop(probe);
+    let eng = engine(&pkg, Some(stream(5 * blob, false, PolicyKind::Lru, IoMode::Direct)));
+    let cache = eng.experts.as_ref().unwrap().cache.clone();
+    let slots = cache.capacity_slots() as u64;
+    assert!(
+        eventually(|| cache.allocated_bytes() == slots * blob),
+        "allocated {} of {}",
+        cache.allocated_bytes(),
+        slots * blob
+    );
+    assert_eq!(cache.total_stats().bytes_read(), 0, "nothing was read");
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(cache.allocated_bytes(), slots * blob, "no more than the budget");
+    cache.set_budget(2 * blob);
+    assert!(cache.allocated_bytes() <= cache.capacity_slots() as u64 * blob, "shrinking gives buffers back");
+}
