@@ -273,3 +273,39 @@ fn the_pool_allocates_its_buffers_ahead_up_to_the_budget() {
     cache.set_budget(2 * blob);
     assert!(cache.allocated_bytes() <= cache.capacity_slots() as u64 * blob, "shrinking gives buffers back");
 }
+
+/// A speculative read (in pieces) of a damaged blob is dropped: nothing resident, nothing
+/// counted as read, no error for a request that did not ask for it; the demand for that expert
+/// then reports the damage.
+#[test]
+fn a_damaged_blob_read_speculatively_is_dropped() {
+    use moescope::experts::cache::Cell;
+    let (_d, pkg) = convert("wide", "q8");
+    let r = Reference::load("wide");
+    let prompt = r.ids("input_ids");
+    let mut eng = engine(&pkg, Some(stream(1 << 30, true, PolicyKind::Foresight, IoMode::Direct)));
+    eng.reset();
+    eng.eval(&prompt, Logits::Last, &mut NoObserver).unwrap();
+    let cache = eng.experts.as_ref().unwrap().cache.clone();
+    let idle = || cache.queue_depth() == (0, 0, 0);
+    assert!(eng.experts.as_ref().unwrap().predictor.wait_idle(std::time::Duration::from_secs(10)));
+    assert!(eventually(idle));
+    let res = cache.residency();
+    let free: Vec<usize> = (0..res.num_experts).filter(|&e| res.cells[e] == Cell::Free).collect();
+    assert!(!free.is_empty());
+    let orig = damage_layer0(&pkg);
+    let before = cache.total_stats();
+    cache.speculate(cache.pass() + 1, 0, &[(free[0], 0.5)]);
+    assert!(eventually(idle));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(cache.residency().cells[free[0]], Cell::Free, "a failed speculative read leaves nothing");
+    assert_eq!(cache.total_stats().bytes_prefetch, before.bytes_prefetch);
+    let mut req = cache.request(0, &[free[0]]);
+    let err = match req.next_ready() {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("the damaged expert must fail its demand read"),
+    };
+    assert!(err.contains("checksum mismatch") && err.contains("layer 0, expert"), "{err}");
+    drop(req);
+    std::fs::write(&pkg, orig).unwrap();
+}
