@@ -158,12 +158,19 @@ fn roofline_share_is_weight_rate_over_probed_bandwidth() {
         (r["weight_gbps"].as_f64().unwrap(), r["read_gbps"].as_f64().unwrap(), r["roofline_pct"].as_f64().unwrap());
     assert!(g > 0.1 && g.is_finite(), "{r}");
     assert!((pct - 100.0 * w / g).abs() <= 1e-9 * pct.max(1.0), "{r}");
+    // the bandwidth is the mean of a probe before and one after the thread count's tests
+    let probes: Vec<f64> =
+        r["read_gbps_probes"].as_array().expect("probes").iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(probes.len(), 2, "{r}");
+    assert!(probes.iter().all(|&p| p > 0.1), "{r}");
+    assert!((g - (probes[0] + probes[1]) / 2.0).abs() <= 1e-9 * g, "{r}");
+    assert!(rows[0]["read_gbps_probes"].is_null(), "pp row: {}", rows[0]);
     // the probe's 2 GiB buffer lives in a child process, not in the bench's peak RSS
     assert!(r["peak_rss_bytes"].as_u64().unwrap() < 1 << 30, "{r}");
     let o = moescope(&args, d.path());
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("| roof % |") && out.contains("at 1T: roofline"), "{out}");
+    assert!(out.contains("| roof % |") && out.contains("at 1T: roofline") && out.contains("before the tests"), "{out}");
 }
 
 /// `--roofline` with streamed experts: the disk's side too. Each streamed decode row carries the

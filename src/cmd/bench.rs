@@ -153,16 +153,18 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     // the probe's buffer: 2 GiB (past any cache), less where memory is short
     let probe_bytes = (2usize << 30).min(sysinfo::available_memory_bytes() as usize / 4);
     let mut probes = Vec::new();
+    let probing = a.roofline && tests.iter().any(|t| matches!(t, Test::Gen(_)));
     for &t in &threads {
         engine.set_threads(t)?;
-        let read_gbps = if a.roofline && tests.iter().any(|t| matches!(t, Test::Gen(_))) {
+        // probed before and after this thread count's tests; its rows wait for the second
+        let before = if probing {
             let g = probe_bandwidth(t, probe_bytes >> 20)?;
             eprintln!("moescope bench: read bandwidth {g:.1} GB/s at {t} thread(s) ({} MiB probe)", probe_bytes >> 20);
-            probes.push((t, g));
             Some(g)
         } else {
             None
         };
+        let mut held = Vec::new();
         for budget in &budgets_mib {
             let budget_bytes = budget.map_or(default_budget, |m| (m * (1u64 << 20) as f64) as u64);
             for &prefetch in &prefetches {
@@ -189,18 +191,30 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         quant: meta.quant.mode.clone(),
                         weight_bytes_per_token: weight_bytes,
                         weight_gbps,
-                        read_gbps: weight_gbps.and(read_gbps),
-                        roofline_pct: weight_gbps.zip(read_gbps).map(|(w, r)| 100.0 * w / r),
                         ..row
                     };
-                    match out {
-                        Format::Md => writeln!(stdout, "{}", report::md_row(&row))?,
-                        Format::Csv => writeln!(stdout, "{}", report::csv_row(&row))?,
-                        Format::Json => {}
+                    if probing {
+                        held.push(row);
+                    } else {
+                        print_row(&mut stdout, out, &row)?;
+                        rows.push(row);
                     }
-                    stdout.flush()?;
-                    rows.push(row);
                 }
+            }
+        }
+        if let Some(b) = before {
+            let after = probe_bandwidth(t, probe_bytes >> 20)?;
+            eprintln!("moescope bench: read bandwidth {after:.1} GB/s at {t} thread(s) after the tests");
+            let g = (b + after) / 2.0;
+            probes.push((t, g, [b, after]));
+            for mut row in held {
+                if let Some(w) = row.weight_gbps {
+                    row.read_gbps = Some(g);
+                    row.read_gbps_probes = Some([b, after]);
+                    row.roofline_pct = Some(100.0 * w / g);
+                }
+                print_row(&mut stdout, out, &row)?;
+                rows.push(row);
             }
         }
     }
@@ -216,8 +230,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             weight_bytes as f64 / 1e6,
             probes
                 .iter()
-                .map(|(t, g)| format!(
-                    " | read {g:.1} GB/s at {t}T: roofline {:.1} t/s",
+                .map(|(t, g, [b, after])| format!(
+                    " | read {g:.1} GB/s at {t}T: roofline {:.1} t/s (probed {b:.1} before the tests, {after:.1} after)",
                     g * 1e9 / weight_bytes.max(1) as f64
                 ))
                 .collect::<String>()
@@ -241,6 +255,16 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                          "cache_mib": budgets_mib, "prefetch": prefetches, "cold": cold},
         }))?;
     }
+    Ok(())
+}
+
+fn print_row(stdout: &mut impl Write, out: Format, row: &Row) -> Result<()> {
+    match out {
+        Format::Md => writeln!(stdout, "{}", report::md_row(row))?,
+        Format::Csv => writeln!(stdout, "{}", report::csv_row(row))?,
+        Format::Json => {}
+    }
+    stdout.flush()?;
     Ok(())
 }
 
@@ -364,6 +388,7 @@ fn run_test(
         weight_bytes_per_token: 0,
         weight_gbps: None,
         read_gbps: None,
+        read_gbps_probes: None,
         roofline_pct: None,
         peak_rss_bytes: sysinfo::peak_rss_bytes(),
         expected_memory_bytes: engine.memory_plan().total,

@@ -38,10 +38,15 @@ pub struct Row {
     /// makes of it (decode tests only).
     pub weight_bytes_per_token: u64,
     pub weight_gbps: Option<f64>,
-    /// With `--roofline`: the memory read bandwidth probed at this thread count, and the decode
-    /// rate as a share of its roofline (read bandwidth / weight bytes per token), in percent.
+    /// With `--roofline`: the memory read bandwidth at this thread count (the mean of a probe
+    /// before and one after this thread count's tests, so a machine that changed speed
+    /// meanwhile shows), and the decode rate as a share of its roofline (read bandwidth /
+    /// weight bytes per token), in percent.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_gbps: Option<f64>,
+    /// The two probes that mean is made of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_gbps_probes: Option<[f64; 2]>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub roofline_pct: Option<f64>,
     pub peak_rss_bytes: u64,
