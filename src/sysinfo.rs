@@ -210,11 +210,23 @@ pub fn batch_scheduling() {
         if std::env::var("MOESCOPE_SCHED").is_ok_and(|v| v == "other") {
             return;
         }
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: a plain syscall on the calling thread (pid 0) with a valid parameter struct;
-        // failing only leaves the default policy
-        unsafe {
-            libc::sched_setscheduler(0, libc::SCHED_BATCH, &param);
-        }
+        set_scheduling(libc::SCHED_BATCH);
+    }
+}
+
+/// SCHED_IDLE for the calling thread (Linux): it runs only when a core would otherwise idle,
+/// for work that must never take time from compute (allocating the expert pool ahead of use).
+pub fn idle_scheduling() {
+    #[cfg(target_os = "linux")]
+    set_scheduling(libc::SCHED_IDLE);
+}
+
+#[cfg(target_os = "linux")]
+fn set_scheduling(policy: libc::c_int) {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: a plain syscall on the calling thread (pid 0) with a valid parameter struct;
+    // failing only leaves the policy the thread had
+    unsafe {
+        libc::sched_setscheduler(0, policy, &param);
     }
 }

@@ -1037,15 +1037,7 @@ fn read_standing_aside(sh: &Shared, si: usize, blob: usize, b: &mut AlignedBuf) 
 /// no time from compute.
 fn fill_spares(sh: &Shared) {
     crate::trace::recorder::set_thread_name("moescope-pool-fill");
-    #[cfg(target_os = "linux")]
-    {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: a plain syscall on the calling thread with a valid parameter struct; failing
-        // leaves the inherited policy
-        unsafe {
-            libc::sched_setscheduler(0, libc::SCHED_IDLE, &param);
-        }
-    }
+    crate::sysinfo::idle_scheduling();
     let room = |st: &State| !st.shutdown && st.spare.len() + used_slots(st) < st.capacity;
     loop {
         if !room(&sh.lock()) {
