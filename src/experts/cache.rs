@@ -657,6 +657,11 @@ impl Drop for Request {
     }
 }
 
+/// Index of the highest confidence (the first of equals), 0 for none.
+fn most_confident(confs: impl Iterator<Item = f32>) -> usize {
+    confs.enumerate().max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0))).map_or(0, |(i, _)| i)
+}
+
 /// Whether MoE layer `li` of pass `pass` is still to come, the pool being at `token`, `active`.
 fn ahead(pass: u64, li: usize, token: u64, active: usize) -> bool {
     pass > token || (pass == token && li > active)
@@ -666,9 +671,7 @@ fn ahead(pass: u64, li: usize, token: u64, active: usize) -> bool {
 /// a slot reserved for it, or None (candidates that can no longer help are dropped).
 fn take_speculative(st: &mut State, sh: &Shared) -> Option<usize> {
     while !st.spec_q.is_empty() {
-        let best = (0..st.spec_q.len())
-            .max_by(|&a, &b| st.spec_q[a].2.total_cmp(&st.spec_q[b].2).then(b.cmp(&a)))
-            .unwrap_or(0);
+        let best = most_confident(st.spec_q.iter().map(|q| q.2));
         let (pass, key, conf) = st.spec_q.swap_remove(best);
         if !ahead(pass, key.0, st.token, st.active_layer) || st.map.contains_key(&key) {
             continue;
@@ -903,9 +906,7 @@ fn io_worker(sh: &Shared, demand_only: bool) {
             }
             if !demand_only && st.demand_in_flight == 0 {
                 if !st.prefetch_q.is_empty() {
-                    let best = (0..st.prefetch_q.len())
-                        .max_by(|&a, &b| st.prefetch_q[a].1.total_cmp(&st.prefetch_q[b].1).then(b.cmp(&a)))
-                        .unwrap_or(0);
+                    let best = most_confident(st.prefetch_q.iter().map(|q| q.1));
                     break st.prefetch_q.remove(best).0;
                 }
                 if let Some(si) = take_speculative(&mut st, sh) {
