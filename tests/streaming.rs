@@ -9,6 +9,7 @@ use std::path::Path;
 
 use common::*;
 use moescope::engine::{Engine, EngineError, EngineOptions};
+use moescope::experts::cache::Cell;
 use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::{Logits, NoObserver};
 use moescope_kernels::Isa;
@@ -204,25 +205,34 @@ fn eventually(mut f: impl FnMut() -> bool) -> bool {
     f()
 }
 
+/// An engine streaming into a pool of every expert, prefetch on, that has evaluated `prompt`
+/// (all positions' logits) and finished the predictions and reads it caused; with the layer-0
+/// experts the prompt left unread.
+fn after_prompt(pkg: &Path, prompt: &[u32]) -> (Engine, Vec<f32>, Vec<usize>) {
+    let mut eng = engine(pkg, Some(stream(1 << 30, true, PolicyKind::Foresight, IoMode::Direct)));
+    eng.reset();
+    let logits = eng.eval(prompt, Logits::All, &mut NoObserver).unwrap();
+    let ex = eng.experts.as_ref().unwrap();
+    assert!(ex.predictor.wait_idle(std::time::Duration::from_secs(10)), "predictor stuck");
+    assert!(eventually(|| ex.cache.queue_depth() == (0, 0, 0)), "reads drained");
+    let res = ex.cache.residency();
+    let free = (0..res.num_experts).filter(|&e| res.cells[e] == Cell::Free).collect();
+    (eng, logits, free)
+}
+
 /// Speculative reads (the predictor's lower ranks) fill free slots while the disk idles, never
 /// push out an entry the policy values more, and leave the logits the resident run's.
 #[test]
 fn speculative_reads_fill_free_slots_and_evict_nothing_worth_more() {
-    use moescope::experts::cache::Cell;
     let (_d, pkg) = convert("wide", "q8");
     let r = Reference::load("wide");
     let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
     let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
-    let mut eng = engine(&pkg, Some(stream(1 << 30, true, PolicyKind::Foresight, IoMode::Direct)));
-    eng.reset();
-    let mut got = eng.eval(&prompt, Logits::All, &mut NoObserver).unwrap();
+    let (mut eng, mut got, free) = after_prompt(&pkg, &prompt);
     let cache = eng.experts.as_ref().unwrap().cache.clone();
     let idle = || cache.queue_depth() == (0, 0, 0);
-    assert!(eng.experts.as_ref().unwrap().predictor.wait_idle(std::time::Duration::from_secs(10)));
-    assert!(eventually(idle), "reads drained");
+    assert!(free.len() >= 4, "the prompt left layer 0 experts unread: {free:?}");
     let res = cache.residency();
-    let free: Vec<usize> = (0..res.num_experts).filter(|&e| res.cells[e] == Cell::Free).collect();
-    assert!(free.len() >= 4, "the prompt left layer 0 experts unread: {:?}", res.cells);
     let blob = cache.blob_len() as u64;
     let before = cache.total_stats();
     let next = cache.pass() + 1;
@@ -279,19 +289,11 @@ fn the_pool_allocates_its_buffers_ahead_up_to_the_budget() {
 /// then reports the damage.
 #[test]
 fn a_damaged_blob_read_speculatively_is_dropped() {
-    use moescope::experts::cache::Cell;
     let (_d, pkg) = convert("wide", "q8");
-    let r = Reference::load("wide");
-    let prompt = r.ids("input_ids");
-    let mut eng = engine(&pkg, Some(stream(1 << 30, true, PolicyKind::Foresight, IoMode::Direct)));
-    eng.reset();
-    eng.eval(&prompt, Logits::Last, &mut NoObserver).unwrap();
+    let prompt = Reference::load("wide").ids("input_ids");
+    let (eng, _, free) = after_prompt(&pkg, &prompt);
     let cache = eng.experts.as_ref().unwrap().cache.clone();
     let idle = || cache.queue_depth() == (0, 0, 0);
-    assert!(eng.experts.as_ref().unwrap().predictor.wait_idle(std::time::Duration::from_secs(10)));
-    assert!(eventually(idle));
-    let res = cache.residency();
-    let free: Vec<usize> = (0..res.num_experts).filter(|&e| res.cells[e] == Cell::Free).collect();
     assert!(!free.is_empty());
     let orig = damage_layer0(&pkg);
     let before = cache.total_stats();
