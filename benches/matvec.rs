@@ -89,10 +89,23 @@ fn run(
 }
 
 fn main() {
+    // the decode kernels' software prefetch as the engine sets it (`MOESCOPE_WEIGHT_PREFETCH`)
+    let setting = std::env::var("MOESCOPE_WEIGHT_PREFETCH").unwrap_or_default();
+    match moescope_kernels::prefetch::parse_setting(&setting) {
+        Ok(d) => moescope_kernels::prefetch::set_distance(d),
+        Err(e) => {
+            eprintln!("MOESCOPE_WEIGHT_PREFETCH: {e}");
+            std::process::exit(2);
+        }
+    }
     // the machine's read bandwidth now: the roofline for every "memory" number below
+    let probe = moescope::sysinfo::read_bandwidth(1, 256 << 20, 15);
     println!(
-        "read bandwidth (sum of 256 MB, 1 thread): {:.1} GB/s",
-        moescope::sysinfo::read_bandwidth(1, 256 << 20, 15)
+        "read bandwidth (sum of 256 MB, 1 thread): {:.1} GB/s (plain {:.1}, prefetching {:.1}); kernels: {}",
+        probe.best(),
+        probe.plain,
+        probe.prefetched,
+        moescope_kernels::prefetch::describe()
     );
     // "memory": copies making a working set of 256 MB or more, far past the L3 cache, so the
     // numbers are memory-bound like decode; "hot": one copy over and over (in L2 or L3), so

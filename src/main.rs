@@ -11,6 +11,13 @@ fn main() -> ExitCode {
     let args = cli::Cli::parse();
     // before any thread starts: every thread inherits it
     moescope::sysinfo::batch_scheduling();
+    match cmd::run::weight_prefetch_from_env() {
+        Ok(d) => moescope_kernels::prefetch::set_distance(d),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    }
     let res = match &args.command {
         // no command: `chat` with its defaults (the workbench on the built-in demo)
         None => match cli::Cli::parse_from(["moescope", "chat"]).command {
@@ -25,7 +32,9 @@ fn main() -> ExitCode {
         Some(cli::Command::Sim(a)) => cmd::sim::run(a),
         Some(cli::Command::Perplexity(a)) => cmd::perplexity::run(a),
         Some(cli::Command::ReadBandwidth { threads, mib }) => {
-            println!("{:.3}", moescope::sysinfo::read_bandwidth(*threads, mib << 20, 5));
+            // the best of the two ways, then each (`bench --roofline` reads the line)
+            let p = moescope::sysinfo::read_bandwidth(*threads, mib << 20, 5);
+            println!("{:.3} {:.3} {:.3}", p.best(), p.plain, p.prefetched);
             Ok(())
         }
     };

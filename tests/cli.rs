@@ -274,3 +274,46 @@ fn builtin_demo_without_arguments() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stderr(&o).lines().filter(|l| l.starts_with("[prefill")).count(), 1, "{}", stderr(&o));
 }
+
+/// `MOESCOPE_WEIGHT_PREFETCH`: the decode kernels' software prefetch changes how fast, never
+/// what: the logits of a q4 package (rows interleaved, the kernels that prefetch) are the same
+/// bits with it off and at two distances, at 1 and 2 threads; `--json` reports the distance;
+/// a bad setting is a one-line error naming the variable.
+#[test]
+fn weight_prefetch_changes_no_logit_and_bad_settings_are_refused() {
+    let (d, p) = convert("single", "q4");
+    let r = Reference::load("single");
+    let prompt = ids_arg(&r.ids("input_ids"));
+    let run = |setting: &str, threads: &str| {
+        let npy = d.path().join(format!("logits-{setting}-{threads}.npy"));
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_moescope"))
+            .args(["run", "-m", p.to_str().unwrap(), "--prompt-ids", &prompt, "-n", "6", "--temperature", "0"])
+            .args(["-t", threads, "--json", "--logits-out", npy.to_str().unwrap()])
+            .env("MOESCOPE_CACHE_DIR", d.path())
+            .env("MOESCOPE_WEIGHT_PREFETCH", setting)
+            .output()
+            .expect("running moescope");
+        (json_out(&o), read_npy(&npy).1)
+    };
+    for threads in ["1", "2"] {
+        let (v0, want) = run("off", threads);
+        assert_eq!(v0["weight_prefetch_bytes"], 0, "{v0}");
+        for (setting, bytes) in [("4096", 4096), ("64", 64)] {
+            let (v, got) = run(setting, threads);
+            assert_eq!(v["weight_prefetch_bytes"], bytes, "{v}");
+            assert_eq!(v["generated_ids"], v0["generated_ids"]);
+            let (wb, gb): (Vec<u32>, Vec<u32>) =
+                (want.iter().map(|x| x.to_bits()).collect(), got.iter().map(|x| x.to_bits()).collect());
+            assert!(wb == gb, "logits differ with MOESCOPE_WEIGHT_PREFETCH={setting} at {threads} threads");
+        }
+    }
+    for bad in ["100", "lots"] {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_moescope"))
+            .args(["run", "-m", p.to_str().unwrap(), "--prompt-ids", &prompt, "-n", "1"])
+            .env("MOESCOPE_CACHE_DIR", d.path())
+            .env("MOESCOPE_WEIGHT_PREFETCH", bad)
+            .output()
+            .expect("running moescope");
+        assert_clean_failure(&o, &["MOESCOPE_WEIGHT_PREFETCH", bad]);
+    }
+}

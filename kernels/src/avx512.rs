@@ -75,7 +75,9 @@ pub unsafe fn q_matmul(
     out: &mut [f32],
 ) {
     let row_bytes = if six { cols / 128 * 96 } else { cols / 2 };
-    let m = QMat { q, wd: scales, cols, row_bytes, ng: cols / a.group, cpg: a.group / 128, a, ap };
+    // decode over interleaved rows reads one stream: prefetch along it where that pays
+    let pf = if x4 && n == 1 { crate::prefetch::distance() } else { 0 };
+    let m = QMat { q, wd: scales, cols, row_bytes, ng: cols / a.group, cpg: a.group / 128, a, ap, pf };
     // SAFETY (all four): the caller's guarantees
     unsafe {
         match (six, x4) {
@@ -119,6 +121,8 @@ struct QMat<'a> {
     cpg: usize,
     a: &'a QuantAct,
     ap: &'a [i8],
+    /// software prefetch distance in bytes, 0: none ([`crate::prefetch`])
+    pf: usize,
 }
 
 /// Tokens `t0..t0 + T` for every row of `rows`, `R` rows at a time (the rest one by one; with
@@ -211,6 +215,13 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
                     interleaved_offset(r, ci, m.row_bytes, chunk_bytes)
                 };
                 let p = unsafe { m.q.as_ptr().add(off) };
+                if m.pf != 0 {
+                    crate::prefetch::line(p, m.pf);
+                    if SIX {
+                        // a q6 chunk is 96 bytes: one line and a half
+                        crate::prefetch::line(p, m.pf + 64);
+                    }
+                }
                 let w = unsafe { _mm512_loadu_si512(p as *const _) };
                 wl[i] = _mm512_and_si512(w, mask);
                 wh[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);

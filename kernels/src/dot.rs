@@ -77,14 +77,17 @@ pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
 /// Rows `0..4` of one block of a row-interleaved q4 matrix (`q4_lohi32_x4`; `six`: q6,
 /// `q6_lo4hi2_x4`): `block` is the block's bytes (4 rows), `wd` its rows' scales one row after
 /// another. Each value is what [`dot_q4`] / [`dot_q6`] give for that row at this tier, bit for bit
-/// (AVX2 reads the block in order; the scalar reference gathers each row).
-pub fn dot_x4(isa: Isa, six: bool, block: &[u8], wd: &[f32], a: QuantRow<'_>) -> [f32; 4] {
+/// (AVX2 reads the block in order; the scalar reference gathers each row). `pf`: how far ahead
+/// the SIMD tiers prefetch the block's stream ([`crate::prefetch`]; 0: not at all).
+pub fn dot_x4(isa: Isa, six: bool, block: &[u8], wd: &[f32], a: QuantRow<'_>, pf: usize) -> [f32; 4] {
     let ng = wd.len() / ROW_BLOCK;
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() && a.group % 32 == 0 {
         // SAFETY: AVX2 and FMA were detected; the block holds 4 rows of a.q.len() values; every
         // block is 32 values (q6 groups are whole chunks)
-        return unsafe { if six { x86::dot_x4::<true>(block, wd, a) } else { x86::dot_x4::<false>(block, wd, a) } };
+        return unsafe {
+            if six { x86::dot_x4::<true>(block, wd, a, pf) } else { x86::dot_x4::<false>(block, wd, a, pf) }
+        };
     }
     let cb = if six { Q6_CHUNK_BYTES } else { CHUNK / 2 };
     let mut row = vec![0u8; block.len() / ROW_BLOCK];
@@ -393,7 +396,7 @@ mod x86 {
     /// block's bytes in order: per group, each row's int32 lanes, the four summed together
     /// (exact), then per lane the same f32 operations in the same order as the one-row kernels.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_x4<const SIX: bool>(block: &[u8], wd: &[f32], a: QuantRow<'_>) -> [f32; 4] {
+    pub unsafe fn dot_x4<const SIX: bool>(block: &[u8], wd: &[f32], a: QuantRow<'_>, pf: usize) -> [f32; 4] {
         let g = a.group;
         let ng = a.q.len() / g;
         let cb = if SIX { Q6_CHUNK_BYTES } else { CHUNK / 2 };
@@ -408,6 +411,13 @@ mod x86 {
                 let x = unsafe { _mm256_loadu_si256(a.q.as_ptr().add(j) as *const __m256i) };
                 for (i, v) in v.iter_mut().enumerate() {
                     let p = unsafe { block.as_ptr().add(interleaved_offset(i, j / CHUNK, rb, cb)) };
+                    if pf != 0 && j % CHUNK == 0 {
+                        // once per row chunk (64 bytes; q6: 96)
+                        crate::prefetch::line(p, pf);
+                        if SIX {
+                            crate::prefetch::line(p, pf + 64);
+                        }
+                    }
                     let n =
                         unsafe { if SIX { q6_block(p, (j % CHUNK) / 32) } else { q4_block(p.add((j % CHUNK) / 2)) } };
                     *v = block_dot(*v, n, x);

@@ -11,6 +11,7 @@ pub mod dot;
 pub mod isa;
 pub mod mat;
 pub mod ops;
+pub mod prefetch;
 pub mod quant;
 
 pub use act::QuantAct;

@@ -186,13 +186,15 @@ impl<'a> Mat<'a> {
             ) => {
                 let six = matches!(self.data, MatData::Q6 { .. });
                 let (bb, ng) = (self.format().data_bytes(ROW_BLOCK, self.cols), self.cols / group);
+                // decode reads the blocks as one stream
+                let pf = if n == 1 { crate::prefetch::distance() } else { 0 };
                 let mut r = rows.start;
                 while r < rows.end {
                     let i = r - rows.start;
                     if r % ROW_BLOCK == 0 && r + ROW_BLOCK <= rows.end {
                         let (block, wd) = (&q[r / ROW_BLOCK * bb..][..bb], &scales[r * ng..(r + ROW_BLOCK) * ng]);
                         for t in 0..n {
-                            for (k, v) in dot::dot_x4(isa, six, block, wd, a.row(t)).into_iter().enumerate() {
+                            for (k, v) in dot::dot_x4(isa, six, block, wd, a.row(t), pf).into_iter().enumerate() {
                                 out[(i + k) * n + t] = v;
                             }
                         }
@@ -466,12 +468,21 @@ mod tests {
                             for range in [0..rows, 1..rows, 2..rows - 1, 3..4] {
                                 let (mut want, mut got) = (vec![0f32; range.len() * n], vec![0f32; range.len() * n]);
                                 plain.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut want);
-                                x4.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut got);
-                                let (wb, gb): (Vec<u32>, Vec<u32>) = (
-                                    want.iter().map(|v| v.to_bits()).collect(),
-                                    got.iter().map(|v| v.to_bits()).collect(),
-                                );
-                                assert_eq!(wb, gb, "{f:?} {isa} rows={rows} cols={cols} n={n} range {range:?}");
+                                // with and without software prefetch (decode's x4 kernels
+                                // prefetch along the stream; any distance, any address)
+                                for pf in [0, 64, 4096] {
+                                    crate::prefetch::set_distance(pf);
+                                    x4.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut got);
+                                    let (wb, gb): (Vec<u32>, Vec<u32>) = (
+                                        want.iter().map(|v| v.to_bits()).collect(),
+                                        got.iter().map(|v| v.to_bits()).collect(),
+                                    );
+                                    assert_eq!(
+                                        wb, gb,
+                                        "{f:?} {isa} rows={rows} cols={cols} n={n} range {range:?} pf {pf}"
+                                    );
+                                }
+                                crate::prefetch::set_distance(0);
                             }
                         }
                     }

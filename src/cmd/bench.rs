@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use moescope::engine::sampler::Rng;
 use moescope::engine::{Engine, EngineOptions};
 use moescope::model::Logits;
-use moescope::sysinfo;
+use moescope::sysinfo::{self, ReadProbe};
 use moescope::trace::{self, hist::Latency};
 use serde_json::json;
 
@@ -115,13 +115,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let model_size = engine.package().file_size();
     eprintln!("moescope bench: {}", experts_report::describe(&engine));
     eprintln!(
-        "moescope bench: {} ({}, {:.2} GiB, {:.2} B params), {:.1} MB of weights per decode token, {} kernels",
+        "moescope bench: {} ({}, {:.2} GiB, {:.2} B params), {:.1} MB of weights per decode token, {} kernels, {}",
         meta.name,
         meta.quant.mode,
         model_size as f64 / (1u64 << 30) as f64,
         n_params as f64 / 1e9,
         weight_bytes as f64 / 1e6,
-        engine.exec.isa
+        engine.exec.isa,
+        moescope_kernels::prefetch::describe()
     );
 
     let mut stdout = std::io::stdout().lock();
@@ -158,9 +159,15 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         engine.set_threads(t)?;
         // probed before and after this thread count's tests; its rows wait for the second
         let before = if probing {
-            let g = probe_bandwidth(t, probe_bytes >> 20)?;
-            eprintln!("moescope bench: read bandwidth {g:.1} GB/s at {t} thread(s) ({} MiB probe)", probe_bytes >> 20);
-            Some(g)
+            let p = probe_bandwidth(t, probe_bytes >> 20)?;
+            eprintln!(
+                "moescope bench: read bandwidth {:.1} GB/s at {t} thread(s) ({} MiB probe; plain {:.1}, prefetching {:.1})",
+                p.best(),
+                probe_bytes >> 20,
+                p.plain,
+                p.prefetched
+            );
+            Some(p.best())
         } else {
             None
         };
@@ -203,8 +210,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             }
         }
         if let Some(b) = before {
-            let after = probe_bandwidth(t, probe_bytes >> 20)?;
-            eprintln!("moescope bench: read bandwidth {after:.1} GB/s at {t} thread(s) after the tests");
+            let p = probe_bandwidth(t, probe_bytes >> 20)?;
+            eprintln!(
+                "moescope bench: read bandwidth {:.1} GB/s at {t} thread(s) after the tests (plain {:.1}, prefetching {:.1})",
+                p.best(),
+                p.plain,
+                p.prefetched
+            );
+            let after = p.best();
             let g = (b + after) / 2.0;
             probes.push((t, g, [b, after]));
             for mut row in held {
@@ -270,18 +283,21 @@ fn print_row(stdout: &mut impl Write, out: Format, row: &Row) -> Result<()> {
 
 /// The read bandwidth at `threads` threads, probed by a child process (this binary's hidden
 /// `read-bandwidth` command) so its buffer never counts in this process's peak RSS.
-fn probe_bandwidth(threads: usize, mib: usize) -> Result<f64> {
+fn probe_bandwidth(threads: usize, mib: usize) -> Result<ReadProbe> {
     let exe = std::env::current_exe().context("--roofline: locating this executable")?;
     let o = std::process::Command::new(&exe)
         .args(["read-bandwidth", "--threads", &threads.to_string(), "--mib", &mib.to_string()])
         .output()
         .with_context(|| format!("--roofline: running {}", exe.display()))?;
     let s = String::from_utf8_lossy(&o.stdout);
-    match s.trim().parse::<f64>() {
-        Ok(g) if o.status.success() && g > 0.0 => Ok(g),
+    // "best plain prefetched", GB/s
+    let v: Vec<f64> = s.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    match v[..] {
+        [best, plain, prefetched] if o.status.success() && best > 0.0 => Ok(ReadProbe { plain, prefetched }),
         _ => bail!(
-            "--roofline: the bandwidth probe failed ({}): {}",
+            "--roofline: the bandwidth probe failed ({}): '{}' {}",
             o.status,
+            s.trim(),
             String::from_utf8_lossy(&o.stderr).trim()
         ),
     }
@@ -372,6 +388,7 @@ fn run_test(
         quant: String::new(),
         n_threads: threads,
         isa: engine.exec.isa.name().into(),
+        weight_prefetch_bytes: moescope_kernels::prefetch::distance(),
         n_prompt: if is_gen { 0 } else { n_tokens },
         n_gen: if is_gen { n_tokens } else { 0 },
         test: test.name(),

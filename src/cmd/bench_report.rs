@@ -18,6 +18,8 @@ pub struct Row {
     pub quant: String,
     pub n_threads: usize,
     pub isa: String,
+    /// How far ahead the decode kernels prefetched weights in software (0: not at all).
+    pub weight_prefetch_bytes: usize,
     pub n_prompt: usize,
     pub n_gen: usize,
     pub test: String,

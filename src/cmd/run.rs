@@ -80,6 +80,13 @@ pub fn isa_from_env() -> Result<Isa> {
     Ok(Isa::detect_capped(cap))
 }
 
+/// How far ahead the decode kernels prefetch weights: `MOESCOPE_WEIGHT_PREFETCH` (`off`,
+/// `auto` (the default: what was measured best for this CPU's vendor) or bytes).
+pub fn weight_prefetch_from_env() -> Result<usize> {
+    let v = std::env::var("MOESCOPE_WEIGHT_PREFETCH").unwrap_or_default();
+    moescope_kernels::prefetch::parse_setting(&v).map_err(|e| anyhow::anyhow!("MOESCOPE_WEIGHT_PREFETCH: {e}"))
+}
+
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
     let ids: Vec<u32> = s
         .split(',')
@@ -164,11 +171,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     let kv_mb = KvCache::bytes_at_capacity(&engine.model.cfg, engine.kv.capacity()) as f64 / 1e6;
     eprintln!(
-        "moescope: {} ({}), {} threads, {} kernels, context {} tokens (KV cache up to {kv_mb:.1} MB)",
+        "moescope: {} ({}), {} threads, {} kernels, {}, context {} tokens (KV cache up to {kv_mb:.1} MB)",
         engine.package().meta.name,
         engine.package().meta.quant.mode,
         engine.exec.threads(),
         engine.exec.isa,
+        moescope_kernels::prefetch::describe(),
         engine.kv.capacity()
     );
     eprintln!("moescope: {}", experts_report::describe(&engine));
@@ -196,6 +204,7 @@ pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::
         "config": m.model,
         "threads": engine.exec.threads(),
         "isa": engine.exec.isa.name(),
+        "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
         "ctx_size": engine.kv.capacity(),
         "settings": {
             "n_predict": a.n_predict, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
@@ -286,6 +295,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> 
             "quant": engine.package().meta.quant.mode,
             "threads": engine.exec.threads(),
             "isa": engine.exec.isa.name(),
+            "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
             "seed": cfg.sampler.seed,
             "prompt_ids": ids,
             "generated_ids": stats.generated,
