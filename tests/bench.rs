@@ -174,8 +174,8 @@ fn roofline_share_is_weight_rate_over_probed_bandwidth() {
 }
 
 /// `--roofline` with streamed experts: the disk's side too. Each streamed decode row carries the
-/// probed expert-read bandwidth and the share of it the run's reads used (t/s x MB per token /
-/// MB/s).
+/// probed expert-read bandwidth (the mean of a probe before and one after the thread count's
+/// tests) and the share of it the run's reads used (t/s x MB per token / MB/s).
 #[test]
 fn roofline_gives_the_disk_share_when_experts_stream() {
     let (d, p) = convert("wide", "q4");
@@ -192,6 +192,11 @@ fn roofline_gives_the_disk_share_when_experts_stream() {
         e["read_mb_per_token"].as_f64().expect("read_mb_per_token"),
     );
     assert!(bw > 0.0 && mbt > 0.0, "{e}");
+    // the disk is probed before and after the thread count's tests, as the memory is
+    let dp: Vec<f64> =
+        e["disk_read_mbps_probes"].as_array().expect("probes").iter().map(|x| x.as_f64().unwrap()).collect();
+    assert_eq!(dp.len(), 2, "{e}");
+    assert!((bw - (dp[0] + dp[1]) / 2.0).abs() <= 1e-9 * bw, "{e}");
     let want = 100.0 * rows[0]["avg_ts"].as_f64().unwrap() * mbt / bw;
     assert!((pct - want).abs() <= 1e-9 * want.max(1.0), "{pct} vs {want}");
     // the share of decode time with a read in flight: a pool this small reads every token

@@ -135,22 +135,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let vocab = cfg.vocab_size as u64;
     let mut rows = Vec::new();
     let cold = a.cold;
-    // the disk's side of the roofline when experts stream: random O_DIRECT blob reads by as many
-    // threads as the pool's I/O workers, without checksums, before any test
-    let disk_bps = match (&engine.experts, a.roofline) {
-        (Some(_), true) => {
-            let (store, _) = ExpertStore::open(engine.package(), IoMode::Direct, false)?;
-            let bps = probe_read_bandwidth(&store, a.experts.io_workers, 2.0);
-            eprintln!(
-                "moescope bench: expert reads {:.0} MB/s ({} threads, {}, random blobs)",
-                bps / 1e6,
-                a.experts.io_workers,
-                store.mode().name()
-            );
-            Some(bps)
-        }
-        _ => None,
-    };
+    // the disk's side of the roofline when experts stream, probed beside the memory's
+    let disk_probing = engine.experts.is_some();
     // the probe's buffer: 2 GiB (past any cache), less where memory is short
     let probe_bytes = (2usize << 30).min(sysinfo::available_memory_bytes() as usize / 4);
     let mut probes = Vec::new();
@@ -171,6 +157,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         } else {
             None
         };
+        let disk_before =
+            if probing && disk_probing { Some(probe_disk(&engine, a.experts.io_workers, "")?) } else { None };
         let mut held = Vec::new();
         for budget in &budgets_mib {
             let budget_bytes = budget.map_or(default_budget, |m| (m * (1u64 << 20) as f64) as u64);
@@ -182,14 +170,6 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 for test in &tests {
                     let row = run_test(&mut engine, test, t, a, cold, &mut rng, vocab)?;
                     let weight_gbps = row.decode_latency.map(|_| row.avg_ts * weight_bytes as f64 / 1e9);
-                    let mut row = row;
-                    if let (Some(e), Some(bps), true) = (row.experts.as_mut(), disk_bps, row.decode_latency.is_some()) {
-                        // the share of the disk's bandwidth this run's reads kept busy: t/s over
-                        // (read bandwidth / bytes read per token)
-                        let mbt = e["read_mb_per_token"].as_f64().unwrap_or(0.0);
-                        e["disk_read_mbps"] = json!(bps / 1e6);
-                        e["disk_roofline_pct"] = json!(100.0 * row.avg_ts * mbt * 1e6 / bps);
-                    }
                     let row = Row {
                         model_filename: path.display().to_string(),
                         model_type: model_type.clone(),
@@ -219,8 +199,25 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             );
             let after = p.best();
             let g = (b + after) / 2.0;
-            probes.push((t, g, [b, after]));
+            let disk = match disk_before {
+                Some(db) => {
+                    let da = probe_disk(&engine, a.experts.io_workers, " after the tests")?;
+                    Some(((db + da) / 2.0, [db, da]))
+                }
+                None => None,
+            };
+            probes.push((t, g, [b, after], disk));
             for mut row in held {
+                if let (Some(e), Some((bps, [db, da])), true) =
+                    (row.experts.as_mut(), disk, row.decode_latency.is_some())
+                {
+                    // the share of the disk's bandwidth this run's reads kept busy: t/s over
+                    // (read bandwidth / bytes read per token)
+                    let mbt = e["read_mb_per_token"].as_f64().unwrap_or(0.0);
+                    e["disk_read_mbps"] = json!(bps / 1e6);
+                    e["disk_read_mbps_probes"] = json!([db / 1e6, da / 1e6]);
+                    e["disk_roofline_pct"] = json!(100.0 * row.avg_ts * mbt * 1e6 / bps);
+                }
                 if let Some(w) = row.weight_gbps {
                     row.read_gbps = Some(g);
                     row.read_gbps_probes = Some([b, after]);
@@ -243,14 +240,18 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             weight_bytes as f64 / 1e6,
             probes
                 .iter()
-                .map(|(t, g, [b, after])| format!(
-                    " | read {g:.1} GB/s at {t}T: roofline {:.1} t/s (probed {b:.1} before the tests, {after:.1} after)",
-                    g * 1e9 / weight_bytes.max(1) as f64
+                .map(|(t, g, [b, after], disk)| format!(
+                    " | read {g:.1} GB/s at {t}T: roofline {:.1} t/s (probed {b:.1} before the tests, {after:.1} after){}",
+                    g * 1e9 / weight_bytes.max(1) as f64,
+                    disk.map(|(d, [db, da])| format!(
+                        " | expert reads {:.0} MB/s at {t}T (probed {:.0} before, {:.0} after): disk roofline = that / SSD MB per token",
+                        d / 1e6,
+                        db / 1e6,
+                        da / 1e6
+                    ))
+                    .unwrap_or_default()
                 ))
                 .collect::<String>()
-                + &disk_bps
-                    .map(|b| format!(" | expert reads {:.0} MB/s: disk roofline = that / SSD MB per token", b / 1e6))
-                    .unwrap_or_default()
         )?,
         Format::Csv => {}
     }
@@ -279,6 +280,19 @@ fn print_row(stdout: &mut impl Write, out: Format, row: &Row) -> Result<()> {
     }
     stdout.flush()?;
     Ok(())
+}
+
+/// The O_DIRECT read bandwidth of random expert blobs, bytes/s: as many threads as the pool's
+/// I/O workers, without checksums, for 2 s (the disk roofline's denominator).
+fn probe_disk(engine: &Engine, workers: usize, when: &str) -> Result<f64> {
+    let (store, _) = ExpertStore::open(engine.package(), IoMode::Direct, false)?;
+    let bps = probe_read_bandwidth(&store, workers, 2.0);
+    eprintln!(
+        "moescope bench: expert reads {:.0} MB/s{when} ({workers} threads, {}, random blobs)",
+        bps / 1e6,
+        store.mode().name()
+    );
+    Ok(bps)
 }
 
 /// The read bandwidth at `threads` threads, probed by a child process (this binary's hidden
