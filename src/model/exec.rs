@@ -85,47 +85,43 @@ impl Exec {
         });
     }
 
-    /// `out = [A x | B x]` for one input row `x` (`[a.cols]`) and two matrices of the same
-    /// input size and format (an expert's gate and up): `out` is `[a.rows + b.rows]`. One
-    /// parallel section instead of two, and `x` quantized once. Falls back to two products when
-    /// the formats differ. `label` names the pair in the trace.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_pair(
-        &self,
-        label: &'static str,
-        a: &Mat<'_>,
-        b: &Mat<'_>,
-        x: &[f32],
-        out: &mut [f32],
-        s: &mut Scratch,
-    ) {
-        debug_assert_eq!(out.len(), a.rows + b.rows);
-        if a.cols != b.cols || a.format() != b.format() {
-            let (oa, ob) = out.split_at_mut(a.rows);
-            self.matmul(label, a, x, 1, oa, s);
-            self.matmul(label, b, x, 1, ob, s);
+    /// `out = [A x | B x | ...]` for one input row `x` (`[cols]`) and matrices of the same
+    /// input size and format (an expert's gate and up; attention's q, k and v): `out` is their
+    /// rows end to end. One parallel section instead of one per matrix, its chunks running across
+    /// the matrices' boundaries, and `x` quantized once. Falls back to one product per matrix when
+    /// the formats or input sizes differ. `label` names the group in the trace.
+    pub fn matvec_concat(&self, label: &'static str, mats: &[&Mat<'_>], x: &[f32], out: &mut [f32], s: &mut Scratch) {
+        let Some(first) = mats.first() else { return };
+        let rows: usize = mats.iter().map(|m| m.rows).sum();
+        debug_assert_eq!(out.len(), rows);
+        if mats.iter().any(|m| m.cols != first.cols || m.format() != first.format()) {
+            let mut rest = &mut out[..];
+            for m in mats {
+                let (o, r) = rest.split_at_mut(m.rows);
+                self.matmul(label, m, x, 1, o, s);
+                rest = r;
+            }
             return;
         }
-        let span = product_span(label, a.format(), a.rows + b.rows, a.cols, 1);
+        let span = product_span(label, first.format(), rows, first.cols, 1);
         let key = if span.is_recording() { trace::next_id() } else { 0 };
         let flows = span.flows_out(self.threads());
-        let input = quantized(a, x, &mut s.qa);
+        let input = quantized(first, x, &mut s.qa);
         let isa = self.isa;
-        let rows = a.rows + b.rows;
+        // where each matrix starts in `out`
+        let starts: Vec<usize> = mats.iter().scan(0, |acc, m| Some(std::mem::replace(acc, *acc + m.rows))).collect();
         // whole blocks of interleaved rows per chunk (`ROW_BLOCK`), so each chunk streams
         let rows_per = rows.div_ceil((self.threads() * 4).max(1)).max(8).next_multiple_of(ROW_BLOCK);
         self.for_chunks_mut(out, rows_per, &|ci, oc, p| {
             let _c = trace::span(label).merge_with(key);
             trace::flow_in(flows.map(|f| f + p as u64), key);
-            // global rows [r0, r1): the part in A, then the part in B
+            // global rows [r0, r1): the part of each matrix they cover
             let (r0, r1) = (ci * rows_per, ci * rows_per + oc.len());
-            let split = r1.min(a.rows).max(r0) - r0;
-            if split > 0 {
-                a.matmul_rows(isa, input, 1, r0..r0 + split, &mut oc[..split]);
-            }
-            if split < oc.len() {
-                let b0 = (r0 + split) - a.rows;
-                b.matmul_rows(isa, input, 1, b0..b0 + oc.len() - split, &mut oc[split..]);
+            for (m, &m0) in mats.iter().zip(&starts) {
+                let (a, b) = (r0.max(m0), r1.min(m0 + m.rows));
+                if a < b {
+                    m.matmul_rows(isa, input, 1, a - m0..b - m0, &mut oc[a - r0..b - r0]);
+                }
             }
         });
     }

@@ -322,13 +322,24 @@ impl Qwen3Moe {
         // q [T, nh*hd], k and v [T, nkv*hd]
         let (mut q, mut k, mut v) = (vec![0f32; t_n * nh * hd], vec![0f32; t_n * nkv * hd], vec![0f32; t_n * nkv * hd]);
         let (wq, wk, wv) = (pkg.mat_by_index(layer.q), pkg.mat_by_index(layer.k), pkg.mat_by_index(layer.v));
-        // one quantization of the normed input for all three
-        exec.matmul_shared(
-            &hn,
-            t_n,
-            &mut [("q_proj", &wq, &mut q), ("k_proj", &wk, &mut k), ("v_proj", &wv, &mut v)],
-            s,
-        );
+        if t_n == 1 {
+            // decode: the three in one parallel section (its chunks cross from q into k and v),
+            // one quantization of the normed input
+            let mut qkv = vec![0f32; (nh + 2 * nkv) * hd];
+            exec.matvec_concat("qkv_proj", &[&wq, &wk, &wv], &hn, &mut qkv, s);
+            let (qp, kv_part) = qkv.split_at(nh * hd);
+            q.copy_from_slice(qp);
+            k.copy_from_slice(&kv_part[..nkv * hd]);
+            v.copy_from_slice(&kv_part[nkv * hd..]);
+        } else {
+            // one quantization of the normed input for all three
+            exec.matmul_shared(
+                &hn,
+                t_n,
+                &mut [("q_proj", &wq, &mut q), ("k_proj", &wk, &mut k), ("v_proj", &wv, &mut v)],
+                s,
+            );
+        }
         let (qn, kn) = (pkg.f32_by_index(layer.q_norm), pkg.f32_by_index(layer.k_norm));
         let half = hd / 2;
         for t in 0..t_n {
@@ -528,7 +539,7 @@ fn swiglu_mlp(
     if n == 1 {
         // one token (decode): gate and up in one parallel section, the input quantized once
         let mut gu = vec![0f32; gate.rows + up.rows];
-        exec.matvec_pair(labels[0], gate, up, x, &mut gu, s);
+        exec.matvec_concat(labels[0], &[gate, up], x, &mut gu, s);
         let (g, u) = gu.split_at(i);
         swiglu(g, u, &mut a);
     } else {
