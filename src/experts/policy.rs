@@ -6,14 +6,14 @@
 //! Positions: MoE layers are numbered `0..n_layers` in forward order; a token visits them all
 //! in order. "Distance" to an entry is how many layer steps until its layer comes around again.
 
-use std::collections::HashMap;
-
 /// Per-expert decayed use counts: every token multiplies them by 31/32 and each use adds 1,
 /// so a score near 32·p means "used by about a fraction p of tokens lately" (mollm's decay).
 #[derive(Debug, Clone, Default)]
 pub struct Scores {
-    /// (layer, expert) -> (fast score, slow score, token they were last brought up to date)
-    s: HashMap<(usize, usize), (f32, f32, u64)>,
+    /// `[layer][expert]` -> (fast score, slow score, token they were last brought up to date),
+    /// grown as experts are first used (indexed, not hashed: the foresight policy reads every
+    /// candidate's scores at each eviction, under the pool's lock)
+    s: Vec<Vec<(f32, f32, u64)>>,
 }
 
 pub const DECAY: f32 = 31.0 / 32.0;
@@ -23,17 +23,22 @@ pub const SLOW_DECAY: f32 = 0.995;
 impl Scores {
     /// The fast score (mollm's): decays by 31/32 a token.
     pub fn get(&self, key: (usize, usize), token: u64) -> f32 {
-        match self.s.get(&key) {
+        match self.entry(key) {
             Some(&(v, _, t)) => v * DECAY.powi(token.saturating_sub(t).min(10_000) as i32),
             None => 0.0,
         }
     }
 
     fn slow(&self, key: (usize, usize), token: u64) -> f32 {
-        match self.s.get(&key) {
+        match self.entry(key) {
             Some(&(_, v, t)) => v * SLOW_DECAY.powi(token.saturating_sub(t).min(100_000) as i32),
             None => 0.0,
         }
+    }
+
+    /// The expert's record; None (all zero) when it was never used.
+    fn entry(&self, (l, e): (usize, usize)) -> Option<&(f32, f32, u64)> {
+        self.s.get(l).and_then(|r| r.get(e))
     }
 
     /// The fraction of recent tokens (about the last 200; all of them early on) that used it.
@@ -45,7 +50,16 @@ impl Scores {
 
     pub fn bump(&mut self, key: (usize, usize), token: u64) {
         let (f, s) = (self.get(key, token) + 1.0, self.slow(key, token) + 1.0);
-        self.s.insert(key, (f, s, token));
+        let (l, e) = key;
+        if self.s.len() <= l {
+            self.s.resize_with(l + 1, Vec::new);
+        }
+        let row = &mut self.s[l];
+        if row.len() <= e {
+            // never-used experts read as zero scores, as before
+            row.resize(e + 1, (0.0, 0.0, 0));
+        }
+        row[e] = (f, s, token);
     }
 }
 
