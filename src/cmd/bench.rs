@@ -146,13 +146,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         // probed before and after this thread count's tests; its rows wait for the second
         let before = if probing {
             let p = probe_bandwidth(t, probe_bytes >> 20)?;
-            eprintln!(
-                "moescope bench: read bandwidth {:.1} GB/s at {t} thread(s) ({} MiB probe; plain {:.1}, prefetching {:.1})",
-                p.best(),
-                probe_bytes >> 20,
-                p.plain,
-                p.prefetched
-            );
+            print_probe(&p, t, &format!("({} MiB probe)", probe_bytes >> 20));
             Some(p.best())
         } else {
             None
@@ -191,12 +185,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         }
         if let Some(b) = before {
             let p = probe_bandwidth(t, probe_bytes >> 20)?;
-            eprintln!(
-                "moescope bench: read bandwidth {:.1} GB/s at {t} thread(s) after the tests (plain {:.1}, prefetching {:.1})",
-                p.best(),
-                p.plain,
-                p.prefetched
-            );
+            print_probe(&p, t, "after the tests");
             let after = p.best();
             let g = (b + after) / 2.0;
             let disk = match disk_before {
@@ -282,6 +271,16 @@ fn print_row(stdout: &mut impl Write, out: Format, row: &Row) -> Result<()> {
     Ok(())
 }
 
+/// One memory probe's line: the bandwidth that counts, then both ways it was read.
+fn print_probe(p: &ReadProbe, threads: usize, when: &str) {
+    eprintln!(
+        "moescope bench: read bandwidth {:.1} GB/s at {threads} thread(s) {when} (plain {:.1}, prefetching {:.1})",
+        p.best(),
+        p.plain,
+        p.prefetched
+    );
+}
+
 /// The O_DIRECT read bandwidth of random expert blobs, bytes/s: as many threads as the pool's
 /// I/O workers, without checksums, for 2 s (the disk roofline's denominator).
 fn probe_disk(engine: &Engine, workers: usize, when: &str) -> Result<f64> {
@@ -357,8 +356,10 @@ fn run_test(
                 }
             }
             Test::Gen(n) => {
-                let busy0 = engine.experts.as_ref().map_or(0, |ex| ex.cache.disk_busy_ns());
+                // the disk's busy time is read inside the timed window (after its start, before
+                // its end), so the share can never pass 100% by the few ns between the two reads
                 let t0 = Instant::now();
+                let busy0 = engine.experts.as_ref().map_or(0, |ex| ex.cache.disk_busy_ns());
                 for _ in 0..*n {
                     let id = (rng.next_u64() % vocab) as u32;
                     let s = Instant::now();
@@ -368,8 +369,8 @@ fn run_test(
                     }
                 }
                 if timed {
-                    samples_ns.push(t0.elapsed().as_nanos() as u64);
                     busy_ns += engine.experts.as_ref().map_or(0, |ex| ex.cache.disk_busy_ns()) - busy0;
+                    samples_ns.push(t0.elapsed().as_nanos() as u64);
                 }
             }
         }
