@@ -90,11 +90,10 @@ fn run(
 
 fn main() {
     // the decode kernels' software prefetch as the engine sets it (`MOESCOPE_WEIGHT_PREFETCH`)
-    let setting = std::env::var("MOESCOPE_WEIGHT_PREFETCH").unwrap_or_default();
-    match moescope_kernels::prefetch::parse_setting(&setting) {
+    match moescope_kernels::prefetch::setting_from_env() {
         Ok(d) => moescope_kernels::prefetch::set_distance(d),
         Err(e) => {
-            eprintln!("MOESCOPE_WEIGHT_PREFETCH: {e}");
+            eprintln!("{e}");
             std::process::exit(2);
         }
     }

@@ -11,10 +11,10 @@ fn main() -> ExitCode {
     let args = cli::Cli::parse();
     // before any thread starts: every thread inherits it
     moescope::sysinfo::batch_scheduling();
-    match cmd::run::weight_prefetch_from_env() {
+    match moescope_kernels::prefetch::setting_from_env() {
         Ok(d) => moescope_kernels::prefetch::set_distance(d),
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
     }

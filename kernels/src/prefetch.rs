@@ -53,6 +53,13 @@ pub fn parse_setting(v: &str) -> Result<usize, String> {
     }
 }
 
+/// The setting `MOESCOPE_WEIGHT_PREFETCH` asks for (unset: `auto`); a bad value is an error
+/// naming the variable.
+pub fn setting_from_env() -> Result<usize, String> {
+    let v = std::env::var("MOESCOPE_WEIGHT_PREFETCH").unwrap_or_default();
+    parse_setting(&v).map_err(|e| format!("MOESCOPE_WEIGHT_PREFETCH: {e}"))
+}
+
 /// The CPUID vendor string (`GenuineIntel`, `AuthenticAMD`, ...); zeros off x86-64.
 pub fn cpu_vendor() -> [u8; 12] {
     let mut v = [0u8; 12];

@@ -80,13 +80,6 @@ pub fn isa_from_env() -> Result<Isa> {
     Ok(Isa::detect_capped(cap))
 }
 
-/// How far ahead the decode kernels prefetch weights: `MOESCOPE_WEIGHT_PREFETCH` (`off`,
-/// `auto` (the default: what was measured best for this CPU's vendor) or bytes).
-pub fn weight_prefetch_from_env() -> Result<usize> {
-    let v = std::env::var("MOESCOPE_WEIGHT_PREFETCH").unwrap_or_default();
-    moescope_kernels::prefetch::parse_setting(&v).map_err(|e| anyhow::anyhow!("MOESCOPE_WEIGHT_PREFETCH: {e}"))
-}
-
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
     let ids: Vec<u32> = s
         .split(',')
