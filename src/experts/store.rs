@@ -23,14 +23,25 @@ pub struct AlignedBuf {
 unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
+/// Transparent huge page size on x86-64 (and most aarch64 kernels).
+const HUGE_PAGE: usize = 2 << 20;
+
 impl AlignedBuf {
+    /// A buffer of `len` bytes rounded up to whole pages. One of 2 MiB or more starts on a
+    /// 2 MiB boundary with its whole 2 MiB pieces advised as transparent huge pages (the kernel
+    /// gives them where it can): the compute threads stream each expert once per use, and over
+    /// 4 KiB pages they missed the TLB every page (bench8 x4, 2T, a pool of half the experts,
+    /// 4 alternated pairs: p50 22.4-23.3 vs 24.0-24.9 ms a token). The DMA of an O_DIRECT read
+    /// pins fewer pages too.
     pub fn new(len: usize) -> AlignedBuf {
         let len = len.max(1).div_ceil(EXPERT_ALIGN as usize) * EXPERT_ALIGN as usize;
+        // room to move the start to a 2 MiB boundary; the slack is unmapped below
+        let slack = if len >= HUGE_PAGE { HUGE_PAGE } else { 0 };
         // SAFETY: an anonymous private mapping with no address hint.
         let ptr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                len + slack,
                 libc::PROT_READ | libc::PROT_WRITE,
                 libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
                 -1,
@@ -42,7 +53,22 @@ impl AlignedBuf {
                 .unwrap_or(std::alloc::Layout::new::<u8>());
             std::alloc::handle_alloc_error(layout);
         }
-        AlignedBuf { ptr: ptr.cast(), len }
+        let (p, a) = (ptr as usize, (ptr as usize).next_multiple_of(HUGE_PAGE));
+        let a = if slack == 0 { p } else { a };
+        // SAFETY: [p, p + len + slack) is the mapping just made; the pieces unmapped lie in it
+        // before a and after a + len, and [a, a + len) stays mapped for the buffer's life
+        unsafe {
+            if a > p {
+                libc::munmap(ptr, a - p);
+            }
+            if p + slack > a {
+                libc::munmap((a + len) as *mut libc::c_void, p + slack - a);
+            }
+            if slack > 0 {
+                libc::madvise(a as *mut libc::c_void, len / HUGE_PAGE * HUGE_PAGE, libc::MADV_HUGEPAGE);
+            }
+        }
+        AlignedBuf { ptr: a as *mut u8, len }
     }
 
     pub fn len(&self) -> usize {
@@ -282,4 +308,27 @@ pub fn probe_read_bandwidth(store: &ExpertStore, threads: usize, secs: f64) -> f
         }
     });
     bytes.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{AlignedBuf, HUGE_PAGE};
+
+    #[test]
+    fn buffers_are_page_aligned_and_large_ones_start_on_a_huge_page() {
+        for len in [1, 4096, 5000, HUGE_PAGE - 4096, HUGE_PAGE, 2_506_752, 3 * HUGE_PAGE + 8192] {
+            let mut b = AlignedBuf::new(len);
+            let p = b.as_slice().as_ptr() as usize;
+            assert_eq!(p % 4096, 0, "{len} bytes");
+            assert!(b.len() >= len && b.len() % 4096 == 0, "{len} bytes: {}", b.len());
+            if len >= HUGE_PAGE {
+                assert_eq!(p % HUGE_PAGE, 0, "{len} bytes start on a 2 MiB boundary");
+            }
+            // every byte is mapped and writable (the trimmed slack took none of the buffer)
+            let n = b.len();
+            b.as_mut_slice()[0] = 1;
+            b.as_mut_slice()[n - 1] = 2;
+            assert_eq!((b.as_slice()[0], b.as_slice()[n - 1]), (1, 2));
+        }
+    }
 }
