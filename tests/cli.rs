@@ -280,6 +280,37 @@ fn builtin_demo_without_arguments() {
 /// bits with it off and at two distances, at 1 and 2 threads; `--json` reports the distance;
 /// a bad setting is a one-line error naming the variable.
 #[test]
+fn logits_are_the_same_bits_at_every_thread_count() {
+    // a product's rows are split over the threads, and one token's experts over their rows
+    // (every gate and up row in one section, every down row in another), whatever expert a
+    // chunk falls in: no split may change a bit. 3 threads do not divide the 2 experts a token
+    // uses, nor their rows evenly.
+    for quant in ["q4", "q8"] {
+        let (d, p) = convert("single", quant);
+        let r = Reference::load("single");
+        let prompt = ids_arg(&r.ids("input_ids"));
+        let run = |threads: &str| {
+            let npy = d.path().join(format!("logits-{threads}.npy"));
+            let o = std::process::Command::new(env!("CARGO_BIN_EXE_moescope"))
+                .args(["run", "-m", p.to_str().unwrap(), "--prompt-ids", &prompt, "-n", "8", "--temperature", "0"])
+                .args(["--ignore-eos", "-t", threads, "--json", "--logits-out", npy.to_str().unwrap()])
+                .env("MOESCOPE_CACHE_DIR", d.path())
+                .output()
+                .expect("running moescope");
+            (json_out(&o), read_npy(&npy))
+        };
+        let (v1, (shape, want)) = run("1");
+        assert_eq!(shape[0], 8, "one row of logits per generated token");
+        for threads in ["2", "3"] {
+            let (v, (_, got)) = run(threads);
+            assert_eq!(v["generated_ids"], v1["generated_ids"], "{quant} at {threads} threads");
+            let same = want.len() == got.len() && want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{quant}: logits at {threads} threads differ from 1 thread's");
+        }
+    }
+}
+
+#[test]
 fn weight_prefetch_changes_no_logit_and_bad_settings_are_refused() {
     let (d, p) = convert("single", "q4");
     let r = Reference::load("single");

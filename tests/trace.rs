@@ -84,6 +84,19 @@ fn run_trace_is_valid_and_shows_the_token_pipeline() {
         assert!(l == 1 || l == 3, "experts only in MoE layers: {a}");
         assert!(a["expert"].as_i64().unwrap() < 24 && a["bytes"].as_i64().unwrap() > 0);
     }
+    // one token's streamed experts are computed in groups, each as ready together: every
+    // decode step's MoE layer has at least one, and together they hold every expert it chose
+    let groups: Vec<&Value> = s.x_events.iter().filter(|e| e.1 == "experts").map(|e| &e.2).collect();
+    assert!(groups.len() >= 10, "2 MoE layers x 5 decode steps: {} groups", groups.len());
+    let ids: usize = groups.iter().map(|a| a["experts"].as_array().unwrap().len()).sum();
+    assert_eq!(ids, 10 * 6, "each decode step's layer computes its 6 experts once");
+    for a in &groups {
+        let l = a["layer"].as_i64().unwrap();
+        assert!(l == 1 || l == 3, "expert groups only in MoE layers: {a}");
+        let n = a["experts"].as_array().unwrap().len() as i64;
+        assert!(n >= 1 && a["bytes"].as_i64().unwrap() > 0, "{a}");
+        assert!(a["experts"].as_array().unwrap().iter().all(|e| e.as_i64().unwrap() < 24));
+    }
     let decode_routers = s.x_events.iter().filter(|e| e.1 == "router" && e.2.get("experts").is_some()).count();
     assert_eq!(decode_routers, 10, "2 MoE layers x 5 decode steps");
     for e in s.x_events.iter().filter(|e| e.1 == "router" && e.2.get("experts").is_some()) {

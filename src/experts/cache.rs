@@ -572,56 +572,91 @@ impl Request {
         let mut waited: Option<(Instant, trace::Span)> = None;
         loop {
             fill_pending(&mut st, &sh, self);
-            for i in 0..self.items.len() {
-                let (e, item) = self.items[i];
-                let Item::Slot(si) = item else { continue };
-                let Some(slot) = st.slots[si].as_mut() else { continue };
-                match &slot.state {
-                    SlotState::Ready => {
-                        let buf = slot.buf.clone().ok_or_else(|| PackageError::Meta {
-                            path: sh.store.path().to_path_buf(),
-                            msg: "a ready expert slot has no buffer".into(),
-                        })?;
-                        let first_use = !slot.used;
-                        slot.used = true;
-                        let was_prefetch = slot.origin == Origin::Prefetch && first_use;
-                        slot.predicted = None;
-                        let flow = slot.flow_use.take();
-                        if was_prefetch {
-                            st.stats[self.li].prefetch_useful_bytes += sh.blob_len as u64;
-                        }
-                        if let Some((t0, span)) = waited.take() {
-                            let s = &mut st.stats[self.li];
-                            s.stalls += 1;
-                            s.stall_ns += t0.elapsed().as_nanos() as u64;
-                            drop(span);
-                        }
-                        self.items[i].1 = Item::Done;
-                        self.done += 1;
-                        return Ok(Some(ExpertBuf { expert: e, slot: si, buf, flow }));
-                    }
-                    SlotState::Failed(_) => {
-                        let key = slot.key;
-                        let err = match std::mem::replace(&mut slot.state, SlotState::Queued) {
-                            SlotState::Failed(m) => m,
-                            _ => String::new(),
-                        };
-                        slot.pins = slot.pins.saturating_sub(1);
-                        self.items[i].1 = Item::Done;
-                        self.done += 1;
-                        // forget the slot so a later request reads it again
-                        free_slot(&mut st, si, key);
-                        sh.ready.notify_all();
-                        return Err(PackageError::ExpertRead(err));
-                    }
-                    _ => {}
+            if let Some(got) = self.take_ready(&mut st, &sh) {
+                if let (Ok(_), Some((t0, span))) = (&got, waited.take()) {
+                    let s = &mut st.stats[self.li];
+                    s.stalls += 1;
+                    s.stall_ns += t0.elapsed().as_nanos() as u64;
+                    drop(span);
                 }
+                return got.map(Some);
             }
             if waited.is_none() {
                 waited = Some((Instant::now(), trace::span("wait_read").arg("layer", self.li)));
             }
             st = sh.ready.wait(st).unwrap_or_else(|p| p.into_inner());
         }
+    }
+
+    /// Every expert ready now, waiting for reads only when none is (empty when all were handed
+    /// out): what a layer can compute together. Errors as [`next_ready`](Self::next_ready).
+    pub fn ready_batch(&mut self) -> Result<Vec<ExpertBuf>, ReadError> {
+        let Some(first) = self.next_ready()? else { return Ok(Vec::new()) };
+        let mut batch = vec![first];
+        let sh = self.shared.clone();
+        let mut st = sh.lock();
+        fill_pending(&mut st, &sh, self);
+        while self.done < self.items.len() {
+            match self.take_ready(&mut st, &sh) {
+                Some(Ok(b)) => batch.push(b),
+                Some(Err(e)) => {
+                    drop(st);
+                    for b in batch {
+                        self.release(b);
+                    }
+                    return Err(e);
+                }
+                None => break,
+            }
+        }
+        Ok(batch)
+    }
+
+    /// The first of this request's experts whose read has landed (pinned, counted as used), or
+    /// its read's error; None while every remaining one is still being read.
+    fn take_ready(&mut self, st: &mut State, sh: &Shared) -> Option<Result<ExpertBuf, ReadError>> {
+        for i in 0..self.items.len() {
+            let (e, item) = self.items[i];
+            let Item::Slot(si) = item else { continue };
+            let Some(slot) = st.slots[si].as_mut() else { continue };
+            match &slot.state {
+                SlotState::Ready => {
+                    let Some(buf) = slot.buf.clone() else {
+                        return Some(Err(PackageError::Meta {
+                            path: sh.store.path().to_path_buf(),
+                            msg: "a ready expert slot has no buffer".into(),
+                        }));
+                    };
+                    let first_use = !slot.used;
+                    slot.used = true;
+                    let was_prefetch = slot.origin == Origin::Prefetch && first_use;
+                    slot.predicted = None;
+                    let flow = slot.flow_use.take();
+                    if was_prefetch {
+                        st.stats[self.li].prefetch_useful_bytes += sh.blob_len as u64;
+                    }
+                    self.items[i].1 = Item::Done;
+                    self.done += 1;
+                    return Some(Ok(ExpertBuf { expert: e, slot: si, buf, flow }));
+                }
+                SlotState::Failed(_) => {
+                    let key = slot.key;
+                    let err = match std::mem::replace(&mut slot.state, SlotState::Queued) {
+                        SlotState::Failed(m) => m,
+                        _ => String::new(),
+                    };
+                    slot.pins = slot.pins.saturating_sub(1);
+                    self.items[i].1 = Item::Done;
+                    self.done += 1;
+                    // forget the slot so a later request reads it again
+                    free_slot(st, si, key);
+                    sh.ready.notify_all();
+                    return Some(Err(PackageError::ExpertRead(err)));
+                }
+                _ => {}
+            }
+        }
+        None
     }
 
     /// Give an expert back (unpin it).

@@ -44,6 +44,8 @@ impl Chunks {
 pub struct Scratch {
     qa: QuantAct,
     t: Vec<f32>,
+    /// one quantized input per product of [`Exec::matvec_each`]
+    qas: Vec<QuantAct>,
 }
 
 impl Exec {
@@ -87,10 +89,19 @@ impl Exec {
 
     /// `out = [A x | B x | ...]` for one input row `x` (`[cols]`) and matrices of the same
     /// input size and format (an expert's gate and up; attention's q, k and v): `out` is their
-    /// rows end to end. One parallel section instead of one per matrix, its chunks running across
-    /// the matrices' boundaries, and `x` quantized once. Falls back to one product per matrix when
-    /// the formats or input sizes differ. `label` names the group in the trace.
-    pub fn matvec_concat(&self, label: &'static str, mats: &[&Mat<'_>], x: &[f32], out: &mut [f32], s: &mut Scratch) {
+    /// rows end to end. One parallel section instead of one per matrix, `chunks` pieces per
+    /// thread running across the matrices' boundaries, and `x` quantized once. Falls back to one
+    /// product per matrix when the formats or input sizes differ. `label` names the group in the
+    /// trace.
+    pub fn matvec_concat(
+        &self,
+        label: &'static str,
+        mats: &[&Mat<'_>],
+        x: &[f32],
+        out: &mut [f32],
+        chunks: usize,
+        s: &mut Scratch,
+    ) {
         let Some(first) = mats.first() else { return };
         let rows: usize = mats.iter().map(|m| m.rows).sum();
         debug_assert_eq!(out.len(), rows);
@@ -103,24 +114,58 @@ impl Exec {
             }
             return;
         }
+        let input = quantized(first, x, &mut s.qa);
+        let prods: Vec<(&Mat<'_>, Input<'_>)> = mats.iter().map(|&m| (m, input)).collect();
+        self.matvec_section(label, &prods, out, chunks);
+    }
+
+    /// `out = [A₀ x₀ | A₁ x₁ | ...]`: one token's products of several matrices, each with its
+    /// own input (several experts' down projections), their rows end to end in `out`; one
+    /// parallel section of `chunks` pieces per thread, as [`matvec_concat`](Self::matvec_concat).
+    /// `s` keeps the quantized inputs between calls.
+    pub fn matvec_each(
+        &self,
+        label: &'static str,
+        prods: &[(&Mat<'_>, &[f32])],
+        out: &mut [f32],
+        chunks: usize,
+        s: &mut Scratch,
+    ) {
+        if s.qas.len() < prods.len() {
+            s.qas.resize_with(prods.len(), QuantAct::default);
+        }
+        // each input quantized with its own matrix's group (or read as it is by float weights)
+        let inputs: Vec<(&Mat<'_>, Input<'_>)> =
+            prods.iter().zip(s.qas.iter_mut()).map(|(&(m, x), qa)| (m, quantized(m, x, qa))).collect();
+        self.matvec_section(label, &inputs, out, chunks);
+    }
+
+    /// The one section behind [`matvec_concat`](Self::matvec_concat) and
+    /// [`matvec_each`](Self::matvec_each): `chunks` pieces per thread, each of whole blocks of
+    /// interleaved rows and running across the matrices' boundaries. Each row goes through the
+    /// kernel as it would alone, so the split never changes a bit.
+    fn matvec_section(&self, label: &'static str, prods: &[(&Mat<'_>, Input<'_>)], out: &mut [f32], chunks: usize) {
+        let Some((first, _)) = prods.first() else { return };
+        let rows: usize = prods.iter().map(|(m, _)| m.rows).sum();
+        debug_assert_eq!(out.len(), rows);
         let span = product_span(label, first.format(), rows, first.cols, 1);
         let key = if span.is_recording() { trace::next_id() } else { 0 };
         let flows = span.flows_out(self.threads());
-        let input = quantized(first, x, &mut s.qa);
         let isa = self.isa;
         // where each matrix starts in `out`
-        let starts: Vec<usize> = mats.iter().scan(0, |acc, m| Some(std::mem::replace(acc, *acc + m.rows))).collect();
+        let starts: Vec<usize> =
+            prods.iter().scan(0, |acc, (m, _)| Some(std::mem::replace(acc, *acc + m.rows))).collect();
         // whole blocks of interleaved rows per chunk (`ROW_BLOCK`), so each chunk streams
-        let rows_per = rows.div_ceil((self.threads() * 4).max(1)).max(8).next_multiple_of(ROW_BLOCK);
+        let rows_per = rows.div_ceil((self.threads() * chunks).max(1)).max(8).next_multiple_of(ROW_BLOCK);
         self.for_chunks_mut(out, rows_per, &|ci, oc, p| {
             let _c = trace::span(label).merge_with(key);
             trace::flow_in(flows.map(|f| f + p as u64), key);
             // global rows [r0, r1): the part of each matrix they cover
             let (r0, r1) = (ci * rows_per, ci * rows_per + oc.len());
-            for (m, &m0) in mats.iter().zip(&starts) {
+            for ((m, input), &m0) in prods.iter().zip(&starts) {
                 let (a, b) = (r0.max(m0), r1.min(m0 + m.rows));
                 if a < b {
-                    m.matmul_rows(isa, input, 1, a - m0..b - m0, &mut oc[a - r0..b - r0]);
+                    m.matmul_rows(isa, *input, 1, a - m0..b - m0, &mut oc[a - r0..b - r0]);
                 }
             }
         });
@@ -130,7 +175,7 @@ impl Exec {
     /// `label` names the product in the trace (on this thread and on the workers' tracks).
     pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
         debug_assert_eq!(x.len(), n * w.cols);
-        let Scratch { qa, t } = s;
+        let Scratch { qa, t, .. } = s;
         let input = quantized(w, x, qa);
         self.product(label, w, input, n, out, t);
     }
@@ -147,7 +192,7 @@ impl Exec {
     ) {
         let Some(first) = products.first() else { return };
         let (cols, group) = (first.1.cols, first.1.quant_group());
-        let Scratch { qa, t } = s;
+        let Scratch { qa, t, .. } = s;
         let input = quantized(first.1, x, qa);
         let mut other = QuantAct::default();
         for (label, w, out) in products.iter_mut() {
