@@ -12,13 +12,21 @@ use crate::quant::{CHUNK, Q6_CHUNK_BYTES, ROW_BLOCK, bf16_to_f32, gather_row};
 /// `a · b` in f32.
 #[inline]
 pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    dot_f32_streamed(isa, a, b, 0)
+}
+
+/// `a · b` where `a` is a weight row streamed from memory: the SIMD tiers also prefetch the
+/// line `pf` bytes past each line of `a` they read ([`crate::prefetch`]; 0: not at all). Same
+/// result as [`dot_f32`].
+#[inline]
+pub fn dot_f32_streamed(isa: Isa, a: &[f32], b: &[f32], pf: usize) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         // SAFETY: the tier says AVX2 and FMA are present.
-        return unsafe { x86::dot_f32(a, b) };
+        return unsafe { x86::dot_f32(a, b, pf) };
     }
-    let _ = isa;
+    let _ = (isa, pf);
     scalar::dot_f32(a, b)
 }
 
@@ -211,15 +219,19 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    pub unsafe fn dot_f32(a: &[f32], b: &[f32], pf: usize) -> f32 {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
         let mut i = 0;
-        // SAFETY: every load reads 8 floats below n.
+        // SAFETY: every load reads 8 floats below n; a prefetch never faults.
         unsafe {
             while i + 16 <= n {
+                if pf != 0 {
+                    // 16 floats: one 64-byte line of `a` a step
+                    crate::prefetch::line(pa.add(i).cast(), pf);
+                }
                 acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pb.add(i)), acc0);
                 acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(i + 8)), _mm256_loadu_ps(pb.add(i + 8)), acc1);
                 i += 16;
@@ -472,8 +484,12 @@ mod tests {
                 let a = rnd(&mut s, n);
                 let b = rnd(&mut s, n);
                 let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
-                let got = dot_f32(isa, &a, &b) as f64;
-                assert!((got - exact).abs() <= 1e-5 * (1.0 + n as f64).sqrt(), "{isa} n={n}");
+                let got = dot_f32(isa, &a, &b);
+                assert!((got as f64 - exact).abs() <= 1e-5 * (1.0 + n as f64).sqrt(), "{isa} n={n}");
+                for pf in [64, 4096] {
+                    let streamed = dot_f32_streamed(isa, &a, &b, pf);
+                    assert_eq!(streamed.to_bits(), got.to_bits(), "{isa} n={n}: prefetching {pf} B ahead");
+                }
                 let wb: Vec<u16> = a.iter().map(|v| f32_to_bf16(*v)).collect();
                 let exact: f64 = wb.iter().zip(&b).map(|(w, y)| bf16_to_f32(*w) as f64 * *y as f64).sum();
                 let got = dot_bf16(isa, &wb, &b) as f64;

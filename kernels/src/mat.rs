@@ -123,8 +123,10 @@ impl<'a> Mat<'a> {
         let c = self.cols;
         match (self.data, input) {
             (MatData::F32(w), Input::F32(x)) => {
+                // one token (decode): the row is read once, straight from memory
+                let pf = if out.len() == 1 { crate::prefetch::distance() } else { 0 };
                 for (t, o) in out.iter_mut().enumerate() {
-                    *o = dot::dot_f32(isa, &w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]);
+                    *o = dot::dot_f32_streamed(isa, &w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c], pf);
                 }
             }
             (MatData::Bf16(w), Input::F32(x)) => {
