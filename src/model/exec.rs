@@ -1,12 +1,19 @@
 //! How the model's matrix products run: on which ISA tier and over which threads.
 //! The kernels crate has no threads; this splits a product's output rows over the pool.
 
+use std::ops::Range;
+use std::sync::OnceLock;
+
 use moescope_kernels::mat::Input;
+use moescope_kernels::ops::swiglu;
 use moescope_kernels::quant::{Format, ROW_BLOCK};
 use moescope_kernels::{Isa, Mat, QuantAct};
 
 use super::pool::Pool;
 use crate::trace;
+
+/// Most rows of a gate (and of an up) one step of [`Exec::swiglu_pairs`] holds on the stack.
+const MAX_PIECE: usize = 128;
 
 pub struct Exec {
     pub isa: Isa,
@@ -44,8 +51,6 @@ impl Chunks {
 pub struct Scratch {
     qa: QuantAct,
     t: Vec<f32>,
-    /// one quantized input per product of [`Exec::matvec_each`]
-    qas: Vec<QuantAct>,
 }
 
 impl Exec {
@@ -115,67 +120,139 @@ impl Exec {
             return;
         }
         let input = quantized(first, x, &mut s.qa);
-        let prods: Vec<(&Mat<'_>, Input<'_>)> = mats.iter().map(|&m| (m, input)).collect();
-        self.matvec_section(label, &prods, out, chunks);
+        let rows: Vec<usize> = mats.iter().map(|m| m.rows).collect();
+        let isa = self.isa;
+        self.row_section(label, first, &rows, out, chunks, &|i, r, o| mats[i].matmul_rows(isa, input, 1, r, o));
     }
 
-    /// `out = [A₀ x₀ | A₁ x₁ | ...]`: one token's products of several matrices, each with its
-    /// own input (several experts' down projections), their rows end to end in `out`; one
-    /// parallel section of `chunks` pieces per thread, as [`matvec_concat`](Self::matvec_concat).
-    /// `s` keeps the quantized inputs between calls.
-    pub fn matvec_each(
+    /// `out = [A₀ x₀ | A₁ x₁ | ...]`: one token's products of several matrices of one input
+    /// size and format, each with its own input (several experts' down projections), their rows
+    /// end to end in `out`; one parallel section of `chunks` pieces per thread, as
+    /// [`matvec_concat`](Self::matvec_concat). Each input is quantized in the section, by the
+    /// first piece that needs it.
+    pub fn matvec_each(&self, label: &'static str, prods: &[(&Mat<'_>, &[f32])], out: &mut [f32], chunks: usize) {
+        let Some(&(first, _)) = prods.first() else { return };
+        let rows: Vec<usize> = prods.iter().map(|(m, _)| m.rows).collect();
+        let qas: Vec<OnceLock<QuantAct>> = prods.iter().map(|_| OnceLock::new()).collect();
+        let isa = self.isa;
+        self.row_section(label, first, &rows, out, chunks, &|i, r, o| {
+            let (m, x) = prods[i];
+            let input = match m.quant_group() {
+                Some(g) => Input::Quant(qas[i].get_or_init(|| {
+                    let mut qa = QuantAct::default();
+                    qa.quantize(x, m.cols, g);
+                    qa
+                })),
+                None => Input::F32(x),
+            };
+            m.matmul_rows(isa, input, 1, r, o);
+        });
+    }
+
+    /// One token's SwiGLU activations of several gate/up pairs of one input size and format
+    /// (one token's experts), `act = [silu(G₀ x) ⊙ U₀ x | silu(G₁ x) ⊙ U₁ x | ...]`, in one
+    /// parallel section: each piece computes the same rows of a pair's gate and up and their
+    /// SwiGLU at once, `chunks` pieces per thread; `x` is quantized once. Pairs whose gate and
+    /// up differ in shape, or differ from the first in format, go through
+    /// [`matvec_concat`](Self::matvec_concat) and a SwiGLU afterwards (same result).
+    pub fn swiglu_pairs(
         &self,
         label: &'static str,
-        prods: &[(&Mat<'_>, &[f32])],
-        out: &mut [f32],
+        pairs: &[(&Mat<'_>, &Mat<'_>)],
+        x: &[f32],
+        act: &mut [f32],
         chunks: usize,
         s: &mut Scratch,
     ) {
-        if s.qas.len() < prods.len() {
-            s.qas.resize_with(prods.len(), QuantAct::default);
+        let Some(&(first, _)) = pairs.first() else { return };
+        debug_assert_eq!(act.len(), pairs.iter().map(|(g, _)| g.rows).sum::<usize>());
+        let same = |m: &Mat<'_>| m.cols == first.cols && m.format() == first.format();
+        if !pairs.iter().all(|(g, u)| g.rows == u.rows && same(g) && same(u)) {
+            let mut a0 = 0;
+            for (g, u) in pairs {
+                let mut gu = vec![0f32; g.rows + u.rows];
+                self.matvec_concat(label, &[g, u], x, &mut gu, chunks, s);
+                let (gv, uv) = gu.split_at(g.rows);
+                swiglu(gv, uv, &mut act[a0..a0 + g.rows]);
+                a0 += g.rows;
+            }
+            return;
         }
-        // each input quantized with its own matrix's group (or read as it is by float weights)
-        let inputs: Vec<(&Mat<'_>, Input<'_>)> =
-            prods.iter().zip(s.qas.iter_mut()).map(|(&(m, x), qa)| (m, quantized(m, x, qa))).collect();
-        self.matvec_section(label, &inputs, out, chunks);
+        let input = quantized(first, x, &mut s.qa);
+        let rows: Vec<usize> = pairs.iter().map(|(g, _)| g.rows).collect();
+        let isa = self.isa;
+        // the trace counts both matrices' rows: what the section streams
+        let span = product_span(label, first.format(), 2 * act.len(), first.cols, 1);
+        self.row_section_in(span, label, &rows, act, chunks, &|i, r, o| {
+            let (g, u) = pairs[i];
+            // the gate's and up's results of these rows, then their SwiGLU in place
+            let mut gu = [0f32; 2 * MAX_PIECE];
+            for (r0, o) in (r.start..r.end).step_by(MAX_PIECE).zip(o.chunks_mut(MAX_PIECE)) {
+                let n = o.len();
+                let (gv, uv) = gu.split_at_mut(MAX_PIECE);
+                g.matmul_rows(isa, input, 1, r0..r0 + n, &mut gv[..n]);
+                u.matmul_rows(isa, input, 1, r0..r0 + n, &mut uv[..n]);
+                swiglu(&gv[..n], &uv[..n], o);
+            }
+        });
     }
 
-    /// The one section behind [`matvec_concat`](Self::matvec_concat) and
-    /// [`matvec_each`](Self::matvec_each): `chunks` pieces per thread, each of whole blocks of
-    /// interleaved rows and running across the matrices' boundaries. Each row goes through the
-    /// kernel as it would alone, so the split never changes a bit.
-    fn matvec_section(&self, label: &'static str, prods: &[(&Mat<'_>, Input<'_>)], out: &mut [f32], chunks: usize) {
-        let Some((first, _)) = prods.first() else { return };
-        let rows: usize = prods.iter().map(|(m, _)| m.rows).sum();
-        debug_assert_eq!(out.len(), rows);
-        let span = product_span(label, first.format(), rows, first.cols, 1);
+    /// One parallel section over the rows of several matrices end to end (`rows[i]` of matrix
+    /// `i`, the first `first`, whose format and size name the section in the trace): `chunks`
+    /// pieces per thread, each of whole blocks of interleaved rows, running across the matrices'
+    /// boundaries; `rows_of(i, range, out)` computes matrix `i`'s rows `range`. Each row goes
+    /// through the kernel as it would alone, so the split never changes a bit.
+    fn row_section(
+        &self,
+        label: &'static str,
+        first: &Mat<'_>,
+        rows: &[usize],
+        out: &mut [f32],
+        chunks: usize,
+        rows_of: &(dyn Fn(usize, Range<usize>, &mut [f32]) + Sync),
+    ) {
+        let span = product_span(label, first.format(), out.len(), first.cols, 1);
+        self.row_section_in(span, label, rows, out, chunks, rows_of);
+    }
+
+    /// [`row_section`](Self::row_section) under a product slice already open.
+    fn row_section_in(
+        &self,
+        span: trace::Span,
+        label: &'static str,
+        rows: &[usize],
+        out: &mut [f32],
+        chunks: usize,
+        rows_of: &(dyn Fn(usize, Range<usize>, &mut [f32]) + Sync),
+    ) {
+        let total: usize = rows.iter().sum();
+        debug_assert_eq!(out.len(), total);
         let key = if span.is_recording() { trace::next_id() } else { 0 };
         let flows = span.flows_out(self.threads());
-        let isa = self.isa;
         // where each matrix starts in `out`
-        let starts: Vec<usize> =
-            prods.iter().scan(0, |acc, (m, _)| Some(std::mem::replace(acc, *acc + m.rows))).collect();
+        let starts: Vec<usize> = rows.iter().scan(0, |acc, r| Some(std::mem::replace(acc, *acc + r))).collect();
         // whole blocks of interleaved rows per chunk (`ROW_BLOCK`), so each chunk streams
-        let rows_per = rows.div_ceil((self.threads() * chunks).max(1)).max(8).next_multiple_of(ROW_BLOCK);
+        let rows_per = total.div_ceil((self.threads() * chunks).max(1)).max(8).next_multiple_of(ROW_BLOCK);
         self.for_chunks_mut(out, rows_per, &|ci, oc, p| {
             let _c = trace::span(label).merge_with(key);
             trace::flow_in(flows.map(|f| f + p as u64), key);
             // global rows [r0, r1): the part of each matrix they cover
             let (r0, r1) = (ci * rows_per, ci * rows_per + oc.len());
-            for ((m, input), &m0) in prods.iter().zip(&starts) {
-                let (a, b) = (r0.max(m0), r1.min(m0 + m.rows));
+            for (i, (&n, &m0)) in rows.iter().zip(&starts).enumerate() {
+                let (a, b) = (r0.max(m0), r1.min(m0 + n));
                 if a < b {
-                    m.matmul_rows(isa, *input, 1, a - m0..b - m0, &mut oc[a - r0..b - r0]);
+                    rows_of(i, a - m0..b - m0, &mut oc[a - r0..b - r0]);
                 }
             }
         });
+        drop(span);
     }
 
     /// `out[t, r] = W[r] · x[t]` for `x` of `[n, w.cols]` and `out` of `[n, w.rows]`.
     /// `label` names the product in the trace (on this thread and on the workers' tracks).
     pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
         debug_assert_eq!(x.len(), n * w.cols);
-        let Scratch { qa, t, .. } = s;
+        let Scratch { qa, t } = s;
         let input = quantized(w, x, qa);
         self.product(label, w, input, n, out, t);
     }
@@ -192,7 +269,7 @@ impl Exec {
     ) {
         let Some(first) = products.first() else { return };
         let (cols, group) = (first.1.cols, first.1.quant_group());
-        let Scratch { qa, t, .. } = s;
+        let Scratch { qa, t } = s;
         let input = quantized(first.1, x, qa);
         let mut other = QuantAct::default();
         for (label, w, out) in products.iter_mut() {
@@ -266,5 +343,115 @@ fn quantized<'a>(w: &Mat<'_>, x: &'a [f32], qa: &'a mut QuantAct) -> Input<'a> {
             Input::Quant(qa)
         }
         None => Input::F32(x),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use moescope_kernels::mat::MatData;
+    use moescope_kernels::ops::swiglu;
+    use moescope_kernels::quant::{interleave_rows, quantize_q4_row};
+    use moescope_kernels::{Isa, Mat};
+
+    use super::{Exec, Scratch};
+
+    /// Seeded values in [-0.5, 0.5).
+    fn uniform(seed: u64, n: usize) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect()
+    }
+
+    /// A `[rows, cols]` q4 matrix (group 32): its bytes and scales, rows interleaved by 4 where
+    /// the converter would interleave them (see `x4`).
+    fn q4x4(seed: u64, rows: usize, cols: usize) -> (Vec<u8>, Vec<f32>) {
+        let w = uniform(seed, rows * cols);
+        let (rb, ng) = (cols / 2, cols / 32);
+        let (mut q, mut d) = (vec![0u8; rows * rb], vec![0f32; rows * ng]);
+        for r in 0..rows {
+            quantize_q4_row(
+                &w[r * cols..(r + 1) * cols],
+                32,
+                &mut q[r * rb..(r + 1) * rb],
+                &mut d[r * ng..(r + 1) * ng],
+            );
+        }
+        if !x4(rows, cols) {
+            return (q, d);
+        }
+        let mut out = vec![0u8; q.len()];
+        interleave_rows(&q, rb, 64, &mut out);
+        (out, d)
+    }
+
+    /// Whether rows are interleaved: whole blocks of 4 rows of whole 128-value chunks.
+    fn x4(rows: usize, cols: usize) -> bool {
+        rows % 4 == 0 && cols % 128 == 0
+    }
+
+    fn mat<'a>(rows: usize, cols: usize, (q, d): &'a (Vec<u8>, Vec<f32>)) -> Mat<'a> {
+        Mat { rows, cols, data: MatData::Q4 { q, scales: d, group: 32, x4: x4(rows, cols) } }
+    }
+
+    /// The first index where two results differ in any bit.
+    fn first_difference(a: &[f32], b: &[f32]) -> Option<usize> {
+        (a.len() != b.len())
+            .then_some(a.len().min(b.len()))
+            .or_else(|| a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits()))
+    }
+
+    #[test]
+    fn row_sections_give_each_product_bits_as_computed_alone() {
+        // three experts of awkward sizes: 288 intermediate rows (more than one stack piece of
+        // the fused SwiGLU; their down projections row-major), 128 and 32; input 256 wide; down
+        // projections 256 rows of their width
+        let (h, sizes) = (256, [288usize, 128, 32]);
+        let gates: Vec<_> = sizes.iter().enumerate().map(|(i, &n)| q4x4(10 + i as u64, n, h)).collect();
+        let ups: Vec<_> = sizes.iter().enumerate().map(|(i, &n)| q4x4(20 + i as u64, n, h)).collect();
+        let x = uniform(7, h);
+        for isa in Isa::available() {
+            let one = Exec::new(1, isa).expect("exec");
+            // what each product gives alone, one thread
+            let mut want_act = Vec::new();
+            for (i, &n) in sizes.iter().enumerate() {
+                let (mut g, mut u) = (vec![0f32; n], vec![0f32; n]);
+                one.matmul("g", &mat(n, h, &gates[i]), &x, 1, &mut g, &mut Scratch::default());
+                one.matmul("u", &mat(n, h, &ups[i]), &x, 1, &mut u, &mut Scratch::default());
+                let mut a = vec![0f32; n];
+                swiglu(&g, &u, &mut a);
+                want_act.extend(a);
+            }
+            // down projections [h, n] of each expert's activation
+            let downs: Vec<_> = sizes.iter().enumerate().map(|(i, &n)| q4x4(30 + i as u64, h, n)).collect();
+            let acts: Vec<Vec<f32>> = sizes.iter().map(|&n| uniform(n as u64, n)).collect();
+            let mut want_down = Vec::new();
+            for (i, &n) in sizes.iter().enumerate() {
+                let mut y = vec![0f32; h];
+                one.matmul("d", &mat(h, n, &downs[i]), &acts[i], 1, &mut y, &mut Scratch::default());
+                want_down.extend(y);
+            }
+            for threads in [1, 2, 3] {
+                let ex = Exec::new(threads, isa).expect("exec");
+                for chunks in [1, 4, 16] {
+                    let gm: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(n, h, &gates[i])).collect();
+                    let um: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(n, h, &ups[i])).collect();
+                    let pairs: Vec<(&Mat<'_>, &Mat<'_>)> = gm.iter().zip(&um).collect();
+                    let mut act = vec![0f32; want_act.len()];
+                    ex.swiglu_pairs("gu", &pairs, &x, &mut act, chunks, &mut Scratch::default());
+                    let d = first_difference(&act, &want_act);
+                    assert_eq!(d, None, "{isa} swiglu_pairs, {threads} threads, {chunks} chunks");
+                    let dm: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(h, n, &downs[i])).collect();
+                    let prods: Vec<(&Mat<'_>, &[f32])> = dm.iter().zip(&acts).map(|(m, a)| (m, a.as_slice())).collect();
+                    let mut y = vec![0f32; want_down.len()];
+                    ex.matvec_each("d", &prods, &mut y, chunks);
+                    let d = first_difference(&y, &want_down);
+                    assert_eq!(d, None, "{isa} matvec_each, {threads} threads, {chunks} chunks");
+                }
+            }
+        }
     }
 }
