@@ -92,6 +92,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     for w in &engine.warnings {
         eprintln!("warning: {w}");
     }
+    // the experts' checksums are checked in the background after loading: not in any test
+    let waited = engine.wait_experts_verified();
+    if waited.as_millis() > 0 {
+        eprintln!("moescope bench: waited {:.2} s for the experts' checksums before the tests", waited.as_secs_f64());
+    }
     if let Some(p) = &a.experts.routing_out {
         experts_report::start_routing_log(&mut engine, p)?;
     }
