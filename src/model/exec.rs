@@ -122,7 +122,8 @@ impl Exec {
         let input = quantized(first, x, &mut s.qa);
         let rows: Vec<usize> = mats.iter().map(|m| m.rows).collect();
         let isa = self.isa;
-        self.row_section(label, first, &rows, out, chunks, &|i, r, o| mats[i].matmul_rows(isa, input, 1, r, o));
+        let span = product_span(label, first.format(), out.len(), first.cols, 1);
+        self.row_section(span, label, &rows, out, chunks, &|i, r, o| mats[i].matmul_rows(isa, input, 1, r, o));
     }
 
     /// `out = [A₀ x₀ | A₁ x₁ | ...]`: one token's products of several matrices of one input
@@ -135,7 +136,8 @@ impl Exec {
         let rows: Vec<usize> = prods.iter().map(|(m, _)| m.rows).collect();
         let qas: Vec<OnceLock<QuantAct>> = prods.iter().map(|_| OnceLock::new()).collect();
         let isa = self.isa;
-        self.row_section(label, first, &rows, out, chunks, &|i, r, o| {
+        let span = product_span(label, first.format(), out.len(), first.cols, 1);
+        self.row_section(span, label, &rows, out, chunks, &|i, r, o| {
             let (m, x) = prods[i];
             let input = match m.quant_group() {
                 Some(g) => Input::Quant(qas[i].get_or_init(|| {
@@ -183,7 +185,7 @@ impl Exec {
         let isa = self.isa;
         // the trace counts both matrices' rows: what the section streams
         let span = product_span(label, first.format(), 2 * act.len(), first.cols, 1);
-        self.row_section_in(span, label, &rows, act, chunks, &|i, r, o| {
+        self.row_section(span, label, &rows, act, chunks, &|i, r, o| {
             let (g, u) = pairs[i];
             // the gate's and up's results of these rows, then their SwiGLU in place
             let mut gu = [0f32; 2 * MAX_PIECE];
@@ -198,25 +200,11 @@ impl Exec {
     }
 
     /// One parallel section over the rows of several matrices end to end (`rows[i]` of matrix
-    /// `i`, the first `first`, whose format and size name the section in the trace): `chunks`
-    /// pieces per thread, each of whole blocks of interleaved rows, running across the matrices'
-    /// boundaries; `rows_of(i, range, out)` computes matrix `i`'s rows `range`. Each row goes
-    /// through the kernel as it would alone, so the split never changes a bit.
+    /// `i`), under the product slice `span`: `chunks` pieces per thread, each of whole blocks of
+    /// interleaved rows, running across the matrices' boundaries; `rows_of(i, range, out)`
+    /// computes matrix `i`'s rows `range`. Each row goes through the kernel as it would alone, so
+    /// the split never changes a bit.
     fn row_section(
-        &self,
-        label: &'static str,
-        first: &Mat<'_>,
-        rows: &[usize],
-        out: &mut [f32],
-        chunks: usize,
-        rows_of: &(dyn Fn(usize, Range<usize>, &mut [f32]) + Sync),
-    ) {
-        let span = product_span(label, first.format(), out.len(), first.cols, 1);
-        self.row_section_in(span, label, rows, out, chunks, rows_of);
-    }
-
-    /// [`row_section`](Self::row_section) under a product slice already open.
-    fn row_section_in(
         &self,
         span: trace::Span,
         label: &'static str,

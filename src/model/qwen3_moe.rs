@@ -615,11 +615,9 @@ fn swiglu_mlp(
     let i = gate.rows;
     let mut a = vec![0f32; n * i];
     if n == 1 {
-        // one token (decode): gate and up in one parallel section, the input quantized once
-        let mut gu = vec![0f32; gate.rows + up.rows];
-        exec.matvec_concat(labels[0], &[gate, up], x, &mut gu, 4, s);
-        let (g, u) = gu.split_at(i);
-        swiglu(g, u, &mut a);
+        // one token (decode): gate and up with their SwiGLU in one parallel section, the input
+        // quantized once
+        exec.swiglu_pairs(labels[0], &[(gate, up)], x, &mut a, DECODE_CHUNKS, s);
     } else {
         let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
         exec.matmul_shared(x, n, &mut [(labels[1], gate, &mut g), (labels[2], up, &mut u)], s);
