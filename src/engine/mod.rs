@@ -96,9 +96,8 @@ pub struct Engine {
 impl Engine {
     /// Wait until the background check of the mapped experts' checksums has finished (at once
     /// when there is none). It shares the cores with decode until then: `bench` waits for it
-    /// before its first test, so no repetition measures that one-time work (on 2 cores, bench8's
-    /// 2.5 GB of experts took ~0.8 s of one core, and the 2-thread decode repetitions it
-    /// overlapped had tokens of 50-110 ms against a median of 11-18).
+    /// before its first test, so no repetition measures that one-time work (bench8's 2.5 GB of
+    /// experts take ~0.5-0.8 s of one core after loading).
     pub fn wait_experts_verified(&mut self) -> Duration {
         let t0 = Instant::now();
         if let Some((_, h)) = self.verifier.take() {
