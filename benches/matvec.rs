@@ -142,9 +142,13 @@ fn main() {
             for c in arena.chunks_exact_mut(bytes) {
                 c.copy_from_slice(&vals);
             }
+            // each copy its own scales, as each matrix of a package has: decode streams them
+            // beside the values (one shared copy would sit in the cache)
+            let scale_copies: Vec<Vec<f32>> = (0..copies).map(|_| scales.clone()).collect();
             let mats: Vec<Mat<'_>> = arena
                 .chunks_exact(bytes)
-                .map(|b| {
+                .zip(&scale_copies)
+                .map(|(b, scales)| {
                     let data = match format {
                         // SAFETY (both): the arena is page-aligned and each copy a whole number
                         // of elements; the views live no longer than the arena
@@ -153,11 +157,11 @@ fn main() {
                         }
                         Format::Q8 { group } => MatData::Q8 {
                             q: unsafe { std::slice::from_raw_parts(b.as_ptr() as *const i8, bytes) },
-                            scales: &scales,
+                            scales,
                             group,
                         },
-                        Format::Q4 { group } => MatData::Q4 { q: b, scales: &scales, group, x4 },
-                        _ => MatData::Q6 { q: b, scales: &scales, group: g, x4 },
+                        Format::Q4 { group } => MatData::Q4 { q: b, scales, group, x4 },
+                        _ => MatData::Q6 { q: b, scales, group: g, x4 },
                     };
                     Mat { rows, cols, data }
                 })

@@ -188,6 +188,10 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     out: &mut [[f32; T]; R],
 ) {
     let (cols, ng) = (m.cols, m.ng);
+    if T == 1 && IL > 1 {
+        // decode: the scales of the rows a few blocks on
+        crate::prefetch::scales_ahead(m.wd, r0, R, ng);
+    }
     let mask = _mm512_set1_epi8(0x0F);
     let hmask = _mm512_set1_epi8(0x30);
     // per 16-bit lane: 4 for the low 256 bits, 2 for the high (left shifts of the low-nibble

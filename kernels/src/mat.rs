@@ -136,6 +136,9 @@ impl<'a> Mat<'a> {
             }
             (MatData::Q8 { q, scales, group }, Input::Quant(a)) => {
                 let ng = c / group;
+                if out.len() == 1 && isa.has_avx2() {
+                    crate::prefetch::scales_ahead(scales, r, 1, ng);
+                }
                 for (t, o) in out.iter_mut().enumerate() {
                     *o = dot::dot_q8(isa, &q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], a.row(t));
                 }
@@ -194,6 +197,9 @@ impl<'a> Mat<'a> {
                 while r < rows.end {
                     let i = r - rows.start;
                     if r % ROW_BLOCK == 0 && r + ROW_BLOCK <= rows.end {
+                        if n == 1 && isa.has_avx2() {
+                            crate::prefetch::scales_ahead(scales, r, ROW_BLOCK, ng);
+                        }
                         let (block, wd) = (&q[r / ROW_BLOCK * bb..][..bb], &scales[r * ng..(r + ROW_BLOCK) * ng]);
                         for t in 0..n {
                             for (k, v) in dot::dot_x4(isa, six, block, wd, a.row(t), pf).into_iter().enumerate() {
@@ -238,6 +244,9 @@ impl Mat<'_> {
             }
             (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512::supports_q8(group) => {
                 for (i, r) in rows.enumerate() {
+                    if n == 1 {
+                        crate::prefetch::scales_ahead(scales, r, 1, c / group);
+                    }
                     for t in 0..n {
                         // SAFETY: as above
                         unsafe {
