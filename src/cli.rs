@@ -233,6 +233,10 @@ pub struct BenchArgs {
     /// Generation lengths to measure (comma list; 0 = none): test tgN.
     #[arg(short = 'n', long = "n-gen", default_value = "128")]
     pub n_gen: String,
+    /// Context depths (comma list): each test runs after this many tokens already fill the
+    /// KV cache (evaluated untimed before every repetition): test "tgN @ dD", as llama-bench.
+    #[arg(short = 'd', long = "n-depth", default_value = "0")]
+    pub n_depth: String,
     /// Timed repetitions per test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub repetitions: usize,

@@ -215,3 +215,59 @@ fn roofline_gives_the_disk_share_when_experts_stream() {
     let cols = lines[0].matches('|').count();
     assert!(lines.len() >= 3 && lines.iter().all(|l| l.matches('|').count() == cols), "{out}");
 }
+
+#[test]
+fn depth_runs_each_test_after_that_many_tokens_in_the_cache() {
+    let (d, p) = convert("wide", "q4");
+    let trace = d.path().join("depth.json");
+    let o = moescope(
+        &[
+            "bench",
+            "-m",
+            p.to_str().unwrap(),
+            "-p",
+            "4",
+            "-n",
+            "3",
+            "-d",
+            "0,20",
+            "-r",
+            "1",
+            "--warmup",
+            "0",
+            "-t",
+            "1",
+            "-o",
+            "json",
+            "--trace",
+            trace.to_str().unwrap(),
+        ],
+        d.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Value = serde_json::from_str(&stdout(&o)).expect("one JSON document");
+    let got: Vec<(String, u64)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["test"].as_str().unwrap().to_string(), r["n_depth"].as_u64().unwrap()))
+        .collect();
+    let want: Vec<(String, u64)> =
+        [("pp4", 0), ("tg3", 0), ("pp4 @ d20", 20), ("tg3 @ d20", 20)].map(|(t, n)| (t.to_string(), n)).into();
+    assert_eq!(got, want);
+    // the engine's forward passes, in order, as (tokens, first position): at depth 20 each test
+    // starts after a 20-token pass from position 0 and continues from position 20
+    let t: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let fwd: Vec<(u64, u64)> = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["name"] == "forward")
+        .map(|e| (e["args"]["tokens"].as_u64().unwrap(), e["args"]["pos"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(fwd, [(4, 0), (1, 0), (1, 1), (1, 2), (20, 0), (4, 20), (20, 0), (1, 20), (1, 21), (1, 22)]);
+    // a depth past the model's positions is refused up front
+    let o = moescope(&["bench", "-m", p.to_str().unwrap(), "-p", "4", "-n", "0", "-d", "5000"], d.path());
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("5005 positions"), "{}", stderr(&o));
+}

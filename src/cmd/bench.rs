@@ -23,6 +23,7 @@ use super::bench_report::{self as report, Format, Row};
 use super::{experts_report, model_arg, run, run::isa_from_env, trace_out};
 use crate::cli::BenchArgs;
 use moescope::experts::IoMode;
+use moescope::experts::stats::LayerStats;
 use moescope::experts::store::{ExpertStore, probe_read_bandwidth};
 
 fn parse_list(flag: &str, s: &str) -> Result<Vec<usize>> {
@@ -42,17 +43,20 @@ enum Test {
 }
 
 impl Test {
-    fn name(&self) -> String {
-        match self {
+    /// llama-bench's name for the test at `depth` tokens of context: `pp512`, `tg128 @ d4096`.
+    fn name(&self, depth: usize) -> String {
+        let t = match self {
             Test::Prompt(n) => format!("pp{n}"),
             Test::Gen(n) => format!("tg{n}"),
-        }
+        };
+        if depth > 0 { format!("{t} @ d{depth}") } else { t }
     }
 }
 
 pub fn run(a: &BenchArgs) -> Result<()> {
     let prompts = parse_list("-p", &a.n_prompt)?;
     let gens = parse_list("-n", &a.n_gen)?;
+    let depths = parse_list("-d", &a.n_depth)?;
     let threads = parse_list("-t", &a.threads)?;
     if threads.contains(&0) {
         bail!("-t: thread counts must be at least 1");
@@ -66,7 +70,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if tests.is_empty() {
         bail!("nothing to measure: -p and -n are all 0");
     }
-    let ctx = prompts.iter().chain(&gens).copied().max().unwrap_or(1) + 1;
+    let ctx = prompts.iter().chain(&gens).copied().max().unwrap_or(1) + depths.iter().copied().max().unwrap_or(0) + 1;
 
     let budgets_mib: Vec<Option<f64>> = match &a.cache_mb {
         Some(l) => l
@@ -166,8 +170,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     ex.cache.set_budget(budget_bytes);
                     ex.cache.set_prefetch(prefetch);
                 }
-                for test in &tests {
-                    let row = run_test(&mut engine, test, t, a, cold, &mut rng, vocab)?;
+                for (&depth, test) in depths.iter().flat_map(|d| tests.iter().map(move |t| (d, t))) {
+                    let row = run_test(&mut engine, test, depth, t, a, cold, &mut rng, vocab)?;
                     let weight_gbps = row.decode_latency.map(|_| row.avg_ts * weight_bytes as f64 / 1e9);
                     let row = Row {
                         model_filename: path.display().to_string(),
@@ -259,7 +263,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             "config": meta.model,
             "threads": threads,
             "isa": engine.exec.isa.name(),
-            "settings": {"n_prompt": prompts, "n_gen": gens, "repetitions": a.repetitions, "warmup": a.warmup,
+            "settings": {"n_prompt": prompts, "n_gen": gens, "n_depth": depths, "repetitions": a.repetitions, "warmup": a.warmup,
                          "cache_mib": budgets_mib, "prefetch": prefetches, "cold": cold},
         }))?;
     }
@@ -322,33 +326,40 @@ fn probe_bandwidth(threads: usize, mib: usize) -> Result<ReadProbe> {
 }
 
 /// One test at the engine's current settings: warmup, then timed repetitions (each starting
-/// from an empty pool and page cache when `cold`).
+/// from an empty pool and page cache when `cold`, and from `depth` random tokens evaluated
+/// untimed into the emptied KV cache).
+#[allow(clippy::too_many_arguments)]
 fn run_test(
     engine: &mut Engine,
     test: &Test,
+    depth: usize,
     threads: usize,
     a: &BenchArgs,
     cold: bool,
     rng: &mut Rng,
     vocab: u64,
 ) -> Result<Row> {
-    let _span = trace::span("bench_test").arg("test", test.name()).arg("threads", threads);
+    let _span = trace::span("bench_test").arg("test", test.name(depth)).arg("threads", threads);
     let mut samples_ns = Vec::new();
     let (mut lat, mut ttft) = (Latency::new(), Latency::new());
-    let mut before = None;
+    // the pool's counters over the timed tests alone (not the depth's tokens)
+    let mut timed_stats = LayerStats::default();
     // the disk's busy time over the timed repetitions (decode): how little it idled
     let mut busy_ns = 0u64;
     for rep in 0..a.warmup + a.repetitions {
         let timed = rep >= a.warmup;
         engine.reset();
+        if depth > 0 {
+            let ids: Vec<u32> = (0..depth).map(|_| (rng.next_u64() % vocab) as u32).collect();
+            engine.eval_logged(&ids, Logits::Last)?;
+        }
         if let Some(ex) = &engine.experts {
+            // after the depth's tokens: a cold test starts from an empty pool whatever filled it
             if cold {
                 ex.cache.clear();
             }
-            if timed && before.is_none() {
-                before = Some(ex.cache.total_stats());
-            }
         }
+        let stats0 = engine.experts.as_ref().map(|ex| ex.cache.total_stats());
         match test {
             Test::Prompt(n) => {
                 let ids: Vec<u32> = (0..*n).map(|_| (rng.next_u64() % vocab) as u32).collect();
@@ -379,6 +390,9 @@ fn run_test(
                 }
             }
         }
+        if let (true, Some(s0), Some(ex)) = (timed, stats0, &engine.experts) {
+            timed_stats.add(&ex.cache.total_stats().sub(&s0));
+        }
     }
     let n_tokens = match test {
         Test::Prompt(n) | Test::Gen(n) => *n,
@@ -389,13 +403,14 @@ fn run_test(
     let is_gen = matches!(test, Test::Gen(_));
     let experts = engine.experts.as_ref().map(|ex| {
         let tokens = (n_tokens * a.repetitions).max(1);
-        let mut e = experts_report::experts_json(engine, &before.unwrap_or_default(), tokens);
+        // experts_json reports the counters since a snapshot: the one that leaves the timed sum
+        let since = ex.cache.total_stats().sub(&timed_stats);
+        let mut e = experts_report::experts_json(engine, &since, tokens);
         e["mode"] = json!(if cold { "cold" } else { "warm" });
         if is_gen {
             let wall: u64 = samples_ns.iter().sum();
             e["io_busy_pct"] = json!(if wall == 0 { 0.0 } else { 100.0 * busy_ns as f64 / wall as f64 });
         }
-        let _ = ex;
         e
     });
     Ok(Row {
@@ -411,7 +426,8 @@ fn run_test(
         weight_prefetch_bytes: moescope_kernels::prefetch::distance(),
         n_prompt: if is_gen { 0 } else { n_tokens },
         n_gen: if is_gen { n_tokens } else { 0 },
-        test: test.name(),
+        n_depth: depth,
+        test: test.name(depth),
         test_time: sysinfo::utc_now().iso(),
         n_reps: a.repetitions,
         avg_ns: avg_ns as u64,

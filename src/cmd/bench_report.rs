@@ -22,6 +22,8 @@ pub struct Row {
     pub weight_prefetch_bytes: usize,
     pub n_prompt: usize,
     pub n_gen: usize,
+    /// Tokens already in the KV cache when the test starts (`-d`).
+    pub n_depth: usize,
     pub test: String,
     pub test_time: String,
     pub n_reps: usize,
@@ -130,7 +132,7 @@ pub fn md_row(r: &Row) -> String {
     )
 }
 
-pub const CSV_HEADER: &str = "build_commit,cpu_info,model_filename,model_type,model_size,model_n_params,quant,n_threads,isa,n_prompt,n_gen,test,test_time,n_reps,avg_ns,stddev_ns,avg_ts,stddev_ts,decode_p50_ms,decode_p90_ms,decode_p99_ms,decode_max_ms,weight_bytes_per_token,weight_gbps,read_gbps,roofline_pct,peak_rss_bytes,pool_mib,prefetch,cache_mode,hit_pct,ssd_mb_per_token,disk_roofline_pct,io_busy_pct,stall_ms_per_token";
+pub const CSV_HEADER: &str = "build_commit,cpu_info,model_filename,model_type,model_size,model_n_params,quant,n_threads,isa,n_prompt,n_gen,n_depth,test,test_time,n_reps,avg_ns,stddev_ns,avg_ts,stddev_ts,decode_p50_ms,decode_p90_ms,decode_p99_ms,decode_max_ms,weight_bytes_per_token,weight_gbps,read_gbps,roofline_pct,peak_rss_bytes,pool_mib,prefetch,cache_mode,hit_pct,ssd_mb_per_token,disk_roofline_pct,io_busy_pct,stall_ms_per_token";
 
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
@@ -151,6 +153,7 @@ pub fn csv_row(r: &Row) -> String {
         r.isa.clone(),
         r.n_prompt.to_string(),
         r.n_gen.to_string(),
+        r.n_depth.to_string(),
         r.test.clone(),
         r.test_time.clone(),
         r.n_reps.to_string(),
