@@ -1,5 +1,6 @@
 //! Model architectures, bound to the weights of a package.
 
+pub mod attention;
 pub mod config;
 pub mod error;
 pub mod exec;

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use moescope_kernels::Mat;
 use moescope_kernels::ops::{Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace, softmax_inplace, swiglu};
 
+use super::attention;
 use super::config::ModelConfig;
 use super::error::ModelError;
 use super::exec::{Chunks, Exec, Scratch};
@@ -354,33 +355,8 @@ impl Qwen3Moe {
             }
             kv.write(l, pos0 + t, &k[t * nkv * hd..(t + 1) * nkv * hd], &v[t * nkv * hd..(t + 1) * nkv * hd]);
         }
-        // one task per (token, query head): softmax(q k^T * scale) v over positions 0..=pos
-        let scale = 1.0 / (hd as f32).sqrt();
-        let group = nh / nkv;
-        let isa = exec.isa;
         let mut attn = vec![0f32; t_n * nh * hd];
-        let kv_ref = &*kv;
-        let heads = trace::span("heads").arg("heads", nh).arg("tokens", t_n).arg("kv_len", pos0 + t_n);
-        let key = if heads.is_recording() { trace::next_id() } else { 0 };
-        let flows = heads.flows_out(exec.threads());
-        exec.for_chunks_mut(&mut attn, hd, &|i, o, p| {
-            let _c = trace::span("heads").merge_with(key);
-            trace::flow_in(flows.map(|b| b + p as u64), key);
-            let (t, head) = (i / nh, i % nh);
-            let n = pos0 + t + 1;
-            let (keys, vals) = kv_ref.head(l, head / group, n);
-            let qh = &q[(t * nh + head) * hd..(t * nh + head + 1) * hd];
-            let mut sc: Vec<f32> =
-                keys.chunks_exact(hd).map(|kr| moescope_kernels::dot::dot_f32(isa, qh, kr) * scale).collect();
-            softmax_inplace(&mut sc);
-            o.fill(0.0);
-            for (pr, vr) in sc.iter().zip(vals.chunks_exact(hd)) {
-                for (a, b) in o.iter_mut().zip(vr) {
-                    *a += pr * b;
-                }
-            }
-        });
-        drop(heads);
+        attention::attend(exec, kv, l, attention::Heads { nh, nkv, hd }, &q, pos0, &mut attn);
         exec.matmul("o_proj", &pkg.mat_by_index(layer.o), &attn, t_n, out, s);
     }
 

@@ -1,0 +1,52 @@
+//! Attention over a KV cache (`kernels::attn`), one thread, per ISA tier: a decode step's GQA
+//! group (8 query heads on one KV head, head_dim 128, as Qwen3-30B-A3B) over contexts of 512 to
+//! 16384 positions, and a prefill tile (16 tokens x 8 heads) over 4096. Reports ns per
+//! (query, key), GFLOP/s (4 x head_dim flops each: the score and the weighted value) and, for
+//! decode, the GB/s of keys and values read (f32). `cargo bench --bench attention`.
+
+use std::time::Instant;
+
+use moescope_kernels::Isa;
+use moescope_kernels::attn::{self, State};
+
+fn main() {
+    let hd = 128;
+    let mut s = 1u64;
+    let mut r = move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    };
+    for (what, nq, n) in [("decode", 8, 512), ("decode", 8, 4096), ("decode", 8, 16384), ("prefill", 128, 4096)] {
+        let keys: Vec<f32> = (0..n * hd).map(|_| r()).collect();
+        let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
+        let q: Vec<f32> = (0..nq * hd).map(|_| r()).collect();
+        let packed = attn::pack_keys(&keys, hd);
+        // decode: every query sees every key; prefill: a causal tile at the end of the context
+        let ends: Vec<usize> = (0..nq).map(|i| if what == "decode" { n } else { n - (nq - 1 - i) / 8 }).collect();
+        let pairs: usize = ends.iter().sum();
+        for isa in Isa::available() {
+            let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
+            let mut out = vec![0f32; nq * hd];
+            let mut times = vec![];
+            let reps = (20_000_000 / pairs).clamp(3, 200);
+            for _ in 0..reps {
+                let t = Instant::now();
+                attn::attend(isa, &q, &ends, &packed, &vals, 0.088, &mut acc, &mut part, &mut out);
+                times.push(t.elapsed().as_secs_f64());
+                std::hint::black_box(&out);
+            }
+            times.sort_by(f64::total_cmp);
+            let t = times[times.len() / 2];
+            let kv_gbs = if what == "decode" {
+                format!("{:6.1} GB/s of K and V", (2 * n * hd * 4) as f64 / t / 1e9)
+            } else {
+                String::new()
+            };
+            println!(
+                "attention {what:<7} {nq:>3} queries x {n:>5} keys, head_dim {hd}, {isa:<6}: {:6.2} ns per (query, key), {:6.1} GFLOP/s {kv_gbs}",
+                t * 1e9 / pairs as f64,
+                (4 * hd * pairs) as f64 / t / 1e9
+            );
+        }
+    }
+}
