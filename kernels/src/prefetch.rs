@@ -5,9 +5,12 @@
 //! Whether that pays depends on the CPU. On the Intel Xeon host of the lent device (one core
 //! reads ~10 GB/s: a core's bandwidth is bound by its misses in flight) bench8 decode went
 //! 18.7/17.3 -> 24.6/23.3 t/s at 1 thread and 35.2/34.1 -> 43.3/40.7 at 2 with 4096 bytes (two
-//! alternations); 1024 bytes gained less. On this project's AMD EPYC (Zen 4; one core reads ~30
-//! GB/s) every distance and hint tried (256 B to 4 KiB, T0, T1, NTA) was slower, up to 25%. So the
-//! default follows the vendor, and `MOESCOPE_WEIGHT_PREFETCH` overrides it.
+//! alternations); 1024 bytes gained less. On an AMD EPYC Zen 4 (family 0x19; one core reads ~30
+//! GB/s) every distance and hint tried (256 B to 4 KiB, T0, T1, NTA) was slower, up to 25%. On
+//! an AMD EPYC Zen 5 (family 0x1A), with the scales prefetched too, 4096 bytes took bench8 tg32
+//! from 43-58 to 65-69 t/s at 1 thread and from 64-82 to 80-90 at 2 (three alternations);
+//! 2048 and 8192 bytes gained less. So the default follows the vendor and family, and
+//! `MOESCOPE_WEIGHT_PREFETCH` overrides it.
 //!
 //! The weights' scales are another matter: decode asks for them a few blocks ahead on every
 //! CPU ([`scales_ahead`]), since no hardware prefetcher follows their sparse stream.
@@ -37,10 +40,34 @@ pub fn describe() -> String {
     }
 }
 
-/// The distance measured best for this CPU: 4096 bytes on Intel, off elsewhere (see the
-/// module doc).
+/// The distance measured best for this CPU: 4096 bytes on Intel and on AMD from Zen 5 (family
+/// 0x1A) on, off elsewhere (see the module doc).
 pub fn default_distance() -> usize {
-    if cpu_vendor() == *b"GenuineIntel" { 4096 } else { 0 }
+    distance_for(&cpu_vendor(), cpu_family())
+}
+
+/// [`default_distance`] for a CPUID vendor string and family.
+pub fn distance_for(vendor: &[u8; 12], family: u32) -> usize {
+    match vendor {
+        b"GenuineIntel" => 4096,
+        b"AuthenticAMD" if family >= 0x1A => 4096,
+        _ => 0,
+    }
+}
+
+/// The CPU's display family (CPUID leaf 1: the base family, plus the extended family when
+/// the base is 0xF); 0 off x86-64.
+pub fn cpu_family() -> u32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: CPUID leaf 1 exists on every x86-64 CPU
+        #[allow(unused_unsafe)]
+        let eax = unsafe { std::arch::x86_64::__cpuid(1) }.eax;
+        let base = (eax >> 8) & 0xF;
+        if base == 0xF { base + ((eax >> 20) & 0xFF) } else { base }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    0
 }
 
 /// A setting as `MOESCOPE_WEIGHT_PREFETCH` spells it: `auto` or empty ([`default_distance`]),
@@ -138,6 +165,20 @@ mod tests {
             scales_ahead(&scales, r0, 4, 6);
         }
         assert!(scales.iter().all(|&v| v == 1.5));
+    }
+
+    #[test]
+    fn the_default_distance_follows_the_vendor_and_family() {
+        assert_eq!(distance_for(b"GenuineIntel", 6), 4096);
+        assert_eq!(distance_for(b"AuthenticAMD", 0x19), 0);
+        assert_eq!(distance_for(b"AuthenticAMD", 0x1A), 4096);
+        assert_eq!(distance_for(b"HygonGenuine", 0x18), 0);
+        assert_eq!(distance_for(&[0; 12], 0), 0);
+        assert_eq!(default_distance(), distance_for(&cpu_vendor(), cpu_family()));
+        if cfg!(target_arch = "x86_64") {
+            // every x86-64 CPU's family is at least 6 (the P6 line) or 0xF and up
+            assert!(cpu_family() >= 6, "{:#x}", cpu_family());
+        }
     }
 
     #[test]
