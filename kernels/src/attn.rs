@@ -501,13 +501,7 @@ mod x86 {
 mod tests {
     use super::*;
 
-    fn uniform(seed: u64) -> impl FnMut() -> f32 {
-        let mut s = seed;
-        move || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        }
-    }
+    use crate::testutil::uniform;
 
     /// softmax(q k^T * scale) v in f64, the whole score row at once: the textbook formula.
     fn reference(q: &[f32], keys: &[f32], vals: &[f32], end: usize, scale: f32, hd: usize) -> Vec<f64> {

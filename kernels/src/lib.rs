@@ -19,3 +19,16 @@ pub use act::QuantAct;
 pub use isa::Isa;
 pub use mat::{Mat, MatData};
 pub use quant::Format;
+
+/// What the unit tests of several modules share.
+#[cfg(test)]
+pub(crate) mod testutil {
+    /// Uniform values in [-0.5, 0.5) from a 64-bit LCG seeded with `seed`.
+    pub fn uniform(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed;
+        move || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        }
+    }
+}

@@ -266,14 +266,7 @@ mod tests {
     use super::*;
     use crate::quant::{f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row};
 
-    /// Uniform values in [-0.5, 0.5) from a 64-bit LCG seeded with `seed`.
-    fn uniform(seed: u64) -> impl FnMut() -> f32 {
-        let mut s = seed;
-        move || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-        }
-    }
+    use crate::testutil::uniform;
 
     #[test]
     fn matmul_rows_matches_dequantized_f64_product() {
