@@ -4,6 +4,8 @@
 //! by 4 (`q4_lohi32_x4`, what packages store): the row-major `q4` beside it shows what the layout
 //! buys.
 //!
+//! Then each matrix times 64 tokens (prefill's batched products), in GFLOP/s.
+//!
 //! `cargo bench --bench matvec` (the decode and prefill macro numbers come from `moescope bench`).
 
 use std::time::Instant;
@@ -177,6 +179,25 @@ fn main() {
                 println!(
                     "matvec [{rows:>6}, {cols:>4}] {fmt:<5} {isa:<7} memory {mem:6.1} GB/s  hot {hot}  (1 thread)"
                 );
+                // prefill: the same matrix times 64 tokens, as the engine's batched products
+                // run (each weight row read once for the batch); compute-bound, so GFLOP/s
+                if rows <= 4096 {
+                    let (n, mut times) = (64, vec![]);
+                    let xs = rnd(n * cols, 3);
+                    let mut qn = QuantAct::default();
+                    qn.quantize(&xs, cols, g);
+                    let input = if fmt == "bf16" { Input::F32(&xs) } else { Input::Quant(&qn) };
+                    let mut out = vec![0f32; rows * n];
+                    for _ in 0..7 {
+                        let t = Instant::now();
+                        mats[0].matmul_rows(isa, input, n, 0..rows, &mut out);
+                        times.push(t.elapsed().as_secs_f64());
+                    }
+                    let gflops = (2 * rows * cols * n) as f64 / median(times) / 1e9;
+                    println!(
+                        "matmul [{rows:>6}, {cols:>4}] x {n} tokens {fmt:<5} {isa:<7} {gflops:7.1} GFLOP/s  (1 thread)"
+                    );
+                }
             }
         }
     }
