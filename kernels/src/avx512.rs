@@ -333,6 +333,116 @@ pub unsafe fn q8_matvec(q: &[i8], scales: &[f32], cols: usize, a: QuantRow<'_>, 
     }
 }
 
+/// `out[i * n + t] = W[rows.start + i] · a[t]` for q8 weights (as [`q8_matvec`]) and all `n`
+/// activation rows of `a`: tiles of 2 rows x 2 tokens share their loads (prefill). Each (row,
+/// token) goes through the same operations in the same order as [`q8_matvec`]'s, so a
+/// prompt's products equal its tokens' one by one, bit for bit.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VNNI; `supports_q8(a.group)`; `q` and `scales` hold
+/// the rows; `out.len() == rows.len() * n`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q8_matmul(
+    q: &[i8],
+    scales: &[f32],
+    cols: usize,
+    a: &QuantAct,
+    n: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let ng = cols / a.group;
+    assert!(
+        supports_q8(a.group)
+            && q.len() >= rows.end * cols
+            && scales.len() >= rows.end * ng
+            && a.q.len() >= n * cols
+            && out.len() == rows.len() * n
+    );
+    let mut r = rows.start;
+    while r < rows.end {
+        let nr = (rows.end - r).min(2);
+        let mut t = 0;
+        while t < n {
+            let nt = (n - t).min(2);
+            let o = &mut out[(r - rows.start) * n..];
+            // SAFETY (each): rows r..r + nr and tokens t..t + nt exist, as asserted
+            unsafe {
+                match (nr, nt) {
+                    (2, 2) => q8_put::<2, 2>(q, scales, cols, a, r, t, n, o),
+                    (2, _) => q8_put::<2, 1>(q, scales, cols, a, r, t, n, o),
+                    (_, 2) => q8_put::<1, 2>(q, scales, cols, a, r, t, n, o),
+                    _ => q8_put::<1, 1>(q, scales, cols, a, r, t, n, o),
+                }
+            }
+            t += nt;
+        }
+        r += nr;
+    }
+}
+
+/// Rows `r0..r0 + R` times tokens `t0..t0 + T` of q8 weights into `out` (`[R, n]` from row
+/// `r0`): per (row, token) the operations of [`q8_row`] and [`sum_groups`], in their order.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q8_put<const R: usize, const T: usize>(
+    q: &[i8],
+    wd: &[f32],
+    cols: usize,
+    a: &QuantAct,
+    r0: usize,
+    t0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let (g, ng) = (a.group, cols / a.group);
+    let flip = _mm512_set1_epi8(-128);
+    let rows: [QuantRow<'_>; T] = std::array::from_fn(|t| a.row(t0 + t));
+    // float accumulators per (row, token): even groups into [0], odd into [1]
+    let mut f = [[[_mm512_setzero_ps(); 2]; T]; R];
+    for gi in 0..ng {
+        // the group's int32 lanes: even 64-byte chunks into e, odd into o
+        let mut e = [[_mm512_setzero_si512(); T]; R];
+        let mut o = [[_mm512_setzero_si512(); T]; R];
+        let end = (gi + 1) * g;
+        let mut c = gi * g;
+        while c < end {
+            for (half, acc) in [(0, &mut e), (64, &mut o)] {
+                let cc = c + half;
+                if cc >= end {
+                    break;
+                }
+                // SAFETY (the loads): chunk cc of each row and token is inside them (groups are
+                // whole 64-byte chunks)
+                let w: [__m512i; R] = std::array::from_fn(|i| unsafe {
+                    _mm512_xor_si512(_mm512_loadu_si512(q.as_ptr().add((r0 + i) * cols + cc) as *const _), flip)
+                });
+                for (t, row) in rows.iter().enumerate() {
+                    let x = unsafe { _mm512_loadu_si512(row.q.as_ptr().add(cc) as *const _) };
+                    for i in 0..R {
+                        acc[i][t] = _mm512_dpbusd_epi32(acc[i][t], w[i], x);
+                    }
+                }
+            }
+            c += 128;
+        }
+        for i in 0..R {
+            for (t, row) in rows.iter().enumerate() {
+                let b = _mm512_maskz_set1_epi32(1, -128 * row.sums[gi]);
+                let v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(e[i][t], o[i][t]), b));
+                let fp = &mut f[i][t][gi % 2];
+                *fp = _mm512_fmadd_ps(v, _mm512_set1_ps(wd[(r0 + i) * ng + gi] * row.scales[gi]), *fp);
+            }
+        }
+    }
+    for i in 0..R {
+        for t in 0..T {
+            out[i * n + t0 + t] = _mm512_reduce_add_ps(_mm512_add_ps(f[i][t][0], f[i][t][1]));
+        }
+    }
+}
+
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn q8_row(q: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {

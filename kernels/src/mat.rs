@@ -242,6 +242,12 @@ impl Mat<'_> {
                 unsafe { avx512::q_matmul(six, x4, q, scales, c, a, &a.permuted, n, rows, out) };
                 true
             }
+            // several tokens (prefill): tiles of rows x tokens
+            (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512::supports_q8(group) && n > 1 => {
+                // SAFETY: as above
+                unsafe { avx512::q8_matmul(q, scales, c, a, n, rows, out) };
+                true
+            }
             (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512::supports_q8(group) => {
                 for (i, r) in rows.enumerate() {
                     if n == 1 {
