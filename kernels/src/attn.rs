@@ -287,9 +287,15 @@ impl Block<'_> {
 #[inline(always)]
 fn scores<const Q: usize>(isa: Isa, idx: &[usize; Q], q: &[f32], kt: &[f32], hd: usize) -> [[f32; KEY_BLOCK]; Q] {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx512 {
-        // SAFETY: the tier says AVX-512 F is present
-        return unsafe { x86::scores::<Q>(idx, q, kt, hd) };
+    {
+        if isa >= Isa::Avx512 {
+            // SAFETY: the tier says AVX-512 F is present
+            return unsafe { x86::scores::<Q>(idx, q, kt, hd) };
+        }
+        if isa.has_avx2() {
+            // SAFETY: the tier says AVX2 and FMA are present
+            return unsafe { x86::scores_avx2::<Q>(idx, q, kt, hd) };
+        }
     }
     let _ = isa;
     let mut sc = [[0f32; KEY_BLOCK]; Q];
@@ -309,9 +315,15 @@ fn scores<const Q: usize>(isa: Isa, idx: &[usize; Q], q: &[f32], kt: &[f32], hd:
 #[inline(always)]
 fn weighted<const C: usize>(isa: Isa, o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx512 {
-        // SAFETY: the tier says AVX-512 F is present
-        return unsafe { x86::weighted::<C>(o, alpha, p, vb, hd) };
+    {
+        if isa >= Isa::Avx512 {
+            // SAFETY: the tier says AVX-512 F is present
+            return unsafe { x86::weighted::<C>(o, alpha, p, vb, hd) };
+        }
+        if isa.has_avx2() {
+            // SAFETY: the tier says AVX2 and FMA are present
+            return unsafe { x86::weighted_avx2::<C>(o, alpha, p, vb, hd) };
+        }
     }
     let _ = isa;
     for c in 0..C {
@@ -425,8 +437,10 @@ pub fn attend(
     }
 }
 
-/// The AVX-512 forms of [`scores`] and [`weighted`]: the same sums in the same order, with
-/// fused multiply-adds (so within rounding of the other tiers, not bit for bit).
+/// The AVX-512 and AVX2 forms of [`scores`] and [`weighted`]: the same sums in the same order,
+/// with fused multiply-adds (so within rounding of the scalar tier, not bit for bit). AVX2 has
+/// 16 registers: one query's 8 score accumulators at a time, and at most 4 value chunks (8
+/// accumulators) per pass.
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -492,6 +506,68 @@ mod x86 {
         for (c, a) in acc.iter().enumerate() {
             // SAFETY: inside `o`, as asserted
             unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), *a) };
+        }
+        n
+    }
+
+    /// # Safety
+    /// AVX2 and FMA present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn scores_avx2<const Q: usize>(
+        idx: &[usize; Q],
+        q: &[f32],
+        kt: &[f32],
+        hd: usize,
+    ) -> [[f32; KEY_BLOCK]; Q] {
+        assert!(kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
+        let mut out = [[0f32; KEY_BLOCK]; Q];
+        for (o, &i) in out.iter_mut().zip(idx) {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            for d in 0..hd {
+                // SAFETY (the loads): inside `kt` and `q`, as asserted
+                let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
+                let qd = _mm256_set1_ps(unsafe { *q.get_unchecked(i * hd + d) });
+                for (r, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(qd, unsafe { _mm256_loadu_ps(col.add(8 * r)) }, *a);
+                }
+            }
+            for (r, a) in acc.iter().enumerate() {
+                // SAFETY: 8 floats at 8 r of a 64-float array
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * r), *a) };
+            }
+        }
+        out
+    }
+
+    /// # Safety
+    /// AVX2 and FMA present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn weighted_avx2<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
+        let n = C * VCHUNK;
+        assert!(o.len() >= n && (p.is_empty() || vb.len() >= (p.len() - 1) * hd + n));
+        let al = _mm256_set1_ps(alpha);
+        // passes of up to 32 dimensions (8 registers)
+        let mut d0 = 0;
+        while d0 < n {
+            let w = (n - d0).min(32) / 8;
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (c, a) in acc.iter_mut().enumerate().take(w) {
+                // SAFETY: inside `o`, as asserted
+                *a = _mm256_mul_ps(unsafe { _mm256_loadu_ps(o.as_ptr().add(d0 + 8 * c)) }, al);
+            }
+            for (j, &pj) in p.iter().enumerate() {
+                let pv = _mm256_set1_ps(pj);
+                // SAFETY: row j's first n values are inside `vb`, as asserted
+                let v = unsafe { vb.as_ptr().add(j * hd + d0) };
+                for (c, a) in acc.iter_mut().enumerate().take(w) {
+                    *a = _mm256_fmadd_ps(pv, unsafe { _mm256_loadu_ps(v.add(8 * c)) }, *a);
+                }
+            }
+            for (c, a) in acc.iter().enumerate().take(w) {
+                // SAFETY: inside `o`, as asserted
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(d0 + 8 * c), *a) };
+            }
+            d0 += 8 * w;
         }
         n
     }
