@@ -137,64 +137,47 @@ pub fn fold(
     st: &mut State,
 ) {
     debug_assert!(q.len() == ends.len() * st.hd && st.queries() == ends.len());
+    let a = FoldArgs { isa, q, ends, keys, vals, range, scale };
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 {
             // SAFETY: the tier says AVX-512 F is present
-            return unsafe { fold_avx512(isa, q, ends, keys, vals, range, scale, st) };
+            return unsafe { fold_avx512(a, st) };
         }
         if isa.has_avx2() {
             // SAFETY: the tier says AVX2 and FMA are present
-            return unsafe { fold_avx2(isa, q, ends, keys, vals, range, scale, st) };
+            return unsafe { fold_avx2(a, st) };
         }
     }
-    fold_body(isa, q, ends, keys, vals, range, scale, st)
+    fold_body(a, st)
+}
+
+/// [`fold`]'s inputs, handed to the body compiled for each tier.
+struct FoldArgs<'a> {
+    isa: Isa,
+    q: &'a [f32],
+    ends: &'a [usize],
+    keys: &'a [f32],
+    vals: &'a [f32],
+    range: Range<usize>,
+    scale: f32,
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn fold_avx512(
-    isa: Isa,
-    q: &[f32],
-    ends: &[usize],
-    keys: &[f32],
-    vals: &[f32],
-    range: Range<usize>,
-    scale: f32,
-    st: &mut State,
-) {
-    fold_body(isa, q, ends, keys, vals, range, scale, st)
+unsafe fn fold_avx512(a: FoldArgs<'_>, st: &mut State) {
+    fold_body(a, st)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn fold_avx2(
-    isa: Isa,
-    q: &[f32],
-    ends: &[usize],
-    keys: &[f32],
-    vals: &[f32],
-    range: Range<usize>,
-    scale: f32,
-    st: &mut State,
-) {
-    fold_body(isa, q, ends, keys, vals, range, scale, st)
+unsafe fn fold_avx2(a: FoldArgs<'_>, st: &mut State) {
+    fold_body(a, st)
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn fold_body(
-    isa: Isa,
-    q: &[f32],
-    ends: &[usize],
-    keys: &[f32],
-    vals: &[f32],
-    range: Range<usize>,
-    scale: f32,
-    st: &mut State,
-) {
+fn fold_body(a: FoldArgs<'_>, st: &mut State) {
+    let FoldArgs { isa, q, ends, keys, vals, range, scale } = a;
     let hd = st.hd;
     let mut b0 = range.start;
     while b0 < range.end {
