@@ -15,12 +15,20 @@ use crate::trace;
 /// Most rows of a gate (and of an up) one step of [`Exec::swiglu_pairs`] holds on the stack.
 const MAX_PIECE: usize = 128;
 
+/// Fewest weight bytes a piece of a parallel section streams (the last piece may hold less):
+/// small enough that the threads finish within a few µs of each other, large enough that a
+/// claim and a fresh weight stream stay a small part of the piece.
+const MIN_PIECE_BYTES: usize = 64 << 10;
+
 pub struct Exec {
     pub isa: Isa,
     pool: Pool,
     /// The same tier on the calling thread alone, for work already split over the pool (a task
     /// of a parallel section cannot open another); None when this one is single-threaded.
     serial: Option<Box<Exec>>,
+    /// Fewest weight bytes per piece of a section ([`MIN_PIECE_BYTES`]; tests lower it to cut
+    /// small products into many pieces).
+    min_piece_bytes: usize,
 }
 
 /// A pointer to an output shared by the tasks of one section, each writing its own part.
@@ -28,7 +36,7 @@ pub(crate) struct Chunks {
     ptr: *mut f32,
     len: usize,
 }
-// SAFETY: tasks write disjoint parts (see `for_chunks_mut` and the MoE layer's expert tasks)
+// SAFETY: tasks write disjoint parts (see `for_pieces_mut` and the MoE layer's expert tasks)
 unsafe impl Sync for Chunks {}
 
 impl Chunks {
@@ -46,6 +54,9 @@ impl Chunks {
     }
 }
 
+/// What a section runs on each piece: `f(rows, part of the output, participant)`.
+type PieceFn<'a> = dyn Fn(Range<usize>, &mut [f32], usize) + Sync + 'a;
+
 /// Buffers a product needs besides its output, kept between calls.
 #[derive(Default)]
 pub struct Scratch {
@@ -57,7 +68,14 @@ impl Exec {
     pub fn new(threads: usize, isa: Isa) -> Result<Exec, String> {
         let pool = Pool::new(threads).map_err(|e| format!("starting {threads} compute threads: {e}"))?;
         let serial = if pool.threads() > 1 { Some(Box::new(Exec::new(1, isa)?)) } else { None };
-        Ok(Exec { isa, pool, serial })
+        Ok(Exec { isa, pool, serial, min_piece_bytes: MIN_PIECE_BYTES })
+    }
+
+    /// This exec with pieces of at least `bytes` of weights (tests: many small pieces).
+    #[cfg(test)]
+    fn with_min_piece_bytes(mut self, bytes: usize) -> Exec {
+        self.min_piece_bytes = bytes;
+        self
     }
 
     pub fn threads(&self) -> usize {
@@ -75,38 +93,55 @@ impl Exec {
         self.pool.run(tasks, f);
     }
 
-    /// `f(i, chunk_i, participant)` for each `chunk`-sized piece of `data` (the last may be
-    /// shorter), in parallel over the compute threads.
-    pub fn for_chunks_mut(&self, data: &mut [f32], chunk: usize, f: &(dyn Fn(usize, &mut [f32], usize) + Sync)) {
-        let chunk = chunk.max(1);
-        let tasks = data.len().div_ceil(chunk);
-        let len = data.len();
-        let out = Chunks::new(data);
-        self.pool.run(tasks, &|i, p| {
-            let start = i * chunk;
-            let n = chunk.min(len - start);
-            // SAFETY: task i alone writes [start, start + n), inside `data`, which outlives the
-            // section (`run` returns after every task)
-            let c = unsafe { out.slice(start, n) };
-            f(i, c, p);
+    /// The pieces of a parallel section over `rows` rows of `row_bytes` weight bytes each,
+    /// claimed in order: each about 1/(2 x threads) of the rows still unclaimed, in whole blocks
+    /// of interleaved rows (`ROW_BLOCK`) and of at least `min_piece_bytes`, so the pieces shrink
+    /// as the section runs out and the threads finish within one small piece of each other
+    /// (with equal pieces, 4 per thread, one thread of bench8's decode at 2T idled ~0.86 ms a
+    /// token at the ends of sections). One thread: one piece.
+    fn pieces(&self, rows: usize, row_bytes: usize) -> Vec<Range<usize>> {
+        // one thread: everything left, i.e. one piece
+        let share = if self.threads() == 1 { 1 } else { 2 * self.threads() };
+        let least = self.min_piece_bytes.div_ceil(row_bytes.max(1)).max(1);
+        let mut out = Vec::new();
+        let mut r0 = 0;
+        while r0 < rows {
+            let left = rows - r0;
+            let n = left.div_ceil(share).max(least).next_multiple_of(ROW_BLOCK).min(left);
+            out.push(r0..r0 + n);
+            r0 += n;
+        }
+        out
+    }
+
+    /// `f(rows, part, participant)` for each piece of [`pieces`](Self::pieces) over `rows` rows,
+    /// in parallel over the compute threads: `part` is `out`'s rows `rows`, `width` values each.
+    fn for_pieces_mut(
+        &self,
+        out: &mut [f32],
+        width: usize,
+        row_bytes: usize,
+        f: &PieceFn<'_>,
+    ) {
+        debug_assert_eq!(out.len() % width.max(1), 0);
+        let pieces = self.pieces(out.len() / width.max(1), row_bytes);
+        let data = Chunks::new(out);
+        self.pool.run(pieces.len(), &|i, p| {
+            let r = pieces[i].clone();
+            // SAFETY: the pieces are disjoint row ranges inside `out`, task i alone writes
+            // piece i's rows, and `out` outlives the section (`run` returns after every task)
+            let part = unsafe { data.slice(r.start * width, r.len() * width) };
+            f(r, part, p);
         });
     }
 
     /// `out = [A x | B x | ...]` for one input row `x` (`[cols]`) and matrices of the same
     /// input size and format (an expert's gate and up; attention's q, k and v): `out` is their
-    /// rows end to end. One parallel section instead of one per matrix, `chunks` pieces per
-    /// thread running across the matrices' boundaries, and `x` quantized once. Falls back to one
+    /// rows end to end. One parallel section instead of one per matrix, its pieces running
+    /// across the matrices' boundaries, and `x` quantized once. Falls back to one
     /// product per matrix when the formats or input sizes differ. `label` names the group in the
     /// trace.
-    pub fn matvec_concat(
-        &self,
-        label: &'static str,
-        mats: &[&Mat<'_>],
-        x: &[f32],
-        out: &mut [f32],
-        chunks: usize,
-        s: &mut Scratch,
-    ) {
+    pub fn matvec_concat(&self, label: &'static str, mats: &[&Mat<'_>], x: &[f32], out: &mut [f32], s: &mut Scratch) {
         let Some(first) = mats.first() else { return };
         let rows: usize = mats.iter().map(|m| m.rows).sum();
         debug_assert_eq!(out.len(), rows);
@@ -123,21 +158,22 @@ impl Exec {
         let rows: Vec<usize> = mats.iter().map(|m| m.rows).collect();
         let isa = self.isa;
         let span = product_span(label, first.format(), out.len(), first.cols, 1);
-        self.row_section(span, label, &rows, out, chunks, &|i, r, o| mats[i].matmul_rows(isa, input, 1, r, o));
+        let row_bytes = row_bytes(first);
+        self.row_section(span, label, &rows, out, row_bytes, &|i, r, o| mats[i].matmul_rows(isa, input, 1, r, o));
     }
 
     /// `out = [A₀ x₀ | A₁ x₁ | ...]`: one token's products of several matrices of one input
     /// size and format, each with its own input (several experts' down projections), their rows
-    /// end to end in `out`; one parallel section of `chunks` pieces per thread, as
+    /// end to end in `out`; one parallel section, as
     /// [`matvec_concat`](Self::matvec_concat). Each input is quantized in the section, by the
     /// first piece that needs it.
-    pub fn matvec_each(&self, label: &'static str, prods: &[(&Mat<'_>, &[f32])], out: &mut [f32], chunks: usize) {
+    pub fn matvec_each(&self, label: &'static str, prods: &[(&Mat<'_>, &[f32])], out: &mut [f32]) {
         let Some(&(first, _)) = prods.first() else { return };
         let rows: Vec<usize> = prods.iter().map(|(m, _)| m.rows).collect();
         let qas: Vec<OnceLock<QuantAct>> = prods.iter().map(|_| OnceLock::new()).collect();
         let isa = self.isa;
         let span = product_span(label, first.format(), out.len(), first.cols, 1);
-        self.row_section(span, label, &rows, out, chunks, &|i, r, o| {
+        self.row_section(span, label, &rows, out, row_bytes(first), &|i, r, o| {
             let (m, x) = prods[i];
             let input = match m.quant_group() {
                 Some(g) => Input::Quant(qas[i].get_or_init(|| {
@@ -154,7 +190,7 @@ impl Exec {
     /// One token's SwiGLU activations of several gate/up pairs of one input size and format
     /// (one token's experts), `act = [silu(G₀ x) ⊙ U₀ x | silu(G₁ x) ⊙ U₁ x | ...]`, in one
     /// parallel section: each piece computes the same rows of a pair's gate and up and their
-    /// SwiGLU at once, `chunks` pieces per thread; `x` is quantized once. Pairs whose gate and
+    /// SwiGLU at once; `x` is quantized once. Pairs whose gate and
     /// up differ in shape, or differ from the first in format, go through
     /// [`matvec_concat`](Self::matvec_concat) and a SwiGLU afterwards (same result).
     pub fn swiglu_pairs(
@@ -163,7 +199,6 @@ impl Exec {
         pairs: &[(&Mat<'_>, &Mat<'_>)],
         x: &[f32],
         act: &mut [f32],
-        chunks: usize,
         s: &mut Scratch,
     ) {
         let Some(&(first, _)) = pairs.first() else { return };
@@ -173,7 +208,7 @@ impl Exec {
             let mut a0 = 0;
             for (g, u) in pairs {
                 let mut gu = vec![0f32; g.rows + u.rows];
-                self.matvec_concat(label, &[g, u], x, &mut gu, chunks, s);
+                self.matvec_concat(label, &[g, u], x, &mut gu, s);
                 let (gv, uv) = gu.split_at(g.rows);
                 swiglu(gv, uv, &mut act[a0..a0 + g.rows]);
                 a0 += g.rows;
@@ -185,7 +220,8 @@ impl Exec {
         let isa = self.isa;
         // the trace counts both matrices' rows: what the section streams
         let span = product_span(label, first.format(), 2 * act.len(), first.cols, 1);
-        self.row_section(span, label, &rows, act, chunks, &|i, r, o| {
+        // a row of the activation streams a gate row and an up row
+        self.row_section(span, label, &rows, act, 2 * row_bytes(first), &|i, r, o| {
             let (g, u) = pairs[i];
             // the gate's and up's results of these rows, then their SwiGLU in place
             let mut gu = [0f32; 2 * MAX_PIECE];
@@ -200,8 +236,8 @@ impl Exec {
     }
 
     /// One parallel section over the rows of several matrices end to end (`rows[i]` of matrix
-    /// `i`), under the product slice `span`: `chunks` pieces per thread, each of whole blocks of
-    /// interleaved rows, running across the matrices' boundaries; `rows_of(i, range, out)`
+    /// `i`), under the product slice `span`, in [`pieces`](Self::pieces) of `row_bytes` weight
+    /// bytes a row running across the matrices' boundaries; `rows_of(i, range, out)`
     /// computes matrix `i`'s rows `range`. Each row goes through the kernel as it would alone, so
     /// the split never changes a bit.
     fn row_section(
@@ -210,7 +246,7 @@ impl Exec {
         label: &'static str,
         rows: &[usize],
         out: &mut [f32],
-        chunks: usize,
+        row_bytes: usize,
         rows_of: &(dyn Fn(usize, Range<usize>, &mut [f32]) + Sync),
     ) {
         let total: usize = rows.iter().sum();
@@ -219,13 +255,11 @@ impl Exec {
         let flows = span.flows_out(self.threads());
         // where each matrix starts in `out`
         let starts: Vec<usize> = rows.iter().scan(0, |acc, r| Some(std::mem::replace(acc, *acc + r))).collect();
-        // whole blocks of interleaved rows per chunk (`ROW_BLOCK`), so each chunk streams
-        let rows_per = total.div_ceil((self.threads() * chunks).max(1)).max(8).next_multiple_of(ROW_BLOCK);
-        self.for_chunks_mut(out, rows_per, &|ci, oc, p| {
+        self.for_pieces_mut(out, 1, row_bytes, &|piece, oc, p| {
             let _c = trace::span(label).merge_with(key);
             trace::flow_in(flows.map(|f| f + p as u64), key);
             // global rows [r0, r1): the part of each matrix they cover
-            let (r0, r1) = (ci * rows_per, ci * rows_per + oc.len());
+            let (r0, r1) = (piece.start, piece.end);
             for (i, (&n, &m0)) in rows.iter().zip(&starts).enumerate() {
                 let (a, b) = (r0.max(m0), r1.min(m0 + n));
                 if a < b {
@@ -280,15 +314,11 @@ impl Exec {
         let flows = span.flows_out(self.threads());
         debug_assert_eq!(out.len(), n * w.rows);
         let isa = self.isa;
-        // enough chunks to balance the threads, each a few hundred KB of weights at most
-        let chunks = (self.threads() * 4).max(1);
-        let rows_per = w.rows.div_ceil(chunks).max(8).next_multiple_of(ROW_BLOCK);
         let run = |o: &mut [f32], n: usize| {
-            self.for_chunks_mut(o, rows_per * n, &|ci, oc, p| {
+            self.for_pieces_mut(o, n, row_bytes(w), &|rows, oc, p| {
                 let _c = trace::span(label).merge_with(key);
                 trace::flow_in(flows.map(|b| b + p as u64), key);
-                let r0 = ci * rows_per;
-                w.matmul_rows(isa, input, n, r0..r0 + oc.len() / n, oc);
+                w.matmul_rows(isa, input, n, rows, oc);
             })
         };
         if n == 1 {
@@ -320,6 +350,12 @@ fn product_span(label: &'static str, f: Format, rows: usize, cols: usize, tokens
         a.push(("format", f.name().into()));
         a.push(("weight_bytes", (f.data_bytes(rows, cols) + f.scale_bytes(rows, cols)).into()));
     })
+}
+
+/// Weight bytes of one row of `w`, values and scales.
+fn row_bytes(w: &Mat<'_>) -> usize {
+    let f = w.format();
+    f.data_bytes(1, w.cols) + f.scale_bytes(1, w.cols)
 }
 
 /// The input a product of `w` reads: `x` itself for float weights, else `x` quantized (into
@@ -423,23 +459,57 @@ mod tests {
                 want_down.extend(y);
             }
             for threads in [1, 2, 3] {
-                let ex = Exec::new(threads, isa).expect("exec");
-                for chunks in [1, 4, 16] {
+                // one piece per thread and more, down to one block of rows each
+                for least in [1 << 20, 4096, 0] {
+                    let ex = Exec::new(threads, isa).expect("exec").with_min_piece_bytes(least);
                     let gm: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(n, h, &gates[i])).collect();
                     let um: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(n, h, &ups[i])).collect();
                     let pairs: Vec<(&Mat<'_>, &Mat<'_>)> = gm.iter().zip(&um).collect();
                     let mut act = vec![0f32; want_act.len()];
-                    ex.swiglu_pairs("gu", &pairs, &x, &mut act, chunks, &mut Scratch::default());
+                    ex.swiglu_pairs("gu", &pairs, &x, &mut act, &mut Scratch::default());
                     let d = first_difference(&act, &want_act);
-                    assert_eq!(d, None, "{isa} swiglu_pairs, {threads} threads, {chunks} chunks");
+                    assert_eq!(d, None, "{isa} swiglu_pairs, {threads} threads, pieces of {least} B");
                     let dm: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(h, n, &downs[i])).collect();
                     let prods: Vec<(&Mat<'_>, &[f32])> = dm.iter().zip(&acts).map(|(m, a)| (m, a.as_slice())).collect();
                     let mut y = vec![0f32; want_down.len()];
-                    ex.matvec_each("d", &prods, &mut y, chunks);
+                    ex.matvec_each("d", &prods, &mut y);
                     let d = first_difference(&y, &want_down);
-                    assert_eq!(d, None, "{isa} matvec_each, {threads} threads, {chunks} chunks");
+                    assert_eq!(d, None, "{isa} matvec_each, {threads} threads, pieces of {least} B");
                 }
             }
         }
+    }
+
+    #[test]
+    fn pieces_cover_the_rows_in_order_and_shrink_to_the_least_size() {
+        let ex = Exec::new(3, Isa::Scalar).expect("exec").with_min_piece_bytes(1000);
+        for rows in [0usize, 1, 3, 4, 5, 64, 1001, 151_936] {
+            for row_bytes in [1usize, 100, 1088] {
+                let least = 1000usize.div_ceil(row_bytes);
+                let p = ex.pieces(rows, row_bytes);
+                // contiguous from 0 to rows, each non-empty
+                let mut r0 = 0;
+                for r in &p {
+                    assert_eq!(r.start, r0, "{rows} rows of {row_bytes} B: a gap or overlap at {r0}");
+                    assert!(r.end > r.start, "{rows} rows: an empty piece");
+                    r0 = r.end;
+                }
+                assert_eq!(r0, rows, "{rows} rows of {row_bytes} B: pieces end at {r0}");
+                for (i, r) in p.iter().enumerate() {
+                    let last = i + 1 == p.len();
+                    // whole blocks of interleaved rows and at least the least size, but the last
+                    assert!(last || (r.start % 4 == 0 && r.len() % 4 == 0), "{rows} rows: piece {r:?}");
+                    assert!(last || r.len() >= least, "{rows} rows of {row_bytes} B: piece {r:?} under {least}");
+                    // never larger than a sixth (1 / (2 x 3 threads)) of what was left, rounded up
+                    let cap = (rows - r.start).div_ceil(6).max(least).next_multiple_of(4);
+                    assert!(r.len() <= cap, "{rows} rows: piece {r:?} over {cap}");
+                }
+                // shrinking: no piece after the first is larger than the one before it
+                assert!(p.windows(2).all(|w| w[1].len() <= w[0].len()), "{rows} rows: {p:?}");
+            }
+        }
+        // one thread: the whole product as one piece (one weight stream)
+        let one = Exec::new(1, Isa::Scalar).expect("exec");
+        assert_eq!(one.pieces(151_936, 1088), vec![0..151_936]);
     }
 }

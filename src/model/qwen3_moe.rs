@@ -324,10 +324,10 @@ impl Qwen3Moe {
         let (mut q, mut k, mut v) = (vec![0f32; t_n * nh * hd], vec![0f32; t_n * nkv * hd], vec![0f32; t_n * nkv * hd]);
         let (wq, wk, wv) = (pkg.mat_by_index(layer.q), pkg.mat_by_index(layer.k), pkg.mat_by_index(layer.v));
         if t_n == 1 {
-            // decode: the three in one parallel section (its chunks cross from q into k and v),
+            // decode: the three in one parallel section (its pieces cross from q into k and v),
             // one quantization of the normed input
             let mut qkv = vec![0f32; (nh + 2 * nkv) * hd];
-            exec.matvec_concat("qkv_proj", &[&wq, &wk, &wv], &hn, &mut qkv, 4, s);
+            exec.matvec_concat("qkv_proj", &[&wq, &wk, &wv], &hn, &mut qkv, s);
             let (qp, kv_part) = qkv.split_at(nh * hd);
             q.copy_from_slice(qp);
             k.copy_from_slice(&kv_part[..nkv * hd]);
@@ -478,7 +478,7 @@ impl Qwen3Moe {
                 // pairs, this way won 6 with a median ratio of 1.065 (roofline share median
                 // 92.5 vs 92%)
                 let mats: Vec<ExpertMats<'_>> = used.iter().map(|&e| pkg.expert(l, e)).collect::<Result<_, _>>()?;
-                decode_experts(exec, &mats, hn, DECODE_CHUNKS, s, |i, y| weigh(used[i], y));
+                decode_experts(exec, &mats, hn, s, |i, y| weigh(used[i], y));
             }
             None => {
                 for &e in &used {
@@ -514,7 +514,7 @@ impl Qwen3Moe {
                         }
                         let mats: Vec<ExpertMats<'_>> =
                             batch.iter().map(|b| pkg.expert_view(b.bytes())).collect::<Result<_, _>>()?;
-                        decode_experts(exec, &mats, hn, DECODE_CHUNKS, s, |i, y| weigh(batch[i].expert, y));
+                        decode_experts(exec, &mats, hn, s, |i, y| weigh(batch[i].expert, y));
                         drop(mats);
                         drop(span);
                         for b in batch {
@@ -541,25 +541,21 @@ impl Qwen3Moe {
     }
 }
 
-/// Pieces per thread of each section of [`decode_experts`].
-const DECODE_CHUNKS: usize = 4;
-
 /// One token's experts `mats` over the input `x` (`[H]`) as two parallel sections for all of
 /// them: every gate and up row with its SwiGLU in one, every down row in the other, each section
-/// cut into `chunks` pieces per thread across the experts' boundaries, so the threads finish
+/// cut into pieces across the experts' boundaries, so the threads finish
 /// together whatever expert they are in. `each(i, y)` gets expert `i`'s output (`[H]`).
 fn decode_experts(
     exec: &Exec,
     mats: &[ExpertMats<'_>],
     x: &[f32],
-    chunks: usize,
     s: &mut Scratch,
     mut each: impl FnMut(usize, &[f32]),
 ) {
     // each expert's SwiGLU activation, [I_e] end to end
     let pairs: Vec<(&Mat<'_>, &Mat<'_>)> = mats.iter().map(|m| (&m.gate, &m.up)).collect();
     let mut act = vec![0f32; mats.iter().map(|m| m.gate.rows).sum()];
-    exec.swiglu_pairs("expert_gate_up", &pairs, x, &mut act, chunks, s);
+    exec.swiglu_pairs("expert_gate_up", &pairs, x, &mut act, s);
     let mut downs: Vec<(&Mat<'_>, &[f32])> = Vec::with_capacity(mats.len());
     let mut a0 = 0;
     for m in mats {
@@ -567,7 +563,7 @@ fn decode_experts(
         a0 += m.gate.rows;
     }
     let mut y = vec![0f32; mats.iter().map(|m| m.down.rows).sum()];
-    exec.matvec_each("expert_down", &downs, &mut y, chunks);
+    exec.matvec_each("expert_down", &downs, &mut y);
     let mut y0 = 0;
     for (i, m) in mats.iter().enumerate() {
         each(i, &y[y0..y0 + m.down.rows]);
@@ -593,7 +589,7 @@ fn swiglu_mlp(
     if n == 1 {
         // one token (decode): gate and up with their SwiGLU in one parallel section, the input
         // quantized once
-        exec.swiglu_pairs(labels[0], &[(gate, up)], x, &mut a, DECODE_CHUNKS, s);
+        exec.swiglu_pairs(labels[0], &[(gate, up)], x, &mut a, s);
     } else {
         let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
         exec.matmul_shared(x, n, &mut [(labels[1], gate, &mut g), (labels[2], up, &mut u)], s);
