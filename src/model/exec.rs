@@ -13,7 +13,7 @@ use super::pool::Pool;
 use crate::trace;
 
 /// Most rows of a gate (and of an up) one step of [`Exec::swiglu_pairs`] holds on the stack.
-const MAX_PIECE: usize = 128;
+const MAX_PIECE: usize = 1024;
 
 /// Fewest weight bytes a piece of a parallel section streams (the last piece may hold less):
 /// small enough that the threads finish within a few µs of each other, large enough that a
@@ -116,13 +116,7 @@ impl Exec {
 
     /// `f(rows, part, participant)` for each piece of [`pieces`](Self::pieces) over `rows` rows,
     /// in parallel over the compute threads: `part` is `out`'s rows `rows`, `width` values each.
-    fn for_pieces_mut(
-        &self,
-        out: &mut [f32],
-        width: usize,
-        row_bytes: usize,
-        f: &PieceFn<'_>,
-    ) {
+    fn for_pieces_mut(&self, out: &mut [f32], width: usize, row_bytes: usize, f: &PieceFn<'_>) {
         debug_assert_eq!(out.len() % width.max(1), 0);
         let pieces = self.pieces(out.len() / width.max(1), row_bytes);
         let data = Chunks::new(out);
