@@ -42,6 +42,10 @@ pub enum Command {
         threads: usize,
         #[arg(long, default_value_t = 2048)]
         mib: usize,
+        /// Fill the buffer once, then probe once per line of standard input (a thread count),
+        /// one result line each, until end of input.
+        #[arg(long)]
+        serve: bool,
     },
 }
 

@@ -31,12 +31,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Bench(a)) => cmd::bench::run(a),
         Some(cli::Command::Sim(a)) => cmd::sim::run(a),
         Some(cli::Command::Perplexity(a)) => cmd::perplexity::run(a),
-        Some(cli::Command::ReadBandwidth { threads, mib }) => {
-            // the best of the two ways, then each (`bench --roofline` reads the line)
-            let p = moescope::sysinfo::read_bandwidth(*threads, mib << 20, 5);
-            println!("{:.3} {:.3} {:.3}", p.best(), p.plain, p.prefetched);
-            Ok(())
-        }
+        Some(cli::Command::ReadBandwidth { threads, mib, serve }) => read_bandwidth(*threads, *mib, *serve),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
@@ -45,4 +40,31 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The hidden `read-bandwidth` command: one probe at `threads` threads, or with `serve` one per
+/// line of standard input (its thread count). Each result is a line "best plain prefetched" in
+/// GB/s, which `bench --roofline` reads.
+fn read_bandwidth(threads: usize, mib: usize, serve: bool) -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+    let Some(buf) = moescope::sysinfo::ReadBuffer::new(mib << 20) else {
+        anyhow::bail!("read-bandwidth: cannot map {mib} MiB");
+    };
+    let mut out = std::io::stdout().lock();
+    let mut one = |t: usize| -> anyhow::Result<()> {
+        let p = buf.probe(t, 5);
+        writeln!(out, "{:.3} {:.3} {:.3}", p.best(), p.plain, p.prefetched)?;
+        out.flush()?;
+        Ok(())
+    };
+    if !serve {
+        return one(threads);
+    }
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let t: usize =
+            line.trim().parse().map_err(|_| anyhow::anyhow!("read-bandwidth: '{line}' is not a thread count"))?;
+        one(t)?;
+    }
+    Ok(())
 }

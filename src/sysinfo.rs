@@ -27,38 +27,56 @@ pub fn logical_cores() -> usize {
 /// lent device's Intel Xeon), the plain sum reads less than the prefetching decode kernels do,
 /// and a roofline under what the engine reaches would flatter it.
 pub fn read_bandwidth(threads: usize, bytes: usize, passes: usize) -> ReadProbe {
-    let words = (bytes / 8).max(threads.max(1) * 8);
-    // in transparent huge pages where the kernel gives them, as the resident weights are
-    // (4 KiB pages read ~20% slower here: benches/huge_pages.rs)
-    let mut map = match memmap2::MmapMut::map_anon(words * 8) {
-        Ok(m) => m,
-        Err(_) => return ReadProbe { plain: 0.0, prefetched: 0.0 },
-    };
-    let _ = map.advise(memmap2::Advice::HugePage);
-    let v: &mut [u64] = bytemuck::cast_slice_mut(&mut map[..]);
-    for (i, x) in v.iter_mut().enumerate() {
-        *x = i as u64;
+    match ReadBuffer::new(bytes) {
+        Some(b) => b.probe(threads, passes),
+        None => ReadProbe { plain: 0.0, prefetched: 0.0 },
     }
-    let v: &[u64] = v;
-    let per = words.div_ceil(threads.max(1));
-    let mut rates = [Vec::with_capacity(passes.max(1)), Vec::with_capacity(passes.max(1))];
-    for _ in 0..passes.max(1) {
-        for (way, r) in rates.iter_mut().enumerate() {
-            let t = std::time::Instant::now();
-            let total = std::thread::scope(|s| {
-                let hs: Vec<_> = v.chunks(per).map(|part| s.spawn(move || sum_words(part, way == 1))).collect();
-                hs.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
-            });
-            std::hint::black_box(total);
-            r.push((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+}
+
+/// The buffer [`read_bandwidth`] reads, filled once and probed as often as asked (`bench
+/// --roofline` probes between a decode test's repetitions, on a host whose bandwidth drifts).
+pub struct ReadBuffer {
+    map: memmap2::MmapMut,
+}
+
+impl ReadBuffer {
+    /// `bytes` of anonymous memory, every page written; None if it cannot be mapped.
+    pub fn new(bytes: usize) -> Option<ReadBuffer> {
+        let words = (bytes / 8).max(64);
+        // in transparent huge pages where the kernel gives them, as the resident weights are
+        // (4 KiB pages read ~20% slower here: benches/huge_pages.rs)
+        let mut map = memmap2::MmapMut::map_anon(words * 8).ok()?;
+        let _ = map.advise(memmap2::Advice::HugePage);
+        let v: &mut [u64] = bytemuck::cast_slice_mut(&mut map[..]);
+        for (i, x) in v.iter_mut().enumerate() {
+            *x = i as u64;
         }
+        Some(ReadBuffer { map })
     }
-    let median = |mut r: Vec<f64>| {
-        r.sort_by(f64::total_cmp);
-        r[r.len() / 2]
-    };
-    let [plain, prefetched] = rates;
-    ReadProbe { plain: median(plain), prefetched: median(prefetched) }
+
+    /// The read bandwidth at `threads` threads: the median of `passes` passes each way.
+    pub fn probe(&self, threads: usize, passes: usize) -> ReadProbe {
+        let v: &[u64] = bytemuck::cast_slice(&self.map[..]);
+        let per = v.len().div_ceil(threads.max(1));
+        let mut rates = [Vec::with_capacity(passes.max(1)), Vec::with_capacity(passes.max(1))];
+        for _ in 0..passes.max(1) {
+            for (way, r) in rates.iter_mut().enumerate() {
+                let t = std::time::Instant::now();
+                let total = std::thread::scope(|s| {
+                    let hs: Vec<_> = v.chunks(per).map(|part| s.spawn(move || sum_words(part, way == 1))).collect();
+                    hs.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
+                });
+                std::hint::black_box(total);
+                r.push((v.len() * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+            }
+        }
+        let median = |mut r: Vec<f64>| {
+            r.sort_by(f64::total_cmp);
+            r[r.len() / 2]
+        };
+        let [plain, prefetched] = rates;
+        ReadProbe { plain: median(plain), prefetched: median(prefetched) }
+    }
 }
 
 /// What [`read_bandwidth`] measured, GB/s each way.

@@ -140,37 +140,48 @@ fn bad_bench_arguments() {
     }
 }
 
-/// `--roofline`: each decode row carries the probed read bandwidth and its share of the roofline
-/// (weight GB/s over read GB/s); prompt rows carry neither; the table's footer gives the roofline.
+/// `--roofline`: each decode row carries the read bandwidth probed just before its first timed
+/// repetition and just after each, each repetition's share of the roofline (its weight GB/s over
+/// the mean of the two probes around it) and their median; prompt rows carry none of it; the
+/// table's footer gives the roofline.
 #[test]
-fn roofline_share_is_weight_rate_over_probed_bandwidth() {
+fn roofline_share_is_each_repetitions_weight_rate_over_the_probes_around_it() {
     let (d, p) = convert("wide", "q4");
     let pkg = p.to_string_lossy().into_owned();
-    let args = ["bench", "-m", pkg.as_str(), "-p", "8", "-n", "4", "-r", "1", "-t", "1", "--roofline"];
+    let args = ["bench", "-m", pkg.as_str(), "-p", "8", "-n", "4", "-r", "3", "-t", "1", "--roofline"];
     let o = moescope(&[&args[..], &["-o", "json"]].concat(), d.path());
     assert!(o.status.success(), "{}", stderr(&o));
     let rows: Value = serde_json::from_str(&stdout(&o)).expect("json");
     let rows = rows.as_array().expect("rows");
     assert_eq!(rows.len(), 2);
-    assert!(rows[0]["read_gbps"].is_null() && rows[0]["roofline_pct"].is_null(), "pp row: {}", rows[0]);
+    for key in ["read_gbps", "read_gbps_probes", "roofline_pct", "roofline_pct_reps"] {
+        assert!(rows[0][key].is_null(), "pp row has {key}: {}", rows[0]);
+    }
     let r = &rows[1];
-    let (w, g, pct) =
-        (r["weight_gbps"].as_f64().unwrap(), r["read_gbps"].as_f64().unwrap(), r["roofline_pct"].as_f64().unwrap());
-    assert!(g > 0.1 && g.is_finite(), "{r}");
-    assert!((pct - 100.0 * w / g).abs() <= 1e-9 * pct.max(1.0), "{r}");
-    // the bandwidth is the mean of a probe before and one after the thread count's tests
-    let probes: Vec<f64> =
-        r["read_gbps_probes"].as_array().expect("probes").iter().map(|x| x.as_f64().unwrap()).collect();
-    assert_eq!(probes.len(), 2, "{r}");
-    assert!(probes.iter().all(|&p| p > 0.1), "{r}");
-    assert!((g - (probes[0] + probes[1]) / 2.0).abs() <= 1e-9 * g, "{r}");
-    assert!(rows[0]["read_gbps_probes"].is_null(), "pp row: {}", rows[0]);
+    let floats = |k: &str| -> Vec<f64> {
+        r[k].as_array().unwrap_or_else(|| panic!("{k}: {r}")).iter().map(|x| x.as_f64().unwrap()).collect()
+    };
+    let (probes, ts, shares) = (floats("read_gbps_probes"), floats("samples_ts"), floats("roofline_pct_reps"));
+    // one probe before the first repetition and one after each
+    assert_eq!((probes.len(), ts.len(), shares.len()), (4, 3, 3), "{r}");
+    assert!(probes.iter().all(|&p| p > 0.1 && p.is_finite()), "{r}");
+    let g = r["read_gbps"].as_f64().unwrap();
+    assert!((g - probes.iter().sum::<f64>() / 4.0).abs() <= 1e-9 * g, "{r}");
+    let bytes = r["weight_bytes_per_token"].as_f64().unwrap();
+    for i in 0..3 {
+        let want = 100.0 * ts[i] * bytes / 1e9 / ((probes[i] + probes[i + 1]) / 2.0);
+        assert!((shares[i] - want).abs() <= 1e-9 * want, "repetition {i}: {} vs {want}: {r}", shares[i]);
+    }
+    let mut sorted = shares.clone();
+    sorted.sort_by(f64::total_cmp);
+    let pct = r["roofline_pct"].as_f64().unwrap();
+    assert!((pct - sorted[1]).abs() <= 1e-9 * pct, "the median of {shares:?}: {r}");
     // the probe's 2 GiB buffer lives in a child process, not in the bench's peak RSS
     assert!(r["peak_rss_bytes"].as_u64().unwrap() < 1 << 30, "{r}");
     let o = moescope(&args, d.path());
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    assert!(out.contains("| roof % |") && out.contains("at 1T: roofline") && out.contains("before the tests"), "{out}");
+    assert!(out.contains("| roof % |") && out.contains("at 1T: roofline") && out.contains("4 probes beside"), "{out}");
 }
 
 /// `--roofline` with streamed experts: the disk's side too. Each streamed decode row carries the

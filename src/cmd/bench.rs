@@ -148,18 +148,19 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let disk_probing = engine.experts.is_some();
     // the probe's buffer: 2 GiB (past any cache), less where memory is short
     let probe_bytes = (2usize << 30).min(sysinfo::available_memory_bytes() as usize / 4);
-    let mut probes = Vec::new();
+    // per thread count: (threads, every probe of its decode tests)
+    let mut probes: Vec<(usize, Vec<f64>)> = Vec::new();
     let probing = a.roofline && tests.iter().any(|t| matches!(t, Test::Gen(_)));
+    let mut disk_probes: Vec<(usize, f64, [f64; 2])> = Vec::new();
+    let mut prober = if probing { Some(Prober::start(probe_bytes >> 20)?) } else { None };
     for &t in &threads {
         engine.set_threads(t)?;
-        // probed before and after this thread count's tests; its rows wait for the second
-        let before = if probing {
-            let p = probe_bandwidth(t, probe_bytes >> 20)?;
-            print_probe(&p, t, &format!("({} MiB probe)", probe_bytes >> 20));
-            Some(p.best())
-        } else {
-            None
-        };
+        if let Some(p) = prober.as_mut() {
+            // once before the tests, for the log: where the machine stands
+            let r = p.probe(t)?;
+            print_probe(&r, t, &format!("({} MiB probe, before the tests)", probe_bytes >> 20));
+        }
+        // the disk probed before and after this thread count's tests; its rows wait for the second
         let disk_before =
             if probing && disk_probing { Some(probe_disk(&engine, a.experts.io_workers, "")?) } else { None };
         let mut held = Vec::new();
@@ -171,9 +172,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     ex.cache.set_prefetch(prefetch);
                 }
                 for (&depth, test) in depths.iter().flat_map(|d| tests.iter().map(move |t| (d, t))) {
-                    let row = run_test(&mut engine, test, depth, t, a, cold, &mut rng, vocab)?;
+                    let row = run_test(&mut engine, test, depth, t, a, cold, &mut rng, vocab, prober.as_mut())?;
                     let weight_gbps = row.decode_latency.map(|_| row.avg_ts * weight_bytes as f64 / 1e9);
-                    let row = Row {
+                    let mut row = Row {
                         model_filename: path.display().to_string(),
                         model_type: model_type.clone(),
                         model_size,
@@ -183,7 +184,17 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         weight_gbps,
                         ..row
                     };
-                    if probing {
+                    if let Some(p) = &row.read_gbps_probes {
+                        let shares = roofline_shares(&row.samples_ts, weight_bytes, p);
+                        row.read_gbps = Some(p.iter().sum::<f64>() / p.len().max(1) as f64);
+                        row.roofline_pct = Some(median(&shares));
+                        row.roofline_pct_reps = Some(shares);
+                        match probes.iter_mut().find(|(pt, _)| *pt == t) {
+                            Some((_, all)) => all.extend(p),
+                            None => probes.push((t, p.clone())),
+                        }
+                    }
+                    if disk_before.is_some() {
                         held.push(row);
                     } else {
                         print_row(&mut stdout, out, &row)?;
@@ -192,34 +203,18 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                 }
             }
         }
-        if let Some(b) = before {
-            let p = probe_bandwidth(t, probe_bytes >> 20)?;
-            print_probe(&p, t, "after the tests");
-            let after = p.best();
-            let g = (b + after) / 2.0;
-            let disk = match disk_before {
-                Some(db) => {
-                    let da = probe_disk(&engine, a.experts.io_workers, " after the tests")?;
-                    Some(((db + da) / 2.0, [db, da]))
-                }
-                None => None,
-            };
-            probes.push((t, g, [b, after], disk));
+        if let Some(db) = disk_before {
+            let da = probe_disk(&engine, a.experts.io_workers, " after the tests")?;
+            let bps = (db + da) / 2.0;
+            disk_probes.push((t, bps, [db, da]));
             for mut row in held {
-                if let (Some(e), Some((bps, [db, da])), true) =
-                    (row.experts.as_mut(), disk, row.decode_latency.is_some())
-                {
+                if let (Some(e), true) = (row.experts.as_mut(), row.decode_latency.is_some()) {
                     // the share of the disk's bandwidth this run's reads kept busy: t/s over
                     // (read bandwidth / bytes read per token)
                     let mbt = e["read_mb_per_token"].as_f64().unwrap_or(0.0);
                     e["disk_read_mbps"] = json!(bps / 1e6);
                     e["disk_read_mbps_probes"] = json!([db / 1e6, da / 1e6]);
                     e["disk_roofline_pct"] = json!(100.0 * row.avg_ts * mbt * 1e6 / bps);
-                }
-                if let Some(w) = row.weight_gbps {
-                    row.read_gbps = Some(g);
-                    row.read_gbps_probes = Some([b, after]);
-                    row.roofline_pct = Some(100.0 * w / g);
                 }
                 print_row(&mut stdout, out, &row)?;
                 rows.push(row);
@@ -238,17 +233,21 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             weight_bytes as f64 / 1e6,
             probes
                 .iter()
-                .map(|(t, g, [b, after], disk)| format!(
-                    " | read {g:.1} GB/s at {t}T: roofline {:.1} t/s (probed {b:.1} before the tests, {after:.1} after){}",
-                    g * 1e9 / weight_bytes.max(1) as f64,
-                    disk.map(|(d, [db, da])| format!(
-                        " | expert reads {:.0} MB/s at {t}T (probed {:.0} before, {:.0} after): disk roofline = that / SSD MB per token",
-                        d / 1e6,
-                        db / 1e6,
-                        da / 1e6
-                    ))
-                    .unwrap_or_default()
-                ))
+                .map(|(t, p)| {
+                    let g = p.iter().sum::<f64>() / p.len().max(1) as f64;
+                    let (lo, hi) = p.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                    format!(
+                        " | read {g:.1} GB/s at {t}T: roofline {:.1} t/s ({} probes beside the decode repetitions, {lo:.1}-{hi:.1}; roof % is each repetition's share of the probes around it, median)",
+                        g * 1e9 / weight_bytes.max(1) as f64,
+                        p.len()
+                    )
+                })
+                .chain(disk_probes.iter().map(|(t, d, [db, da])| format!(
+                    " | expert reads {:.0} MB/s at {t}T (probed {:.0} before, {:.0} after): disk roofline = that / SSD MB per token",
+                    d / 1e6,
+                    db / 1e6,
+                    da / 1e6
+                )))
                 .collect::<String>()
         )?,
         Format::Csv => {}
@@ -303,25 +302,78 @@ fn probe_disk(engine: &Engine, workers: usize, when: &str) -> Result<f64> {
     Ok(bps)
 }
 
-/// The read bandwidth at `threads` threads, probed by a child process (this binary's hidden
-/// `read-bandwidth` command) so its buffer never counts in this process's peak RSS.
-fn probe_bandwidth(threads: usize, mib: usize) -> Result<ReadProbe> {
-    let exe = std::env::current_exe().context("--roofline: locating this executable")?;
-    let o = std::process::Command::new(&exe)
-        .args(["read-bandwidth", "--threads", &threads.to_string(), "--mib", &mib.to_string()])
-        .output()
-        .with_context(|| format!("--roofline: running {}", exe.display()))?;
-    let s = String::from_utf8_lossy(&o.stdout);
-    // "best plain prefetched", GB/s
-    let v: Vec<f64> = s.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    match v[..] {
-        [best, plain, prefetched] if o.status.success() && best > 0.0 => Ok(ReadProbe { plain, prefetched }),
-        _ => bail!(
-            "--roofline: the bandwidth probe failed ({}): '{}' {}",
-            o.status,
-            s.trim(),
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
+/// The memory probe: a child process (this binary's hidden `read-bandwidth --serve`) that fills
+/// its buffer once and probes it whenever asked, so the buffer never counts in this process's
+/// peak RSS and a probe between two repetitions costs only its passes.
+struct Prober {
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Prober {
+    fn start(mib: usize) -> Result<Prober> {
+        use std::process::Stdio;
+        let exe = std::env::current_exe().context("--roofline: locating this executable")?;
+        let mut child = std::process::Command::new(&exe)
+            .args(["read-bandwidth", "--serve", "--mib", &mib.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("--roofline: running {}", exe.display()))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            bail!("--roofline: the bandwidth probe's pipes did not open");
+        };
+        Ok(Prober { child, stdin: Some(stdin), stdout: std::io::BufReader::new(stdout) })
+    }
+
+    /// The read bandwidth now at `threads` threads.
+    fn probe(&mut self, threads: usize) -> Result<ReadProbe> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        let sent = match self.stdin.as_mut() {
+            Some(i) => writeln!(i, "{threads}").and_then(|_| i.flush()).is_ok(),
+            None => false,
+        };
+        if sent {
+            self.stdout.read_line(&mut line).context("--roofline: reading the bandwidth probe")?;
+        }
+        // "best plain prefetched", GB/s
+        let v: Vec<f64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        match v[..] {
+            [best, plain, prefetched] if best > 0.0 => Ok(ReadProbe { plain, prefetched }),
+            _ => bail!("--roofline: the bandwidth probe failed: '{}'", line.trim()),
+        }
+    }
+}
+
+impl Drop for Prober {
+    fn drop(&mut self) {
+        // end of input ends the child; it frees its buffer on the way out
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// Each repetition's share of its roofline, in percent: its weight GB/s (`ts` tokens a second,
+/// `weight_bytes` a token) over the mean of the probes just before and just after it (`probes[i]`
+/// and `probes[i + 1]` around repetition `i`).
+fn roofline_shares(ts: &[f64], weight_bytes: u64, probes: &[f64]) -> Vec<f64> {
+    ts.iter()
+        .zip(probes.windows(2))
+        .map(|(&ts, p)| 100.0 * ts * weight_bytes as f64 / 1e9 / ((p[0] + p[1]) / 2.0))
+        .collect()
+}
+
+/// The median (the mean of the middle two for an even count); 0 for none.
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -338,6 +390,7 @@ fn run_test(
     cold: bool,
     rng: &mut Rng,
     vocab: u64,
+    mut prober: Option<&mut Prober>,
 ) -> Result<Row> {
     let _span = trace::span("bench_test").arg("test", test.name(depth)).arg("threads", threads);
     let mut samples_ns = Vec::new();
@@ -346,6 +399,8 @@ fn run_test(
     let mut timed_stats = LayerStats::default();
     // the disk's busy time over the timed repetitions (decode): how little it idled
     let mut busy_ns = 0u64;
+    // --roofline: the read bandwidth just before the first timed repetition and after each
+    let mut probes = Vec::new();
     for rep in 0..a.warmup + a.repetitions {
         let timed = rep >= a.warmup;
         engine.reset();
@@ -374,6 +429,9 @@ fn run_test(
             Test::Gen(n) => {
                 // the disk's busy time is read inside the timed window (after its start, before
                 // its end), so the share can never pass 100% by the few ns between the two reads
+                if let (true, true, Some(p)) = (timed, probes.is_empty(), prober.as_deref_mut()) {
+                    probes.push(p.probe(threads)?.best());
+                }
                 let t0 = Instant::now();
                 let busy0 = engine.experts.as_ref().map_or(0, |ex| ex.cache.disk_busy_ns());
                 for _ in 0..*n {
@@ -387,6 +445,9 @@ fn run_test(
                 if timed {
                     busy_ns += engine.experts.as_ref().map_or(0, |ex| ex.cache.disk_busy_ns()) - busy0;
                     samples_ns.push(t0.elapsed().as_nanos() as u64);
+                    if let Some(p) = prober.as_deref_mut() {
+                        probes.push(p.probe(threads)?.best());
+                    }
                 }
             }
         }
@@ -441,8 +502,9 @@ fn run_test(
         weight_bytes_per_token: 0,
         weight_gbps: None,
         read_gbps: None,
-        read_gbps_probes: None,
+        read_gbps_probes: (!probes.is_empty()).then_some(probes),
         roofline_pct: None,
+        roofline_pct_reps: None,
         peak_rss_bytes: sysinfo::peak_rss_bytes(),
         expected_memory_bytes: engine.memory_plan().total,
         experts,

@@ -42,17 +42,21 @@ pub struct Row {
     /// makes of it (decode tests only).
     pub weight_bytes_per_token: u64,
     pub weight_gbps: Option<f64>,
-    /// With `--roofline`: the memory read bandwidth at this thread count (the mean of a probe
-    /// before and one after this thread count's tests, so a machine that changed speed
-    /// meanwhile shows), and the decode rate as a share of its roofline (read bandwidth /
-    /// weight bytes per token), in percent.
+    /// With `--roofline` (decode tests): the memory read bandwidth at this thread count, probed
+    /// just before the first timed repetition and just after each (`read_gbps_probes`, R + 1 of
+    /// them; `read_gbps` their mean), and the decode rate as a share of its roofline (read
+    /// bandwidth / weight bytes per token), in percent: each repetition's weight GB/s over the
+    /// mean of the two probes around it (`roofline_pct_reps`), and `roofline_pct` the median of
+    /// those. A shared host's bandwidth drifts by tens of percent within minutes; the probes
+    /// beside each repetition measure it when the repetition ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub read_gbps: Option<f64>,
-    /// The two probes that mean is made of.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub read_gbps_probes: Option<[f64; 2]>,
+    pub read_gbps_probes: Option<Vec<f64>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub roofline_pct: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roofline_pct_reps: Option<Vec<f64>>,
     pub peak_rss_bytes: u64,
     /// What the engine expects to use (dense + expert pool + KV + buffers + runtime).
     pub expected_memory_bytes: u64,
