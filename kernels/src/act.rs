@@ -11,6 +11,10 @@ pub struct QuantAct {
     pub q: Vec<i8>,
     pub scales: Vec<f32>,
     pub sums: Vec<i32>,
+    /// `sums[g] as f32 * scales[g]` per group: the q4/q6 kernels' bias term is each weight
+    /// scale times this times the bias (a power of two, so the order of the two products
+    /// changes no bit), made once here rather than for every row.
+    pub scaled_sums: Vec<f32>,
     /// `q` in the order the AVX-512 q4/q6 kernels read it (`avx512::permute_q4_act`), made
     /// once here rather than by each chunk of each product; empty where rows are not whole
     /// 128-value chunks (or off x86-64).
@@ -39,6 +43,8 @@ impl QuantAct {
             }
             (self.scales[gi], self.sums[gi]) = quantize_group(xs, qs);
         }
+        self.scaled_sums.clear();
+        self.scaled_sums.extend(self.sums.iter().zip(&self.scales).map(|(&s, &d)| s as f32 * d));
         self.permuted.clear();
         #[cfg(target_arch = "x86_64")]
         if cols % 128 == 0 {

@@ -290,33 +290,75 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     }
     // the bias term, 16 groups at a time: sum_g wd_g * (-bias * sum_g a * as_g), added to the
     // float lanes before the one reduction (a scalar loop over the groups was one long chain:
-    // 17% of decode at 1 thread)
+    // 17% of decode at 1 thread); `sum_g a * as_g` comes made per token (`scaled_sums`)
     let nbias = _mm512_set1_ps(if SIX { -32.0 } else { -8.0 });
-    for i in 0..R {
-        let wd = &m.wd[(r0 + i) * ng..(r0 + i + 1) * ng];
-        for t in 0..T {
-            let (sc, sums) =
-                (&m.a.scales[(t0 + t) * ng..(t0 + t + 1) * ng], &m.a.sums[(t0 + t) * ng..(t0 + t + 1) * ng]);
-            let mut acc = f[i][t];
-            let mut g = 0;
-            while g < ng {
-                let k = (ng - g).min(16);
-                let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
-                // SAFETY: lanes g..g + k of the three slices exist; masked lanes are not read
-                let (w, su, c) = unsafe {
-                    (
-                        _mm512_maskz_loadu_ps(mask, wd.as_ptr().add(g)),
-                        _mm512_maskz_loadu_epi32(mask, sums.as_ptr().add(g)),
-                        _mm512_maskz_loadu_ps(mask, sc.as_ptr().add(g)),
-                    )
-                };
-                let b = _mm512_mul_ps(_mm512_mul_ps(nbias, _mm512_cvtepi32_ps(su)), c);
-                acc = _mm512_fmadd_ps(w, b, acc);
-                g += 16;
+    for t in 0..T {
+        let ss = &m.a.scaled_sums[(t0 + t) * ng..(t0 + t + 1) * ng];
+        let mut g = 0;
+        while g < ng {
+            let k = (ng - g).min(16);
+            let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
+            // SAFETY: lanes g..g + k of both slices exist; masked lanes are not read
+            let b = _mm512_mul_ps(nbias, unsafe { _mm512_maskz_loadu_ps(mask, ss.as_ptr().add(g)) });
+            for (i, f) in f.iter_mut().enumerate() {
+                let w = unsafe { _mm512_maskz_loadu_ps(mask, m.wd.as_ptr().add((r0 + i) * ng + g)) };
+                f[t] = _mm512_fmadd_ps(w, b, f[t]);
             }
-            out[i][t] = _mm512_reduce_add_ps(acc);
+            g += 16;
         }
     }
+    if R == 4 && T == 1 {
+        // decode's 4-row blocks: the four reductions at once, each the same sums as `hsum`
+        let s = hsum4([f[0][0], f[1][0], f[2][0], f[3][0]]);
+        for (i, o) in out.iter_mut().enumerate() {
+            o[0] = s[i];
+        }
+    } else {
+        for (o, f) in out.iter_mut().zip(&f) {
+            for (o, &f) in o.iter_mut().zip(f) {
+                *o = hsum(f);
+            }
+        }
+    }
+}
+
+/// The sum of the 16 lanes as a fixed tree: lanes `i` and `i + 8`, then `i` and `i + 4`, `i` and
+/// `i + 2`, `0` and `1` (as `_mm512_reduce_add_ps` compiles here, but fixed, so that [`hsum4`]
+/// can give the same bits).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hsum(v: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    let s8 = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_permute_ps::<0b01_00_11_10>(s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
+}
+
+/// [`hsum`] of four vectors at once, with the same additions lane for lane (so the same bits):
+/// two rows per register after the first step, four after the second (decode's tiles reduce four
+/// rows each; one at a time the reductions were a long chain each).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn hsum4(v: [__m512; 4]) -> [f32; 4] {
+    // [a lanes 0-7 | b lanes 0-7] + [a lanes 8-15 | b lanes 8-15]: a8 | b8, and c8 | d8
+    let ab = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
+        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[0], v[1]),
+    );
+    let cd = _mm512_add_ps(
+        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2], v[3]),
+        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2], v[3]),
+    );
+    // [a8 0-3 | b8 0-3 | c8 0-3 | d8 0-3] + the 4-7 quarters: a4 | b4 | c4 | d4
+    let q = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd), _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd));
+    // within each quarter: lanes 0 + 2 and 1 + 3, then 0 + 1
+    let h = _mm512_add_ps(q, _mm512_permute_ps::<0b01_00_11_10>(q));
+    let o = _mm512_add_ps(h, _mm512_movehdup_ps(h));
+    let mut lanes = [0f32; 16];
+    // SAFETY: 16 floats into a 16-float array
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), o) };
+    [lanes[0], lanes[4], lanes[8], lanes[12]]
 }
 
 /// `out[i] = W[rows.start + i] · a` for q8 weights `q` (`[rows, cols]`) with `scales`.
