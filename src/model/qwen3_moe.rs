@@ -21,7 +21,9 @@
 use std::sync::{Arc, Mutex};
 
 use moescope_kernels::Mat;
-use moescope_kernels::ops::{Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace, softmax_inplace, swiglu};
+use moescope_kernels::ops::{
+    Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace, softmax_inplace, swiglu, top_k,
+};
 
 use super::attention;
 use super::config::ModelConfig;
@@ -387,10 +389,8 @@ impl Qwen3Moe {
         for t in 0..t_n {
             let p = &mut probs[t * e_n..(t + 1) * e_n];
             softmax_inplace(p);
-            order.clear();
-            order.extend(0..e_n);
-            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
-            let top = &order[..k_n];
+            top_k(p, k_n, &mut order);
+            let top = &order[..];
             let sum: f32 = top.iter().map(|&e| p[e]).sum();
             let norm = if c.norm_topk_prob { sum } else { 1.0 };
             for (j, &e) in top.iter().enumerate() {
