@@ -1,6 +1,6 @@
 //! Read bandwidth of 1 GiB of anonymous memory in 4 KiB pages and in transparent huge pages
 //! (2 MiB), one thread, median of 7 passes, twice each: why the package copies the weights
-//! decode streams into huge pages (`Package::make_dense_resident`). Prints whether the kernel gave
+//! decode streams into huge pages (`Package::make_resident`). Prints whether the kernel gave
 //! huge pages (AnonHugePages grows by the buffer).
 //!
 //! `cargo bench --bench huge_pages`

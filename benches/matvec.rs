@@ -138,7 +138,7 @@ fn main() {
             let bytes = vals.len();
             let copies = (256usize << 20).div_ceil(bytes);
             // the copies side by side in one arena of 2 MiB pages, as the engine keeps the dense
-            // weights (`Package::make_dense_resident`): 4 KiB pages cost decode a TLB walk a page
+            // weights (`Package::make_resident`): 4 KiB pages cost decode a TLB walk a page
             let mut arena = memmap2::MmapMut::map_anon(bytes * copies).expect("anonymous mapping for the copies");
             let _ = arena.advise(memmap2::Advice::HugePage);
             for c in arena.chunks_exact_mut(bytes) {

@@ -66,6 +66,26 @@ fn logits_are_bit_identical_at_every_budget() {
     }
 }
 
+/// A package that fits in half the memory, without --cache-mb: no pool, and the experts copied
+/// into memory with the dense weights; the logits are those read through the file's mapping
+/// (--no-stream), bit for bit.
+#[test]
+fn experts_copied_into_memory_give_the_mappings_logits() {
+    let (_d, pkg) = convert("wide", "q4");
+    let r = Reference::load("wide");
+    let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
+    let mut mapped = engine(&pkg, None);
+    assert!(!mapped.package().experts_resident(), "--no-stream reads the experts through the mapping");
+    let want = run(&mut mapped, &prompt, &forced).unwrap();
+    let default = StreamConfig { budget_bytes: None, ..stream(0, true, PolicyKind::Foresight, IoMode::Direct) };
+    let mut copied = engine(&pkg, Some(default));
+    assert!(copied.experts.is_none(), "no pool when the package fits");
+    assert!(copied.package().experts_resident(), "the experts are copied with the dense weights");
+    let got = run(&mut copied, &prompt, &forced).unwrap();
+    assert_eq!(got.len(), want.len());
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ from the mapping's");
+}
+
 #[test]
 fn prefetch_reads_predicted_experts_during_decode() {
     let (_d, pkg) = convert("wide", "q8");

@@ -17,7 +17,8 @@ fn mib(b: u64) -> f64 {
 /// One line about the expert pool (or that experts are read through the mapping).
 pub fn describe(engine: &Engine) -> String {
     match &engine.experts {
-        None => "experts: read through the package mapping, resident once touched (no pool: the package fits in half the memory, or --no-stream; --cache-mb streams)".into(),
+        None if engine.package().experts_resident() => "experts: copied into memory at start with the dense weights, in huge pages (no pool: the package fits in half the memory; --cache-mb streams)".into(),
+        None => "experts: read through the package mapping, resident once touched (--no-stream; --cache-mb streams)".into(),
         Some(ex) => {
             let c = &ex.cache;
             format!(

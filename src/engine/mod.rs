@@ -185,13 +185,17 @@ impl Engine {
         // for a pool of its own (the demo).
         let fits = pkg.file_size() <= crate::sysinfo::available_memory_bytes() / 2;
         let mut opts = opts;
+        // the experts served from memory, copied with the dense weights (not with --no-stream,
+        // which reads them through the mapping)
+        let mut experts_in_memory = false;
         if let Some(sc) = &opts.stream {
             if sc.budget_bytes.is_none() && pkg.meta.default_pool_fraction.is_none() && fits {
                 opts.stream = None;
+                experts_in_memory = true;
             }
         }
-        // the dense weights, which every decode token reads, in huge pages
-        if let Err(e) = pkg.make_dense_resident(opts.stream.is_some()) {
+        // the dense weights, which every decode token reads, in huge pages (and the experts)
+        if let Err(e) = pkg.make_resident(experts_in_memory, opts.stream.is_some()) {
             warnings.push(format!("weights stay memory-mapped from the file (no resident copy: {e})"));
         }
         pkg.verify_dense()?;
@@ -228,7 +232,8 @@ impl Engine {
             }
             _ => None,
         };
-        let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(pkg.sizes().0);
+        // what the process holds besides the weights' copy (counted as dense and experts)
+        let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(pkg.resident_bytes().max(pkg.sizes().0));
         // experts through the mapping: checked ahead of their first use (the store checks each
         // read of streamed ones), when the package fits in memory (a larger one, mapped with
         // --no-stream, would be read whole from disk and churn the page cache); if the thread
