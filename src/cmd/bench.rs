@@ -186,7 +186,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     };
                     if let Some(p) = &row.read_gbps_probes {
                         let shares = roofline_shares(&row.samples_ts, weight_bytes, p);
-                        row.read_gbps = Some(p.iter().sum::<f64>() / p.len().max(1) as f64);
+                        row.read_gbps = Some(report::mean_sd(p).0);
                         row.roofline_pct = Some(median(&shares));
                         row.roofline_pct_reps = Some(shares);
                         match probes.iter_mut().find(|(pt, _)| *pt == t) {
@@ -234,7 +234,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             probes
                 .iter()
                 .map(|(t, p)| {
-                    let g = p.iter().sum::<f64>() / p.len().max(1) as f64;
+                    let g = report::mean_sd(p).0;
                     let (lo, hi) = p.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
                     format!(
                         " | read {g:.1} GB/s at {t}T: roofline {:.1} t/s ({} probes beside the decode repetitions, {lo:.1}-{hi:.1}; roof % is each repetition's share of the probes around it, median)",
