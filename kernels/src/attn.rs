@@ -378,14 +378,20 @@ pub fn exp_le0(x: f32) -> f32 {
     // adding and subtracting 1.5 * 2^23 rounds to the nearest integer
     const ROUND: f32 = 12_582_912.0;
     let xc = x.max(-87.3);
-    let n = (xc * LOG2E + ROUND) - ROUND;
+    // t = 1.5 * 2^23 + n exactly (n in [-126, 0] keeps t in [2^23, 2^24), where the ulp is 1)
+    let t = xc * LOG2E + ROUND;
+    let n = t - ROUND;
     let r = xc - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    // 2^n for n in [-126, 0]: the exponent field alone
-    let pow2 = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n for n in [-126, 0]: the exponent field alone. n as an integer is t's bits less
+    // ROUND's (t and ROUND share the exponent), integer arithmetic that vectorizes with the
+    // rest, where `n as i32` (a saturating conversion) was scalar code per value: attention
+    // decode's exponentials ran one value at a time
+    let ni = t.to_bits() as i32 - ROUND.to_bits() as i32;
+    let pow2 = f32::from_bits(((ni + 127) as u32) << 23);
     let v = p * pow2;
     if x < -87.3 { 0.0 } else { v }
 }

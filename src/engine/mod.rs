@@ -374,7 +374,13 @@ impl Engine {
             };
             let mut l = self.model.forward(&self.exec, chunk, &mut self.kv, w, obs)?;
             self.cached.extend_from_slice(chunk);
-            out.append(&mut l);
+            if out.is_empty() {
+                // one chunk (every decode step): its logits as they are, not copied (the
+                // vocabulary's 600 KB a token for Qwen3)
+                out = l;
+            } else {
+                out.append(&mut l);
+            }
         }
         Ok(out)
     }
