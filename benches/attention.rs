@@ -1,8 +1,9 @@
 //! Attention over a KV cache (`kernels::attn`), one thread, per ISA tier: a decode step's GQA
-//! group (8 query heads on one KV head, head_dim 128, as Qwen3-30B-A3B) over contexts of 512 to
-//! 16384 positions, and a prefill tile (16 tokens x 8 heads) over 4096. Reports ns per
-//! (query, key), GFLOP/s (4 x head_dim flops each: the score and the weighted value) and, for
-//! decode, the GB/s of keys and values read (f32). `cargo bench --bench attention`.
+//! group (8 query heads on one KV head, head_dim 128, as Qwen3-30B-A3B) over contexts of 24
+//! (part of one block of keys: a short chat) and 512 to 16384 positions, and a prefill tile
+//! (16 tokens x 8 heads) over 4096. Reports ns per (query, key), GFLOP/s (4 x head_dim flops
+//! each: the score and the weighted value) and, for decode, the GB/s of keys and values read
+//! (f32). `cargo bench --bench attention`.
 
 use std::time::Instant;
 
@@ -16,7 +17,9 @@ fn main() {
         s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
     };
-    for (what, nq, n) in [("decode", 8, 512), ("decode", 8, 4096), ("decode", 8, 16384), ("prefill", 128, 4096)] {
+    for (what, nq, n) in
+        [("decode", 8, 24), ("decode", 8, 512), ("decode", 8, 4096), ("decode", 8, 16384), ("prefill", 128, 4096)]
+    {
         let keys: Vec<f32> = (0..n * hd).map(|_| r()).collect();
         let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
         let q: Vec<f32> = (0..nq * hd).map(|_| r()).collect();

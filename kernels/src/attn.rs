@@ -229,8 +229,10 @@ impl Block<'_> {
         let hd = self.hd;
         // every lane's score, each summed over d in order (lanes past the cache's end are
         // zeros or stale, and unused)
-        let mut sc = scores::<Q>(self.isa, idx, q, self.kt, hd);
         let lane0 = self.b0 / KEY_BLOCK * KEY_BLOCK;
+        // only the lanes up to the block's last position (a short context's one block is
+        // mostly past the cache's end: its keys are neither read nor multiplied)
+        let mut sc = scores::<Q>(self.isa, idx, q, self.kt, hd, self.b1 - lane0);
         for (sc, &i) in sc.iter_mut().zip(idx) {
             let e = ends[i].min(self.b1);
             let s = &mut sc[self.b0 - lane0..e - lane0];
@@ -266,18 +268,38 @@ impl Block<'_> {
 }
 
 /// The scores of the queries `idx` (rows of `q`, `[.., hd]`) over one block of transposed keys
-/// `kt` (`[hd, KEY_BLOCK]`), unscaled: each lane a sum over `d` in order.
+/// `kt` (`[hd, KEY_BLOCK]`), unscaled: each lane a sum over `d` in order. Lanes from `lanes` on
+/// (`1..=KEY_BLOCK`) may be left unset: the vectors that hold none of the first `lanes` are
+/// skipped.
 #[inline(always)]
-fn scores<const Q: usize>(isa: Isa, idx: &[usize; Q], q: &[f32], kt: &[f32], hd: usize) -> [[f32; KEY_BLOCK]; Q] {
+fn scores<const Q: usize>(
+    isa: Isa,
+    idx: &[usize; Q],
+    q: &[f32],
+    kt: &[f32],
+    hd: usize,
+    lanes: usize,
+) -> [[f32; KEY_BLOCK]; Q] {
+    debug_assert!((1..=KEY_BLOCK).contains(&lanes));
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 {
-            // SAFETY: the tier says AVX-512 F is present
-            return unsafe { x86::scores::<Q>(idx, q, kt, hd) };
+            // SAFETY (each arm): the tier says AVX-512 F is present
+            return match lanes.div_ceil(16) {
+                1 => unsafe { x86::scores::<Q, 1>(idx, q, kt, hd) },
+                2 => unsafe { x86::scores::<Q, 2>(idx, q, kt, hd) },
+                3 => unsafe { x86::scores::<Q, 3>(idx, q, kt, hd) },
+                _ => unsafe { x86::scores::<Q, 4>(idx, q, kt, hd) },
+            };
         }
         if isa.has_avx2() {
-            // SAFETY: the tier says AVX2 and FMA are present
-            return unsafe { x86::scores_avx2::<Q>(idx, q, kt, hd) };
+            // SAFETY (each arm): the tier says AVX2 and FMA are present
+            return match lanes.div_ceil(8) {
+                1 => unsafe { x86::scores_avx2::<Q, 1>(idx, q, kt, hd) },
+                2 => unsafe { x86::scores_avx2::<Q, 2>(idx, q, kt, hd) },
+                3 | 4 => unsafe { x86::scores_avx2::<Q, 4>(idx, q, kt, hd) },
+                _ => unsafe { x86::scores_avx2::<Q, 8>(idx, q, kt, hd) },
+            };
         }
     }
     let _ = isa;
@@ -285,7 +307,7 @@ fn scores<const Q: usize>(isa: Isa, idx: &[usize; Q], q: &[f32], kt: &[f32], hd:
     for (d, col) in kt.chunks_exact(KEY_BLOCK).take(hd).enumerate() {
         for (s, &i) in sc.iter_mut().zip(idx) {
             let qd = q[i * hd + d];
-            for (a, &k) in s.iter_mut().zip(col) {
+            for (a, &k) in s[..lanes].iter_mut().zip(col) {
                 *a += qd * k;
             }
         }
@@ -438,23 +460,23 @@ mod x86 {
 
     const _: () = assert!(KEY_BLOCK == 4 * 16 && VCHUNK == 16);
 
+    /// The first `V` vectors of 16 lanes of [`super::scores`].
+    ///
     /// # Safety
     /// AVX-512 F present.
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores<const Q: usize>(idx: &[usize; Q], q: &[f32], kt: &[f32], hd: usize) -> [[f32; KEY_BLOCK]; Q] {
-        assert!(kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
-        let mut acc = [[_mm512_setzero_ps(); 4]; Q];
+    pub unsafe fn scores<const Q: usize, const V: usize>(
+        idx: &[usize; Q],
+        q: &[f32],
+        kt: &[f32],
+        hd: usize,
+    ) -> [[f32; KEY_BLOCK]; Q] {
+        assert!(V <= 4 && kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
+        let mut acc = [[_mm512_setzero_ps(); V]; Q];
         for d in 0..hd {
             // SAFETY (the loads): inside `kt` and `q`, as asserted
             let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
-            let k = unsafe {
-                [
-                    _mm512_loadu_ps(col),
-                    _mm512_loadu_ps(col.add(16)),
-                    _mm512_loadu_ps(col.add(32)),
-                    _mm512_loadu_ps(col.add(48)),
-                ]
-            };
+            let k: [__m512; V] = std::array::from_fn(|r| unsafe { _mm512_loadu_ps(col.add(16 * r)) });
             for (a, &i) in acc.iter_mut().zip(idx) {
                 let qd = _mm512_set1_ps(unsafe { *q.get_unchecked(i * hd + d) });
                 for (a, &k) in a.iter_mut().zip(&k) {
@@ -499,19 +521,21 @@ mod x86 {
         n
     }
 
+    /// The first `V` vectors of 8 lanes of [`super::scores`].
+    ///
     /// # Safety
     /// AVX2 and FMA present.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn scores_avx2<const Q: usize>(
+    pub unsafe fn scores_avx2<const Q: usize, const V: usize>(
         idx: &[usize; Q],
         q: &[f32],
         kt: &[f32],
         hd: usize,
     ) -> [[f32; KEY_BLOCK]; Q] {
-        assert!(kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
+        assert!(V <= 8 && kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
         let mut out = [[0f32; KEY_BLOCK]; Q];
         for (o, &i) in out.iter_mut().zip(idx) {
-            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut acc = [_mm256_setzero_ps(); V];
             for d in 0..hd {
                 // SAFETY (the loads): inside `kt` and `q`, as asserted
                 let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
