@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use moescope::model::pool::Pool;
+use moescope::exec::pool::Pool;
 use rayon::prelude::*;
 
 /// A task: `work` rounds of cheap arithmetic (0: the hand-over alone).

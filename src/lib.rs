@@ -7,6 +7,7 @@ pub mod cache_dir;
 pub mod convert;
 pub mod demo;
 pub mod engine;
+pub mod exec;
 pub mod experts;
 pub mod model;
 pub mod npy;

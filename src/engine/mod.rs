@@ -16,7 +16,8 @@ use moescope_kernels::Isa;
 
 use crate::experts::routing_log::RoutingLog;
 use crate::experts::{Experts, StreamConfig};
-use crate::model::{Exec, KvCache, Logits, ModelError, NoObserver, Observer, Qwen3Moe};
+use crate::exec::Exec;
+use crate::model::{ExpertSource, KvCache, Logits, ModelError, NoObserver, Observer, Qwen3Moe, Resident};
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
@@ -72,7 +73,7 @@ pub const PREFILL_CHUNK: usize = 256;
 
 pub struct Engine {
     pub model: Qwen3Moe,
-    /// Expert streaming (also reachable through the model), for its counters and knobs.
+    /// Streamed experts (None: every expert through the package), for their counters and knobs.
     pub experts: Option<Arc<Experts>>,
     /// Records every routing decision when set (`--routing-out`).
     pub routing_log: Option<RoutingLog>,
@@ -221,14 +222,11 @@ impl Engine {
         };
         let exec = Exec::new(opts.threads, opts.isa).map_err(EngineError::Setup)?;
         let kv = KvCache::new(cfg, ctx);
-        let mut model = model;
         let experts = match (opts.stream, pkg.meta.experts.is_some()) {
             (Some(sc), true) => {
                 let (ex, w) = Experts::start(pkg.clone(), model.routers(), sc, opts.isa)?;
                 warnings.extend(w);
-                let ex = Arc::new(ex);
-                model.set_experts(Some(ex.clone()));
-                Some(ex)
+                Some(Arc::new(ex))
             }
             _ => None,
         };
@@ -372,7 +370,13 @@ impl Engine {
                 (w, true) => w,
                 (_, false) => Logits::None,
             };
-            let mut l = self.model.forward(&self.exec, chunk, &mut self.kv, w, obs)?;
+            let pkg = self.model.package();
+            let resident = Resident(pkg);
+            let source: &dyn ExpertSource = match &self.experts {
+                Some(ex) => &**ex,
+                None => &resident,
+            };
+            let mut l = self.model.forward(&self.exec, source, chunk, &mut self.kv, w, obs)?;
             self.cached.extend_from_slice(chunk);
             if out.is_empty() {
                 // one chunk (every decode step): its logits as they are, not copied (the

@@ -464,6 +464,17 @@ impl ExpertCache {
         sh.work.notify_all();
     }
 
+    /// Which of `experts` of MoE layer `li` are ready in the pool now, in their order.
+    pub fn resident_among(&self, li: usize, experts: &[usize]) -> Vec<bool> {
+        let st = self.shared.lock();
+        experts
+            .iter()
+            .map(|&e| {
+                st.map.get(&(li, e)).and_then(|&si| st.slots[si].as_ref()).is_some_and(|s| s.state == SlotState::Ready)
+            })
+            .collect()
+    }
+
     /// What every (layer, expert) is doing now.
     pub fn residency(&self) -> Residency {
         let sh = &self.shared;

@@ -7,6 +7,7 @@ pub mod policy;
 pub mod predict;
 pub mod routing_log;
 pub mod sim;
+mod source;
 pub mod stats;
 pub mod store;
 
@@ -54,6 +55,8 @@ pub const DEFAULT_IO_WORKERS: usize = 2;
 
 /// The streaming machinery of one engine.
 pub struct Experts {
+    /// The package the experts are read from (their blobs are viewed through its layout).
+    pkg: Arc<Package>,
     pub cache: Arc<ExpertCache>,
     pub predictor: Predictor,
     /// Bytes of all expert blobs in the package.
@@ -95,7 +98,7 @@ impl Experts {
                 io_workers: cfg.io_workers,
             },
         ));
-        let predictor = Predictor::start(pkg, routers, cache.clone(), isa);
-        Ok((Experts { cache, predictor, total_bytes, io }, warning.into_iter().collect()))
+        let predictor = Predictor::start(pkg.clone(), routers, cache.clone(), isa);
+        Ok((Experts { pkg, cache, predictor, total_bytes, io }, warning.into_iter().collect()))
     }
 }

@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 
 use moescope_kernels::attn::{self, State};
 
-use super::exec::{Chunks, Exec};
+use crate::exec::{Chunks, Exec};
 use super::kv_cache::KvCache;
 use crate::trace;
 

@@ -3,13 +3,14 @@
 pub mod attention;
 pub mod config;
 pub mod error;
-pub mod exec;
 pub mod kv_cache;
-pub mod pool;
+pub mod moe;
+pub mod observer;
 pub mod qwen3_moe;
 
 pub use config::ModelConfig;
 pub use error::ModelError;
-pub use exec::Exec;
 pub use kv_cache::KvCache;
-pub use qwen3_moe::{Logits, NoObserver, Observer, Qwen3Moe};
+pub use moe::{ExpertQuery, ExpertSource, ReadyFn, Resident};
+pub use observer::{NoObserver, Observer, Tee};
+pub use qwen3_moe::{Logits, Qwen3Moe};

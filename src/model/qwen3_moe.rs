@@ -18,20 +18,18 @@
 //! once per batch; each token's expert outputs are summed in rank order, whatever order the
 //! experts ran in, so the result never depends on scheduling.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use moescope_kernels::Mat;
-use moescope_kernels::ops::{
-    Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace, softmax_inplace, swiglu, top_k,
-};
+use moescope_kernels::ops::{Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace};
 
 use super::attention;
 use super::config::ModelConfig;
 use super::error::ModelError;
-use super::exec::{Chunks, Exec, Scratch};
 use super::kv_cache::KvCache;
-use crate::experts::Experts;
-use crate::package::{ExpertMats, Package};
+use super::moe::{self, ExpertQuery, ExpertSource, RouterSpec, swiglu_mlp};
+use super::observer::Observer;
+use crate::exec::{Exec, Scratch};
+use crate::package::Package;
 use crate::trace;
 
 /// Which positions of a batch need logits.
@@ -45,25 +43,10 @@ pub enum Logits {
     None,
 }
 
-/// What a forward pass reports as it goes (routing for the heatmap and the tests, hidden
-/// states for debugging). Every method has a no-op default.
-pub trait Observer {
-    /// A forward pass begins (a prompt chunk or one decode token).
-    fn begin_pass(&mut self) {}
-    /// Token `t` of the batch (position `pos`) in MoE layer `layer` picked `experts` (rank
-    /// order) with routing `weights`; `probs` is the softmax over all experts.
-    fn routing(&mut self, _layer: usize, _pos: usize, _experts: &[usize], _weights: &[f32], _probs: &[f32]) {}
-    /// Hidden states `[T, H]` after stage `i` (0 = embeddings, l + 1 = after layer l,
-    /// L + 1 = after the final norm).
-    fn hidden(&mut self, _i: usize, _x: &[f32]) {}
-}
-
-pub struct NoObserver;
-impl Observer for NoObserver {}
-
 enum Ffn {
     Dense { gate: usize, up: usize, down: usize },
-    Moe { router: usize },
+    /// `moe_layer`: the layer's place among the MoE layers (its row of the expert table).
+    Moe { router: usize, moe_layer: usize },
 }
 
 struct Layer {
@@ -81,9 +64,6 @@ struct Layer {
 pub struct Qwen3Moe {
     pub cfg: ModelConfig,
     pkg: Arc<Package>,
-    /// Where experts come from: None = the package's mapping (all resident), Some = streamed
-    /// through the expert pool.
-    experts: Option<Arc<Experts>>,
     embed: usize,
     norm: usize,
     lm_head: usize,
@@ -99,10 +79,15 @@ impl Qwen3Moe {
         let m = |name: String, shape: &[usize]| pkg.require(&name, shape, false);
         let v = |name: String, n: usize| pkg.require(&name, &[n], true);
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut moe_layers = 0;
         for l in 0..c.num_hidden_layers {
             let p = format!("model.layers.{l}.");
             let ffn = if c.is_moe_layer(l) {
-                Ffn::Moe { router: pkg.require(&format!("{p}mlp.gate.weight"), &[c.num_experts, h], true)? }
+                moe_layers += 1;
+                Ffn::Moe {
+                    router: pkg.require(&format!("{p}mlp.gate.weight"), &[c.num_experts, h], true)?,
+                    moe_layer: moe_layers - 1,
+                }
             } else {
                 let i = c.intermediate_size;
                 Ffn::Dense {
@@ -133,7 +118,6 @@ impl Qwen3Moe {
             rope: Rope::new(c.rope_theta, hd),
             cfg: c,
             pkg,
-            experts: None,
         })
     }
 
@@ -142,24 +126,10 @@ impl Qwen3Moe {
         self.layers
             .iter()
             .filter_map(|l| match l.ffn {
-                Ffn::Moe { router } => Some(router),
+                Ffn::Moe { router, .. } => Some(router),
                 Ffn::Dense { .. } => None,
             })
             .collect()
-    }
-
-    /// Stream experts through `experts` (None: read them from the package's mapping).
-    pub fn set_experts(&mut self, experts: Option<Arc<Experts>>) {
-        self.experts = experts;
-    }
-
-    pub fn experts(&self) -> Option<&Arc<Experts>> {
-        self.experts.as_ref()
-    }
-
-    /// Index of layer `l` among the MoE layers (its place in the expert table).
-    fn moe_index(&self, l: usize) -> usize {
-        self.layers[..l].iter().filter(|x| matches!(x.ffn, Ffn::Moe { .. })).count()
     }
 
     pub fn package(&self) -> &Arc<Package> {
@@ -201,10 +171,13 @@ impl Qwen3Moe {
         total
     }
 
-    /// Run `tokens` at positions `kv.len()..`, appending their keys and values to `kv`.
+    /// Run `tokens` at positions `kv.len()..`, appending their keys and values to `kv`; the
+    /// routed experts come from `experts`.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         exec: &Exec,
+        experts: &dyn ExpertSource,
         tokens: &[u32],
         kv: &mut KvCache,
         want: Logits,
@@ -222,9 +195,7 @@ impl Qwen3Moe {
         let pkg = &*self.pkg;
         let _fwd = trace::span("forward").arg("tokens", t_n).arg("pos", pos0);
         obs.begin_pass();
-        if let Some(ex) = &self.experts {
-            ex.cache.begin_pass();
-        }
+        experts.begin_pass();
         let mut s = Scratch::default();
         // x [T, H]: the residual stream
         let mut x = vec![0f32; t_n * h];
@@ -244,8 +215,8 @@ impl Qwen3Moe {
         }
         let mut hbuf = vec![0f32; t_n * h];
         for (l, layer) in self.layers.iter().enumerate() {
-            let moe_layer = matches!(layer.ffn, Ffn::Moe { .. });
-            let _layer = trace::span("layer").arg("layer", l).arg("kind", if moe_layer { "moe" } else { "dense" });
+            let is_moe = matches!(layer.ffn, Ffn::Moe { .. });
+            let _layer = trace::span("layer").arg("layer", l).arg("kind", if is_moe { "moe" } else { "dense" });
             self.attention(exec, l, layer, &x, &mut hbuf, pos0, &cos, &sin, kv, &mut s);
             add_inplace(&mut x, &hbuf);
             let w = pkg.f32_by_index(layer.post_norm);
@@ -267,7 +238,10 @@ impl Qwen3Moe {
                         &mut s,
                     )
                 }
-                Ffn::Moe { router } => self.moe(exec, l, router, &hbuf, pos0, &mut s, obs)?,
+                Ffn::Moe { router, moe_layer } => {
+                    let at = MoeAt { layer: l, moe_layer, router, pos0 };
+                    self.moe(exec, experts, at, &hbuf, &mut s, obs)?
+                }
             };
             add_inplace(&mut x, &out);
             obs.hidden(l + 1, &x);
@@ -362,240 +336,35 @@ impl Qwen3Moe {
         exec.matmul("o_proj", &pkg.mat_by_index(layer.o), &attn, t_n, out, s);
     }
 
-    /// The routed-experts block of MoE layer `l` for the batch `hn` (`[T, H]`, normed).
-    #[allow(clippy::too_many_arguments)]
+    /// The routed-experts block of MoE layer `at` for the batch `hn` (`[T, H]`, normed).
     fn moe(
         &self,
         exec: &Exec,
-        l: usize,
-        router: usize,
+        experts: &dyn ExpertSource,
+        at: MoeAt,
         hn: &[f32],
-        pos0: usize,
         s: &mut Scratch,
         obs: &mut dyn Observer,
     ) -> Result<Vec<f32>, ModelError> {
         let c = &self.cfg;
-        let pkg = &*self.pkg;
-        let (h, e_n, k_n) = (c.hidden_size, c.num_experts, c.num_experts_per_tok);
-        let t_n = hn.len() / h;
-        let mut moe_span = trace::span("moe").arg("layer", l).arg("tokens", t_n);
-        let mut router_span = trace::span("router").arg("layer", l);
-        // router logits [T, E] in f32
-        let mut probs = vec![0f32; t_n * e_n];
-        exec.matmul("router", &pkg.mat_by_index(router), hn, t_n, &mut probs, s);
-        // per token: softmax, top-k by probability (ties: lower expert id), weights
-        let mut chosen = vec![(0usize, 0f32); t_n * k_n];
-        let mut order: Vec<usize> = Vec::with_capacity(e_n);
-        for t in 0..t_n {
-            let p = &mut probs[t * e_n..(t + 1) * e_n];
-            softmax_inplace(p);
-            top_k(p, k_n, &mut order);
-            let top = &order[..];
-            let sum: f32 = top.iter().map(|&e| p[e]).sum();
-            let norm = if c.norm_topk_prob { sum } else { 1.0 };
-            for (j, &e) in top.iter().enumerate() {
-                chosen[t * k_n + j] = (e, p[e] / norm);
-            }
-            let ids: Vec<usize> = top.to_vec();
-            let ws: Vec<f32> = chosen[t * k_n..(t + 1) * k_n].iter().map(|c| c.1).collect();
-            if t_n == 1 {
-                router_span.set("experts", ids.as_slice());
-                router_span.set("weights", ws.as_slice());
-            }
-            obs.routing(l, pos0 + t, &ids, &ws, p);
-        }
-        drop(router_span);
-        // tokens per expert: (token, rank)
-        let mut per_expert: Vec<Vec<(usize, usize)>> = vec![Vec::new(); e_n];
-        for t in 0..t_n {
-            for j in 0..k_n {
-                per_expert[chosen[t * k_n + j].0].push((t, j));
-            }
-        }
-        // expert outputs, weighted, per (token, rank): [T, k, H]
-        let mut yk = vec![0f32; t_n * k_n * h];
-        let blob_bytes = pkg.sizes().2;
-        let used: Vec<usize> = (0..e_n).filter(|&e| !per_expert[e].is_empty()).collect();
-        moe_span.set("experts_used", used.len());
-        // each (token, rank) slot of yk is written by the one expert that rank chose
-        let yk_slots = Chunks::new(&mut yk);
-        let run_expert = |e: usize, ex: &ExpertMats<'_>, exec: &Exec, s: &mut Scratch, flow: Option<u64>| {
-            let users = &per_expert[e];
-            let _es = trace::span("expert")
-                .arg("layer", l)
-                .arg("expert", e)
-                .arg("tokens", users.len())
-                .arg("bytes", blob_bytes);
-            trace::flow_end(flow);
-            let mut xe = Vec::with_capacity(users.len() * h);
-            for &(t, _) in users {
-                xe.extend_from_slice(&hn[t * h..(t + 1) * h]);
-            }
-            let labels = ["expert_gate_up", "expert_gate", "expert_up", "expert_down"];
-            let ye = swiglu_mlp(exec, labels, &ex.gate, &ex.up, &ex.down, &xe, users.len(), s);
-            for (i, &(t, j)) in users.iter().enumerate() {
-                let w = chosen[t * k_n + j].1;
-                // SAFETY: slot (t, j) is inside yk and belongs to expert e alone (token t's rank
-                // j chose e), so no other task writes it; yk outlives every task
-                let dst = unsafe { yk_slots.slice((t * k_n + j) * h, h) };
-                for (d, y) in dst.iter_mut().zip(&ye[i * h..(i + 1) * h]) {
-                    *d = y * w;
-                }
-            }
-        };
-        // one token's expert e output `y` ([H]), weighted into the slot of the rank that chose it
-        let weigh = |e: usize, y: &[f32]| {
-            let (_, j) = per_expert[e][0];
-            let w = chosen[j].1;
-            // SAFETY: slot (0, j) is inside yk and belongs to expert e alone, and this runs on
-            // the engine thread between parallel sections, while no task writes yk
-            let dst = unsafe { yk_slots.slice(j * h, h) };
-            for (d, y) in dst.iter_mut().zip(y) {
-                *d = y * w;
-            }
-        };
-        match &self.experts {
-            None if exec.threads() > 1 && t_n > 1 => {
-                // a batch: whole experts per compute thread, the largest first: one parallel
-                // section for the layer instead of three per expert, and each expert's
-                // gathering, quantization and SwiGLU in parallel too. Every product runs as it
-                // would alone, so the result is the same bits.
-                let mats: Vec<ExpertMats<'_>> = used.iter().map(|&e| pkg.expert(l, e)).collect::<Result<_, _>>()?;
-                let mut order: Vec<usize> = (0..used.len()).collect();
-                order.sort_by_key(|&i| std::cmp::Reverse(per_expert[used[i]].len()));
-                let scratch: Vec<Mutex<Scratch>> =
-                    (0..exec.threads()).map(|_| Mutex::new(Scratch::default())).collect();
-                exec.run(order.len(), &|task, p| {
-                    let i = order[task];
-                    let mut s = scratch[p].lock().unwrap_or_else(|e| e.into_inner());
-                    run_expert(used[i], &mats[i], exec.serial(), &mut s, None);
-                });
-            }
-            None if t_n == 1 => {
-                // one token: all its experts in two sections split by rows, so the threads
-                // finish together. Whole experts per thread (one section) left the threads
-                // apart by ~94 µs a layer on the Intel host: bench8 2T tg32 there, 8 alternated
-                // pairs, this way won 6 with a median ratio of 1.065 (roofline share median
-                // 92.5 vs 92%)
-                let mats: Vec<ExpertMats<'_>> = used.iter().map(|&e| pkg.expert(l, e)).collect::<Result<_, _>>()?;
-                decode_experts(exec, &mats, hn, s, |i, y| weigh(used[i], y));
-            }
-            None => {
-                for &e in &used {
-                    let ex = pkg.expert(l, e)?;
-                    run_expert(e, &ex, exec, s, None);
-                }
-            }
-            Some(streamed) => {
-                // experts already resident first, the rest as their reads land; the per-token
-                // sums below run in rank order, so the order here never changes the result
-                let li = self.moe_index(l);
-                let pass = streamed.cache.pass();
-                if t_n == 1 {
-                    streamed.predictor.observe(pass, li, &used);
-                    streamed.predictor.submit(pass, li, hn);
-                }
-                let mut req = streamed.cache.request(li, &used);
-                if t_n == 1 {
-                    // one token: the experts ready at once computed together (two parallel
-                    // sections for all of them), then the next ones as their reads land. bench8
-                    // x4, 2T, a pool of half the experts, warm, 3 alternations: 36.7 vs 33.5 t/s
-                    // median against each expert's products run one by one
-                    loop {
-                        let batch = req.ready_batch()?;
-                        if batch.is_empty() {
-                            break;
-                        }
-                        let mut span =
-                            trace::span("experts").arg("layer", l).arg("bytes", blob_bytes * batch.len() as u64);
-                        span.set("experts", batch.iter().map(|b| b.expert).collect::<Vec<_>>().as_slice());
-                        for b in &batch {
-                            trace::flow_end(b.flow);
-                        }
-                        let mats: Vec<ExpertMats<'_>> =
-                            batch.iter().map(|b| pkg.expert_view(b.bytes())).collect::<Result<_, _>>()?;
-                        decode_experts(exec, &mats, hn, s, |i, y| weigh(batch[i].expert, y));
-                        drop(mats);
-                        drop(span);
-                        for b in batch {
-                            req.release(b);
-                        }
-                    }
-                } else {
-                    while let Some(b) = req.next_ready()? {
-                        let ex = pkg.expert_view(b.bytes())?;
-                        run_expert(b.expert, &ex, exec, s, b.flow);
-                        req.release(b);
-                    }
-                }
-            }
-        }
-        let mut out = vec![0f32; t_n * h];
-        for t in 0..t_n {
-            let o = &mut out[t * h..(t + 1) * h];
-            for j in 0..k_n {
-                add_inplace(o, &yk[(t * k_n + j) * h..(t * k_n + j + 1) * h]);
-            }
-        }
-        Ok(out)
+        let t_n = hn.len() / c.hidden_size;
+        let mut span = trace::span("moe").arg("layer", at.layer).arg("tokens", t_n);
+        let spec =
+            RouterSpec { num_experts: c.num_experts, top_k: c.num_experts_per_tok, renormalize: c.norm_topk_prob };
+        let router = self.pkg.mat_by_index(at.router);
+        let routing = moe::route(exec, &router, spec, at.layer, hn, at.pos0, s, obs);
+        span.set("experts_used", routing.used.len());
+        let q = ExpertQuery { layer: at.layer, moe_layer: at.moe_layer, tokens: t_n, used: &routing.used, lookahead: hn };
+        moe::routed_sum(exec, experts, &q, &routing, hn, self.pkg.sizes().2, s)
     }
 }
 
-/// One token's experts `mats` over the input `x` (`[H]`) as two parallel sections for all of
-/// them: every gate and up row with its SwiGLU in one, every down row in the other, each section
-/// cut into pieces across the experts' boundaries, so the threads finish
-/// together whatever expert they are in. `each(i, y)` gets expert `i`'s output (`[H]`).
-fn decode_experts(
-    exec: &Exec,
-    mats: &[ExpertMats<'_>],
-    x: &[f32],
-    s: &mut Scratch,
-    mut each: impl FnMut(usize, &[f32]),
-) {
-    // each expert's SwiGLU activation, [I_e] end to end
-    let pairs: Vec<(&Mat<'_>, &Mat<'_>)> = mats.iter().map(|m| (&m.gate, &m.up)).collect();
-    let mut act = vec![0f32; mats.iter().map(|m| m.gate.rows).sum()];
-    exec.swiglu_pairs("expert_gate_up", &pairs, x, &mut act, s);
-    let mut downs: Vec<(&Mat<'_>, &[f32])> = Vec::with_capacity(mats.len());
-    let mut a0 = 0;
-    for m in mats {
-        downs.push((&m.down, &act[a0..a0 + m.gate.rows]));
-        a0 += m.gate.rows;
-    }
-    let mut y = vec![0f32; mats.iter().map(|m| m.down.rows).sum()];
-    exec.matvec_each("expert_down", &downs, &mut y);
-    let mut y0 = 0;
-    for (i, m) in mats.iter().enumerate() {
-        each(i, &y[y0..y0 + m.down.rows]);
-        y0 += m.down.rows;
-    }
-}
-
-/// `down(silu(gate x) * up x)` for `x` of `[n, H]`; returns `[n, H]`. `labels` name the
-/// products in the trace: gate and up as one (one token), gate, up (several), down.
-#[allow(clippy::too_many_arguments)]
-fn swiglu_mlp(
-    exec: &Exec,
-    labels: [&'static str; 4],
-    gate: &Mat<'_>,
-    up: &Mat<'_>,
-    down: &Mat<'_>,
-    x: &[f32],
-    n: usize,
-    s: &mut Scratch,
-) -> Vec<f32> {
-    let i = gate.rows;
-    let mut a = vec![0f32; n * i];
-    if n == 1 {
-        // one token (decode): gate and up with their SwiGLU in one parallel section, the input
-        // quantized once
-        exec.swiglu_pairs(labels[0], &[(gate, up)], x, &mut a, s);
-    } else {
-        let (mut g, mut u) = (vec![0f32; n * i], vec![0f32; n * i]);
-        exec.matmul_shared(x, n, &mut [(labels[1], gate, &mut g), (labels[2], up, &mut u)], s);
-        swiglu(&g, &u, &mut a);
-    }
-    let mut y = vec![0f32; n * down.rows];
-    exec.matmul(labels[3], down, &a, n, &mut y, s);
-    y
+/// Where a MoE block runs: its layer, its place among the MoE layers, its router tensor and the
+/// batch's first position.
+#[derive(Debug, Clone, Copy)]
+struct MoeAt {
+    layer: usize,
+    moe_layer: usize,
+    router: usize,
+    pos0: usize,
 }

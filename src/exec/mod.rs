@@ -1,6 +1,8 @@
 //! How the model's matrix products run: on which ISA tier and over which threads.
 //! The kernels crate has no threads; this splits a product's output rows over the pool.
 
+pub mod pool;
+
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -9,8 +11,8 @@ use moescope_kernels::ops::swiglu;
 use moescope_kernels::quant::{Format, ROW_BLOCK};
 use moescope_kernels::{Isa, Mat, QuantAct};
 
-use super::pool::Pool;
 use crate::trace;
+use pool::Pool;
 
 /// Most rows of a gate (and of an up) one step of [`Exec::swiglu_pairs`] holds on the stack.
 const MAX_PIECE: usize = 1024;
