@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::*;
 use moescope::engine::{Engine, EngineError, EngineOptions};
-use moescope::experts::cache::Cell;
+use moescope::experts::pool::Cell;
 use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::{Logits, NoObserver};
 use moescope_kernels::Isa;

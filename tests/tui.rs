@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use moescope::engine::sampler::SamplerParams;
 use moescope::engine::{Engine, EngineOptions};
-use moescope::experts::cache::{Cell, Residency};
+use moescope::experts::pool::{Cell, Residency};
 use moescope::experts::stats::{LayerStats, PredictStats};
 use moescope::tui::app::{App, Outcome, Pane};
 use moescope::tui::event::{EngineEvent, Event, Knobs, ModelInfo, Step};

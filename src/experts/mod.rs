@@ -2,8 +2,8 @@
 //! workers), the next-layer predictor, their counters, and the simulator that replays routing
 //! traces against every policy.
 
-pub mod cache;
 pub mod policy;
+pub mod pool;
 pub mod predict;
 pub mod routing_log;
 pub mod sim;
@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use moescope_kernels::Isa;
 
-pub use cache::{CacheConfig, ExpertCache};
+pub use pool::{CacheConfig, ExpertCache};
 pub use policy::PolicyKind;
 pub use predict::Predictor;
 pub use store::IoMode;

@@ -15,7 +15,7 @@ use std::thread::JoinHandle;
 use moescope_kernels::Isa;
 use moescope_kernels::ops::softmax_inplace;
 
-use super::cache::ExpertCache;
+use super::pool::ExpertCache;
 use super::stats::PredictStats;
 use crate::package::Package;
 use crate::trace;

@@ -3,7 +3,7 @@
 
 use crossterm::event::KeyEvent;
 
-use crate::experts::cache::Residency;
+use crate::experts::pool::Residency;
 use crate::experts::stats::{LayerStats, PredictStats};
 use crate::trace::hist::LatencySummary;
 

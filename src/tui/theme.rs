@@ -3,7 +3,7 @@
 
 use ratatui::style::{Color, Modifier, Style};
 
-use crate::experts::cache::Cell;
+use crate::experts::pool::Cell;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Depth {

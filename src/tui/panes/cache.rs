@@ -9,7 +9,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::grid::{self, Binning, Mark};
-use crate::experts::cache::Cell;
+use crate::experts::pool::Cell;
 use crate::tui::app::{App, Pane};
 use crate::tui::theme::Theme;
 
