@@ -64,6 +64,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// One format's matrix: (Mat, input, bytes).
+#[allow(clippy::too_many_arguments)]
 fn run(
     rows: usize,
     cols: usize,

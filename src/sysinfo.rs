@@ -242,19 +242,6 @@ pub fn utc_now() -> UtcTime {
     UtcTime::from_unix(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()))
 }
 
-#[cfg(test)]
-mod time_tests {
-    use super::UtcTime;
-
-    #[test]
-    fn unix_times_split_like_the_calendar() {
-        // reference values from `date -u -d @SECS`
-        assert_eq!(UtcTime::from_unix(0).iso(), "1970-01-01T00:00:00Z");
-        assert_eq!(UtcTime::from_unix(951_782_400).iso(), "2000-02-29T00:00:00Z");
-        assert_eq!(UtcTime::from_unix(1_796_060_812).stamp(), "20261130-174652");
-    }
-}
-
 /// SCHED_BATCH for the calling thread and the threads it starts later (Linux): no wake-up
 /// preemption. Decode is a few compute threads meeting at barriers many times a token; with the
 /// default policy every wake-up of another thread (the terminal redrawing what the workbench
@@ -286,5 +273,18 @@ fn set_scheduling(policy: libc::c_int) {
     // failing only leaves the policy the thread had
     unsafe {
         libc::sched_setscheduler(0, policy, &param);
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::UtcTime;
+
+    #[test]
+    fn unix_times_split_like_the_calendar() {
+        // reference values from `date -u -d @SECS`
+        assert_eq!(UtcTime::from_unix(0).iso(), "1970-01-01T00:00:00Z");
+        assert_eq!(UtcTime::from_unix(951_782_400).iso(), "2000-02-29T00:00:00Z");
+        assert_eq!(UtcTime::from_unix(1_796_060_812).stamp(), "20261130-174652");
     }
 }

@@ -22,7 +22,7 @@ fn a_long_prompt_in_one_pass_matches_its_tokens_decoded_one_by_one() {
     let (head, tail) = (SPLIT - 24, 224);
     assert_eq!(head + tail, n);
     // a deterministic spread of ids over the 4096-token vocabulary
-    let ids: Vec<u32> = (0..n as u32).map(|i| (i * 2654435761u32 >> 20) % 4096).collect();
+    let ids: Vec<u32> = (0..n as u32).map(|i| ((i * 2654435761u32) >> 20) % 4096).collect();
     for isa in Isa::available() {
         let mut per_threads = Vec::new();
         for threads in [1, 3] {

@@ -204,7 +204,7 @@ fn inspect_reports_layout() {
     assert_eq!(ex["layers"], 2, "decoder_sparse_step 2 over 4 layers: 2 MoE layers");
     assert_eq!(ex["experts_per_layer"], 24);
     let blob = ex["bytes_per_expert"].as_u64().unwrap();
-    assert!(blob > 0 && blob % 4096 == 0);
+    assert!(blob > 0 && blob.is_multiple_of(4096));
     assert_eq!(ex["bytes"].as_u64().unwrap(), blob * 48);
     assert_eq!(ex["offset"].as_u64().unwrap() % 4096, 0);
     assert_eq!(v["file_bytes"].as_u64().unwrap(), std::fs::metadata(&p).unwrap().len());

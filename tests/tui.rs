@@ -252,7 +252,7 @@ fn big_info(expected_memory: u64) -> ModelInfo {
         num_experts: 128,
         top_k: 8,
         blob_bytes: 1 << 20,
-        experts_bytes: 48 * 128 << 20,
+        experts_bytes: (48 * 128) << 20,
         expected_memory,
         threads: 2,
         ctx: 4096,
@@ -260,7 +260,7 @@ fn big_info(expected_memory: u64) -> ModelInfo {
         io: "direct".into(),
         has_template: true,
         warnings: vec![],
-        knobs: Knobs { streaming: true, prefetch: true, budget_bytes: 48 * 64 << 20, policy: "foresight".into() },
+        knobs: Knobs { streaming: true, prefetch: true, budget_bytes: (48 * 64) << 20, policy: "foresight".into() },
     }
 }
 

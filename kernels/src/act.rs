@@ -24,7 +24,7 @@ pub struct QuantAct {
 impl QuantAct {
     /// Quantize `n` rows of `x` (`[n, cols]`) with groups of `group` values.
     pub fn quantize(&mut self, x: &[f32], cols: usize, group: usize) {
-        debug_assert!(cols % group == 0 && x.len() % cols == 0);
+        debug_assert!(cols.is_multiple_of(group) && x.len().is_multiple_of(cols));
         let ng = x.len() / group;
         self.cols = cols;
         self.group = group;
@@ -32,7 +32,7 @@ impl QuantAct {
         self.scales.resize(ng, 0.0);
         self.sums.resize(ng, 0);
         #[cfg(target_arch = "x86_64")]
-        let wide = group % 16 == 0 && avx512_available();
+        let wide = group.is_multiple_of(16) && avx512_available();
         for (gi, xs) in x.chunks_exact(group).enumerate() {
             let qs = &mut self.q[gi * group..(gi + 1) * group];
             // SAFETY: AVX-512 F and BW were detected; the group is whole 16-float vectors
@@ -47,7 +47,7 @@ impl QuantAct {
         self.scaled_sums.extend(self.sums.iter().zip(&self.scales).map(|(&s, &d)| s as f32 * d));
         self.permuted.clear();
         #[cfg(target_arch = "x86_64")]
-        if cols % 128 == 0 {
+        if cols.is_multiple_of(128) {
             crate::avx512::permute_q4_act(&self.q, &mut self.permuted);
         }
     }
@@ -65,7 +65,7 @@ impl QuantAct {
     }
 
     pub fn rows(&self) -> usize {
-        if self.cols == 0 { 0 } else { self.q.len() / self.cols }
+        self.q.len().checked_div(self.cols).unwrap_or(0)
     }
 }
 
@@ -161,7 +161,7 @@ mod tests {
             ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         };
         let mut groups: Vec<Vec<f32>> =
-            (0..200).map(|i| (0..16 * (1 + i % 8)).map(|_| r() * 10f32.powi(i as i32 % 7 - 3)).collect()).collect();
+            (0..200).map(|i| (0..16 * (1 + i % 8)).map(|_| r() * 10f32.powi(i % 7 - 3)).collect()).collect();
         // ties at every half step, zeros, a lone extreme, NaN and infinities
         groups.push((0..128).map(|j| (j as f32 - 64.0) * 0.5).collect());
         groups.push(vec![0.0; 32]);

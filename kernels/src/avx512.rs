@@ -25,11 +25,11 @@ use crate::quant::{ROW_BLOCK, interleaved_offset};
 /// Whether these kernels take a quantized matrix with groups of `group` (q4: whole 128-value
 /// chunks per group; q8: whole 64-byte vectors per group).
 pub fn supports_q4(group: usize) -> bool {
-    group % 128 == 0
+    group.is_multiple_of(128)
 }
 
 pub fn supports_q8(group: usize) -> bool {
-    group % 64 == 0
+    group.is_multiple_of(64)
 }
 
 /// The activation row in the order the q4 kernel's nibbles come in (see the module doc).
@@ -141,7 +141,7 @@ unsafe fn tiles<const R: usize, const T: usize, const SIX: bool, const IL: usize
     let mut res = [[0f32; T]; R];
     let mut one = [[0f32; T]; 1];
     while r < rows.end {
-        let aligned = IL == 1 || r % R.min(IL) == 0;
+        let aligned = IL == 1 || r.is_multiple_of(R.min(IL));
         let got: &[[f32; T]] = if aligned && rows.end - r >= R {
             // SAFETY: rows r..r + R and tokens t0..t0 + T exist
             if m.cpg == 1 {

@@ -48,7 +48,7 @@ pub fn dot_bf16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
 pub fn dot_q8(isa: Isa, wq: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     debug_assert_eq!(wq.len(), a.q.len());
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() && a.group % 32 == 0 {
+    if isa.has_avx2() && a.group.is_multiple_of(32) {
         // SAFETY: as above; the group is a whole number of 32-byte vectors.
         return unsafe { x86::dot_q8(wq, wd, a) };
     }
@@ -61,7 +61,7 @@ pub fn dot_q8(isa: Isa, wq: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
 pub fn dot_q4(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     debug_assert_eq!(wq.len() * 2, a.q.len());
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() && a.group % 32 == 0 {
+    if isa.has_avx2() && a.group.is_multiple_of(32) {
         // SAFETY: as above; every block is 32 values (16 bytes).
         return unsafe { x86::dot_q4(wq, wd, a) };
     }
@@ -90,7 +90,7 @@ pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
 pub fn dot_x4(isa: Isa, six: bool, block: &[u8], wd: &[f32], a: QuantRow<'_>, pf: usize) -> [f32; 4] {
     let ng = wd.len() / ROW_BLOCK;
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() && a.group % 32 == 0 {
+    if isa.has_avx2() && a.group.is_multiple_of(32) {
         // SAFETY: AVX2 and FMA were detected; the block holds 4 rows of a.q.len() values; every
         // block is 32 values (q6 groups are whole chunks)
         return unsafe {
@@ -423,7 +423,7 @@ mod x86 {
                 let x = unsafe { _mm256_loadu_si256(a.q.as_ptr().add(j) as *const __m256i) };
                 for (i, v) in v.iter_mut().enumerate() {
                     let p = unsafe { block.as_ptr().add(interleaved_offset(i, j / CHUNK, rb, cb)) };
-                    if pf != 0 && j % CHUNK == 0 {
+                    if pf != 0 && j.is_multiple_of(CHUNK) {
                         // once per row chunk (64 bytes; q6: 96)
                         crate::prefetch::line(p, pf);
                         if SIX {

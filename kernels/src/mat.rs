@@ -196,7 +196,7 @@ impl<'a> Mat<'a> {
                 let mut r = rows.start;
                 while r < rows.end {
                     let i = r - rows.start;
-                    if r % ROW_BLOCK == 0 && r + ROW_BLOCK <= rows.end {
+                    if r.is_multiple_of(ROW_BLOCK) && r + ROW_BLOCK <= rows.end {
                         if n == 1 && isa.has_avx2() {
                             crate::prefetch::scales_ahead(scales, r, ROW_BLOCK, ng);
                         }

@@ -59,7 +59,7 @@ pub fn interleaved_offset(r: usize, c: usize, row_bytes: usize, chunk_bytes: usi
 
 /// Row-major `src` (rows of `row_bytes`) in the row-interleaved order, into `out` (same length).
 pub fn interleave_rows(src: &[u8], row_bytes: usize, chunk_bytes: usize, out: &mut [u8]) {
-    debug_assert!(src.len() == out.len() && src.len() % (row_bytes * ROW_BLOCK) == 0);
+    debug_assert!(src.len() == out.len() && src.len().is_multiple_of(row_bytes * ROW_BLOCK));
     for (r, row) in src.chunks_exact(row_bytes).enumerate() {
         for (c, chunk) in row.chunks_exact(chunk_bytes).enumerate() {
             let at = interleaved_offset(r, c, row_bytes, chunk_bytes);
@@ -82,7 +82,7 @@ pub const GROUPS: [usize; 4] = [128, 64, 32, 16];
 
 /// Largest of 128/64/32/16 (not above `max_group`) that divides `cols`.
 pub fn pick_group(cols: usize, max_group: usize) -> Option<usize> {
-    GROUPS.into_iter().find(|&g| g <= max_group && cols % g == 0)
+    GROUPS.into_iter().find(|&g| g <= max_group && cols.is_multiple_of(g))
 }
 
 impl Format {
@@ -135,7 +135,7 @@ impl Format {
     /// Whether a `[rows, cols]` matrix in this format is stored row-interleaved (see the
     /// module doc): q4 and q6, rows a multiple of [`ROW_BLOCK`], rows of whole chunks.
     pub fn interleaves(&self, rows: usize, cols: usize) -> bool {
-        self.chunk_bytes().is_some() && rows % ROW_BLOCK == 0 && cols % CHUNK == 0
+        self.chunk_bytes().is_some() && rows.is_multiple_of(ROW_BLOCK) && cols.is_multiple_of(CHUNK)
     }
 
     /// Whether `cols` can be stored in this format (a group must divide the row).
@@ -147,7 +147,7 @@ impl Format {
                     Format::Q6 { .. } => Q6_CHUNK,
                     _ => 1,
                 };
-                g > 0 && cols % g == 0 && g % unit == 0
+                g > 0 && cols.is_multiple_of(g) && g % unit == 0
             }
             None => true,
         }
@@ -244,7 +244,7 @@ fn q6_position(j: usize) -> usize {
 
 /// Quantize one row to biased int6 (`q6_lo4hi2` layout). `q.len() == x.len() / 128 * 96`.
 pub fn quantize_q6_row(x: &[f32], group: usize, q: &mut [u8], scales: &mut [f32]) {
-    debug_assert!(x.len() % group == 0 && group % Q6_CHUNK == 0);
+    debug_assert!(x.len().is_multiple_of(group) && group.is_multiple_of(Q6_CHUNK));
     q.fill(0);
     for (gi, xs) in x.chunks_exact(group).enumerate() {
         let m = xs.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
@@ -395,7 +395,7 @@ mod tests {
     #[test]
     fn q6_layout_low_nibbles_as_q4_high_bits_by_load_position() {
         // values n = q + 32 of one chunk chosen so every field is distinct where it matters
-        let vals: Vec<i32> = (0..128).map(|j| ((j * 37 + 5) % 64) as i32 - 32).collect();
+        let vals: Vec<i32> = (0..128).map(|j| ((j * 37 + 5) % 64) - 32).collect();
         let mut x: Vec<f32> = vals.iter().map(|v| *v as f32).collect();
         x[0] = -32.0; // the extreme: scale exactly 1
         let mut q = vec![0u8; 96];

@@ -255,20 +255,20 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> 
                     Some(d) => d.push(id).unwrap_or(None),
                     None => Some(format!("{id} ")),
                 };
-                if let Some(p) = piece {
-                    if let Err(e) = out.write_all(p.as_bytes()).and_then(|_| out.flush()) {
-                        write_err = Some(e);
-                        return false;
-                    }
+                if let Some(p) = piece
+                    && let Err(e) = out.write_all(p.as_bytes()).and_then(|_| out.flush())
+                {
+                    write_err = Some(e);
+                    return false;
                 }
             }
             true
         })?
     };
-    if let Some(e) = write_err {
-        if e.kind() != std::io::ErrorKind::BrokenPipe {
-            return Err(e).context("writing to stdout");
-        }
+    if let Some(e) = write_err
+        && e.kind() != std::io::ErrorKind::BrokenPipe
+    {
+        return Err(e).context("writing to stdout");
     }
     if stream {
         if let Some(p) = dec.as_mut().and_then(|d| d.flush().ok().flatten()) {

@@ -96,10 +96,10 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
     if bool_key("use_sliding_window", false)? {
         return Err(err("use_sliding_window", "sliding-window attention is not supported"));
     }
-    if let Some(act) = v.get("hidden_act").and_then(|a| a.as_str()) {
-        if act != "silu" {
-            return Err(err("hidden_act", &format!("'{act}' is not supported (only silu)")));
-        }
+    if let Some(act) = v.get("hidden_act").and_then(|a| a.as_str())
+        && act != "silu"
+    {
+        return Err(err("hidden_act", &format!("'{act}' is not supported (only silu)")));
     }
     // rope: top-level (hub) or rope_parameters (transformers 5); only plain RoPE for now
     let rp = v.get("rope_parameters").filter(|x| !x.is_null());

@@ -97,12 +97,11 @@ pub fn add_tokenizer_eos(cfg: &mut ModelConfig, tok: &TokenizerInfo) {
     let (Some(json), Some(eos)) = (&tok.tokenizer_json, &tok.eos_token) else {
         return;
     };
-    if let Ok(t) = Tok::from_json(json) {
-        if let Some(id) = t.token_id(eos) {
-            if !cfg.eos_token_ids.contains(&id) {
-                cfg.eos_token_ids.push(id);
-            }
-        }
+    if let Ok(t) = Tok::from_json(json)
+        && let Some(id) = t.token_id(eos)
+        && !cfg.eos_token_ids.contains(&id)
+    {
+        cfg.eos_token_ids.push(id);
     }
 }
 

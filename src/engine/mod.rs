@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use moescope_kernels::Isa;
 
+use crate::exec::Exec;
 use crate::experts::routing_log::RoutingLog;
 use crate::experts::{Experts, StreamConfig};
-use crate::exec::Exec;
 use crate::model::{ExpertSource, KvCache, Logits, ModelError, NoObserver, Observer, Qwen3Moe, Resident};
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
@@ -189,11 +189,13 @@ impl Engine {
         // the experts served from memory, copied with the dense weights (not with --no-stream,
         // which reads them through the mapping)
         let mut experts_in_memory = false;
-        if let Some(sc) = &opts.stream {
-            if sc.budget_bytes.is_none() && pkg.meta.default_pool_fraction.is_none() && fits {
-                opts.stream = None;
-                experts_in_memory = true;
-            }
+        if let Some(sc) = &opts.stream
+            && sc.budget_bytes.is_none()
+            && pkg.meta.default_pool_fraction.is_none()
+            && fits
+        {
+            opts.stream = None;
+            experts_in_memory = true;
         }
         // the dense weights, which every decode token reads, in huge pages (and the experts)
         if let Err(e) = pkg.make_resident(experts_in_memory, opts.stream.is_some()) {

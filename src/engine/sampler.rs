@@ -147,8 +147,8 @@ impl Sampler {
         }
         let total: f64 = probs[..keep].iter().sum();
         let mut r = self.rng.next_f64() * total;
-        for i in 0..keep {
-            r -= probs[i];
+        for (i, &q) in probs[..keep].iter().enumerate() {
+            r -= q;
             if r < 0.0 {
                 return self.cand[i].0;
             }

@@ -56,6 +56,9 @@ impl Chunks {
     }
 }
 
+/// What a section over several products runs on rows of product `i`: `f(i, rows, their output)`.
+type RowsOf<'a> = dyn Fn(usize, Range<usize>, &mut [f32]) + Sync + 'a;
+
 /// What a section runs on each piece: `f(rows, part of the output, participant)`.
 type PieceFn<'a> = dyn Fn(Range<usize>, &mut [f32], usize) + Sync + 'a;
 
@@ -243,7 +246,7 @@ impl Exec {
         rows: &[usize],
         out: &mut [f32],
         row_bytes: usize,
-        rows_of: &(dyn Fn(usize, Range<usize>, &mut [f32]) + Sync),
+        rows_of: &RowsOf<'_>,
     ) {
         let total: usize = rows.iter().sum();
         debug_assert_eq!(out.len(), total);
@@ -410,7 +413,7 @@ mod tests {
 
     /// Whether rows are interleaved: whole blocks of 4 rows of whole 128-value chunks.
     fn x4(rows: usize, cols: usize) -> bool {
-        rows % 4 == 0 && cols % 128 == 0
+        rows.is_multiple_of(4) && cols.is_multiple_of(128)
     }
 
     fn mat<'a>(rows: usize, cols: usize, (q, d): &'a (Vec<u8>, Vec<f32>)) -> Mat<'a> {

@@ -128,7 +128,7 @@ impl Pool {
         let mut spins = 0u32;
         while sh.done.load(Ordering::Acquire) < tasks {
             spins += 1;
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
                 // a worker preempted mid-task, or a predictor or I/O thread, may need this core
                 std::thread::yield_now();
             }
@@ -172,7 +172,7 @@ fn worker(sh: &Shared, me: usize) {
                 return;
             }
             n += 1;
-            if n % 64 == 0 {
+            if n.is_multiple_of(64) {
                 if start.elapsed() > SPIN {
                     break None;
                 }

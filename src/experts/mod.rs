@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use moescope_kernels::Isa;
 
-pub use pool::{CacheConfig, ExpertCache};
 pub use policy::PolicyKind;
+pub use pool::{CacheConfig, ExpertCache};
 pub use predict::Predictor;
 pub use store::IoMode;
 

@@ -43,7 +43,7 @@ impl Scores {
 
     /// The fraction of recent tokens (about the last 200; all of them early on) that used it.
     pub fn popularity(&self, key: (usize, usize), token: u64) -> f32 {
-        let n = token.max(1).min(100_000) as i32;
+        let n = token.clamp(1, 100_000) as i32;
         let norm = (1.0 - SLOW_DECAY.powi(n)) / (1.0 - SLOW_DECAY);
         (self.slow(key, token) / norm).min(1.0)
     }

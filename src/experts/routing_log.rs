@@ -91,12 +91,11 @@ impl Observer for RoutingLog {
         }
         let Some(l) = self.moe_layers.iter().position(|&x| x == layer) else { return };
         let r = Record { p: self.pass, t: pos, l, e: experts.to_vec(), w: weights.to_vec() };
-        if let Some(w) = self.w.as_mut() {
-            if let Err(e) =
+        if let Some(w) = self.w.as_mut()
+            && let Err(e) =
                 serde_json::to_writer(&mut *w, &r).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
-            {
-                self.error = Some(e);
-            }
+        {
+            self.error = Some(e);
         }
     }
 }

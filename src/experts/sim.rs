@@ -234,6 +234,7 @@ pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) 
 /// exponent `zipf` (a random permutation per layer decides which experts are popular), and each
 /// token keeps each of the previous token's experts in a layer with probability `repeat`
 /// before drawing the rest from the popularity. Deterministic for a seed.
+#[allow(clippy::too_many_arguments)]
 pub fn synthetic(
     layers: usize,
     experts: usize,
@@ -305,16 +306,12 @@ mod tests {
         }
     }
 
+    /// Fewest misses from (step, position in it, resident set).
+    type Memo = HashMap<(usize, usize, Vec<(usize, usize)>), u64>;
+
     /// Brute force: the fewest misses any eviction sequence achieves (tiny traces only).
     fn optimal_misses(steps: &[Step], cap: usize) -> u64 {
-        fn go(
-            steps: &[Step],
-            i: usize,
-            j: usize,
-            res: &mut Vec<(usize, usize)>,
-            cap: usize,
-            memo: &mut HashMap<(usize, usize, Vec<(usize, usize)>), u64>,
-        ) -> u64 {
+        fn go(steps: &[Step], i: usize, j: usize, res: &mut Vec<(usize, usize)>, cap: usize, memo: &mut Memo) -> u64 {
             if i == steps.len() {
                 return 0;
             }

@@ -320,7 +320,7 @@ mod tests {
             let mut b = AlignedBuf::new(len);
             let p = b.as_slice().as_ptr() as usize;
             assert_eq!(p % 4096, 0, "{len} bytes");
-            assert!(b.len() >= len && b.len() % 4096 == 0, "{len} bytes: {}", b.len());
+            assert!(b.len() >= len && b.len().is_multiple_of(4096), "{len} bytes: {}", b.len());
             if len >= HUGE_PAGE {
                 assert_eq!(p % HUGE_PAGE, 0, "{len} bytes start on a 2 MiB boundary");
             }

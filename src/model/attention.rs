@@ -13,8 +13,8 @@ use std::sync::OnceLock;
 
 use moescope_kernels::attn::{self, State};
 
-use crate::exec::{Chunks, Exec};
 use super::kv_cache::KvCache;
+use crate::exec::{Chunks, Exec};
 use crate::trace;
 
 /// Tokens per prefill task: with a GQA group of 8 heads, 128 query rows share each block of

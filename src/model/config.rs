@@ -55,7 +55,7 @@ impl ModelConfig {
         !self.mlp_only_layers.contains(&layer)
             && self.num_experts > 0
             && self.decoder_sparse_step > 0
-            && (layer + 1) % self.decoder_sparse_step == 0
+            && (layer + 1).is_multiple_of(self.decoder_sparse_step)
     }
 
     pub fn moe_layers(&self) -> Vec<usize> {
@@ -86,13 +86,13 @@ impl ModelConfig {
                 return Err(format!("{k} must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(format!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim));
         }
         let moe = self.moe_layers();
@@ -113,7 +113,8 @@ impl ModelConfig {
         if let Some(&l) = self.mlp_only_layers.iter().find(|&&l| l >= self.num_hidden_layers) {
             return Err(format!("mlp_only_layers lists layer {l}, past num_hidden_layers"));
         }
-        if !(self.rms_norm_eps >= 0.0) || !(self.rope_theta > 0.0) {
+        // NaN fails both tests
+        if self.rms_norm_eps.is_nan() || self.rms_norm_eps < 0.0 || self.rope_theta.is_nan() || self.rope_theta <= 0.0 {
             return Err("rms_norm_eps must be >= 0 and rope_theta > 0".into());
         }
         Ok(())

@@ -284,7 +284,13 @@ impl Batch<'_> {
 /// them: every gate and up row with its SwiGLU in one, every down row in the other, each section
 /// cut into pieces across the experts' boundaries, so the threads finish
 /// together whatever expert they are in. `each(i, y)` gets expert `i`'s output (`[H]`).
-fn decode_experts(exec: &Exec, mats: &[ExpertMats<'_>], x: &[f32], s: &mut Scratch, mut each: impl FnMut(usize, &[f32])) {
+fn decode_experts(
+    exec: &Exec,
+    mats: &[ExpertMats<'_>],
+    x: &[f32],
+    s: &mut Scratch,
+    mut each: impl FnMut(usize, &[f32]),
+) {
     // each expert's SwiGLU activation, [I_e] end to end
     let pairs: Vec<(&Mat<'_>, &Mat<'_>)> = mats.iter().map(|m| (&m.gate, &m.up)).collect();
     let mut act = vec![0f32; mats.iter().map(|m| m.gate.rows).sum()];

@@ -44,9 +44,16 @@ pub enum Logits {
 }
 
 enum Ffn {
-    Dense { gate: usize, up: usize, down: usize },
+    Dense {
+        gate: usize,
+        up: usize,
+        down: usize,
+    },
     /// `moe_layer`: the layer's place among the MoE layers (its row of the expert table).
-    Moe { router: usize, moe_layer: usize },
+    Moe {
+        router: usize,
+        moe_layer: usize,
+    },
 }
 
 struct Layer {
@@ -354,7 +361,8 @@ impl Qwen3Moe {
         let router = self.pkg.mat_by_index(at.router);
         let routing = moe::route(exec, &router, spec, at.layer, hn, at.pos0, s, obs);
         span.set("experts_used", routing.used.len());
-        let q = ExpertQuery { layer: at.layer, moe_layer: at.moe_layer, tokens: t_n, used: &routing.used, lookahead: hn };
+        let q =
+            ExpertQuery { layer: at.layer, moe_layer: at.moe_layer, tokens: t_n, used: &routing.used, lookahead: hn };
         moe::routed_sum(exec, experts, &q, &routing, hn, self.pkg.sizes().2, s)
     }
 }

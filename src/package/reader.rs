@@ -94,7 +94,7 @@ impl Package {
             ("expert region", header.expert_offset, header.expert_len),
         ];
         for (what, off, len) in regions {
-            let end = off.checked_add(len).unwrap_or(u64::MAX);
+            let end = off.saturating_add(len);
             if off < HEADER_SIZE || end > actual {
                 return Err(PackageError::Corrupt { path: p, what: format!("{what} bounds ({off}+{len})") });
             }
@@ -354,7 +354,7 @@ impl Package {
             .experts
             .as_ref()
             .ok_or_else(|| PackageError::Meta { path: self.path.clone(), msg: "no expert table".into() })?;
-        if (blob.len() as u64) < ex.blob_len || blob.as_ptr() as usize % 64 != 0 {
+        if (blob.len() as u64) < ex.blob_len || !(blob.as_ptr() as usize).is_multiple_of(64) {
             return Err(PackageError::Meta {
                 path: self.path.clone(),
                 msg: "expert buffer too short or misaligned".into(),
@@ -420,10 +420,10 @@ fn check_entry(path: &Path, t: &TensorEntry, lo: u64, hi: u64) -> Result<(), Pac
     if t.length != len {
         return Err(bad(format!("length {} at offset {}, expected {len} for its type and shape", t.length, t.offset)));
     }
-    if t.offset % DENSE_ALIGN != 0 {
+    if !t.offset.is_multiple_of(DENSE_ALIGN) {
         return Err(bad(format!("offset {} is not {DENSE_ALIGN}-byte aligned", t.offset)));
     }
-    let end = t.offset.checked_add(t.length).unwrap_or(u64::MAX);
+    let end = t.offset.saturating_add(t.length);
     if t.offset < lo || end > hi {
         return Err(bad(format!("bytes {}..{end} lie outside their region {lo}..{hi}", t.offset)));
     }
@@ -456,7 +456,7 @@ fn check_experts(path: &Path, ex: &ExpertRegion, meta: &Meta, h: &Header) -> Res
     if ex.parts.len() != 3 {
         return Err(bad(format!("{} parts, expected 3", ex.parts.len())));
     }
-    if ex.blob_len == 0 || ex.blob_len % EXPERT_ALIGN != 0 {
+    if ex.blob_len == 0 || !ex.blob_len.is_multiple_of(EXPERT_ALIGN) {
         return Err(bad(format!("blob length {} is not a multiple of {EXPERT_ALIGN}", ex.blob_len)));
     }
     for (p, (name, shape)) in ex.parts.iter().zip(want) {

@@ -100,11 +100,11 @@ pub fn each_event(rec: &Recording, sink: &mut dyn FnMut(Value) -> std::io::Resul
             n > 0 && max_end[n - 1] >= x
         };
         for e in &t.events {
-            if let Event::Flow { id, ts, start } = e {
-                if inside(*ts) {
-                    let c = ends.entry(*id).or_default();
-                    if *start { c.0 += 1 } else { c.1 += 1 }
-                }
+            if let Event::Flow { id, ts, start } = e
+                && inside(*ts)
+            {
+                let c = ends.entry(*id).or_default();
+                if *start { c.0 += 1 } else { c.1 += 1 }
             }
         }
     }

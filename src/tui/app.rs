@@ -163,10 +163,11 @@ impl IoHistory {
     /// small model reads in bursts of 100 ms and would otherwise never show), and the idle time
     /// until the next reply is not averaged into its first point.
     fn reply_done(&mut self) {
-        if let (Some((t, b, _, _)), Some((now, bytes, reads, busy))) = (self.last, self.latest) {
-            if bytes > b && now > t {
-                self.close(now, bytes, reads, busy);
-            }
+        if let (Some((t, b, _, _)), Some((now, bytes, reads, busy))) = (self.last, self.latest)
+            && bytes > b
+            && now > t
+        {
+            self.close(now, bytes, reads, busy);
         }
         self.last = None;
     }
@@ -397,7 +398,7 @@ impl App {
                 s.per_layer = p.per_layer.clone();
                 s.predict = p.predict.clone();
                 s.queue = p.queue;
-                s.read_latency = p.read_latency.clone();
+                s.read_latency = p.read_latency;
                 s.reads = p.reads;
             }
         }
@@ -463,10 +464,11 @@ impl App {
                 w.push("prefetch wasted");
             }
         }
-        if let Some(i) = &self.info {
-            if self.rss > 0 && self.rss as f64 > 1.1 * (i.expected_memory + self.trace_bytes) as f64 {
-                w.push("memory over budget");
-            }
+        if let Some(i) = &self.info
+            && self.rss > 0
+            && self.rss as f64 > 1.1 * (i.expected_memory + self.trace_bytes) as f64
+        {
+            w.push("memory over budget");
         }
         w
     }
@@ -590,16 +592,16 @@ impl App {
                 }
             }
             Action::BudgetDown | Action::BudgetUp => {
-                if let (Some(kn), Some(i)) = (&self.knobs, &self.info) {
-                    if kn.streaming {
-                        let step = (i.experts_bytes / 10).max(i.blob_bytes);
-                        let b = if a == Action::BudgetUp {
-                            (kn.budget_bytes + step).min(i.experts_bytes)
-                        } else {
-                            kn.budget_bytes.saturating_sub(step).max(i.blob_bytes * i.top_k as u64)
-                        };
-                        return vec![Outcome::Send(Cmd::SetBudget(b))];
-                    }
+                if let (Some(kn), Some(i)) = (&self.knobs, &self.info)
+                    && kn.streaming
+                {
+                    let step = (i.experts_bytes / 10).max(i.blob_bytes);
+                    let b = if a == Action::BudgetUp {
+                        (kn.budget_bytes + step).min(i.experts_bytes)
+                    } else {
+                        kn.budget_bytes.saturating_sub(step).max(i.blob_bytes * i.top_k as u64)
+                    };
+                    return vec![Outcome::Send(Cmd::SetBudget(b))];
                 }
             }
             Action::CyclePolicy => {

@@ -109,8 +109,7 @@ pub fn assert_clean_failure(o: &Output, needles: &[&str]) {
     let err = stderr(o);
     assert!(!o.status.success(), "expected failure, got success; stderr: {err}");
     assert!(!err.contains("panicked"), "panic: {err}");
-    let last =
-        err.lines().filter(|l| l.starts_with("error:")).last().unwrap_or_else(|| panic!("no error line in: {err}"));
+    let last = err.lines().rfind(|l| l.starts_with("error:")).unwrap_or_else(|| panic!("no error line in: {err}"));
     for n in needles {
         assert!(last.contains(n), "error line '{last}' does not mention '{n}'");
     }

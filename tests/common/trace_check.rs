@@ -25,6 +25,9 @@ pub struct Summary {
 }
 
 /// Check `doc` (a parsed trace); panics with the first rule broken.
+/// (thread id, timestamp) of an event.
+type TidTs = (i64, i64);
+
 pub fn check(doc: &Value) -> Summary {
     let evs = doc["traceEvents"].as_array().expect("traceEvents must be an array");
     assert!(!evs.is_empty(), "empty trace");
@@ -32,7 +35,8 @@ pub fn check(doc: &Value) -> Summary {
     let mut have_process_name = false;
     let mut used_tids: HashSet<i64> = HashSet::new();
     let mut slices: HashMap<i64, Vec<(i64, i64, String)>> = HashMap::new();
-    let mut flows: HashMap<i64, (Vec<(i64, i64)>, Vec<(i64, i64)>)> = HashMap::new();
+    // flow id -> its starts and its ends, each (tid, ts)
+    let mut flows: HashMap<i64, (Vec<TidTs>, Vec<TidTs>)> = HashMap::new();
     for e in evs {
         let ph = e["ph"].as_str().unwrap_or_else(|| panic!("event without ph: {e}"));
         let name = e["name"].as_str().unwrap_or_else(|| panic!("event without name: {e}"));

@@ -173,14 +173,12 @@ impl State {
 
     pub fn free_slot(&mut self, si: usize, key: Key) {
         self.map.remove(&key);
-        if let Some(mut s) = self.slots[si].take() {
-            if let Some(b) = s.buf.take() {
-                if let Ok(b) = Arc::try_unwrap(b) {
-                    if self.spare.len() + self.used_slots() <= self.capacity {
-                        self.spare.push(b);
-                    }
-                }
-            }
+        if let Some(mut s) = self.slots[si].take()
+            && let Some(b) = s.buf.take()
+            && let Ok(b) = Arc::try_unwrap(b)
+            && self.spare.len() + self.used_slots() <= self.capacity
+        {
+            self.spare.push(b);
         }
         self.free.push(si);
     }
@@ -375,7 +373,8 @@ impl State {
     pub fn start_read(&mut self, si: usize) -> Option<ReadJob> {
         let slot = self.slots[si].as_mut()?;
         slot.state = SlotState::Reading;
-        let (key, origin, waited, flow_issue) = (slot.key, slot.origin, slot.queued_at.elapsed(), slot.flow_issue.take());
+        let (key, origin, waited, flow_issue) =
+            (slot.key, slot.origin, slot.queued_at.elapsed(), slot.flow_issue.take());
         let buf = self.spare.pop();
         if self.in_flight == 0 {
             self.busy_since = Some(Instant::now());
@@ -399,10 +398,10 @@ impl State {
     ) -> bool {
         let blob = self.dims.blob_len as u64;
         self.in_flight -= 1;
-        if self.in_flight == 0 {
-            if let Some(t) = self.busy_since.take() {
-                self.busy_ns += t.elapsed().as_nanos() as u64;
-            }
+        if self.in_flight == 0
+            && let Some(t) = self.busy_since.take()
+        {
+            self.busy_ns += t.elapsed().as_nanos() as u64;
         }
         let mut disk_free = false;
         if job.origin == Origin::Demand {

@@ -61,8 +61,8 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use super::super::slots::tests::{load, state};
     use super::super::slots::Origin;
+    use super::super::slots::tests::{load, state};
     use super::*;
     use crate::experts::policy::PolicyKind;
 

@@ -124,13 +124,13 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool, exp
         ..inner
     };
     f.render_widget(Paragraph::new(vec![Line::from(legend), Line::styled(b.legend(), th.info())]), legend_area);
-    if per_layer_h > 0 {
-        if let Some(s) = step {
-            let cells: Vec<String> =
-                s.per_layer.iter().enumerate().map(|(l, st)| format!("L{l:<3}{:>5.1}%", st.hit_pct())).collect();
-            let lines: Vec<Line> = cells.chunks(6).map(|c| Line::from(c.join("  "))).collect();
-            let a = Rect { y: legend_area.y + legend_area.height, height: per_layer_h, ..inner };
-            f.render_widget(Paragraph::new(lines), a);
-        }
+    if per_layer_h > 0
+        && let Some(s) = step
+    {
+        let cells: Vec<String> =
+            s.per_layer.iter().enumerate().map(|(l, st)| format!("L{l:<3}{:>5.1}%", st.hit_pct())).collect();
+        let lines: Vec<Line> = cells.chunks(6).map(|c| Line::from(c.join("  "))).collect();
+        let a = Rect { y: legend_area.y + legend_area.height, height: per_layer_h, ..inner };
+        f.render_widget(Paragraph::new(lines), a);
     }
 }

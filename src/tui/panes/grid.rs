@@ -54,7 +54,7 @@ impl Binning {
     /// half?).
     pub fn pos(&self, area: Rect, s: usize, c: usize) -> (u16, u16, bool) {
         let x = area.x + LABEL + (c * self.cw) as u16;
-        if self.half { (x, area.y + (s / 2) as u16, s % 2 == 0) } else { (x, area.y + s as u16, true) }
+        if self.half { (x, area.y + (s / 2) as u16, s.is_multiple_of(2)) } else { (x, area.y + s as u16, true) }
     }
 }
 
@@ -112,10 +112,10 @@ pub fn draw(
                 }
             }
             // a gap after each wide cell keeps neighbours apart
-            if b.cw > 1 {
-                if let Some(cl) = buf.cell_mut((x0 + b.cw as u16 - 1, y)) {
-                    cl.set_symbol(" ").set_fg(Color::Reset).set_bg(Color::Reset);
-                }
+            if b.cw > 1
+                && let Some(cl) = buf.cell_mut((x0 + b.cw as u16 - 1, y))
+            {
+                cl.set_symbol(" ").set_fg(Color::Reset).set_bg(Color::Reset);
             }
         }
     }
