@@ -125,6 +125,53 @@ fn bench_trace_is_valid() {
     assert_eq!(doc["otherData"]["command"], "bench");
 }
 
+/// A bench trace has a run's counter tracks: tokens/s of every decode token and of every prompt
+/// evaluation, and, streaming, the expert pool's after each of them.
+#[test]
+fn bench_trace_has_the_counters_of_a_run() {
+    let (d, p) = convert("odd", "q4");
+    let t = d.path().join("bench-counters.json");
+    let (warmup, reps, prompt, n_gen) = (1, 2, 8, 4); // bench warms up once by default
+    let o = moescope(
+        &[
+            "bench",
+            "-m",
+            p.to_str().unwrap(),
+            "-p",
+            &prompt.to_string(),
+            "-n",
+            &n_gen.to_string(),
+            "-r",
+            &reps.to_string(),
+            "-t",
+            "2",
+            // a pool smaller than the experts, so there is streaming to count
+            "--cache-mb",
+            "0.1",
+            "--trace",
+            t.to_str().unwrap(),
+        ],
+        d.path(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&t).unwrap()).unwrap();
+    let s = check(&doc);
+    let runs = warmup + reps;
+    assert_eq!(s.counter_names.get("decode"), Some(&(runs * n_gen)), "a tok/s counter per decode token");
+    assert_eq!(s.counter_names.get("prefill"), Some(&runs), "a tok/s counter per prompt evaluation");
+    for c in ["expert hit %", "expert pool MB", "read queue", "read MB/s", "prefetch MB"] {
+        assert_eq!(s.counter_names.get(c), Some(&(runs * (n_gen + 1))), "counter {c}: {:?}", s.counter_names);
+    }
+    let tok_s: Vec<f64> = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "C" && (e["name"] == "decode" || e["name"] == "prefill"))
+        .map(|e| e["args"]["tok_s"].as_f64().unwrap())
+        .collect();
+    assert!(tok_s.iter().all(|&v| v.is_finite() && v > 0.0), "{tok_s:?}");
+}
+
 #[test]
 fn bad_bench_arguments() {
     let d = tempfile::tempdir().unwrap();

@@ -418,10 +418,13 @@ fn run_test(
         match test {
             Test::Prompt(n) => {
                 let ids: Vec<u32> = (0..*n).map(|_| (rng.next_u64() % vocab) as u32).collect();
+                let mut counters = engine.expert_counters();
                 let t0 = Instant::now();
                 engine.eval_logged(&ids, Logits::Last)?;
+                let ns = t0.elapsed().as_nanos() as u64;
+                // the same counter tracks as a run's, the prompt's on a track of its own
+                engine.trace_step_counters("prefill", *n, ns as f64 / 1e6, &mut counters);
                 if timed {
-                    let ns = t0.elapsed().as_nanos() as u64;
                     samples_ns.push(ns);
                     ttft.record_ns(ns);
                 }
@@ -434,12 +437,15 @@ fn run_test(
                 }
                 let t0 = Instant::now();
                 let busy0 = engine.experts.as_ref().map_or(0, |ex| ex.cache.disk_busy_ns());
+                let mut counters = engine.expert_counters();
                 for _ in 0..*n {
                     let id = (rng.next_u64() % vocab) as u32;
                     let s = Instant::now();
                     engine.eval_logged(&[id], Logits::Last)?;
+                    let ns = s.elapsed().as_nanos() as u64;
+                    engine.trace_step_counters("decode", 1, ns as f64 / 1e6, &mut counters);
                     if timed {
-                        lat.record_ns(s.elapsed().as_nanos() as u64);
+                        lat.record_ns(ns);
                     }
                 }
                 if timed {

@@ -16,6 +16,7 @@ use moescope_kernels::Isa;
 
 use crate::exec::Exec;
 use crate::experts::routing_log::RoutingLog;
+use crate::experts::stats::LayerStats;
 use crate::experts::{Experts, StreamConfig};
 use crate::model::{ExpertSource, KvCache, Logits, ModelError, NoObserver, Observer, Qwen3Moe, Resident};
 use crate::package::{OpenOptions, Package, PackageError};
@@ -291,12 +292,21 @@ impl Engine {
         MemoryPlan { dense, experts, kv, buffers, runtime, total: dense + experts + kv + buffers + runtime }
     }
 
-    /// Counter tracks of the expert pool after a decode step of `step_ms` (when tracing).
-    fn trace_expert_counters(&self, prev: &mut Option<crate::experts::stats::LayerStats>, step_ms: f64) {
-        let (Some(ex), Some(p)) = (self.experts.as_ref(), prev.as_mut()) else { return };
+    /// The pool's counters now, for [`trace_step_counters`](Self::trace_step_counters)'s
+    /// per-step differences (None without a pool).
+    pub fn expert_counters(&self) -> Option<LayerStats> {
+        self.experts.as_ref().map(|e| e.cache.total_stats())
+    }
+
+    /// Counter tracks after a step of `tokens` tokens that took `step_ms` (when tracing): the
+    /// step's tokens/s on track `track` ("decode" for one token), and the expert pool's hit
+    /// rate, bytes, queue and read rates since `prev` (which it moves on).
+    pub fn trace_step_counters(&self, track: &'static str, tokens: usize, step_ms: f64, prev: &mut Option<LayerStats>) {
         if !trace::enabled() {
             return;
         }
+        trace::counter(track, &[("tok_s", tokens as f64 * 1000.0 / step_ms.max(1e-6))]);
+        let (Some(ex), Some(p)) = (self.experts.as_ref(), prev.as_mut()) else { return };
         let now = ex.cache.total_stats();
         let d = now.sub(p);
         *p = now;
@@ -467,7 +477,7 @@ impl Engine {
             return Ok(stats);
         }
         let mut history: Vec<u32> = prompt.to_vec();
-        let mut expert_prev = self.experts.as_ref().map(|e| e.cache.total_stats());
+        let mut expert_prev = self.expert_counters();
         let mut id = {
             let _s = trace::span("sample");
             sampler.sample(&logits, &history)
@@ -504,8 +514,7 @@ impl Engine {
             stats.decode_steps += 1;
             stats.decode_ms += step_ms;
             stats.token_ms.push(step_ms);
-            trace::counter("decode", &[("tok_s", 1000.0 / step_ms.max(1e-6))]);
-            self.trace_expert_counters(&mut expert_prev, step_ms);
+            self.trace_step_counters("decode", 1, step_ms, &mut expert_prev);
         }
         Ok(stats)
     }
