@@ -15,7 +15,7 @@ use moescope::tui::app::{App, Outcome, Pane};
 use moescope::tui::event::{EngineEvent, Event, Knobs, ModelInfo, Step};
 use moescope::tui::theme::{Depth, Theme};
 use moescope::tui::ui;
-use moescope::tui::worker::{ChatSettings, Cmd, Worker};
+use moescope::tui::worker::{ChatSettings, Cmd, Loaded, Worker};
 use moescope_kernels::Isa;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -39,6 +39,7 @@ fn recorded() -> &'static Vec<Event> {
                 &pkg,
                 EngineOptions { threads: 2, ctx_size: Some(512), isa: Isa::detect(), stream: Some(Default::default()) },
             )
+            .map(Loaded::from)
             .map_err(|e| e.to_string())
         });
         let settings = ChatSettings {

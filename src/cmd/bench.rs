@@ -23,6 +23,7 @@ use super::bench_report::{self as report, Format, Row};
 use super::{experts_report, model_arg, run, run::isa_from_env, trace_out};
 use crate::cli::BenchArgs;
 use moescope::experts::IoMode;
+use moescope::experts::routing_log::RoutingLog;
 use moescope::experts::stats::LayerStats;
 use moescope::experts::store::{ExpertStore, probe_read_bandwidth};
 
@@ -101,9 +102,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if waited.as_millis() > 0 {
         eprintln!("moescope bench: waited {:.2} s for the experts' checksums before the tests", waited.as_secs_f64());
     }
-    if let Some(p) = &a.experts.routing_out {
-        experts_report::start_routing_log(&mut engine, p)?;
-    }
+    let mut log =
+        a.experts.routing_out.as_deref().map(|p| experts_report::start_routing_log(&engine, p)).transpose()?;
     let default_budget = engine.experts.as_ref().map_or(0, |e| e.cache.budget_bytes());
     let cfg = engine.model.cfg.clone();
     if ctx > cfg.max_position_embeddings {
@@ -172,7 +172,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     ex.cache.set_prefetch(prefetch);
                 }
                 for (&depth, test) in depths.iter().flat_map(|d| tests.iter().map(move |t| (d, t))) {
-                    let row = run_test(&mut engine, test, depth, t, a, cold, &mut rng, vocab, prober.as_mut())?;
+                    let row =
+                        run_test(&mut engine, &mut log, test, depth, t, a, cold, &mut rng, vocab, prober.as_mut())?;
                     let weight_gbps = row.decode_latency.map(|_| row.avg_ts * weight_bytes as f64 / 1e9);
                     let mut row = Row {
                         model_filename: path.display().to_string(),
@@ -252,7 +253,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         )?,
         Format::Csv => {}
     }
-    experts_report::finish_routing_log(&mut engine)?;
+    experts_report::finish_routing_log(log)?;
     if let Some(t) = trace {
         t.finish(json!({
             "command": "bench",
@@ -383,6 +384,7 @@ fn median(v: &[f64]) -> f64 {
 #[allow(clippy::too_many_arguments)]
 fn run_test(
     engine: &mut Engine,
+    log: &mut Option<RoutingLog>,
     test: &Test,
     depth: usize,
     threads: usize,
@@ -406,7 +408,7 @@ fn run_test(
         engine.reset();
         if depth > 0 {
             let ids: Vec<u32> = (0..depth).map(|_| (rng.next_u64() % vocab) as u32).collect();
-            engine.eval_logged(&ids, Logits::Last)?;
+            engine.eval(&ids, Logits::Last, log)?;
         }
         if let Some(ex) = &engine.experts {
             // after the depth's tokens: a cold test starts from an empty pool whatever filled it
@@ -420,7 +422,7 @@ fn run_test(
                 let ids: Vec<u32> = (0..*n).map(|_| (rng.next_u64() % vocab) as u32).collect();
                 let mut counters = engine.expert_counters();
                 let t0 = Instant::now();
-                engine.eval_logged(&ids, Logits::Last)?;
+                engine.eval(&ids, Logits::Last, log)?;
                 let ns = t0.elapsed().as_nanos() as u64;
                 // the same counter tracks as a run's, the prompt's on a track of its own
                 engine.trace_step_counters("prefill", *n, ns as f64 / 1e6, &mut counters);
@@ -441,7 +443,7 @@ fn run_test(
                 for _ in 0..*n {
                     let id = (rng.next_u64() % vocab) as u32;
                     let s = Instant::now();
-                    engine.eval_logged(&[id], Logits::Last)?;
+                    engine.eval(&[id], Logits::Last, log)?;
                     let ns = s.elapsed().as_nanos() as u64;
                     engine.trace_step_counters("decode", 1, ns as f64 / 1e6, &mut counters);
                     if timed {

@@ -41,11 +41,12 @@ pub fn run(a: &ChatArgs) -> Result<()> {
     let (model, opts, routing_out) = (cfg.model.clone(), cfg.engine, r.experts.routing_out.clone());
     let label = model.file_name().map_or_else(|| model.display().to_string(), |n| n.to_string_lossy().into_owned());
     let load: tui::worker::Loader = Box::new(move || {
-        let mut engine = Engine::load(&model, opts).map_err(|e| format!("{}: {e}", model.display()))?;
-        if let Some(p) = &routing_out {
-            experts_report::start_routing_log(&mut engine, p).map_err(|e| format!("{e:#}"))?;
-        }
-        Ok(engine)
+        let engine = Engine::load(&model, opts).map_err(|e| format!("{}: {e}", model.display()))?;
+        let routing_log = match &routing_out {
+            Some(p) => Some(experts_report::start_routing_log(&engine, p).map_err(|e| format!("{e:#}"))?),
+            None => None,
+        };
+        Ok(tui::worker::Loaded { engine, routing_log })
     });
     let settings = ChatSettings {
         sampler: cfg.sampler,
@@ -72,9 +73,8 @@ pub fn run(a: &ChatArgs) -> Result<()> {
         mouse: a.mouse,
         fps: a.fps,
     };
-    let engine = tui::run(load, settings, options)?;
-    if let Some(mut e) = engine {
-        experts_report::finish_routing_log(&mut e)?;
+    if let Some(loaded) = tui::run(load, settings, options)? {
+        experts_report::finish_routing_log(loaded.routing_log)?;
     }
     match &r.trace.trace {
         Some(p) => trace_out::TraceOut::to(p.clone()).finish(meta)?,

@@ -98,8 +98,8 @@ pub fn memory_json(engine: &Engine) -> Value {
     })
 }
 
-/// Start recording routing into `path`.
-pub fn start_routing_log(engine: &mut Engine, path: &Path) -> Result<()> {
+/// Start recording `engine`'s routing into `path` (an observer to pass to its passes).
+pub fn start_routing_log(engine: &Engine, path: &Path) -> Result<RoutingLog> {
     let pkg = engine.package();
     let m = &pkg.meta;
     let header = Header {
@@ -110,14 +110,12 @@ pub fn start_routing_log(engine: &mut Engine, path: &Path) -> Result<()> {
         top_k: m.model.num_experts_per_tok,
         bytes_per_expert: pkg.sizes().2,
     };
-    engine.routing_log =
-        Some(RoutingLog::create(path, &header).with_context(|| format!("creating {}", path.display()))?);
-    Ok(())
+    RoutingLog::create(path, &header).with_context(|| format!("creating {}", path.display()))
 }
 
 /// Finish the routing trace, if one is being recorded.
-pub fn finish_routing_log(engine: &mut Engine) -> Result<()> {
-    if let Some(log) = engine.routing_log.take() {
+pub fn finish_routing_log(log: Option<RoutingLog>) -> Result<()> {
+    if let Some(log) = log {
         let p = log.finish().context("writing the routing trace")?;
         eprintln!("moescope: routing trace {}", p.display());
     }

@@ -5,22 +5,22 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{Result, bail};
 use moescope::engine::sampler::Sampler;
-use moescope::engine::session::ChatSession;
-use moescope::engine::tokenizer::StreamDecoder;
+use moescope::engine::session::{ChatSession, TurnEvent};
 use moescope::engine::{Engine, EngineError, GenRequest};
+use moescope::experts::routing_log::RoutingLog;
 
 use super::interrupt::{self, Interruptible};
 use super::run::{RunConfig, stats_line};
 
-pub fn repl(mut engine: Engine, cfg: &RunConfig) -> Result<()> {
-    let Some(tok) = engine.tok.clone() else {
+/// `log`: the routing log being recorded, if any.
+pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) -> Result<()> {
+    if engine.tok.is_none() {
         bail!(
             "{}: this package has no tokenizer, so it cannot chat: give a prompt with --prompt-ids",
             cfg.model.display()
         );
     };
-    let template = engine.template.clone();
-    let chat = template.is_some();
+    let chat = engine.template.is_some();
     let interactive = std::io::stdin().is_terminal();
     if !chat {
         eprintln!("moescope: this model has no chat template: each line is continued as plain text");
@@ -55,47 +55,27 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig) -> Result<()> {
             }
             _ => {}
         }
-        let ids = if let Some(tmpl) = &template {
-            match session.prompt_with(&tok, tmpl, msg) {
-                Ok(ids) => ids,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    continue;
-                }
-            }
-        } else {
-            tok.encode(msg).map_err(anyhow::Error::msg)?
-        };
-        let mut dec = StreamDecoder::new(&tok, true);
         let mut out = std::io::stdout().lock();
-        let eos = engine.eos_ids().to_vec();
         let res = {
             let _g = Interruptible::start();
             let req = GenRequest { max_tokens: cfg.max_tokens, stop_at_eos: !cfg.ignore_eos, cancel: &interrupt::STOP };
-            engine.generate(&ids, &mut sampler, req, &mut |id, _| {
-                if let Ok(Some(p)) = dec.push(id) {
+            session.turn(&mut engine, &mut sampler, req, msg, &mut log, &mut |ev| {
+                if let TurnEvent::Token { piece: Some(p), .. } | TurnEvent::Tail(p) = ev {
                     let _ = out.write_all(p.as_bytes());
                     let _ = out.flush();
                 }
-                true
             })
         };
-        if let Ok(Some(p)) = dec.flush() {
-            let _ = out.write_all(p.as_bytes());
-        }
         let _ = writeln!(out);
         drop(out);
         match res {
-            Ok(stats) => {
-                let reply_ids: Vec<u32> = stats.generated.iter().copied().filter(|i| !eos.contains(i)).collect();
-                let reply = tok.decode(&reply_ids, true).map_err(anyhow::Error::msg)?;
-                session.push(msg, &reply);
-                eprintln!("{}", stats_line(&stats, cfg.sampler.seed));
+            Ok(turn) => eprintln!("{}", stats_line(&turn.stats, cfg.sampler.seed)),
+            Err(e @ (EngineError::PromptTooLong { .. } | EngineError::Template(_))) => {
+                eprintln!("error: {e}; /reset starts over")
             }
-            Err(e @ EngineError::PromptTooLong { .. }) => eprintln!("error: {e}; /reset starts over"),
             Err(e) => return Err(e.into()),
         }
     }
-    super::experts_report::finish_routing_log(&mut engine)?;
+    super::experts_report::finish_routing_log(log)?;
     Ok(())
 }

@@ -8,6 +8,7 @@ use moescope::engine::chat_template::Message;
 use moescope::engine::sampler::{Sampler, SamplerParams};
 use moescope::engine::tokenizer::StreamDecoder;
 use moescope::engine::{Engine, EngineOptions, GenRequest, GenStats};
+use moescope::experts::routing_log::RoutingLog;
 use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::KvCache;
 use moescope::trace::hist::Latency;
@@ -155,13 +156,12 @@ impl RunConfig {
 pub fn run(a: &RunArgs) -> Result<()> {
     let cfg = RunConfig::from_args(a)?;
     let trace = trace_out::begin(&a.trace);
-    let mut engine = Engine::load(&cfg.model, cfg.engine)?;
+    let engine = Engine::load(&cfg.model, cfg.engine)?;
     for w in &engine.warnings {
         eprintln!("warning: {w}");
     }
-    if let Some(p) = &a.experts.routing_out {
-        experts_report::start_routing_log(&mut engine, p)?;
-    }
+    let mut log =
+        a.experts.routing_out.as_deref().map(|p| experts_report::start_routing_log(&engine, p)).transpose()?;
     let kv_mb = KvCache::bytes_at_capacity(&engine.model.cfg, engine.kv.capacity()) as f64 / 1e6;
     eprintln!(
         "moescope: {} ({}), {} threads, {} kernels, {}, context {} tokens (KV cache up to {kv_mb:.1} MB)",
@@ -177,8 +177,11 @@ pub fn run(a: &RunArgs) -> Result<()> {
     interrupt::install();
     let meta = trace_meta(&engine, &cfg, a);
     match &cfg.prompt {
-        Some(p) => one_shot(engine, &cfg, p)?,
-        None => super::repl::repl(engine, &cfg)?,
+        Some(p) => {
+            one_shot(engine, &cfg, p, &mut log)?;
+            experts_report::finish_routing_log(log)?;
+        }
+        None => super::repl::repl(engine, &cfg, log)?,
     }
     if let Some(t) = trace {
         t.finish(meta)?;
@@ -207,7 +210,7 @@ pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::
     })
 }
 
-fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> {
+fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Option<RoutingLog>) -> Result<()> {
     let before = engine.experts.as_ref().map(|e| e.cache.total_stats()).unwrap_or_default();
     let ids = match prompt {
         Prompt::Ids(ids) => ids.clone(),
@@ -246,7 +249,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> 
     let stats = {
         let _g = Interruptible::start();
         let req = GenRequest { max_tokens: cfg.max_tokens, stop_at_eos: !cfg.ignore_eos, cancel: &interrupt::STOP };
-        engine.generate(&ids, &mut sampler, req, &mut |id, logits| {
+        engine.generate(&ids, &mut sampler, req, log, &mut |id, logits| {
             if keep_logits {
                 logits_rows.extend_from_slice(logits);
             }
@@ -313,7 +316,6 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt) -> Result<()> 
             );
         }
     }
-    experts_report::finish_routing_log(&mut engine)?;
     Ok(())
 }
 

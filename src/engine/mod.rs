@@ -15,10 +15,9 @@ use std::time::{Duration, Instant};
 use moescope_kernels::Isa;
 
 use crate::exec::Exec;
-use crate::experts::routing_log::RoutingLog;
 use crate::experts::stats::LayerStats;
 use crate::experts::{Experts, StreamConfig};
-use crate::model::{ExpertSource, KvCache, Logits, ModelError, NoObserver, Observer, Qwen3Moe, Resident};
+use crate::model::{ExpertSource, KvCache, Logits, ModelError, Observer, Qwen3Moe, Resident};
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
@@ -76,10 +75,6 @@ pub struct Engine {
     pub model: Qwen3Moe,
     /// Streamed experts (None: every expert through the package), for their counters and knobs.
     pub experts: Option<Arc<Experts>>,
-    /// Records every routing decision when set (`--routing-out`).
-    pub routing_log: Option<RoutingLog>,
-    /// Sees every forward pass and routing decision besides the log (the workbench's tap).
-    pub tap: Option<Box<dyn Observer + Send>>,
     /// Said once at load (an O_DIRECT fallback, say).
     pub warnings: Vec<String>,
     /// Resident bytes of everything but weights and buffers, measured at load.
@@ -98,8 +93,8 @@ pub struct Engine {
 impl Engine {
     /// Wait until the background check of the mapped experts' checksums has finished (at once
     /// when there is none). It shares the cores with decode until then: `bench` waits for it
-    /// before its first test, so no repetition measures that one-time work (bench8's 2.5 GB of
-    /// experts take ~0.5-0.8 s of one core after loading).
+    /// before its first test, so no repetition measures that one-time work (hashing every
+    /// expert takes a core a good part of a second per few GB).
     pub fn wait_experts_verified(&mut self) -> Duration {
         let t0 = Instant::now();
         if let Some((_, h)) = self.verifier.take() {
@@ -255,20 +250,7 @@ impl Engine {
             }
             _ => None,
         };
-        Ok(Engine {
-            model,
-            experts,
-            routing_log: None,
-            tap: None,
-            warnings,
-            runtime_bytes,
-            exec,
-            kv,
-            cached: Vec::new(),
-            tok,
-            template,
-            verifier,
-        })
+        Ok(Engine { model, experts, warnings, runtime_bytes, exec, kv, cached: Vec::new(), tok, template, verifier })
     }
 
     /// What the engine expects to use: dense weights, the expert pool, the KV cache at full
@@ -401,29 +383,19 @@ impl Engine {
         Ok(out)
     }
 
-    /// Evaluate `ids`, recording routing into the routing log and the tap when set.
-    pub fn eval_logged(&mut self, ids: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
-        let (mut log, mut tap) = (self.routing_log.take(), self.tap.take());
-        let res = {
-            let mut both = Both(log.as_mut(), tap.as_deref_mut());
-            self.eval(ids, want, &mut both)
-        };
-        self.routing_log = log;
-        self.tap = tap;
-        res
-    }
-
     /// Generate after `prompt` (reusing the cached prefix). `on_token(id, logits)` sees each
     /// sampled id with the raw logits that chose it, and returns false to stop.
     ///
     /// Timings: prefill = evaluating the uncached part of the prompt; TTFT = prefill plus the
     /// first sample; each decode step = one forward pass of the previous token plus sampling
-    /// the next (its latency goes into `token_ms`).
+    /// the next (its latency goes into `token_ms`). `obs` sees every forward pass (a routing
+    /// log, the workbench's tap, or both through a [`Tee`](crate::model::Tee)).
     pub fn generate(
         &mut self,
         prompt: &[u32],
         sampler: &mut Sampler,
         req: GenRequest<'_>,
+        obs: &mut dyn Observer,
         on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
     ) -> Result<GenStats, EngineError> {
         if prompt.is_empty() {
@@ -432,29 +404,6 @@ impl Engine {
         if prompt.len() >= self.kv.capacity() {
             return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.kv.capacity() });
         }
-        let (mut log, mut tap) = (self.routing_log.take(), self.tap.take());
-        let res = {
-            let mut both = Both(log.as_mut(), tap.as_deref_mut());
-            self.generate_observed(prompt, sampler, req, on_token, Some(&mut both))
-        };
-        self.routing_log = log;
-        self.tap = tap;
-        res
-    }
-
-    fn generate_observed(
-        &mut self,
-        prompt: &[u32],
-        sampler: &mut Sampler,
-        req: GenRequest<'_>,
-        on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
-        obs: Option<&mut dyn Observer>,
-    ) -> Result<GenStats, EngineError> {
-        let mut none = NoObserver;
-        let obs: &mut dyn Observer = match obs {
-            Some(o) => o,
-            None => &mut none,
-        };
         let t0 = Instant::now();
         let (cached, mut logits) = {
             let mut span = trace::span("prefill").arg("prompt_tokens", prompt.len());
@@ -517,29 +466,6 @@ impl Engine {
             self.trace_step_counters("decode", 1, step_ms, &mut expert_prev);
         }
         Ok(stats)
-    }
-}
-
-/// The routing log and the tap, either possibly absent, as one observer.
-struct Both<'a, 'b>(Option<&'a mut RoutingLog>, Option<&'a mut (dyn Observer + Send + 'b)>);
-
-impl Observer for Both<'_, '_> {
-    fn begin_pass(&mut self) {
-        if let Some(l) = self.0.as_mut() {
-            l.begin_pass();
-        }
-        if let Some(t) = self.1.as_mut() {
-            t.begin_pass();
-        }
-    }
-
-    fn routing(&mut self, layer: usize, pos: usize, experts: &[usize], weights: &[f32], probs: &[f32]) {
-        if let Some(l) = self.0.as_mut() {
-            l.routing(layer, pos, experts, weights, probs);
-        }
-        if let Some(t) = self.1.as_mut() {
-            t.routing(layer, pos, experts, weights, probs);
-        }
     }
 }
 

@@ -1,9 +1,35 @@
 //! A multi-turn chat: the messages so far, rendered through the model's template each turn.
 //! The engine's prefix reuse then evaluates only what the new turn added.
+//!
+//! [`ChatSession::turn`] is the one chat turn every front end runs (the REPL, the workbench):
+//! the template-or-plain choice, streamed decoding, end-of-sequence filtering, the history, and
+//! the rule that a failed turn forgets the KV cache.
 
-use super::EngineError;
 use super::chat_template::{ChatTemplate, Message};
-use super::tokenizer::Tok;
+use super::sampler::Sampler;
+use super::tokenizer::{StreamDecoder, Tok};
+use super::{Engine, EngineError, GenRequest, GenStats};
+use crate::model::Observer;
+
+/// What a turn reports as it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TurnEvent<'a> {
+    /// The prompt is ready: `tokens` ids, the first `cached` of them already in the KV cache.
+    Prompt { tokens: usize, cached: usize },
+    /// A sampled id and the text it completes: None for an end-of-sequence id, and while a
+    /// character split over several tokens is incomplete.
+    Token { id: u32, piece: Option<&'a str> },
+    /// After the last token: text the decoder still held back.
+    Tail(&'a str),
+}
+
+/// A finished turn.
+#[derive(Debug, Clone)]
+pub struct Turn {
+    pub stats: GenStats,
+    /// The reply's text, end-of-sequence ids left out.
+    pub reply: String,
+}
 
 #[derive(Debug, Clone, Default)]
 pub struct ChatSession {
@@ -35,8 +61,93 @@ impl ChatSession {
         tok.encode(&text).map_err(EngineError::Tokenizer)
     }
 
+    /// Prompt ids for `user`'s new message: through the model's chat template with the history
+    /// when it has one, else the message alone as plain text to continue.
+    pub fn prompt(&self, engine: &Engine, user: &str) -> Result<Vec<u32>, EngineError> {
+        let tok = engine.tok.as_deref().ok_or_else(no_tokenizer)?;
+        match engine.template.as_deref() {
+            Some(t) => self.prompt_with(tok, t, user),
+            None => tok.encode(user).map_err(EngineError::Tokenizer),
+        }
+    }
+
+    /// One turn: `user`'s message through the model, the reply streamed to `on_event` and
+    /// recorded in the history. A prompt that cannot be made or does not fit the context is an
+    /// error that leaves the engine and the history as they were. An error once generation has
+    /// begun forgets the engine's KV cache (its state is unknown) and records the turn with an
+    /// empty reply, so the history still matches what the user saw.
+    pub fn turn(
+        &mut self,
+        engine: &mut Engine,
+        sampler: &mut Sampler,
+        req: GenRequest<'_>,
+        user: &str,
+        obs: &mut dyn Observer,
+        on_event: &mut dyn FnMut(TurnEvent<'_>),
+    ) -> Result<Turn, EngineError> {
+        let tok = engine.tok.clone().ok_or_else(no_tokenizer)?;
+        let ids = self.prompt(engine, user)?;
+        if ids.len() >= engine.kv.capacity() {
+            return Err(EngineError::PromptTooLong { n: ids.len(), ctx: engine.kv.capacity() });
+        }
+        let res = generate(engine, &tok, &ids, sampler, req, obs, on_event);
+        match &res {
+            Ok(t) => self.push(user, &t.reply),
+            Err(_) => {
+                engine.reset();
+                self.push(user, "");
+            }
+        }
+        res
+    }
+
+    /// The last turn's user message, if the history ends with a turn.
+    pub fn last_user(&self) -> Option<&str> {
+        match self.messages.as_slice() {
+            [.., u, a] if u.role == "user" && a.role == "assistant" => Some(&u.content),
+            _ => None,
+        }
+    }
+
+    /// Forget the last turn (to generate its reply again).
+    pub fn pop_turn(&mut self) {
+        if self.last_user().is_some() {
+            self.messages.truncate(self.messages.len() - 2);
+        }
+    }
     pub fn push(&mut self, user: &str, assistant: &str) {
         self.messages.push(Message::new("user", user));
         self.messages.push(Message::new("assistant", assistant));
     }
+}
+
+/// Generate the reply to the prompt `ids`, streaming it to `on_event`.
+fn generate(
+    engine: &mut Engine,
+    tok: &Tok,
+    ids: &[u32],
+    sampler: &mut Sampler,
+    req: GenRequest<'_>,
+    obs: &mut dyn Observer,
+    on_event: &mut dyn FnMut(TurnEvent<'_>),
+) -> Result<Turn, EngineError> {
+    on_event(TurnEvent::Prompt { tokens: ids.len(), cached: engine.cached_prefix_len(ids) });
+    let eos = engine.eos_ids().to_vec();
+    let mut dec = StreamDecoder::new(tok, true);
+    let stats = engine.generate(ids, sampler, req, obs, &mut |id, _logits| {
+        let piece = if eos.contains(&id) { None } else { dec.push(id).ok().flatten() };
+        on_event(TurnEvent::Token { id, piece: piece.as_deref() });
+        true
+    });
+    if let Ok(Some(p)) = dec.flush() {
+        on_event(TurnEvent::Tail(&p));
+    }
+    let stats = stats?;
+    let reply_ids: Vec<u32> = stats.generated.iter().copied().filter(|i| !eos.contains(i)).collect();
+    let reply = tok.decode(&reply_ids, true).map_err(EngineError::Tokenizer)?;
+    Ok(Turn { stats, reply })
+}
+
+fn no_tokenizer() -> EngineError {
+    EngineError::Tokenizer("this model has no tokenizer, so it cannot chat (give prompt ids instead)".into())
 }

@@ -23,11 +23,10 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{RecvTimeoutError, Sender};
 
-use crate::engine::Engine;
 use app::{App, Outcome, Role};
 use event::Event;
 use theme::Theme;
-use worker::{ChatSettings, Loader, Worker};
+use worker::{ChatSettings, Loaded, Loader, Worker};
 
 /// Redraws a second at most, by default.
 pub const DEFAULT_FPS: u32 = 30;
@@ -48,7 +47,7 @@ pub struct Options {
 }
 
 /// Run the workbench until the user quits. Returns the engine (None if it never loaded).
-pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Result<Option<Engine>> {
+pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Result<Option<Loaded>> {
     let (tx, rx) = crossbeam_channel::unbounded::<Event>();
     let mut guard = term::enter(opts.mouse)?;
     spawn_input(tx.clone());

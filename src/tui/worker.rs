@@ -1,25 +1,38 @@
 //! The engine worker: owns the engine on a thread of its own, takes commands from the UI and
 //! reports tokens, routing and pool state as events. The UI never touches the engine.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
 use super::event::{DoneInfo, EngineEvent, Event, Knobs, ModelInfo, Step};
-use crate::engine::chat_template::Message;
 use crate::engine::sampler::{Sampler, SamplerParams};
-use crate::engine::session::ChatSession;
-use crate::engine::tokenizer::StreamDecoder;
+use crate::engine::session::{ChatSession, TurnEvent};
 use crate::engine::{Engine, GenRequest};
 use crate::experts::policy::PolicyKind;
+use crate::experts::routing_log::RoutingLog;
 use crate::experts::stats::LayerStats;
-use crate::model::Observer;
+use crate::model::{Observer, Tee};
 
 /// Loads the engine on the worker thread; the error is one line for the user.
-pub type Loader = Box<dyn FnOnce() -> Result<Engine, String> + Send>;
+pub type Loader = Box<dyn FnOnce() -> Result<Loaded, String> + Send>;
+
+/// What the worker runs: the engine, and the routing log its passes are recorded into.
+pub struct Loaded {
+    pub engine: Engine,
+    pub routing_log: Option<RoutingLog>,
+}
+
+impl From<Engine> for Loaded {
+    fn from(engine: Engine) -> Loaded {
+        Loaded { engine, routing_log: None }
+    }
+}
 
 /// What the UI asks of the engine.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,9 +60,11 @@ pub struct ChatSettings {
     pub enable_thinking: Option<bool>,
 }
 
-/// Collects routing per pass for the heatmap (the engine's tap), and reports prompt progress.
+/// Collects routing per pass for the heatmap, and reports prompt progress. It and the token
+/// callback both live on the worker's thread and share its data through a `RefCell`, never
+/// borrowed across a call of the other.
 struct Tap {
-    shared: Arc<Mutex<TapData>>,
+    shared: Rc<RefCell<TapData>>,
     ui: Sender<Event>,
     moe_layers: Vec<usize>,
 }
@@ -66,7 +81,7 @@ struct TapData {
 impl Observer for Tap {
     fn routing(&mut self, layer: usize, pos: usize, experts: &[usize], _w: &[f32], _p: &[f32]) {
         let Some(li) = self.moe_layers.iter().position(|&l| l == layer) else { return };
-        let mut d = self.shared.lock().unwrap_or_else(|p| p.into_inner());
+        let mut d = self.shared.borrow_mut();
         for &e in experts {
             if let Some(c) = d.counts.get_mut(li).and_then(|c| c.get_mut(e)) {
                 *c += 1;
@@ -91,7 +106,7 @@ impl Observer for Tap {
 pub struct Worker {
     pub tx: Sender<Cmd>,
     pub cancel: Arc<AtomicBool>,
-    handle: Option<JoinHandle<Option<Engine>>>,
+    handle: Option<JoinHandle<Option<Loaded>>>,
 }
 
 impl Worker {
@@ -106,9 +121,9 @@ impl Worker {
             .spawn(move || {
                 crate::trace::recorder::set_thread_name("engine");
                 match load() {
-                    Ok(mut engine) => {
-                        run(&mut engine, settings, rx, ui, &c);
-                        Some(engine)
+                    Ok(mut loaded) => {
+                        run(&mut loaded, settings, rx, ui, &c);
+                        Some(loaded)
                     }
                     Err(e) => {
                         let _ = ui.send(Event::Engine(EngineEvent::LoadFailed(e)));
@@ -121,7 +136,7 @@ impl Worker {
     }
 
     /// Stop the worker and get the engine back (for writing its routing log, say).
-    pub fn stop(mut self) -> Option<Engine> {
+    pub fn stop(mut self) -> Option<Loaded> {
         self.cancel.store(true, Ordering::SeqCst);
         let _ = self.tx.send(Cmd::Quit);
         self.handle.take().and_then(|h| h.join().ok()).flatten()
@@ -162,18 +177,20 @@ pub fn model_info(engine: &Engine) -> ModelInfo {
     }
 }
 
-fn run(engine: &mut Engine, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: Sender<Event>, cancel: &AtomicBool) {
+fn run(loaded: &mut Loaded, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: Sender<Event>, cancel: &AtomicBool) {
+    let Loaded { engine, routing_log } = loaded;
     let send = |e: EngineEvent| {
         let _ = ui.send(Event::Engine(e));
     };
     let moe_layers = engine.model.cfg.moe_layers();
     let e_n = engine.model.cfg.num_experts;
-    let data = Arc::new(Mutex::new(TapData {
+    let data = Rc::new(RefCell::new(TapData {
         counts: vec![vec![0; e_n]; moe_layers.len()],
         last: vec![Vec::new(); moe_layers.len()],
         ..Default::default()
     }));
-    engine.tap = Some(Box::new(Tap { shared: data.clone(), ui: ui.clone(), moe_layers: moe_layers.clone() }));
+    let mut tap = Tap { shared: data.clone(), ui: ui.clone(), moe_layers: moe_layers.clone() };
+    let mut obs = Tee(routing_log, &mut tap);
     send(EngineEvent::Ready(Box::new(model_info(engine))));
     // the pool as loading left it, before any message
     send(EngineEvent::Step(Box::new(step(&data, engine.experts.as_deref(), 0, 0.0, true))));
@@ -217,14 +234,20 @@ fn run(engine: &mut Engine, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
             },
             Cmd::Regen => match last_user.clone() {
                 Some(u) => {
-                    session.messages.truncate(session.messages.len().saturating_sub(2));
-                    reply(engine, &mut session, &mut sampler, &settings, &u, &data, &send, cancel);
+                    // the last turn, if it was recorded (a prompt that failed before generating
+                    // was not)
+                    if session.last_user() == Some(u.as_str()) {
+                        session.pop_turn();
+                    }
+                    let mut ctx = Reply { engine, session: &mut session, sampler: &mut sampler, data: &data };
+                    ctx.reply(&settings, &u, &mut obs, &send, cancel);
                 }
                 None => send(EngineEvent::Error("nothing to regenerate yet".into())),
             },
             Cmd::Chat(text) => {
                 last_user = Some(text.clone());
-                reply(engine, &mut session, &mut sampler, &settings, &text, &data, &send, cancel);
+                let mut ctx = Reply { engine, session: &mut session, sampler: &mut sampler, data: &data };
+                ctx.reply(&settings, &text, &mut obs, &send, cancel);
             }
         }
     }
@@ -258,116 +281,103 @@ fn apply_setting(s: &mut ChatSettings, k: &str, v: &str) -> Result<String, Strin
     Ok(format!("{k} = {v}"))
 }
 
-/// One reply: template, generate with streaming, events per token.
-#[allow(clippy::too_many_arguments)]
-fn reply(
-    engine: &mut Engine,
-    session: &mut ChatSession,
-    sampler: &mut Sampler,
-    settings: &ChatSettings,
-    text: &str,
-    data: &Arc<Mutex<TapData>>,
-    send: &dyn Fn(EngineEvent),
-    cancel: &AtomicBool,
-) {
-    cancel.store(false, Ordering::SeqCst);
-    let Some(tok) = engine.tok.clone() else {
-        send(EngineEvent::Error(
-            "this model has no tokenizer: the workbench needs text (use `run --prompt-ids`)".into(),
-        ));
-        return;
-    };
-    let ids = match engine.template.clone() {
-        Some(t) => session.prompt_with(&tok, &t, text),
-        None => tok.encode(text).map_err(crate::engine::EngineError::Tokenizer),
-    };
-    let ids = match ids {
-        Ok(i) => i,
-        Err(e) => {
-            send(EngineEvent::Error(e.to_string()));
-            return;
+/// What one reply works with.
+struct Reply<'a> {
+    engine: &'a mut Engine,
+    session: &'a mut ChatSession,
+    sampler: &'a mut Sampler,
+    data: &'a Rc<RefCell<TapData>>,
+}
+
+impl Reply<'_> {
+    /// One reply through the chat turn, with events per token for the UI.
+    fn reply(
+        &mut self,
+        settings: &ChatSettings,
+        text: &str,
+        obs: &mut dyn Observer,
+        send: &dyn Fn(EngineEvent),
+        cancel: &AtomicBool,
+    ) {
+        cancel.store(false, Ordering::SeqCst);
+        let data = self.data;
+        let experts = self.engine.experts.clone();
+        let before = experts.as_ref().map(|e| e.cache.total_stats()).unwrap_or_default();
+        let mut generated = 0;
+        let mut last = Instant::now();
+        let mut last_full: Option<Instant> = None;
+        let (mut started, mut tail) = (false, None);
+        let req = GenRequest { max_tokens: settings.max_tokens, stop_at_eos: !settings.ignore_eos, cancel };
+        let res = self.session.turn(self.engine, self.sampler, req, text, obs, &mut |ev| match ev {
+            TurnEvent::Prompt { tokens, cached } => {
+                started = true;
+                {
+                    let mut d = data.borrow_mut();
+                    d.prefill_total = tokens - cached;
+                    d.prefill_base = cached;
+                    d.last_report = None;
+                }
+                send(EngineEvent::Prefill { done: 0, total: tokens });
+            }
+            TurnEvent::Token { id, piece } => {
+                let first = generated == 0;
+                if first {
+                    // the prompt is done: no more progress reports
+                    data.borrow_mut().prefill_total = 0;
+                }
+                generated += 1;
+                send(EngineEvent::Token { id, piece: piece.map(str::to_string) });
+                let step_ms = if first { 0.0 } else { last.elapsed().as_secs_f64() * 1000.0 };
+                last = Instant::now();
+                // the pool's full picture (grid, per-layer counters, latency percentiles) only as
+                // often as the panes take it; every token carries the totals the per-token
+                // figures need
+                let full = last_full.is_none_or(|t: Instant| t.elapsed() >= crate::tui::app::PANE_PERIOD);
+                if full {
+                    last_full = Some(Instant::now());
+                }
+                send(EngineEvent::Step(Box::new(step(data, experts.as_deref(), generated, step_ms, full))));
+            }
+            TurnEvent::Tail(p) => tail = Some(p.to_string()),
+        });
+        // the pool as the reply left it, then the text the decoder held back
+        if started {
+            send(EngineEvent::Step(Box::new(step(data, experts.as_deref(), generated, 0.0, true))));
         }
-    };
-    {
-        let mut d = data.lock().unwrap_or_else(|p| p.into_inner());
-        let common = engine.cached_prefix_len(&ids);
-        d.prefill_total = ids.len() - common;
-        d.prefill_base = common;
-        d.last_report = None;
-    }
-    send(EngineEvent::Prefill { done: 0, total: ids.len() });
-    let experts = engine.experts.clone();
-    let before = experts.as_ref().map(|e| e.cache.total_stats()).unwrap_or_default();
-    let eos = engine.eos_ids().to_vec();
-    let mut dec = StreamDecoder::new(&tok, true);
-    let mut generated = Vec::new();
-    let mut last = Instant::now();
-    let mut first = true;
-    let mut last_full: Option<Instant> = None;
-    let req = GenRequest { max_tokens: settings.max_tokens, stop_at_eos: !settings.ignore_eos, cancel };
-    let res = engine.generate(&ids, sampler, req, &mut |id, _logits| {
-        if first {
-            // the prompt is done: no more progress reports
-            data.lock().unwrap_or_else(|p| p.into_inner()).prefill_total = 0;
+        if let Some(p) = tail {
+            send(EngineEvent::Token { id: u32::MAX, piece: Some(p) });
         }
-        generated.push(id);
-        let piece = if eos.contains(&id) { None } else { dec.push(id).ok().flatten() };
-        send(EngineEvent::Token { id, piece });
-        let step_ms = if first { 0.0 } else { last.elapsed().as_secs_f64() * 1000.0 };
-        first = false;
-        last = Instant::now();
-        // the pool's full picture (grid, per-layer counters, latency percentiles) only as often
-        // as the panes take it; every token carries the totals the per-token figures need
-        let full = last_full.is_none_or(|t: Instant| t.elapsed() >= crate::tui::app::PANE_PERIOD);
-        if full {
-            last_full = Some(Instant::now());
-        }
-        send(EngineEvent::Step(Box::new(step(data, experts.as_deref(), generated.len(), step_ms, full))));
-        true
-    });
-    // the pool as the reply left it
-    send(EngineEvent::Step(Box::new(step(data, experts.as_deref(), generated.len(), 0.0, true))));
-    if let Ok(Some(p)) = dec.flush() {
-        send(EngineEvent::Token { id: u32::MAX, piece: Some(p) });
-    }
-    data.lock().unwrap_or_else(|p| p.into_inner()).prefill_total = 0;
-    match res {
-        Ok(stats) => {
-            let reply_ids: Vec<u32> = stats.generated.iter().copied().filter(|i| !eos.contains(i)).collect();
-            let reply = tok.decode(&reply_ids, true).unwrap_or_default();
-            session.push(text, &reply);
-            let delta = experts.as_ref().map(|e| e.cache.total_stats().sub(&before)).unwrap_or_default();
-            send(EngineEvent::Done(Box::new(DoneInfo {
-                prompt_tokens: stats.prompt_evaluated,
-                cached_tokens: stats.prompt_cached,
-                generated: stats.generated.len(),
-                ttft_ms: stats.ttft_ms,
-                prefill_tps: stats.prefill_tps(),
-                decode_tps: stats.decode_tps(),
-                stop: stats.stop.name().into(),
-                experts: delta,
-            })));
-        }
-        Err(e) => {
-            // the engine serves the next request: forget the cache state of this one
-            engine.reset();
-            session.messages.push(Message::new("user", text));
-            session.messages.push(Message::new("assistant", ""));
-            send(EngineEvent::Error(e.to_string()));
+        data.borrow_mut().prefill_total = 0;
+        match res {
+            Ok(turn) => {
+                let stats = turn.stats;
+                let delta = experts.as_ref().map(|e| e.cache.total_stats().sub(&before)).unwrap_or_default();
+                send(EngineEvent::Done(Box::new(DoneInfo {
+                    prompt_tokens: stats.prompt_evaluated,
+                    cached_tokens: stats.prompt_cached,
+                    generated: stats.generated.len(),
+                    ttft_ms: stats.ttft_ms,
+                    prefill_tps: stats.prefill_tps(),
+                    decode_tps: stats.decode_tps(),
+                    stop: stats.stop.name().into(),
+                    experts: delta,
+                })));
+            }
+            Err(e) => send(EngineEvent::Error(e.to_string())),
         }
     }
 }
 
 /// Drain the tap's counts and read the pool.
 fn step(
-    data: &Arc<Mutex<TapData>>,
+    data: &Rc<RefCell<TapData>>,
     experts: Option<&crate::experts::Experts>,
     token: usize,
     step_ms: f64,
     full: bool,
 ) -> Step {
     let (counts, last) = {
-        let mut d = data.lock().unwrap_or_else(|p| p.into_inner());
+        let mut d = data.borrow_mut();
         let counts = d.counts.clone();
         for c in d.counts.iter_mut() {
             c.iter_mut().for_each(|x| *x = 0);
