@@ -124,7 +124,7 @@ fn main() {
         let x = rnd(cols, 2);
         let g = 128;
         let mut qa = QuantAct::default();
-        qa.quantize(&x, cols, g);
+        qa.quantize(&x, cols, g, Isa::detect());
         for &fmt in fmts {
             // the matrix's value bytes (q4x4/q6x4: rows interleaved by 4, the layout packages
             // store; the row-major format beside each shows what that buys) and scales
@@ -186,7 +186,7 @@ fn main() {
                     let (n, mut times) = (64, vec![]);
                     let xs = rnd(n * cols, 3);
                     let mut qn = QuantAct::default();
-                    qn.quantize(&xs, cols, g);
+                    qn.quantize(&xs, cols, g, Isa::detect());
                     let input = if fmt == "bf16" { Input::F32(&xs) } else { Input::Quant(&qn) };
                     let mut out = vec![0f32; rows * n];
                     for _ in 0..7 {

@@ -1,6 +1,8 @@
 //! Activations quantized to int8 once per matrix product, so quantized weights can use integer
 //! dot products (the weight bytes, not the arithmetic, are what decode must stream).
 
+use crate::Isa;
+
 /// One or more activation rows (`x` of `[n, cols]`), int8 with one f32 scale per `group`, plus
 /// the integer sum of each group (a q4 kernel stores weights biased by +8 and subtracts
 /// `8 * sum` once per group instead of sign-extending every nibble).
@@ -17,13 +19,16 @@ pub struct QuantAct {
     pub scaled_sums: Vec<f32>,
     /// `q` in the order the AVX-512 q4/q6 kernels read it (`avx512::permute_q4_act`), made
     /// once here rather than by each chunk of each product; empty where rows are not whole
-    /// 128-value chunks (or off x86-64).
+    /// 128-value chunks, below the AVX-512 tier, or off x86-64.
     pub permuted: Vec<i8>,
+    /// The tier whose code quantized it (the same bits at every tier).
+    pub tier: Isa,
 }
 
 impl QuantAct {
-    /// Quantize `n` rows of `x` (`[n, cols]`) with groups of `group` values.
-    pub fn quantize(&mut self, x: &[f32], cols: usize, group: usize) {
+    /// Quantize `n` rows of `x` (`[n, cols]`) with groups of `group` values, with the code of
+    /// tier `isa` at most (`MOESCOPE_ISA` caps this as it caps the products).
+    pub fn quantize(&mut self, x: &[f32], cols: usize, group: usize, isa: Isa) {
         debug_assert!(cols.is_multiple_of(group) && x.len().is_multiple_of(cols));
         let ng = x.len() / group;
         self.cols = cols;
@@ -32,7 +37,10 @@ impl QuantAct {
         self.scales.resize(ng, 0.0);
         self.sums.resize(ng, 0);
         #[cfg(target_arch = "x86_64")]
-        let wide = group.is_multiple_of(16) && avx512_available();
+        let wide = isa >= Isa::Avx512 && group.is_multiple_of(16) && avx512_available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let wide = false;
+        self.tier = if wide { Isa::Avx512 } else { Isa::Scalar };
         for (gi, xs) in x.chunks_exact(group).enumerate() {
             let qs = &mut self.q[gi * group..(gi + 1) * group];
             // SAFETY: AVX-512 F and BW were detected; the group is whole 16-float vectors
@@ -46,8 +54,9 @@ impl QuantAct {
         self.scaled_sums.clear();
         self.scaled_sums.extend(self.sums.iter().zip(&self.scales).map(|(&s, &d)| s as f32 * d));
         self.permuted.clear();
+        // only the AVX-512 q4/q6 kernels read it
         #[cfg(target_arch = "x86_64")]
-        if cols.is_multiple_of(128) {
+        if isa >= Isa::Avx512 && cols.is_multiple_of(128) {
             crate::avx512::permute_q4_act(&self.q, &mut self.permuted);
         }
     }
@@ -180,6 +189,21 @@ mod tests {
             assert_eq!((want.0.to_bits(), want.1), (got.0.to_bits(), got.1), "{xs:?}");
             assert_eq!(a, b, "{xs:?}");
         }
+    }
+
+    #[test]
+    fn the_isa_cap_reaches_the_quantizer() {
+        let x: Vec<f32> = (0..256).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut capped = QuantAct::default();
+        capped.quantize(&x, 256, 128, Isa::Scalar);
+        assert_eq!(capped.tier, Isa::Scalar, "MOESCOPE_ISA=scalar runs the scalar quantizer");
+        assert!(capped.permuted.is_empty(), "no AVX-512 layout below its tier");
+        let best = Isa::detect();
+        let mut own = QuantAct::default();
+        own.quantize(&x, 256, 128, best);
+        #[cfg(target_arch = "x86_64")]
+        assert_eq!(own.tier == Isa::Avx512, best == Isa::Avx512 && avx512_available());
+        assert_eq!((own.q, own.scales, own.sums), (capped.q, capped.scales, capped.sums), "same bits either way");
     }
 
     #[test]

@@ -95,10 +95,9 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
     let mut t0 = 0;
     while t0 < n {
         // SAFETY (all calls): the caller's guarantees; tiles stay inside rows and 0..n
-        // 2 rows x 4 tokens when the batch allows (bench8 pp128 at 1 thread: 71 t/s one token
-        // at a time, 108 so; 4 x 2, 1 x 8 and 2 x 2 tiles for the rest measured no better), else
-        // one token and, interleaved, a block of rows at a time (decode: one stream of
-        // weights either way), else one row
+        // 2 rows x 4 tokens when the batch allows (the tile shape measured best for prefill;
+        // 4 x 2, 1 x 8 and 2 x 2 were no better), else one token and, interleaved, a block of
+        // rows at a time (decode: one stream of weights either way), else one row
         if n - t0 >= 4 {
             unsafe { tiles::<2, 4, SIX, IL>(m, rows.clone(), t0, n, out) };
             t0 += 4;

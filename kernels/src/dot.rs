@@ -507,7 +507,7 @@ mod tests {
                 let w = rnd(&mut s, k);
                 let x: Vec<f32> = rnd(&mut s, k).iter().map(|v| v * 4.0).collect();
                 let mut a = QuantAct::default();
-                a.quantize(&x, k, g);
+                a.quantize(&x, k, g, Isa::detect());
                 let mut q8 = vec![0i8; k];
                 let mut d8 = vec![0f32; ngroups];
                 quantize_q8_row(&w, g, &mut q8, &mut d8);
@@ -545,7 +545,7 @@ mod tests {
                 let w = rnd(&mut s, k);
                 let x: Vec<f32> = rnd(&mut s, k).iter().map(|v| v * 4.0).collect();
                 let mut a = QuantAct::default();
-                a.quantize(&x, k, g);
+                a.quantize(&x, k, g, Isa::detect());
                 let mut q6 = vec![0u8; k / 128 * 96];
                 let mut d6 = vec![0f32; ngroups];
                 quantize_q6_row(&w, g, &mut q6, &mut d6);
@@ -565,7 +565,7 @@ mod tests {
             let mut d6 = vec![0f32; 1];
             quantize_q6_row(&w, 128, &mut q6, &mut d6);
             let mut a = QuantAct::default();
-            a.quantize(&vec![xv; 128], 128, 128);
+            a.quantize(&vec![xv; 128], 128, 128, Isa::detect());
             let want = (wv * xv * 128.0) as f64;
             for isa in Isa::available() {
                 let got = dot_q6(isa, &q6, &d6, a.row(0)) as f64;
@@ -582,7 +582,7 @@ mod tests {
             let d8 = vec![1.0f32];
             let x = vec![-1.0f32; g];
             let mut a = QuantAct::default();
-            a.quantize(&x, g, g);
+            a.quantize(&x, g, g, Isa::detect());
             let want = (127 * 127 * g) as f32 * (1.0 / 127.0);
             for isa in Isa::available() {
                 let got = dot_q8(isa, &q8, &d8, a.row(0));

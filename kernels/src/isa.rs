@@ -3,8 +3,9 @@
 use std::fmt;
 
 /// A tier of SIMD support, ordered: a higher tier may use everything a lower one does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Isa {
+    #[default]
     Scalar,
     /// AVX2 + FMA (x86-64-v3).
     Avx2,

@@ -312,7 +312,7 @@ mod tests {
             Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32, x4: false } },
         ];
         let mut qa = QuantAct::default();
-        qa.quantize(&x, cols, 32);
+        qa.quantize(&x, cols, 32, Isa::detect());
         for m in mats {
             let input = if m.quant_group().is_some() { Input::Quant(&qa) } else { Input::F32(&x) };
             for isa in Isa::available() {
@@ -408,7 +408,7 @@ mod tests {
                     }
                 }
                 let mut qa = QuantAct::default();
-                qa.quantize(&x, cols, group);
+                qa.quantize(&x, cols, group, Isa::detect());
                 let mut mats = vec![
                     Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group } },
                     Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group, x4: false } },
@@ -448,7 +448,7 @@ mod tests {
                             // a prompt's products are its tokens' one at a time, bit for bit
                             for t in 0..n {
                                 let mut one = QuantAct::default();
-                                one.quantize(&x[t * cols..(t + 1) * cols], cols, group);
+                                one.quantize(&x[t * cols..(t + 1) * cols], cols, group, Isa::detect());
                                 let mut single = vec![0f32; range.len()];
                                 m.matmul_rows(isa, Input::Quant(&one), 1, range.clone(), &mut single);
                                 for (i, v) in single.iter().enumerate() {
@@ -513,7 +513,7 @@ mod tests {
                     for n in [1, 3, 4, 9] {
                         let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
                         let mut qa = QuantAct::default();
-                        qa.quantize(&x, cols, group);
+                        qa.quantize(&x, cols, group, Isa::detect());
                         for isa in Isa::available() {
                             for range in [0..rows, 1..rows, 2..rows - 1, 3..4] {
                                 let (mut want, mut got) = (vec![0f32; range.len() * n], vec![0f32; range.len() * n]);

@@ -2,15 +2,11 @@
 //! asks for the line `distance` bytes further on, so more lines are on their way from memory
 //! than the hardware prefetchers alone keep in flight.
 //!
-//! Whether that pays depends on the CPU. On the Intel Xeon host of the lent device (one core
-//! reads ~10 GB/s: a core's bandwidth is bound by its misses in flight) bench8 decode went
-//! 18.7/17.3 -> 24.6/23.3 t/s at 1 thread and 35.2/34.1 -> 43.3/40.7 at 2 with 4096 bytes (two
-//! alternations); 1024 bytes gained less. On an AMD EPYC Zen 4 (family 0x19; one core reads ~30
-//! GB/s) every distance and hint tried (256 B to 4 KiB, T0, T1, NTA) was slower, up to 25%. On
-//! an AMD EPYC Zen 5 (family 0x1A), with the scales prefetched too, 4096 bytes took bench8 tg32
-//! from 43-58 to 65-69 t/s at 1 thread and from 64-82 to 80-90 at 2 (three alternations);
-//! 2048 and 8192 bytes gained less. So the default follows the vendor and family, and
-//! `MOESCOPE_WEIGHT_PREFETCH` overrides it.
+//! Whether that pays depends on the CPU. Where one core's bandwidth is bound by its misses in
+//! flight (Intel server cores), or the core can use more of them (AMD from Zen 5, family 0x1A),
+//! 4096 bytes ahead made decode clearly faster; on Zen 4 (family 0x19) every distance and hint
+//! tried was slower. So the default follows the vendor and family, and
+//! `MOESCOPE_WEIGHT_PREFETCH` overrides it (README's benchmark section has the measurements).
 //!
 //! The weights' scales are another matter: decode asks for them a few blocks ahead on every
 //! CPU ([`scales_ahead`]), since no hardware prefetcher follows their sparse stream.
@@ -126,8 +122,8 @@ pub const SCALE_ROWS_AHEAD: usize = 16;
 /// weights and its scales from two places: the weights as one sequential stream the hardware
 /// prefetchers follow, the scales a few lines every few KB, which they do not. Each block then
 /// began with a miss to memory on its scales that the out-of-order window could not hide.
-/// Reading them ahead took the q6 output layer `[151936, 2048]` on one thread from ~21 to ~30
-/// GB/s on the project's AMD EPYC (Zen 5). Any row index is fine: a prefetch never faults.
+/// Reading them ahead made the q6 output layer `[151936, 2048]` on one thread markedly faster
+/// (measured in the commit that added it). Any row index is fine: a prefetch never faults.
 #[inline(always)]
 pub fn scales_ahead(scales: &[f32], r0: usize, rows: usize, ng: usize) {
     let start = scales.as_ptr().wrapping_add(r0.wrapping_add(SCALE_ROWS_AHEAD).wrapping_mul(ng)) as usize;

@@ -25,8 +25,8 @@
 //! rows, the blocks' chunks alternating row by row: chunk `c` of row `r` lies at
 //! [`interleaved_offset`]. A kernel that works on 4 rows at once then reads one sequential
 //! stream (4 rows side by side in the row-major order were 4 streams 1 KiB apart, which the
-//! hardware prefetcher followed badly: bench8's expert shapes decoded 19-22 GB/s that way, 26-29
-//! interleaved, `cargo bench --bench matvec`). Scales stay `[rows, cols / group]`.
+//! hardware prefetcher followed badly: `cargo bench --bench matvec` shows both layouts). Scales
+//! stay `[rows, cols / group]`.
 
 use half::bf16;
 

@@ -102,8 +102,8 @@ impl Exec {
     /// claimed in order: each about 1/(2 x threads) of the rows still unclaimed, in whole blocks
     /// of interleaved rows (`ROW_BLOCK`) and of at least `min_piece_bytes`, so the pieces shrink
     /// as the section runs out and the threads finish within one small piece of each other
-    /// (with equal pieces, 4 per thread, one thread of bench8's decode at 2T idled ~0.86 ms a
-    /// token at the ends of sections). One thread: one piece.
+    /// (with equal pieces, one thread idled at the end of every section; measured in the commit
+    /// that chose this). One thread: one piece.
     fn pieces(&self, rows: usize, row_bytes: usize) -> Vec<Range<usize>> {
         // one thread: everything left, i.e. one piece
         let share = if self.threads() == 1 { 1 } else { 2 * self.threads() };
@@ -153,7 +153,7 @@ impl Exec {
             }
             return;
         }
-        let input = quantized(first, x, &mut s.qa);
+        let input = quantized(self.isa, first, x, &mut s.qa);
         let rows: Vec<usize> = mats.iter().map(|m| m.rows).collect();
         let isa = self.isa;
         let span = product_span(label, first.format(), out.len(), first.cols, 1);
@@ -177,7 +177,7 @@ impl Exec {
             let input = match m.quant_group() {
                 Some(g) => Input::Quant(qas[i].get_or_init(|| {
                     let mut qa = QuantAct::default();
-                    qa.quantize(x, m.cols, g);
+                    qa.quantize(x, m.cols, g, isa);
                     qa
                 })),
                 None => Input::F32(x),
@@ -214,7 +214,7 @@ impl Exec {
             }
             return;
         }
-        let input = quantized(first, x, &mut s.qa);
+        let input = quantized(self.isa, first, x, &mut s.qa);
         let rows: Vec<usize> = pairs.iter().map(|(g, _)| g.rows).collect();
         let isa = self.isa;
         // the trace counts both matrices' rows: what the section streams
@@ -274,7 +274,7 @@ impl Exec {
     pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
         debug_assert_eq!(x.len(), n * w.cols);
         let Scratch { qa, t } = s;
-        let input = quantized(w, x, qa);
+        let input = quantized(self.isa, w, x, qa);
         self.product(label, w, input, n, out, t);
     }
 
@@ -291,13 +291,13 @@ impl Exec {
         let Some(first) = products.first() else { return };
         let (cols, group) = (first.1.cols, first.1.quant_group());
         let Scratch { qa, t } = s;
-        let input = quantized(first.1, x, qa);
+        let input = quantized(self.isa, first.1, x, qa);
         let mut other = QuantAct::default();
         for (label, w, out) in products.iter_mut() {
             if w.cols == cols && w.quant_group() == group {
                 self.product(label, w, input, n, out, t);
             } else {
-                let inp = quantized(w, x, &mut other);
+                let inp = quantized(self.isa, w, x, &mut other);
                 self.product(label, w, inp, n, out, t);
             }
         }
@@ -358,11 +358,11 @@ fn row_bytes(w: &Mat<'_>) -> usize {
 }
 
 /// The input a product of `w` reads: `x` itself for float weights, else `x` quantized (into
-/// `qa`) with the weight's group.
-fn quantized<'a>(w: &Mat<'_>, x: &'a [f32], qa: &'a mut QuantAct) -> Input<'a> {
+/// `qa`, with tier `isa`'s code at most) with the weight's group.
+fn quantized<'a>(isa: Isa, w: &Mat<'_>, x: &'a [f32], qa: &'a mut QuantAct) -> Input<'a> {
     match w.quant_group() {
         Some(g) => {
-            qa.quantize(x, w.cols, g);
+            qa.quantize(x, w.cols, g, isa);
             Input::Quant(qa)
         }
         None => Input::F32(x),
@@ -425,6 +425,24 @@ mod tests {
         (a.len() != b.len())
             .then_some(a.len().min(b.len()))
             .or_else(|| a.iter().zip(b).position(|(x, y)| x.to_bits() != y.to_bits()))
+    }
+
+    #[test]
+    fn a_capped_exec_quantizes_with_its_own_tier() {
+        // MOESCOPE_ISA caps Exec's tier; the activation quantizer must follow it, not the CPU
+        let (h, rows) = (256, 8);
+        let w = q4x4(3, rows, h);
+        let x = uniform(4, h);
+        for isa in Isa::available() {
+            let exec = Exec::new(1, isa).expect("exec");
+            let mut s = Scratch::default();
+            let mut y = vec![0f32; rows];
+            exec.matmul("w", &mat(rows, h, &w), &x, 1, &mut y, &mut s);
+            assert!(s.qa.tier <= isa, "{isa:?} quantized with {:?}", s.qa.tier);
+            if isa < Isa::Avx512 {
+                assert!(s.qa.permuted.is_empty(), "{isa:?} made the AVX-512 layout");
+            }
+        }
     }
 
     #[test]
