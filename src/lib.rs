@@ -1,7 +1,7 @@
 //! moescope: run Mixture-of-Experts language models bigger than RAM, and watch how.
 //!
 //! The library holds the engine; the `moescope` binary (src/main.rs, src/cmd/) is a thin
-//! command-line layer over it. See DESIGN.md in the project's shared notes for the map.
+//! command-line layer over it. ARCHITECTURE.md at the top of the repository is the code map.
 
 pub mod cache_dir;
 pub mod convert;

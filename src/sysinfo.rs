@@ -23,8 +23,8 @@ pub fn logical_cores() -> usize {
 /// share of a buffer of `bytes` (filled first, so every page is resident), plainly and with a
 /// software prefetch 4 KiB ahead of its loads; the median of `passes` passes each, alternated.
 /// The roofline of a memory-bound decode is its weight bytes per token over the better of the
-/// two ([`ReadProbe::best`]): where one core's bandwidth is bound by its misses in flight (the
-/// lent device's Intel Xeon), the plain sum reads less than the prefetching decode kernels do,
+/// two ([`ReadProbe::best`]): where one core's bandwidth is bound by its misses in flight (as on
+/// some Intel server cores), the plain sum reads less than the prefetching decode kernels do,
 /// and a roofline under what the engine reaches would flatter it.
 pub fn read_bandwidth(threads: usize, bytes: usize, passes: usize) -> ReadProbe {
     match ReadBuffer::new(bytes) {

@@ -1,8 +1,7 @@
 //! The compute threads: a fork-join pool made for decode, which issues hundreds of small
 //! parallel sections per token (every matrix product, every attention). With rayon, each
-//! section woke a sleeping worker and the caller slept until it finished: ~70 µs of a 120 µs
-//! expert product went to that hand-over (measured in the trace on the 8-layer benchmark
-//! model, 1 thread). Here the caller works too (one thread: no hand-over at all), and workers
+//! section woke a sleeping worker and the caller slept until it finished: the hand-over took
+//! most of a small expert product's time (seen in the trace). Here the caller works too (one thread: no hand-over at all), and workers
 //! spin for a while after a section before they sleep, so the next one starts at once.
 //!
 //! A section is `tasks` calls of `f(task, participant)`. The job's generation, its task count

@@ -49,8 +49,8 @@ impl Default for StreamConfig {
     }
 }
 
-/// Two reads in flight keep this machine's disk at its ceiling (about 1.1-1.3 GB/s whatever
-/// the queue depth), while the next read is already queued when one completes.
+/// Two reads in flight keep a disk busy while the next read is already queued when one
+/// completes; more gave no more bandwidth on the disks measured (README's benchmark section).
 pub const DEFAULT_IO_WORKERS: usize = 2;
 
 /// The streaming machinery of one engine.

@@ -30,9 +30,8 @@ impl AlignedBuf {
     /// A buffer of `len` bytes rounded up to whole pages. One of 2 MiB or more starts on a
     /// 2 MiB boundary with its whole 2 MiB pieces advised as transparent huge pages (the kernel
     /// gives them where it can): the compute threads stream each expert once per use, and over
-    /// 4 KiB pages they missed the TLB every page (bench8 x4, 2T, a pool of half the experts,
-    /// 4 alternated pairs: p50 22.4-23.3 vs 24.0-24.9 ms a token). The DMA of an O_DIRECT read
-    /// pins fewer pages too.
+    /// 4 KiB pages they miss the TLB every page (measured in the commit that added this). The
+    /// DMA of an O_DIRECT read pins fewer pages too.
     pub fn new(len: usize) -> AlignedBuf {
         let len = len.max(1).div_ceil(EXPERT_ALIGN as usize) * EXPERT_ALIGN as usize;
         // room to move the start to a 2 MiB boundary; the slack is unmapped below

@@ -232,14 +232,12 @@ impl Package {
 
     /// Copy the dense region (`with_experts`: and the expert region after it) into anonymous
     /// memory backed by transparent huge pages. Decode streams every dense weight once per token
-    /// (the lm_head alone is 45% of a Qwen3-30B-A3B q4 token): with 2 MiB pages the reads cross
-    /// no 4 KiB page boundaries and miss no TLB entries (bench8 tg32 A/B, three pairs: 1T
-    /// 42.9/36.4/43.6 -> 49.0/44.1/36.5 t/s). The page cache's copy is 4 KiB pages the kernel does
-    /// not map huge. The experts too when they are served from memory rather than streamed (the
-    /// package fits): in 4 KiB pages one token's experts ran at ~0.84 of the output layer's GB/s
-    /// at 1 thread, ~0.87 copied (bench8 traces), and at 2 threads in the host's fast minutes the
-    /// copy decoded at 116 t/s, 84% of a 68 GB/s probe, against 73-84% through the mapping. The
-    /// cost is a start that reads the whole file (~1 s from the page cache here).
+    /// (the lm_head alone is nearly half of a Qwen3-30B-A3B q4 token): with 2 MiB pages the reads
+    /// cross no 4 KiB page boundaries and miss no TLB entries. The page cache's copy is 4 KiB
+    /// pages the kernel does not map huge. The experts too when they are served from memory
+    /// rather than streamed (the package fits): through 4 KiB pages they ran slower than the
+    /// copy (both measured in the commits that added them). The cost is a start that reads the
+    /// whole file.
     /// `drop_cached`: drop the file's copy of those pages from the page cache (when experts
     /// stream, memory is what the pool is sized against; else the next start reads them from
     /// memory rather than the disk).
@@ -330,9 +328,8 @@ impl Package {
 
     /// Check every expert blob not checked yet, in table order, until `stop` is set; meant for a
     /// thread of its own, so that decode does not stop to hash each expert at its first use
-    /// (bench8 at 2 threads: the mean token took ~1.5 ms longer than the median while experts
-    /// were still being met for the first time). A blob that fails is left unchecked: its first
-    /// use verifies it again and reports the error.
+    /// (tokens that meet experts for the first time would otherwise run measurably slower). A
+    /// blob that fails is left unchecked: its first use verifies it again and reports the error.
     pub fn verify_experts(&self, stop: &AtomicBool) {
         let Some(ex) = &self.meta.experts else { return };
         for (slot, (off, sum)) in ex.table.iter().enumerate() {
