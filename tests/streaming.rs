@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::*;
 use moescope::engine::{Engine, EngineError, EngineOptions};
-use moescope::experts::pool::Cell;
+use moescope::experts::pool::{Cell, QueueDepth};
 use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::{Logits, NoObserver};
 use moescope_kernels::Isa;
@@ -234,7 +234,7 @@ fn after_prompt(pkg: &Path, prompt: &[u32]) -> (Engine, Vec<f32>, Vec<usize>) {
     let logits = eng.eval(prompt, Logits::All, &mut NoObserver).unwrap();
     let ex = eng.experts.as_ref().unwrap();
     assert!(ex.predictor.wait_idle(std::time::Duration::from_secs(10)), "predictor stuck");
-    assert!(eventually(|| ex.cache.queue_depth() == (0, 0, 0)), "reads drained");
+    assert!(eventually(|| ex.cache.queue_depth() == QueueDepth::default()), "reads drained");
     let res = ex.cache.residency();
     let free = (0..res.num_experts).filter(|&e| res.cells[e] == Cell::Free).collect();
     (eng, logits, free)
@@ -250,7 +250,7 @@ fn speculative_reads_fill_free_slots_and_evict_nothing_worth_more() {
     let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
     let (mut eng, mut got, free) = after_prompt(&pkg, &prompt);
     let cache = eng.experts.as_ref().unwrap().cache.clone();
-    let idle = || cache.queue_depth() == (0, 0, 0);
+    let idle = || cache.queue_depth() == QueueDepth::default();
     assert!(free.len() >= 4, "the prompt left layer 0 experts unread: {free:?}");
     let res = cache.residency();
     let blob = cache.blob_len() as u64;
@@ -313,7 +313,7 @@ fn a_damaged_blob_read_speculatively_is_dropped() {
     let prompt = Reference::load("wide").ids("input_ids");
     let (eng, _, free) = after_prompt(&pkg, &prompt);
     let cache = eng.experts.as_ref().unwrap().cache.clone();
-    let idle = || cache.queue_depth() == (0, 0, 0);
+    let idle = || cache.queue_depth() == QueueDepth::default();
     assert!(!free.is_empty());
     let orig = damage_layer0(&pkg);
     let before = cache.total_stats();

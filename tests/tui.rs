@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 
 use moescope::engine::sampler::SamplerParams;
 use moescope::engine::{Engine, EngineOptions};
-use moescope::experts::pool::{Cell, Residency};
+use moescope::experts::pool::{Cell, PoolSnapshot, PoolTotals, QueueDepth, Residency};
 use moescope::experts::stats::{LayerStats, PredictStats};
 use moescope::tui::app::{App, Outcome, Pane};
-use moescope::tui::event::{EngineEvent, Event, Knobs, ModelInfo, Step};
+use moescope::tui::event::{Cmd, EngineEvent, Event, Knobs, ModelInfo, PoolView, Step};
 use moescope::tui::theme::{Depth, Theme};
 use moescope::tui::ui;
-use moescope::tui::worker::{ChatSettings, Cmd, Loaded, Worker};
+use moescope::tui::worker::{ChatSettings, Loaded, Worker};
 use moescope_kernels::Isa;
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
@@ -154,9 +154,10 @@ fn the_recorded_reply_draws_in_every_pane_at_both_sizes() {
     let tokens =
         evs.iter().filter(|e| matches!(e, Event::Engine(EngineEvent::Token { id, .. }) if *id != u32::MAX)).count();
     assert_eq!(tokens, 40);
-    let t = &step.totals;
+    let t = &step.totals.stats;
     let hits = format!("hits {:.1}% all", 100.0 * t.hits as f64 / (t.hits + t.misses) as f64);
-    let res = step.residency.as_ref().expect("streaming: residency");
+    let pool = &step.pool.as_ref().expect("streaming: the pool's picture").snapshot;
+    let res = &pool.residency;
     let resident = res.cells.iter().filter(|c| **c == Cell::Resident).count();
     for size in SIZES {
         let mut app = app_from(evs);
@@ -206,7 +207,7 @@ fn the_recorded_reply_draws_in_every_pane_at_both_sizes() {
         // I/O: bytes by cause, latency over the reads that happened
         show(&mut app, Pane::Io);
         let s = screen(&render(&app, &FULL, size));
-        let lat = &step.read_latency;
+        let lat = &pool.read_latency;
         if lat.count > 0 {
             assert!(s.contains(&format!("{} reads", lat.count)), "{size:?}:\n{s}");
         }
@@ -273,26 +274,27 @@ fn synthetic_step(token: usize, totals: LayerStats, last: Vec<Vec<usize>>) -> St
             counts[li][x] += 1;
         }
     }
-    Step {
-        token,
-        counts,
-        last,
-        residency: Some(Residency {
+    let totals = PoolTotals { stats: totals, reads: 0, disk_busy_ns: 0 };
+    let snapshot = PoolSnapshot {
+        residency: Residency {
             n_layers: l,
             num_experts: e,
             cells: vec![Cell::Resident; l * e],
             resident_bytes: 1 << 30,
             budget_bytes: 2 << 30,
-        }),
+        },
         totals,
         per_layer: vec![LayerStats::default(); l],
-        predict: PredictStats::default(),
-        queue: (1, 2, 3),
+        queue: QueueDepth { demand: 1, prefetch: 2, in_flight: 3 },
         read_latency: Default::default(),
-        reads: 0,
-        disk_busy_ns: 0,
+    };
+    Step {
+        token,
+        counts,
+        last,
+        totals,
+        pool: Some(Box::new(PoolView { snapshot, predict: PredictStats::default() })),
         step_ms: if token == 0 { 0.0 } else { 60.0 },
-        full: true,
     }
 }
 
@@ -458,7 +460,7 @@ fn a_reply_shorter_than_a_sample_window_still_shows_its_reads() {
     std::thread::sleep(Duration::from_millis(30));
     let read = LayerStats { bytes_demand: 4_000_000, bytes_prefetch: 1_000_000, ..Default::default() };
     let mut s = synthetic_step(1, read, vec![]);
-    s.reads = 2;
+    s.totals.reads = 2;
     app.on_event(Event::Engine(EngineEvent::Step(Box::new(s))));
     let elapsed = t0.elapsed().as_secs_f64();
     let done = moescope::tui::event::DoneInfo {
@@ -472,11 +474,11 @@ fn a_reply_shorter_than_a_sample_window_still_shows_its_reads() {
         experts: read,
     };
     app.on_event(Event::Engine(EngineEvent::Done(Box::new(done))));
-    assert_eq!(app.io.mbps.len(), 1, "one point for the reply");
+    assert_eq!(app.store.io.mbps.len(), 1, "one point for the reply");
     // 5 MB over the time between the two steps: at least 30 ms, at most what the test took
     let (lo, hi) = (5.0 / elapsed, 5.0f64 / 0.030);
-    let got = app.io.mbps[0] as f64;
+    let got = app.store.io.mbps[0] as f64;
     assert!(got >= lo.floor() && got <= hi.ceil(), "{got} MB/s, expected {lo:.0}-{hi:.0}");
-    assert_eq!(app.io.max_mbps, app.io.mbps[0]);
-    assert!(app.io.reads_per_s > 0.0);
+    assert_eq!(app.store.io.max_mbps, app.store.io.mbps[0]);
+    assert!(app.store.io.reads_per_s > 0.0);
 }

@@ -289,17 +289,18 @@ impl Engine {
         }
         trace::counter(track, &[("tok_s", tokens as f64 * 1000.0 / step_ms.max(1e-6))]);
         let (Some(ex), Some(p)) = (self.experts.as_ref(), prev.as_mut()) else { return };
-        let now = ex.cache.total_stats();
+        let snap = ex.cache.snapshot();
+        let now = snap.totals.stats;
         let d = now.sub(p);
         *p = now;
-        let (_, resident) = ex.cache.resident();
-        let (dq, pq, fl) = ex.cache.queue_depth();
+        let (res, q) = (&snap.residency, snap.queue);
         trace::counter("expert hit %", &[("token", d.hit_pct()), ("run", now.hit_pct())]);
         trace::counter(
             "expert pool MB",
-            &[("resident", resident as f64 / 1e6), ("budget", ex.cache.budget_bytes() as f64 / 1e6)],
+            &[("resident", res.resident_bytes as f64 / 1e6), ("budget", res.budget_bytes as f64 / 1e6)],
         );
-        trace::counter("read queue", &[("demand", dq as f64), ("prefetch", pq as f64), ("in_flight", fl as f64)]);
+        let queue = [("demand", q.demand as f64), ("prefetch", q.prefetch as f64), ("in_flight", q.in_flight as f64)];
+        trace::counter("read queue", &queue);
         trace::counter(
             "read MB/s",
             &[

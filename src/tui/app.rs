@@ -2,19 +2,17 @@
 //! engine sends; `on_event` is the only way it changes. Drawing reads it and never writes.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use ratatui::text::Line;
 
-use super::event::{DoneInfo, EngineEvent, Event, Knobs, ModelInfo, Step};
+use super::event::{Cmd, DoneInfo, EngineEvent, Event, Knobs, ModelInfo};
 use super::input::Input;
 use super::keys::Action;
-use super::worker::Cmd;
+use super::store::Store;
 use crate::experts::policy::PolicyKind;
-use crate::experts::stats::LayerStats;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pane {
@@ -90,105 +88,6 @@ pub enum Outcome {
     Quit,
 }
 
-/// Decayed routing counts: `share[l * E + e]` ~ the fraction of recent tokens whose layer l
-/// picked expert e.
-#[derive(Debug, Clone, Default)]
-pub struct Heat {
-    pub n_layers: usize,
-    pub num_experts: usize,
-    pub share: Vec<f32>,
-    pub last: Vec<Vec<usize>>,
-}
-
-pub const HEAT_DECAY: f32 = 0.9;
-
-/// The routing, cache and I/O panes take a new snapshot at most this often.
-pub const PANE_PERIOD: Duration = Duration::from_millis(100);
-
-impl Heat {
-    fn fold(&mut self, counts: &[Vec<u32>], last: &[Vec<usize>]) {
-        let (l, e) = (counts.len(), counts.first().map_or(0, |c| c.len()));
-        if self.n_layers != l || self.num_experts != e {
-            *self = Heat { n_layers: l, num_experts: e, share: vec![0.0; l * e], last: vec![Vec::new(); l] };
-        }
-        // a pass of many tokens (a prompt chunk) counts as one step of its average
-        let tokens = counts.first().map_or(0, |c| c.iter().sum::<u32>()) as f32
-            / last.first().map_or(1, |x| x.len().max(1)) as f32;
-        if tokens == 0.0 {
-            // a snapshot without a pass (the pool after a reply): nothing to decay
-            self.last = last.to_vec();
-            return;
-        }
-        let tokens = tokens.max(1.0);
-        for (li, c) in counts.iter().enumerate() {
-            for (x, &n) in c.iter().enumerate() {
-                let s = &mut self.share[li * e + x];
-                *s = HEAT_DECAY * *s + (1.0 - HEAT_DECAY) * (n as f32 / tokens);
-            }
-        }
-        self.last = last.to_vec();
-    }
-}
-
-/// The I/O history the sparkline draws: MB/s per sample.
-#[derive(Debug, Clone, Default)]
-pub struct IoHistory {
-    pub mbps: VecDeque<u64>,
-    pub reads_per_s: f64,
-    pub max_mbps: u64,
-    /// Share of the last closed window with a read in flight, percent.
-    pub busy_pct: f64,
-    /// Start of the open window: (when, bytes read, reads, disk busy ns) by then.
-    last: Option<(Instant, u64, u64, u64)>,
-    /// The newest step's (when, bytes read, reads, disk busy ns).
-    latest: Option<(Instant, u64, u64, u64)>,
-}
-
-/// How long one point of the I/O history covers while steps come.
-const IO_WINDOW: Duration = Duration::from_millis(250);
-
-impl IoHistory {
-    /// A step saw `bytes` read, `reads` and `busy` ns with a read in flight so far: close the
-    /// window when it is long enough.
-    fn step(&mut self, now: Instant, bytes: u64, reads: u64, busy: u64) {
-        self.latest = Some((now, bytes, reads, busy));
-        match self.last {
-            Some((t, ..)) if now.duration_since(t) >= IO_WINDOW => self.close(now, bytes, reads, busy),
-            None => self.last = Some((now, bytes, reads, busy)),
-            _ => {}
-        }
-    }
-
-    /// A reply ended: its last window becomes a point however short it is (a fast reply on a
-    /// small model reads in bursts of 100 ms and would otherwise never show), and the idle time
-    /// until the next reply is not averaged into its first point.
-    fn reply_done(&mut self) {
-        if let (Some((t, b, _, _)), Some((now, bytes, reads, busy))) = (self.last, self.latest)
-            && bytes > b
-            && now > t
-        {
-            self.close(now, bytes, reads, busy);
-        }
-        self.last = None;
-    }
-
-    fn close(&mut self, now: Instant, bytes: u64, reads: u64, busy: u64) {
-        let Some((t, b, r, u)) = self.last else { return };
-        let dt = now.duration_since(t).as_secs_f64();
-        let mbps = (bytes.saturating_sub(b) as f64 / 1e6 / dt) as u64;
-        self.reads_per_s = reads.saturating_sub(r) as f64 / dt;
-        self.busy_pct = (100.0 * busy.saturating_sub(u) as f64 / 1e9 / dt).min(100.0);
-        self.max_mbps = self.max_mbps.max(mbps);
-        self.mbps.push_back(mbps);
-        if self.mbps.len() > IO_SAMPLES {
-            self.mbps.pop_front();
-        }
-        self.last = Some((now, bytes, reads, busy));
-    }
-}
-
-pub const IO_SAMPLES: usize = 120;
-
 pub struct App {
     pub info: Option<ModelInfo>,
     pub knobs: Option<Knobs>,
@@ -200,18 +99,10 @@ pub struct App {
     pub mode: Mode,
     pub focus: Pane,
     pub expanded: bool,
-    pub frozen: bool,
     pub help: bool,
     pub phase: Phase,
-    /// What the panes show (published from the live state at most every `PANE_PERIOD`).
-    pub heat: Heat,
-    pub step: Option<Step>,
-    heat_live: Heat,
-    pending: Option<Step>,
-    published_at: Option<Instant>,
-    pub io: IoHistory,
-    /// Per-token counter deltas of the last 32 steps, with each step's time.
-    pub recent: VecDeque<(LayerStats, f64)>,
+    /// What the panes show, built from the engine's steps.
+    pub store: Store,
     pub last_done: Option<DoneInfo>,
     pub status_note: Option<(String, Instant)>,
     pub rss: u64,
@@ -219,7 +110,6 @@ pub struct App {
     pub trace_bytes: u64,
     rss_at: Option<Instant>,
     quit_armed: bool,
-    prev_totals: Option<LayerStats>,
     pub quit: bool,
     /// What is loading (shown until the model is ready).
     pub model_label: String,
@@ -245,23 +135,15 @@ impl App {
             mode: Mode::Input,
             focus: Pane::Chat,
             expanded: false,
-            frozen: false,
             help: false,
             phase: Phase::Loading,
-            heat: Heat::default(),
-            step: None,
-            heat_live: Heat::default(),
-            pending: None,
-            published_at: None,
-            io: IoHistory::default(),
-            recent: VecDeque::new(),
+            store: Store::default(),
             last_done: None,
             status_note: None,
             rss: 0,
             trace_bytes: 0,
             rss_at: None,
             quit_armed: false,
-            prev_totals: None,
             quit: false,
             model_label: String::new(),
             scroll_max: std::cell::Cell::new(usize::MAX),
@@ -303,9 +185,7 @@ impl App {
                     self.trace_bytes = crate::trace::recorder::bytes_held();
                     self.rss_at = Some(Instant::now());
                 }
-                if self.pending.is_some() && self.published_at.is_none_or(|t| t.elapsed() >= PANE_PERIOD) {
-                    self.publish();
-                }
+                self.store.tick();
                 if self.status_note.as_ref().is_some_and(|(_, t)| t.elapsed() > Duration::from_secs(8)) {
                     self.status_note = None;
                 }
@@ -349,7 +229,7 @@ impl App {
                     }
                 }
             }
-            EngineEvent::Step(s) => self.on_step(*s),
+            EngineEvent::Step(s) => self.store.on_step(*s),
             EngineEvent::Done(d) => {
                 let e = &d.experts;
                 let mut line = format!(
@@ -365,8 +245,7 @@ impl App {
                     line.push_str(&format!(" · hits {:.1}% · SSD {:.1} MB", e.hit_pct(), e.bytes_read() as f64 / 1e6));
                 }
                 self.push(Role::Info, line);
-                self.io.reply_done();
-                self.publish();
+                self.store.reply_done();
                 self.last_done = Some(*d);
                 self.phase = Phase::Idle;
             }
@@ -389,78 +268,21 @@ impl App {
         }
     }
 
-    fn on_step(&mut self, s: Step) {
-        let mut s = s;
-        if !s.full {
-            // keep the last full picture of the pool
-            if let Some(p) = self.pending.as_ref().or(self.step.as_ref()) {
-                s.residency = p.residency.clone();
-                s.per_layer = p.per_layer.clone();
-                s.predict = p.predict.clone();
-                s.queue = p.queue;
-                s.read_latency = p.read_latency;
-                s.reads = p.reads;
-            }
-        }
-        // per-token deltas for the recent window (kept while frozen, so unfreezing is current)
-        let d = self.prev_totals.map_or(s.totals, |p| s.totals.sub(&p));
-        self.prev_totals = Some(s.totals);
-        if s.step_ms > 0.0 {
-            self.recent.push_back((d, s.step_ms));
-            if self.recent.len() > 32 {
-                self.recent.pop_front();
-            }
-        }
-        self.io.step(Instant::now(), s.totals.bytes_read(), s.reads, s.disk_busy_ns);
-        self.heat_live.fold(&s.counts, &s.last);
-        self.pending = Some(s);
-        if self.published_at.is_none_or(|t| t.elapsed() >= PANE_PERIOD) {
-            self.publish();
-        }
-    }
-
-    /// Show the latest pool and routing state in the panes. The grids change at most every
-    /// `PANE_PERIOD` (the text of a reply streams at the full frame rate): redrawing every
-    /// cell of a heatmap per token costs the terminal more than it tells the eye.
-    fn publish(&mut self) {
-        if self.frozen {
-            return;
-        }
-        if let Some(s) = self.pending.take() {
-            self.heat = self.heat_live.clone();
-            self.step = Some(s);
-            self.published_at = Some(Instant::now());
-        }
-    }
-
-    /// Hit rate of the last steps, stall ms per token, reloads and prefetch use.
-    pub fn recent_summary(&self) -> (f64, f64, u64, u64, u64) {
-        let mut t = LayerStats::default();
-        let mut ms = 0.0;
-        for (d, m) in &self.recent {
-            t.add(d);
-            ms += m;
-        }
-        let n = self.recent.len().max(1) as f64;
-        let _ = ms;
-        (t.hit_pct(), t.stall_ns as f64 / 1e6 / n, t.reloads_soon, t.prefetch_useful_bytes, t.prefetch_wasted_bytes)
-    }
-
     /// Problems in words, for the status line.
     pub fn warnings(&self) -> Vec<&'static str> {
         let mut w = Vec::new();
-        if self.recent.len() >= 4 {
-            let (hit, stall_ms, reloads, useful, wasted) = self.recent_summary();
-            let step_ms: f64 = self.recent.iter().map(|(_, m)| m).sum::<f64>() / self.recent.len() as f64;
-            if stall_ms > 0.3 * step_ms {
+        let recent = &self.store.recent;
+        if recent.len() >= 4 {
+            let r = self.store.recent_summary();
+            if r.stall_ms > 0.3 * self.store.recent_step_ms() {
                 w.push("SSD-bound");
             }
-            if reloads as f64 / self.recent.len() as f64 > 1.0
-                || (hit < 50.0 && self.recent.iter().any(|(d, _)| d.evictions > 0))
+            if r.reloads as f64 / recent.len() as f64 > 1.0
+                || (r.hit_pct < 50.0 && recent.iter().any(|x| x.delta.evictions > 0))
             {
                 w.push("cache thrashing");
             }
-            if wasted > useful && wasted > 0 {
+            if r.prefetch_wasted > r.prefetch_useful && r.prefetch_wasted > 0 {
                 w.push("prefetch wasted");
             }
         }
@@ -615,11 +437,11 @@ impl App {
                 }
             }
             Action::Freeze => {
-                self.frozen = !self.frozen;
-                if !self.frozen {
-                    self.publish();
+                self.store.frozen = !self.store.frozen;
+                if !self.store.frozen {
+                    self.store.publish();
                 }
-                self.note(if self.frozen { "panes frozen (f to resume)" } else { "panes live" });
+                self.note(if self.store.frozen { "panes frozen (f to resume)" } else { "panes live" });
             }
             Action::Expand => self.expanded = !self.expanded,
             Action::CycleFocus => self.cycle_focus(),
@@ -719,27 +541,5 @@ impl App {
             s.push_str(&format!("{who}\n\n{}\n\n", m.text.trim_end()));
         }
         s
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn io_windows_give_rate_and_disk_busy_share() {
-        let mut h = IoHistory::default();
-        let t0 = Instant::now();
-        h.step(t0, 0, 0, 0);
-        // 100 ms in: the window is still open
-        h.step(t0 + Duration::from_millis(100), 10_000_000, 4, 40_000_000);
-        assert!(h.mbps.is_empty());
-        // 400 ms in: 40 MB, 8 reads and 200 ms with a read in flight over 0.4 s
-        h.step(t0 + Duration::from_millis(400), 40_000_000, 8, 200_000_000);
-        assert_eq!(h.mbps.back().copied(), Some(100));
-        assert!((h.reads_per_s - 20.0).abs() < 1e-9 && (h.busy_pct - 50.0).abs() < 1e-9, "{h:?}");
-        // busy time read a little after the step's clock can run past the window: capped at 100%
-        h.step(t0 + Duration::from_millis(700), 40_000_000, 8, 200_000_000 + 900_000_000);
-        assert_eq!(h.busy_pct, 100.0);
     }
 }

@@ -1,11 +1,32 @@
 //! The workbench loop's only input: one `Event` enum for keys, pastes, resizes, ticks and
 //! what the engine worker reports.
 
+use std::time::Duration;
+
 use crossterm::event::KeyEvent;
 
-use crate::experts::pool::Residency;
+use crate::experts::policy::PolicyKind;
+use crate::experts::pool::{PoolSnapshot, PoolTotals};
 use crate::experts::stats::{LayerStats, PredictStats};
-use crate::trace::hist::LatencySummary;
+
+/// The routing, cache and I/O panes take a new picture at most this often.
+pub const PANE_PERIOD: Duration = Duration::from_millis(100);
+
+/// What the UI asks of the engine worker.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cmd {
+    Chat(String),
+    /// Generate the last reply again.
+    Regen,
+    Reset,
+    SetPrefetch(bool),
+    SetBudget(u64),
+    SetPolicy(PolicyKind),
+    /// `/set NAME VALUE` (temperature, top_p, top_k, min_p, repeat_penalty, max_tokens, seed,
+    /// think).
+    Set(String, String),
+    Quit,
+}
 
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -69,7 +90,7 @@ pub struct Knobs {
     pub policy: String,
 }
 
-/// The pool and routing after one forward pass.
+/// Routing and the pool's counters after one forward pass (or a reply).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     /// Generated tokens so far in this reply (0: the prompt).
@@ -78,22 +99,21 @@ pub struct Step {
     /// counts every token), and the last token's picks (highlighted).
     pub counts: Vec<Vec<u32>>,
     pub last: Vec<Vec<usize>>,
-    pub residency: Option<Residency>,
-    pub totals: LayerStats,
-    pub per_layer: Vec<LayerStats>,
-    pub predict: PredictStats,
-    /// (demand queued, prefetch queued, in flight)
-    pub queue: (usize, usize, usize),
-    pub read_latency: LatencySummary,
-    pub reads: u64,
-    /// Nanoseconds so far with an expert read in flight (the disk busy, as the pool sees it).
-    pub disk_busy_ns: u64,
+    /// The pool's counters so far (all zero without a pool): every step has them, for the
+    /// per-token figures.
+    pub totals: PoolTotals,
+    /// The pool's whole picture, as often as the panes take one (None between, and without a
+    /// pool): the store keeps the last.
+    pub pool: Option<Box<PoolView>>,
     /// This step's latency (forward + sample), ms; 0 for the prompt.
     pub step_ms: f64,
-    /// Whether the pool's picture (residency, per-layer counters, predictor, queue, latency)
-    /// was taken; a light step carries only routing and totals, and the panes keep the last
-    /// picture.
-    pub full: bool,
+}
+
+/// What the cache and I/O panes draw: the pool's snapshot and the predictor's accuracy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolView {
+    pub snapshot: PoolSnapshot,
+    pub predict: PredictStats,
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -12,6 +12,7 @@ pub mod export;
 pub mod input;
 pub mod keys;
 pub mod panes;
+pub mod store;
 pub mod term;
 pub mod theme;
 pub mod ui;

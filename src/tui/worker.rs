@@ -10,13 +10,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use super::event::{DoneInfo, EngineEvent, Event, Knobs, ModelInfo, Step};
+use super::event::{Cmd, DoneInfo, EngineEvent, Event, Knobs, ModelInfo, PANE_PERIOD, PoolView, Step};
 use crate::engine::sampler::{Sampler, SamplerParams};
 use crate::engine::session::{ChatSession, TurnEvent};
 use crate::engine::{Engine, GenRequest};
-use crate::experts::policy::PolicyKind;
+use crate::experts::Experts;
 use crate::experts::routing_log::RoutingLog;
-use crate::experts::stats::LayerStats;
 use crate::model::{Observer, Tee};
 
 /// Loads the engine on the worker thread; the error is one line for the user.
@@ -32,22 +31,6 @@ impl From<Engine> for Loaded {
     fn from(engine: Engine) -> Loaded {
         Loaded { engine, routing_log: None }
     }
-}
-
-/// What the UI asks of the engine.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Cmd {
-    Chat(String),
-    /// Generate the last reply again.
-    Regen,
-    Reset,
-    SetPrefetch(bool),
-    SetBudget(u64),
-    SetPolicy(PolicyKind),
-    /// `/set NAME VALUE` (temperature, top_p, top_k, min_p, repeat_penalty, max_tokens, seed,
-    /// think).
-    Set(String, String),
-    Quit,
 }
 
 /// Settings of a chat that are not the engine's.
@@ -332,7 +315,7 @@ impl Reply<'_> {
                 // the pool's full picture (grid, per-layer counters, latency percentiles) only as
                 // often as the panes take it; every token carries the totals the per-token
                 // figures need
-                let full = last_full.is_none_or(|t: Instant| t.elapsed() >= crate::tui::app::PANE_PERIOD);
+                let full = last_full.is_none_or(|t: Instant| t.elapsed() >= PANE_PERIOD);
                 if full {
                     last_full = Some(Instant::now());
                 }
@@ -368,14 +351,9 @@ impl Reply<'_> {
     }
 }
 
-/// Drain the tap's counts and read the pool.
-fn step(
-    data: &Rc<RefCell<TapData>>,
-    experts: Option<&crate::experts::Experts>,
-    token: usize,
-    step_ms: f64,
-    full: bool,
-) -> Step {
+/// Drain the tap's counts and read the pool: its counters always, its whole picture (and the
+/// predictor's accuracy) when `full`.
+fn step(data: &Rc<RefCell<TapData>>, experts: Option<&Experts>, token: usize, step_ms: f64, full: bool) -> Step {
     let (counts, last) = {
         let mut d = data.borrow_mut();
         let counts = d.counts.clone();
@@ -384,54 +362,14 @@ fn step(
         }
         (counts, d.last.clone())
     };
-    match experts {
+    let (totals, pool) = match experts {
         Some(ex) if full => {
-            let (read_latency, reads) = ex.cache.read_latency();
-            Step {
-                token,
-                counts,
-                last,
-                residency: Some(ex.cache.residency()),
-                totals: ex.cache.total_stats(),
-                per_layer: ex.cache.stats(),
-                predict: ex.predictor.stats(),
-                queue: ex.cache.queue_depth(),
-                read_latency,
-                reads,
-                disk_busy_ns: ex.cache.disk_busy_ns(),
-                step_ms,
-                full,
-            }
+            let snapshot = ex.cache.snapshot();
+            let view = PoolView { predict: ex.predictor.stats(), snapshot };
+            (view.snapshot.totals, Some(Box::new(view)))
         }
-        Some(ex) => Step {
-            token,
-            counts,
-            last,
-            residency: None,
-            totals: ex.cache.total_stats(),
-            per_layer: Vec::new(),
-            predict: Default::default(),
-            queue: (0, 0, 0),
-            read_latency: Default::default(),
-            reads: 0,
-            disk_busy_ns: ex.cache.disk_busy_ns(),
-            step_ms,
-            full,
-        },
-        None => Step {
-            token,
-            counts,
-            last,
-            residency: None,
-            totals: LayerStats::default(),
-            per_layer: Vec::new(),
-            predict: Default::default(),
-            queue: (0, 0, 0),
-            read_latency: Default::default(),
-            reads: 0,
-            disk_busy_ns: 0,
-            step_ms,
-            full: true,
-        },
-    }
+        Some(ex) => (ex.cache.totals(), None),
+        None => (Default::default(), None),
+    };
+    Step { token, counts, last, totals, pool, step_ms }
 }

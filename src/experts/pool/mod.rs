@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 
 pub use request::{ExpertBuf, Request};
 pub use slots::{Key, Origin};
-pub use snapshot::{Cell, Residency};
+pub use snapshot::{Cell, PoolSnapshot, PoolTotals, QueueDepth, Residency};
 
 use super::policy::PolicyKind;
 use super::stats::LayerStats;
@@ -127,11 +127,17 @@ impl ExpertCache {
     }
 
     pub fn total_stats(&self) -> LayerStats {
-        let mut t = LayerStats::default();
-        for s in self.shared.lock().stats.iter() {
-            t.add(s);
-        }
-        t
+        self.totals().stats
+    }
+
+    /// The counters so far, under one lock.
+    pub fn totals(&self) -> PoolTotals {
+        self.shared.lock().totals()
+    }
+
+    /// The whole picture (residency, counters, queues, read latency), under one lock.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        self.shared.lock().snapshot()
     }
 
     pub fn policy(&self) -> PolicyKind {
@@ -288,8 +294,7 @@ impl ExpertCache {
     /// Nanoseconds so far with at least one expert read in flight: the disk's busy time as the
     /// pool sees it (over a run's wall time: how little the disk idled).
     pub fn disk_busy_ns(&self) -> u64 {
-        let st = self.shared.lock();
-        st.busy_ns + st.busy_since.map_or(0, |t| t.elapsed().as_nanos() as u64)
+        self.totals().disk_busy_ns
     }
 
     /// Read latency so far (pread and checksum of one blob), and the number of reads.
@@ -298,10 +303,9 @@ impl ExpertCache {
         (st.read_latency.summary(), st.reads)
     }
 
-    /// Queued reads, demand and prefetch (speculative candidates included).
-    pub fn queue_depth(&self) -> (usize, usize, usize) {
-        let st = self.shared.lock();
-        (st.demand_q.len(), st.prefetch_q.len() + st.spec_q.len(), st.in_flight)
+    /// Queued reads, demand and prefetch (speculative candidates included), and reads in flight.
+    pub fn queue_depth(&self) -> QueueDepth {
+        self.shared.lock().queue()
     }
 }
 

@@ -33,8 +33,8 @@ pub const STATES: [(Cell, &str); 5] = [
 ];
 
 pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool, expanded: bool) {
-    let step = app.step.as_ref();
-    let res = step.and_then(|s| s.residency.as_ref());
+    let view = app.store.pool.as_ref();
+    let res = view.map(|v| &v.snapshot.residency);
     let knobs = app.knobs.as_ref();
     let extra = match knobs {
         Some(k) if k.streaming => format!("{} · prefetch {}", k.policy, if k.prefetch { "on" } else { "off" }),
@@ -65,14 +65,15 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool, exp
     } else if knobs.is_some_and(|k| !k.streaming) {
         text.push(Line::from("experts are mapped from the package (--no-stream): the OS page cache holds them"));
     }
-    if let Some(s) = step {
-        let (recent_hit, ..) = app.recent_summary();
-        let p = &s.predict;
-        let mut l = format!("hits {:.1}% all", s.totals.hit_pct());
-        if !app.recent.is_empty() {
-            l.push_str(&format!(" · {:.1}% last {} tok", recent_hit, app.recent.len()));
+    if let Some(s) = &app.store.step {
+        let recent = &app.store.recent;
+        let mut l = format!("hits {:.1}% all", s.totals.stats.hit_pct());
+        if !recent.is_empty() {
+            l.push_str(&format!(" · {:.1}% last {} tok", app.store.recent_summary().hit_pct, recent.len()));
         }
-        if p.routed > 0 {
+        if let Some(p) = view.map(|v| &v.predict)
+            && p.routed > 0
+        {
             l.push_str(&format!(
                 " · predictor recall {:.0}% precision {:.0}%",
                 p.recall() * 100.0,
@@ -125,10 +126,10 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool, exp
     };
     f.render_widget(Paragraph::new(vec![Line::from(legend), Line::styled(b.legend(), th.info())]), legend_area);
     if per_layer_h > 0
-        && let Some(s) = step
+        && let Some(v) = view
     {
         let cells: Vec<String> =
-            s.per_layer.iter().enumerate().map(|(l, st)| format!("L{l:<3}{:>5.1}%", st.hit_pct())).collect();
+            v.snapshot.per_layer.iter().enumerate().map(|(l, st)| format!("L{l:<3}{:>5.1}%", st.hit_pct())).collect();
         let lines: Vec<Line> = cells.chunks(6).map(|c| Line::from(c.join("  "))).collect();
         let a = Rect { y: legend_area.y + legend_area.height, height: per_layer_h, ..inner };
         f.render_widget(Paragraph::new(lines), a);

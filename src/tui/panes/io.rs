@@ -15,23 +15,25 @@ fn mb(n: u64) -> String {
 
 /// The pane's text lines (also what the tests read).
 pub fn lines(app: &App) -> Vec<String> {
-    let Some(s) = app.step.as_ref() else {
+    let st = &app.store;
+    let (Some(s), Some(view)) = (&st.step, &st.pool) else {
         return vec![match &app.knobs {
             Some(k) if !k.streaming => "experts are mapped (--no-stream): no reads of our own".into(),
             _ => "no reads yet".into(),
         }];
     };
-    let t = &s.totals;
-    let (_, stall_ms, _, useful, wasted) = app.recent_summary();
-    let now = app.io.mbps.back().copied().unwrap_or(0);
-    let (dq, pq, fl) = s.queue;
-    let lat = &s.read_latency;
+    let t = &s.totals.stats;
+    let recent = st.recent_summary();
+    let io = &st.io;
+    let now = io.mbps.back().copied().unwrap_or(0);
+    let q = view.snapshot.queue;
+    let lat = &view.snapshot.read_latency;
     let mut v = vec![
         format!(
             "read {now} MB/s (peak {} MB/s) · {:.0} reads/s · disk busy {:.0}%",
-            app.io.max_mbps, app.io.reads_per_s, app.io.busy_pct
+            io.max_mbps, io.reads_per_s, io.busy_pct
         ),
-        format!("queue: {dq} demand, {pq} prefetch, {fl} in flight"),
+        format!("queue: {} demand, {} prefetch, {} in flight", q.demand, q.prefetch, q.in_flight),
         if lat.count > 0 {
             format!("latency p50 {:.2} ms · p99 {:.2} ms · {} reads", lat.p50_ms, lat.p99_ms, lat.count)
         } else {
@@ -46,12 +48,13 @@ pub fn lines(app: &App) -> Vec<String> {
         String::new()
     };
     v.push(format!("prefetch useful {} · wasted {}{pct}", mb(u_all), mb(w_all)));
-    if !app.recent.is_empty() {
+    if !st.recent.is_empty() {
         v.push(format!(
-            "stall {stall_ms:.1} ms/token · last {} tok: prefetch useful {} wasted {}",
-            app.recent.len(),
-            mb(useful),
-            mb(wasted)
+            "stall {:.1} ms/token · last {} tok: prefetch useful {} wasted {}",
+            recent.stall_ms,
+            st.recent.len(),
+            mb(recent.prefetch_useful),
+            mb(recent.prefetch_wasted)
         ));
     }
     v
@@ -68,8 +71,8 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool) {
     if spark_h > 0 {
         // newest on the right; the scale's top is the highest rate seen
         let w = inner.width as usize;
-        let data: Vec<u64> = app.io.mbps.iter().rev().take(w).rev().copied().collect();
-        let sp = Sparkline::default().data(&data).max(app.io.max_mbps.max(1)).style(th.spark());
+        let data: Vec<u64> = app.store.io.mbps.iter().rev().take(w).rev().copied().collect();
+        let sp = Sparkline::default().data(&data).max(app.store.io.max_mbps.max(1)).style(th.spark());
         f.render_widget(sp, Rect { height: spark_h, ..inner });
     }
     f.render_widget(Paragraph::new(text), Rect { y: inner.y + spark_h, height: text_h, ..inner });

@@ -8,11 +8,12 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::Paragraph;
 
 use super::grid::{self, Binning, Mark};
-use crate::tui::app::{App, HEAT_DECAY, Pane};
+use crate::tui::app::{App, Pane};
+use crate::tui::store::HEAT_DECAY;
 use crate::tui::theme::Theme;
 
 pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool) {
-    let heat = &app.heat;
+    let heat = &app.store.heat;
     let extra = app
         .info
         .as_ref()

@@ -25,10 +25,10 @@ pub fn state(app: &App) -> String {
 
 /// Decode speed over the recent steps, tokens/s.
 pub fn live_decode_tps(app: &App) -> Option<f64> {
-    if app.recent.is_empty() {
+    if app.store.recent.is_empty() {
         return None;
     }
-    let ms: f64 = app.recent.iter().map(|(_, m)| m).sum::<f64>() / app.recent.len() as f64;
+    let ms = app.store.recent_step_ms();
     (ms > 0.0).then(|| 1000.0 / ms)
 }
 
@@ -58,7 +58,7 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
             d.prefill_tps, d.decode_tps, d.ttft_ms
         ));
     }
-    if app.frozen {
+    if app.store.frozen {
         parts.push("FROZEN".into());
     }
     let figures: Vec<String> = parts.into_iter().filter(|p| !p.is_empty()).collect();
