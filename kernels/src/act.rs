@@ -61,6 +61,23 @@ impl QuantAct {
         }
     }
 
+    /// Room for `values` activations (groups of 32 at the smallest) without growing later.
+    pub fn reserve(&mut self, values: usize) {
+        let groups = values.div_ceil(32);
+        self.q.reserve(values);
+        self.permuted.reserve(values);
+        self.scales.reserve(groups);
+        self.sums.reserve(groups);
+        self.scaled_sums.reserve(groups);
+    }
+
+    /// Bytes its buffers hold.
+    pub fn bytes(&self) -> usize {
+        self.q.capacity()
+            + self.permuted.capacity()
+            + 4 * (self.scales.capacity() + self.sums.capacity() + self.scaled_sums.capacity())
+    }
+
     /// Row `t` as borrowed slices.
     #[inline]
     pub fn row(&self, t: usize) -> QuantRow<'_> {

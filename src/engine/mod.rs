@@ -17,7 +17,7 @@ use moescope_kernels::Isa;
 use crate::exec::Exec;
 use crate::experts::stats::LayerStats;
 use crate::experts::{Experts, StreamConfig};
-use crate::model::{ExpertSource, KvCache, Logits, ModelError, Observer, Qwen3Moe, Resident};
+use crate::model::{ExpertSource, KvCache, Logits, ModelError, Observer, Qwen3Moe, Resident, RunState};
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
@@ -60,7 +60,8 @@ pub struct MemoryPlan {
     pub experts: u64,
     /// The KV cache at full context.
     pub kv: u64,
-    /// Activations and scratch, estimated from the largest prompt chunk.
+    /// The forward pass's buffers as allocated for a prompt chunk, and one position's logits
+    /// (each expert's own temporaries, a few rows of its width per token, come on top).
     pub buffers: u64,
     /// Code, tokenizer, metadata and thread stacks: measured at load (the resident size then,
     /// less the dense weights, which loading reads once to verify them).
@@ -81,6 +82,8 @@ pub struct Engine {
     runtime_bytes: u64,
     pub exec: Exec,
     pub kv: KvCache,
+    /// The forward pass's buffers, sized at load for a prompt chunk.
+    state: RunState,
     /// The ids whose keys and values are in `kv`, in order.
     cached: Vec<u32>,
     pub tok: Option<Arc<Tok>>,
@@ -250,7 +253,20 @@ impl Engine {
             }
             _ => None,
         };
-        Ok(Engine { model, experts, warnings, runtime_bytes, exec, kv, cached: Vec::new(), tok, template, verifier })
+        let state = RunState::new(&model.cfg, PREFILL_CHUNK);
+        Ok(Engine {
+            model,
+            experts,
+            warnings,
+            runtime_bytes,
+            exec,
+            kv,
+            state,
+            cached: Vec::new(),
+            tok,
+            template,
+            verifier,
+        })
     }
 
     /// What the engine expects to use: dense weights, the expert pool, the KV cache at full
@@ -260,16 +276,8 @@ impl Engine {
         let (dense, all_experts, _) = self.package().sizes();
         let experts = self.experts.as_ref().map_or(all_experts, |e| e.cache.budget_bytes());
         let kv = KvCache::bytes_at_capacity(c, self.kv.capacity());
-        // residual, normed copy, q/k/v/attention, expert outputs per (token, rank), MLP
-        // intermediates, logits: f32 per token of a chunk
-        let per_token = 4
-            * (4 * c.hidden_size
-                + 2 * c.q_dim()
-                + 2 * c.kv_dim()
-                + c.num_experts_per_tok * c.hidden_size
-                + 3 * c.intermediate_size.max(c.moe_intermediate_size)
-                + c.num_experts);
-        let buffers = (PREFILL_CHUNK * per_token + 4 * c.vocab_size) as u64;
+        // the run state as allocated, and the last position's logits
+        let buffers = self.state.bytes() + 4 * c.vocab_size as u64;
         let runtime = self.runtime_bytes;
         MemoryPlan { dense, experts, kv, buffers, runtime, total: dense + experts + kv + buffers + runtime }
     }
@@ -371,7 +379,7 @@ impl Engine {
                 Some(ex) => &**ex,
                 None => &resident,
             };
-            let mut l = self.model.forward(&self.exec, source, chunk, &mut self.kv, w, obs)?;
+            let mut l = self.model.forward(&self.exec, source, &mut self.state, chunk, &mut self.kv, w, obs)?;
             self.cached.extend_from_slice(chunk);
             if out.is_empty() {
                 // one chunk (every decode step): its logits as they are, not copied (the

@@ -69,6 +69,20 @@ pub struct Scratch {
     t: Vec<f32>,
 }
 
+impl Scratch {
+    /// Room for inputs of up to `values` activations and results of up to `outputs` values
+    /// (several tokens' products are computed weight-row-major, then transposed).
+    pub fn reserve(&mut self, values: usize, outputs: usize) {
+        self.qa.reserve(values);
+        self.t.reserve(outputs);
+    }
+
+    /// Bytes its buffers hold.
+    pub fn bytes(&self) -> usize {
+        self.qa.bytes() + 4 * self.t.capacity()
+    }
+}
+
 impl Exec {
     pub fn new(threads: usize, isa: Isa) -> Result<Exec, String> {
         let pool = Pool::new(threads).map_err(|e| format!("starting {threads} compute threads: {e}"))?;

@@ -20,7 +20,7 @@ pub use pool::{CacheConfig, ExpertCache};
 pub use predict::Predictor;
 pub use store::IoMode;
 
-use crate::package::{Package, PackageError};
+use crate::package::{Package, PackageError, TensorId};
 
 /// How experts are streamed.
 #[derive(Debug, Clone, Copy)]
@@ -69,7 +69,7 @@ impl Experts {
     /// Returns warnings (an O_DIRECT fallback) beside the machinery.
     pub fn start(
         pkg: Arc<Package>,
-        routers: Vec<usize>,
+        routers: Vec<TensorId>,
         cfg: StreamConfig,
         isa: Isa,
     ) -> Result<(Experts, Vec<String>), PackageError> {

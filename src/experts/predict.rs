@@ -17,7 +17,7 @@ use moescope_kernels::ops::softmax_inplace;
 
 use super::pool::ExpertCache;
 use super::stats::PredictStats;
-use crate::package::Package;
+use crate::package::{Package, TensorId};
 use crate::trace;
 
 pub const MIN_SAMPLES: u64 = 128;
@@ -54,7 +54,7 @@ pub struct Predictor {
 
 impl Predictor {
     /// `routers[li]`: index of MoE layer li's router (f32 `[E, H]`) in the package.
-    pub fn start(pkg: Arc<Package>, routers: Vec<usize>, cache: Arc<ExpertCache>, isa: Isa) -> Predictor {
+    pub fn start(pkg: Arc<Package>, routers: Vec<TensorId>, cache: Arc<ExpertCache>, isa: Isa) -> Predictor {
         let c = pkg.meta.model.clone();
         let (k, n_layers) = (c.num_experts_per_tok, routers.len());
         let state = Arc::new(Mutex::new(PredState {
@@ -165,7 +165,7 @@ impl Drop for Predictor {
 fn worker(
     rx: Receiver<Task>,
     pkg: Arc<Package>,
-    routers: Vec<usize>,
+    routers: Vec<TensorId>,
     cache: Arc<ExpertCache>,
     st: Arc<Mutex<PredState>>,
     isa: Isa,

@@ -13,4 +13,4 @@ pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use moe::{ExpertQuery, ExpertSource, ReadyFn, Resident};
 pub use observer::{NoObserver, Observer, Tee};
-pub use qwen3_moe::{Logits, Qwen3Moe};
+pub use qwen3_moe::{Logits, Qwen3Moe, RunState};

@@ -110,7 +110,8 @@ pub struct Routing {
 }
 
 /// Route the batch `hn` (`[T, H]`) of MoE layer `layer` through `router` (f32 `[E, H]`): softmax,
-/// top-k, weights; every token's choice goes to `obs` (tokens at positions `pos0..`).
+/// top-k, weights; every token's choice goes to `obs` (tokens at positions `pos0..`). `probs`
+/// (`[T, E]`) receives the router's probabilities.
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     exec: &Exec,
@@ -119,15 +120,15 @@ pub fn route(
     layer: usize,
     hn: &[f32],
     pos0: usize,
+    probs: &mut [f32],
     s: &mut Scratch,
     obs: &mut dyn Observer,
 ) -> Routing {
     let (e_n, k_n) = (spec.num_experts, spec.top_k);
     let t_n = hn.len() / router.cols;
     let mut span = trace::span("router").arg("layer", layer);
-    // router logits, then probabilities, [T, E] in f32
-    let mut probs = vec![0f32; t_n * e_n];
-    exec.matmul("router", router, hn, t_n, &mut probs, s);
+    // router logits, then probabilities
+    exec.matmul("router", router, hn, t_n, probs, s);
     let mut picks = vec![Pick::default(); t_n * k_n];
     let mut top: Vec<usize> = Vec::with_capacity(e_n);
     let mut weights = vec![0f32; k_n];
@@ -157,9 +158,18 @@ pub fn route(
     Routing { top_k: k_n, picks, uses, used }
 }
 
+/// Where [`routed_sum`] works and leaves its result.
+pub struct SumBuffers<'a> {
+    /// The experts' weighted outputs per (token, rank), `[T, k, H]`.
+    pub yk: &'a mut [f32],
+    /// The sum, `[T, H]`.
+    pub out: &'a mut [f32],
+}
+
 /// The weighted sum of the routed experts' outputs for the batch `hn` (`[T, H]`), computed as
-/// `source` hands the experts out; returns `[T, H]`. `blob_bytes` (one expert's bytes) is for
-/// the trace.
+/// `source` hands the experts out, into `bufs.out`. `blob_bytes` (one expert's bytes) is for the
+/// trace.
+#[allow(clippy::too_many_arguments)]
 pub fn routed_sum(
     exec: &Exec,
     source: &dyn ExpertSource,
@@ -167,28 +177,29 @@ pub fn routed_sum(
     routing: &Routing,
     hn: &[f32],
     blob_bytes: u64,
+    bufs: SumBuffers<'_>,
     s: &mut Scratch,
-) -> Result<Vec<f32>, ModelError> {
+) -> Result<(), ModelError> {
     let (t_n, k_n) = (q.tokens, routing.top_k);
     let h = hn.len() / t_n.max(1);
-    // expert outputs, weighted, per (token, rank): [T, k, H]
-    let mut yk = vec![0f32; t_n * k_n * h];
+    let SumBuffers { yk, out } = bufs;
+    debug_assert!(yk.len() == t_n * k_n * h && out.len() == t_n * h);
     {
-        let out = WeightedOutputs { routing, slots: Chunks::new(&mut yk), h };
-        let batch = Batch { exec, layer: q.layer, hn, h, blob_bytes, out: &out };
+        let slots = WeightedOutputs { routing, slots: Chunks::new(yk), h };
+        let batch = Batch { exec, layer: q.layer, hn, h, blob_bytes, out: &slots };
         source.for_each_ready(q, &mut |ids, mats| {
             batch.compute(ids, mats, s);
             Ok(())
         })?;
     }
-    let mut out = vec![0f32; t_n * h];
     for t in 0..t_n {
         let o = &mut out[t * h..(t + 1) * h];
+        o.fill(0.0);
         for j in 0..k_n {
             add_inplace(o, &yk[(t * k_n + j) * h..(t * k_n + j + 1) * h]);
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// `yk` of [`routed_sum`], written by the experts' tasks: each (token, rank) slot by the one

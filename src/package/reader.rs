@@ -190,8 +190,8 @@ impl Package {
             .ok_or_else(|| PackageError::Missing { path: self.path.clone(), name: name.to_string() })
     }
 
-    /// Index of dense tensor `name`, checked to have `shape` (and to be f32 if `f32_only`).
-    pub fn require(&self, name: &str, shape: &[usize], f32_only: bool) -> Result<usize, PackageError> {
+    /// Dense tensor `name`, checked to have `shape` (and to be f32 if `f32_only`).
+    pub fn require(&self, name: &str, shape: &[usize], f32_only: bool) -> Result<TensorId, PackageError> {
         let i = *self
             .index
             .get(name)
@@ -204,19 +204,19 @@ impl Package {
                 msg: format!("{:?} {:?}, expected {}{shape:?}", t.dtype, t.shape, if f32_only { "f32 " } else { "" }),
             });
         }
-        Ok(i)
+        Ok(TensorId(i))
     }
 
     /// Dense tensor `i` (from [`Package::require`]) as a matrix; a vector is one row.
-    pub fn mat_by_index(&self, i: usize) -> Mat<'_> {
-        let t = &self.meta.tensors[i];
+    pub fn mat_by_index(&self, i: TensorId) -> Mat<'_> {
+        let t = &self.meta.tensors[i.0];
         let (bytes, origin) = self.bytes_for(t.offset, t.length);
         mat_at(bytes, origin, t, 0)
     }
 
     /// Dense f32 tensor `i` (from [`Package::require`] with `f32_only`).
-    pub fn f32_by_index(&self, i: usize) -> &[f32] {
-        let t = &self.meta.tensors[i];
+    pub fn f32_by_index(&self, i: TensorId) -> &[f32] {
+        let t = &self.meta.tensors[i.0];
         let (bytes, origin) = self.bytes_for(t.offset, t.length);
         bytemuck::cast_slice(&bytes[(t.offset - origin) as usize..(t.offset - origin + t.length) as usize])
     }
@@ -368,6 +368,17 @@ impl Package {
     pub fn sizes(&self) -> (u64, u64, u64) {
         let blob = self.meta.experts.as_ref().map_or(0, |e| e.blob_len);
         (self.header.dense_len, self.header.expert_len, blob)
+    }
+}
+
+/// A dense tensor of a package, checked by [`Package::require`]: its place in the tensor index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TensorId(usize);
+
+impl TensorId {
+    /// Its place in the package's tensor index (`meta.tensors`).
+    pub fn index(self) -> usize {
+        self.0
     }
 }
 
