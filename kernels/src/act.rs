@@ -17,7 +17,7 @@ pub struct QuantAct {
     /// scale times this times the bias (a power of two, so the order of the two products
     /// changes no bit), made once here rather than for every row.
     pub scaled_sums: Vec<f32>,
-    /// `q` in the order the AVX-512 q4/q6 kernels read it (`avx512::permute_q4_act`), made
+    /// `q` in the order the AVX-512 q4/q6 kernels read it ([`permute_q4_act`]), made
     /// once here rather than by each chunk of each product; empty where rows are not whole
     /// 128-value chunks, below the AVX-512 tier, or off x86-64.
     pub permuted: Vec<i8>,
@@ -57,7 +57,7 @@ impl QuantAct {
         // only the AVX-512 q4/q6 kernels read it
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx512 && cols.is_multiple_of(128) {
-            crate::avx512::permute_q4_act(&self.q, &mut self.permuted);
+            permute_q4_act(&self.q, &mut self.permuted);
         }
     }
 
@@ -102,6 +102,23 @@ pub struct QuantRow<'a> {
     pub q: &'a [i8],
     pub scales: &'a [f32],
     pub sums: &'a [i32],
+}
+
+/// The activation row in the order the AVX-512 q4/q6 kernels' nibbles come in (`q4_lohi32`: per
+/// 128 values, the first half of each 32-value block, then the second halves; see
+/// `mat/avx512.rs`).
+/// `a.len()` must be a multiple of 128.
+pub fn permute_q4_act(a: &[i8], out: &mut Vec<i8>) {
+    out.clear();
+    out.reserve(a.len());
+    for chunk in a.chunks_exact(128) {
+        // low nibbles: the first half of each 32-value block; then the high nibbles
+        for half in [0usize, 16] {
+            for b in 0..4 {
+                out.extend_from_slice(&chunk[b * 32 + half..b * 32 + half + 16]);
+            }
+        }
+    }
 }
 
 /// One group to int8: `q = round(x / d)` with `d = absmax / 127`; returns `(d, sum of q)`.

@@ -24,7 +24,7 @@ pub fn dot_f32_streamed(isa: Isa, a: &[f32], b: &[f32], pf: usize) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         // SAFETY: the tier says AVX2 and FMA are present.
-        return unsafe { x86::dot_f32(a, b, pf) };
+        return unsafe { avx2::dot_f32(a, b, pf) };
     }
     let _ = (isa, pf);
     scalar::dot_f32(a, b)
@@ -37,7 +37,7 @@ pub fn dot_bf16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         // SAFETY: as above.
-        return unsafe { x86::dot_bf16(w, x) };
+        return unsafe { avx2::dot_bf16(w, x) };
     }
     let _ = isa;
     scalar::dot_bf16(w, x)
@@ -50,7 +50,7 @@ pub fn dot_q8(isa: Isa, wq: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() && a.group.is_multiple_of(32) {
         // SAFETY: as above; the group is a whole number of 32-byte vectors.
-        return unsafe { x86::dot_q8(wq, wd, a) };
+        return unsafe { avx2::dot_q8(wq, wd, a) };
     }
     let _ = isa;
     scalar::dot_q8(wq, wd, a)
@@ -63,7 +63,7 @@ pub fn dot_q4(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() && a.group.is_multiple_of(32) {
         // SAFETY: as above; every block is 32 values (16 bytes).
-        return unsafe { x86::dot_q4(wq, wd, a) };
+        return unsafe { avx2::dot_q4(wq, wd, a) };
     }
     let _ = isa;
     scalar::dot_q4(wq, wd, a)
@@ -76,7 +76,7 @@ pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if isa.has_avx2() {
         // SAFETY: as above; groups are whole 128-value chunks (the format's rule).
-        return unsafe { x86::dot_q6(wq, wd, a) };
+        return unsafe { avx2::dot_q6(wq, wd, a) };
     }
     let _ = isa;
     scalar::dot_q6(wq, wd, a)
@@ -94,7 +94,7 @@ pub fn dot_x4(isa: Isa, six: bool, block: &[u8], wd: &[f32], a: QuantRow<'_>, pf
         // SAFETY: AVX2 and FMA were detected; the block holds 4 rows of a.q.len() values; every
         // block is 32 values (q6 groups are whole chunks)
         return unsafe {
-            if six { x86::dot_x4::<true>(block, wd, a, pf) } else { x86::dot_x4::<false>(block, wd, a, pf) }
+            if six { avx2::dot_x4::<true>(block, wd, a, pf) } else { avx2::dot_x4::<false>(block, wd, a, pf) }
         };
     }
     let cb = if six { Q6_CHUNK_BYTES } else { CHUNK / 2 };
@@ -190,8 +190,9 @@ pub mod scalar {
     }
 }
 
+/// The AVX2 + FMA forms (the AVX-512 tiles of whole matrices are in `mat/avx512.rs`).
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+mod avx2 {
     use super::*;
     use crate::quant::interleaved_offset;
     use std::arch::x86_64::*;

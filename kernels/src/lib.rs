@@ -10,8 +10,6 @@
 
 pub mod act;
 pub mod attn;
-#[cfg(target_arch = "x86_64")]
-pub mod avx512;
 pub mod dot;
 pub mod isa;
 pub mod mat;

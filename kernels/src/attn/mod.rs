@@ -286,19 +286,19 @@ fn scores<const Q: usize>(
         if isa >= Isa::Avx512 {
             // SAFETY (each arm): the tier says AVX-512 F is present
             return match lanes.div_ceil(16) {
-                1 => unsafe { x86::scores::<Q, 1>(idx, q, kt, hd) },
-                2 => unsafe { x86::scores::<Q, 2>(idx, q, kt, hd) },
-                3 => unsafe { x86::scores::<Q, 3>(idx, q, kt, hd) },
-                _ => unsafe { x86::scores::<Q, 4>(idx, q, kt, hd) },
+                1 => unsafe { avx512::scores::<Q, 1>(idx, q, kt, hd) },
+                2 => unsafe { avx512::scores::<Q, 2>(idx, q, kt, hd) },
+                3 => unsafe { avx512::scores::<Q, 3>(idx, q, kt, hd) },
+                _ => unsafe { avx512::scores::<Q, 4>(idx, q, kt, hd) },
             };
         }
         if isa.has_avx2() {
             // SAFETY (each arm): the tier says AVX2 and FMA are present
             return match lanes.div_ceil(8) {
-                1 => unsafe { x86::scores_avx2::<Q, 1>(idx, q, kt, hd) },
-                2 => unsafe { x86::scores_avx2::<Q, 2>(idx, q, kt, hd) },
-                3 | 4 => unsafe { x86::scores_avx2::<Q, 4>(idx, q, kt, hd) },
-                _ => unsafe { x86::scores_avx2::<Q, 8>(idx, q, kt, hd) },
+                1 => unsafe { avx2::scores::<Q, 1>(idx, q, kt, hd) },
+                2 => unsafe { avx2::scores::<Q, 2>(idx, q, kt, hd) },
+                3 | 4 => unsafe { avx2::scores::<Q, 4>(idx, q, kt, hd) },
+                _ => unsafe { avx2::scores::<Q, 8>(idx, q, kt, hd) },
             };
         }
     }
@@ -323,11 +323,11 @@ fn weighted<const C: usize>(isa: Isa, o: &mut [f32], alpha: f32, p: &[f32], vb: 
     {
         if isa >= Isa::Avx512 {
             // SAFETY: the tier says AVX-512 F is present
-            return unsafe { x86::weighted::<C>(o, alpha, p, vb, hd) };
+            return unsafe { avx512::weighted::<C>(o, alpha, p, vb, hd) };
         }
         if isa.has_avx2() {
             // SAFETY: the tier says AVX2 and FMA are present
-            return unsafe { x86::weighted_avx2::<C>(o, alpha, p, vb, hd) };
+            return unsafe { avx2::weighted::<C>(o, alpha, p, vb, hd) };
         }
     }
     let _ = isa;
@@ -448,262 +448,9 @@ pub fn attend(
     }
 }
 
-/// The AVX-512 and AVX2 forms of [`scores`] and [`weighted`]: the same sums in the same order,
-/// with fused multiply-adds (so within rounding of the scalar tier, not bit for bit). AVX2 has
-/// 16 registers: one query's 8 score accumulators at a time, and at most 4 value chunks (8
-/// accumulators) per pass.
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    use super::{KEY_BLOCK, VCHUNK};
-
-    const _: () = assert!(KEY_BLOCK == 4 * 16 && VCHUNK == 16);
-
-    /// The first `V` vectors of 16 lanes of [`super::scores`].
-    ///
-    /// # Safety
-    /// AVX-512 F present.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn scores<const Q: usize, const V: usize>(
-        idx: &[usize; Q],
-        q: &[f32],
-        kt: &[f32],
-        hd: usize,
-    ) -> [[f32; KEY_BLOCK]; Q] {
-        assert!(V <= 4 && kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
-        let mut acc = [[_mm512_setzero_ps(); V]; Q];
-        for d in 0..hd {
-            // SAFETY (the loads): inside `kt` and `q`, as asserted
-            let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
-            let k: [__m512; V] = std::array::from_fn(|r| unsafe { _mm512_loadu_ps(col.add(16 * r)) });
-            for (a, &i) in acc.iter_mut().zip(idx) {
-                let qd = _mm512_set1_ps(unsafe { *q.get_unchecked(i * hd + d) });
-                for (a, &k) in a.iter_mut().zip(&k) {
-                    *a = _mm512_fmadd_ps(qd, k, *a);
-                }
-            }
-        }
-        let mut out = [[0f32; KEY_BLOCK]; Q];
-        for (o, a) in out.iter_mut().zip(&acc) {
-            for (r, &v) in a.iter().enumerate() {
-                // SAFETY: 16 floats at 16 r of a 64-float array
-                unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * r), v) };
-            }
-        }
-        out
-    }
-
-    /// # Safety
-    /// AVX-512 F present.
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn weighted<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
-        let n = C * VCHUNK;
-        assert!(o.len() >= n && (p.is_empty() || vb.len() >= (p.len() - 1) * hd + n));
-        let al = _mm512_set1_ps(alpha);
-        let mut acc = [_mm512_setzero_ps(); C];
-        for (c, a) in acc.iter_mut().enumerate() {
-            // SAFETY: inside `o`, as asserted
-            *a = _mm512_mul_ps(unsafe { _mm512_loadu_ps(o.as_ptr().add(16 * c)) }, al);
-        }
-        for (j, &pj) in p.iter().enumerate() {
-            let pv = _mm512_set1_ps(pj);
-            // SAFETY: row j's first n values are inside `vb`, as asserted
-            let v = unsafe { vb.as_ptr().add(j * hd) };
-            for (c, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(pv, unsafe { _mm512_loadu_ps(v.add(16 * c)) }, *a);
-            }
-        }
-        for (c, a) in acc.iter().enumerate() {
-            // SAFETY: inside `o`, as asserted
-            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), *a) };
-        }
-        n
-    }
-
-    /// The first `V` vectors of 8 lanes of [`super::scores`].
-    ///
-    /// # Safety
-    /// AVX2 and FMA present.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn scores_avx2<const Q: usize, const V: usize>(
-        idx: &[usize; Q],
-        q: &[f32],
-        kt: &[f32],
-        hd: usize,
-    ) -> [[f32; KEY_BLOCK]; Q] {
-        assert!(V <= 8 && kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
-        let mut out = [[0f32; KEY_BLOCK]; Q];
-        for (o, &i) in out.iter_mut().zip(idx) {
-            let mut acc = [_mm256_setzero_ps(); V];
-            for d in 0..hd {
-                // SAFETY (the loads): inside `kt` and `q`, as asserted
-                let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
-                let qd = _mm256_set1_ps(unsafe { *q.get_unchecked(i * hd + d) });
-                for (r, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(qd, unsafe { _mm256_loadu_ps(col.add(8 * r)) }, *a);
-                }
-            }
-            for (r, a) in acc.iter().enumerate() {
-                // SAFETY: 8 floats at 8 r of a 64-float array
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(8 * r), *a) };
-            }
-        }
-        out
-    }
-
-    /// # Safety
-    /// AVX2 and FMA present.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn weighted_avx2<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
-        let n = C * VCHUNK;
-        assert!(o.len() >= n && (p.is_empty() || vb.len() >= (p.len() - 1) * hd + n));
-        let al = _mm256_set1_ps(alpha);
-        // passes of up to 32 dimensions (8 registers)
-        let mut d0 = 0;
-        while d0 < n {
-            let w = (n - d0).min(32) / 8;
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for (c, a) in acc.iter_mut().enumerate().take(w) {
-                // SAFETY: inside `o`, as asserted
-                *a = _mm256_mul_ps(unsafe { _mm256_loadu_ps(o.as_ptr().add(d0 + 8 * c)) }, al);
-            }
-            for (j, &pj) in p.iter().enumerate() {
-                let pv = _mm256_set1_ps(pj);
-                // SAFETY: row j's first n values are inside `vb`, as asserted
-                let v = unsafe { vb.as_ptr().add(j * hd + d0) };
-                for (c, a) in acc.iter_mut().enumerate().take(w) {
-                    *a = _mm256_fmadd_ps(pv, unsafe { _mm256_loadu_ps(v.add(8 * c)) }, *a);
-                }
-            }
-            for (c, a) in acc.iter().enumerate().take(w) {
-                // SAFETY: inside `o`, as asserted
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr().add(d0 + 8 * c), *a) };
-            }
-            d0 += 8 * w;
-        }
-        n
-    }
-}
-
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::testutil::uniform;
-
-    /// softmax(q k^T * scale) v in f64, the whole score row at once: the textbook formula.
-    fn reference(q: &[f32], keys: &[f32], vals: &[f32], end: usize, scale: f32, hd: usize) -> Vec<f64> {
-        let s: Vec<f64> = (0..end)
-            .map(|j| (0..hd).map(|d| q[d] as f64 * keys[j * hd + d] as f64).sum::<f64>() * scale as f64)
-            .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let l: f64 = p.iter().sum();
-        (0..hd).map(|d| (0..end).map(|j| p[j] * vals[j * hd + d] as f64).sum::<f64>() / l).collect()
-    }
-
-    #[test]
-    fn attention_matches_the_textbook_formula_across_blocks_and_splits() {
-        // head sizes the models use and an awkward one; contexts short of a block (the last
-        // block filled to each count of score vectors: 16 lanes of AVX-512, 8 of AVX2), across
-        // blocks, and across several splits (queries at staggered causal ends)
-        for isa in Isa::available() {
-            for (hd, n) in [(128, 5), (128, 20), (64, 40), (128, 100), (64, 200), (72, 1100), (128, 2 * SPLIT + 77)] {
-                let mut r = uniform(hd as u64 * 31 + n as u64);
-                // large scores, so the running maximum moves and the rescaling matters
-                let keys: Vec<f32> = (0..n * hd).map(|_| r() * 6.0).collect();
-                let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
-                let nq = 5;
-                let q: Vec<f32> = (0..nq * hd).map(|_| r()).collect();
-                let ends: Vec<usize> = (0..nq).map(|i| n - i * (n / 7)).collect();
-                let scale = 1.0 / (hd as f32).sqrt();
-                let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
-                let mut out = vec![0f32; nq * hd];
-                let packed = pack_keys(&keys, hd);
-                attend(isa, &q, &ends, &packed, &vals, scale, &mut acc, &mut part, &mut out);
-                for i in 0..nq {
-                    let want = reference(&q[i * hd..(i + 1) * hd], &keys, &vals, ends[i], scale, hd);
-                    for (d, (&a, &b)) in out[i * hd..(i + 1) * hd].iter().zip(&want).enumerate() {
-                        assert!(
-                            (a as f64 - b).abs() <= 2e-5 * (1.0 + b.abs()),
-                            "{isa} hd {hd} n {n} query {i} (end {}) dim {d}: {a} vs {b}",
-                            ends[i]
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn a_query_gets_the_same_bits_alone_in_a_tile_and_from_parallel_splits() {
-        let (hd, n) = (64, SPLIT + 300);
-        let mut r = uniform(7);
-        let keys: Vec<f32> = (0..n * hd).map(|_| r() * 4.0).collect();
-        let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
-        let nq = 6;
-        let q: Vec<f32> = (0..nq * hd).map(|_| r()).collect();
-        let ends: Vec<usize> = (0..nq).map(|i| n - 37 * i).collect();
-        let scale = 0.125;
-        let keys = pack_keys(&keys, hd);
-        for isa in Isa::available() {
-            // the tile, as prefill runs it
-            let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
-            let mut tile = vec![0f32; nq * hd];
-            attend(isa, &q, &ends, &keys, &vals, scale, &mut acc, &mut part, &mut tile);
-            for i in 0..nq {
-                // alone
-                let (mut a1, mut p1) = (State::new(1, hd), State::new(1, hd));
-                let mut alone = vec![0f32; hd];
-                let qi = &q[i * hd..(i + 1) * hd];
-                attend(isa, qi, &ends[i..=i], &keys, &vals, scale, &mut a1, &mut p1, &mut alone);
-                assert_eq!(alone, tile[i * hd..(i + 1) * hd], "{isa} query {i}: alone vs in the tile");
-                // as decode runs it: each split folded on its own (in reverse, as threads may
-                // finish), the partial states merged in position order afterwards
-                let parts: Vec<State> = splits(ends[i])
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .map(|rg| {
-                        let mut p = State::new(1, hd);
-                        fold(isa, qi, &ends[i..=i], &keys, &vals, rg, scale, &mut p);
-                        p
-                    })
-                    .collect();
-                let mut acc1 = State::new(1, hd);
-                for p in parts.iter().rev() {
-                    acc1.merge(p);
-                }
-                let mut dec = vec![0f32; hd];
-                acc1.finish(0, &mut dec);
-                assert_eq!(dec, alone, "{isa} query {i}: merged splits vs one pass");
-            }
-        }
-    }
-
-    #[test]
-    fn exp_le0_is_within_three_ulp_of_exp() {
-        let mut worst = 0f64;
-        for k in 0..=2_000_000u32 {
-            let x = -87.3 * k as f32 / 2_000_000.0;
-            let want = (x as f64).exp();
-            let got = exp_le0(x) as f64;
-            // one ulp of the true value
-            let ulp = f32::from_bits((want as f32).to_bits() + 1) as f64 - want as f32 as f64;
-            worst = worst.max((got - want).abs() / ulp);
-        }
-        assert!(worst <= 3.0, "worst error {worst} ulp");
-        assert_eq!(exp_le0(0.0), 1.0);
-        assert_eq!(exp_le0(-100.0), 0.0);
-        assert_eq!(exp_le0(f32::NEG_INFINITY), 0.0);
-    }
-
-    #[test]
-    fn merging_a_partial_that_saw_nothing_changes_nothing() {
-        let mut a = State { hd: 2, m: vec![1.5], l: vec![2.0], o: vec![0.25, -1.0] };
-        let before = a.clone();
-        a.merge(&State::new(1, 2));
-        assert_eq!(a, before);
-    }
-}
+mod tests;

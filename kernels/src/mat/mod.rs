@@ -1,4 +1,11 @@
-//! A borrowed weight matrix in one of the storage formats, and its products with activations.
+//! A borrowed weight matrix in one of the storage formats, and its products with activations:
+//! the row-by-row path here (through `dot`'s scalar and AVX2 forms), the AVX-512 tiles in
+//! `avx512.rs` (q4, q6, q8) and `avx512_bf16.rs` (bf16 prefill).
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_bf16;
 
 use std::ops::Range;
 
@@ -228,7 +235,6 @@ impl Mat<'_> {
     /// the batch, so a prompt's logits equal those of decoding its tokens one by one.
     #[cfg(target_arch = "x86_64")]
     fn matmul_avx512(&self, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> bool {
-        use crate::avx512;
         let c = self.cols;
         match (self.data, input) {
             (MatData::Q4 { q, scales, group, x4 } | MatData::Q6 { q, scales, group, x4 }, Input::Quant(a))
@@ -265,7 +271,7 @@ impl Mat<'_> {
             // bf16 weights over several tokens (prefill): vdpbf16ps where the CPU has it
             (MatData::Bf16(w), Input::F32(x)) if n > 1 && Isa::Avx512.bf16_dot() => {
                 // SAFETY: AVX-512 BF16 was detected; the slices are the matrix's and the tokens'
-                unsafe { avx512::bf16_matmul(w, c, x, n, rows, out) };
+                unsafe { avx512_bf16::bf16_matmul(w, c, x, n, rows, out) };
                 true
             }
             _ => false,

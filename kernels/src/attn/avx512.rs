@@ -1,0 +1,70 @@
+//! The AVX-512 forms of attention's [`scores`](super::scores) and [`weighted`](super::weighted):
+//! the same sums in the same order as the scalar tier, with fused multiply-adds (so within
+//! rounding of it, not bit for bit), 16 lanes at a time.
+
+use std::arch::x86_64::*;
+
+use super::{KEY_BLOCK, VCHUNK};
+
+const _: () = assert!(KEY_BLOCK == 4 * 16 && VCHUNK == 16);
+
+/// The first `V` vectors of 16 lanes of [`super::scores`].
+///
+/// # Safety
+/// AVX-512 F present.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn scores<const Q: usize, const V: usize>(
+    idx: &[usize; Q],
+    q: &[f32],
+    kt: &[f32],
+    hd: usize,
+) -> [[f32; KEY_BLOCK]; Q] {
+    assert!(V <= 4 && kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
+    let mut acc = [[_mm512_setzero_ps(); V]; Q];
+    for d in 0..hd {
+        // SAFETY (the loads): inside `kt` and `q`, as asserted
+        let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
+        let k: [__m512; V] = std::array::from_fn(|r| unsafe { _mm512_loadu_ps(col.add(16 * r)) });
+        for (a, &i) in acc.iter_mut().zip(idx) {
+            let qd = _mm512_set1_ps(unsafe { *q.get_unchecked(i * hd + d) });
+            for (a, &k) in a.iter_mut().zip(&k) {
+                *a = _mm512_fmadd_ps(qd, k, *a);
+            }
+        }
+    }
+    let mut out = [[0f32; KEY_BLOCK]; Q];
+    for (o, a) in out.iter_mut().zip(&acc) {
+        for (r, &v) in a.iter().enumerate() {
+            // SAFETY: 16 floats at 16 r of a 64-float array
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * r), v) };
+        }
+    }
+    out
+}
+
+/// # Safety
+/// AVX-512 F present.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn weighted<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
+    let n = C * VCHUNK;
+    assert!(o.len() >= n && (p.is_empty() || vb.len() >= (p.len() - 1) * hd + n));
+    let al = _mm512_set1_ps(alpha);
+    let mut acc = [_mm512_setzero_ps(); C];
+    for (c, a) in acc.iter_mut().enumerate() {
+        // SAFETY: inside `o`, as asserted
+        *a = _mm512_mul_ps(unsafe { _mm512_loadu_ps(o.as_ptr().add(16 * c)) }, al);
+    }
+    for (j, &pj) in p.iter().enumerate() {
+        let pv = _mm512_set1_ps(pj);
+        // SAFETY: row j's first n values are inside `vb`, as asserted
+        let v = unsafe { vb.as_ptr().add(j * hd) };
+        for (c, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_fmadd_ps(pv, unsafe { _mm512_loadu_ps(v.add(16 * c)) }, *a);
+        }
+    }
+    for (c, a) in acc.iter().enumerate() {
+        // SAFETY: inside `o`, as asserted
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * c), *a) };
+    }
+    n
+}
