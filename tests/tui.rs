@@ -12,7 +12,7 @@ use moescope::engine::{Engine, EngineOptions};
 use moescope::experts::pool::{Cell, PoolSnapshot, PoolTotals, QueueDepth, Residency};
 use moescope::experts::stats::{LayerStats, PredictStats};
 use moescope::tui::app::{App, Outcome, Pane};
-use moescope::tui::event::{Cmd, EngineEvent, Event, Knobs, ModelInfo, PoolView, Step};
+use moescope::tui::event::{Cmd, EngineEvent, Event, Knobs, Machine, ModelInfo, PoolView, Step};
 use moescope::tui::theme::{Depth, Theme};
 use moescope::tui::ui;
 use moescope::tui::worker::{ChatSettings, Loaded, Worker};
@@ -370,6 +370,9 @@ fn warnings_say_what_is_wrong_in_words() {
             t.reloads_soon += 4;
             app.on_event(Event::Engine(EngineEvent::Step(Box::new(synthetic_step(tok, t, picks.clone())))));
         }
+        // the footprint as the workbench's sampler reads it
+        let machine = Machine { rss: moescope::sysinfo::current_rss_bytes(), trace_bytes: 0 };
+        app.on_event(Event::Machine(machine));
         app.on_event(Event::Tick);
         let s = screen(&render(&app, &FULL, size));
         let status = s.lines().last().unwrap();
@@ -385,6 +388,7 @@ fn warnings_say_what_is_wrong_in_words() {
             t.prefetch_useful_bytes += 1 << 20;
             calm.on_event(Event::Engine(EngineEvent::Step(Box::new(synthetic_step(tok, t, picks.clone())))));
         }
+        calm.on_event(Event::Machine(machine));
         calm.on_event(Event::Tick);
         let s = screen(&render(&calm, &FULL, size));
         let status = s.lines().last().unwrap();

@@ -113,7 +113,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let model_type = format!(
         "{} {}L {}x top-{}",
         match cfg.arch {
-            moescope::model::config::Arch::Qwen3Moe => "qwen3_moe",
+            moescope::model::Arch::Qwen3Moe => "qwen3_moe",
         },
         cfg.num_hidden_layers,
         cfg.num_experts,

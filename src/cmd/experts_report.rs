@@ -108,7 +108,7 @@ pub fn start_routing_log(engine: &Engine, path: &Path) -> Result<RoutingLog> {
         moe_layers: m.model.moe_layers(),
         num_experts: m.model.num_experts,
         top_k: m.model.num_experts_per_tok,
-        bytes_per_expert: pkg.sizes().2,
+        bytes_per_expert: pkg.sizes().blob,
     };
     RoutingLog::create(path, &header).with_context(|| format!("creating {}", path.display()))
 }

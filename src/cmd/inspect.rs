@@ -11,7 +11,7 @@ use crate::cli::InspectArgs;
 pub fn run(a: &InspectArgs) -> Result<()> {
     let pkg = Package::open_with(&a.file, OpenOptions { verify_dense: true })?;
     let m = &pkg.meta;
-    let (dense, experts, blob) = pkg.sizes();
+    let moescope::package::PackageSizes { dense, experts, blob } = pkg.sizes();
     let mut by_type: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     for t in &m.tensors {
         let e = by_type.entry(format!("{:?}", t.dtype).to_lowercase()).or_default();

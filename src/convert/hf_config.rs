@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::ConvertError;
-use crate::model::config::{Arch, ModelConfig};
+use crate::model_config::{Arch, ModelConfig};
 
 /// Read `dir/config.json` (+ `dir/generation_config.json` for extra end-of-sequence ids).
 pub fn read_config(dir: &Path) -> Result<ModelConfig, ConvertError> {

@@ -29,7 +29,7 @@ pub use plan::QuantMode;
 pub use source::TensorSource;
 
 use crate::engine::tokenizer::Tok;
-use crate::model::config::ModelConfig;
+use crate::model_config::ModelConfig;
 use crate::package::layout::{DType, ExpertRegion, FORMAT_NAME, Meta, QuantInfo, TensorEntry, TokenizerInfo, VERSION};
 use crate::package::writer::{BlobBuilder, PackageWriter, plan as plan_offsets};
 

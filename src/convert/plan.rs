@@ -23,7 +23,7 @@
 use moescope_kernels::Format;
 use moescope_kernels::quant::pick_group;
 
-use crate::model::config::ModelConfig;
+use crate::model_config::ModelConfig;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantMode {

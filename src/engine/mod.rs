@@ -232,7 +232,8 @@ impl Engine {
             _ => None,
         };
         // what the process holds besides the weights' copy (counted as dense and experts)
-        let runtime_bytes = crate::sysinfo::current_rss_bytes().saturating_sub(pkg.resident_bytes().max(pkg.sizes().0));
+        let runtime_bytes =
+            crate::sysinfo::current_rss_bytes().saturating_sub(pkg.resident_bytes().max(pkg.sizes().dense));
         // experts through the mapping: checked ahead of their first use (the store checks each
         // read of streamed ones), when the package fits in memory (a larger one, mapped with
         // --no-stream, would be read whole from disk and churn the page cache); if the thread
@@ -273,7 +274,8 @@ impl Engine {
     /// context and the activations of a prompt chunk.
     pub fn memory_plan(&self) -> MemoryPlan {
         let c = &self.model.cfg;
-        let (dense, all_experts, _) = self.package().sizes();
+        let sizes = self.package().sizes();
+        let (dense, all_experts) = (sizes.dense, sizes.experts);
         let experts = self.experts.as_ref().map_or(all_experts, |e| e.cache.budget_bytes());
         let kv = KvCache::bytes_at_capacity(c, self.kv.capacity());
         // the run state as allocated, and the last position's logits

@@ -74,7 +74,7 @@ impl Experts {
         isa: Isa,
     ) -> Result<(Experts, Vec<String>), PackageError> {
         let c = pkg.meta.model.clone();
-        let total_bytes = pkg.sizes().1;
+        let total_bytes = pkg.sizes().experts;
         let budget = cfg.budget_bytes.unwrap_or_else(|| {
             let half = crate::sysinfo::available_memory_bytes() / 2;
             let all = if total_bytes <= half { total_bytes } else { half };

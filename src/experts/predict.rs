@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use moescope_kernels::Isa;
-use moescope_kernels::ops::softmax_inplace;
+use moescope_kernels::ops::{softmax_inplace, top_k};
 
 use super::pool::ExpertCache;
 use super::stats::PredictStats;
@@ -182,11 +182,10 @@ fn worker(
             *p = moescope_kernels::dot::dot_f32(isa, &w[e * h..(e + 1) * h], &t.x);
         }
         softmax_inplace(&mut probs);
-        order.clear();
-        order.extend(0..e_n);
-        order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]).then(a.cmp(&b)));
         let ranks = (SPEC_RANKS * k).min(e_n);
-        let top: Vec<usize> = order[..ranks].to_vec();
+        // the most probable first, ties to the lower id
+        top_k(&probs, ranks, &mut order);
+        let top: Vec<usize> = order.clone();
         // confidence of rank r: how often rank r has been right so far (8 pseudo-samples at
         // one half for the top-k, one eighth beyond, while evidence is thin), a calibrated
         // chance of use the pool can weigh against what it would evict

@@ -245,7 +245,7 @@ pub fn synthetic(
     seed: u64,
     bytes: u64,
 ) -> (Header, Vec<Record>) {
-    let mut rng = crate::engine::sampler::Rng::new(seed);
+    let mut rng = crate::rng::Rng::new(seed);
     let weights: Vec<f64> = (1..=experts).map(|r| 1.0 / (r as f64).powf(zipf)).collect();
     let total: f64 = weights.iter().sum();
     let perms: Vec<Vec<usize>> = (0..layers)

@@ -2,7 +2,7 @@
 
 use moescope_kernels::attn::KEY_BLOCK;
 
-use super::config::ModelConfig;
+use crate::model_config::ModelConfig;
 
 /// Per layer, V as `[n_kv_heads, capacity, head_dim]` and K as
 /// `[n_kv_heads, capacity / KEY_BLOCK, head_dim, KEY_BLOCK]`: one head's positions are
@@ -102,7 +102,7 @@ mod tests {
     fn keys_land_transposed_in_their_block_and_values_in_rows() {
         // 2 layers, 3 KV heads of 5 dims (what the cache reads of a config)
         let cfg = ModelConfig {
-            arch: super::super::config::Arch::Qwen3Moe,
+            arch: crate::model_config::Arch::Qwen3Moe,
             vocab_size: 10,
             hidden_size: 8,
             num_hidden_layers: 2,

@@ -1,14 +1,13 @@
 //! Model architectures, bound to the weights of a package.
 
 pub mod attention;
-pub mod config;
 pub mod error;
 pub mod kv_cache;
 pub mod moe;
 pub mod observer;
 pub mod qwen3_moe;
 
-pub use config::ModelConfig;
+pub use crate::model_config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use moe::{ExpertQuery, ExpertSource, ReadyFn, Resident};

@@ -23,12 +23,12 @@ use std::sync::Arc;
 use moescope_kernels::ops::{Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace};
 
 use super::attention;
-use super::config::ModelConfig;
 use super::error::ModelError;
 use super::kv_cache::KvCache;
 use super::moe::{self, ExpertQuery, ExpertSource, RouterSpec, swiglu_mlp};
 use super::observer::Observer;
 use crate::exec::{Exec, Scratch};
+use crate::model_config::ModelConfig;
 use crate::package::{Package, TensorId};
 use crate::trace;
 
@@ -357,7 +357,7 @@ impl Qwen3Moe {
         let q =
             ExpertQuery { layer: at.layer, moe_layer: at.moe_layer, tokens: t_n, used: &routing.used, lookahead: hn };
         let bufs = moe::SumBuffers { yk: &mut yk[..t_n * k_n * h], out };
-        moe::routed_sum(exec, experts, &q, &routing, hn, self.pkg.sizes().2, bufs, s)
+        moe::routed_sum(exec, experts, &q, &routing, hn, self.pkg.sizes().blob, bufs, s)
     }
 }
 

@@ -12,7 +12,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::config::ModelConfig;
+use crate::model_config::ModelConfig;
 use moescope_kernels::Format;
 
 pub const MAGIC: [u8; 8] = *b"MOESCOPE";

@@ -7,4 +7,4 @@ pub mod writer;
 
 pub use error::PackageError;
 pub use layout::{DType, ExpertRegion, Meta, QuantInfo, TensorEntry, TokenizerInfo};
-pub use reader::{ExpertMats, OpenOptions, Package, TensorId};
+pub use reader::{ExpertMats, OpenOptions, Package, PackageSizes, TensorId};

@@ -364,11 +364,22 @@ impl Package {
         })
     }
 
-    /// Bytes of dense tensors and of experts, and of one expert blob.
-    pub fn sizes(&self) -> (u64, u64, u64) {
+    /// Bytes of its regions and of one expert blob.
+    pub fn sizes(&self) -> PackageSizes {
         let blob = self.meta.experts.as_ref().map_or(0, |e| e.blob_len);
-        (self.header.dense_len, self.header.expert_len, blob)
+        PackageSizes { dense: self.header.dense_len, experts: self.header.expert_len, blob }
     }
+}
+
+/// Bytes of a package's regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PackageSizes {
+    /// The dense tensors.
+    pub dense: u64,
+    /// Every expert blob.
+    pub experts: u64,
+    /// One expert blob (gate, up and down with padding; 0 without experts).
+    pub blob: u64,
 }
 
 /// A dense tensor of a package, checked by [`Package::require`]: its place in the tensor index.

@@ -224,8 +224,24 @@ pub struct Recording {
 /// Stop recording and take every thread's events, timestamps in nanoseconds since `start`.
 pub fn stop() -> Recording {
     ENABLED.store(false, Ordering::SeqCst);
+    collect(true)
+}
+
+/// A copy of everything recorded so far, timestamps in nanoseconds since `start`, while
+/// recording goes on (the workbench's "export the trace so far").
+pub fn snapshot() -> Recording {
+    collect(false)
+}
+
+/// Every thread's events, taken out of the buffers (`take`, which also ends the recording's
+/// clock) or copied, with their ticks turned into nanoseconds since `start`.
+fn collect(take: bool) -> Recording {
     let (t1, k1) = (Instant::now(), now_ticks());
-    let (t0, k0) = START.lock().unwrap_or_else(|p| p.into_inner()).take().unwrap_or((t1, k1));
+    let start = {
+        let mut s = START.lock().unwrap_or_else(|p| p.into_inner());
+        if take { s.take() } else { *s }
+    };
+    let (t0, k0) = start.unwrap_or((t1, k1));
     let scale = if k1 > k0 { t1.duration_since(t0).as_nanos() as f64 / (k1 - k0) as f64 } else { 1.0 };
     let ns = |k: u64| (k.saturating_sub(k0) as f64 * scale) as u64;
     let mut threads: Vec<ThreadBuf> = REGISTRY
@@ -234,41 +250,11 @@ pub fn stop() -> Recording {
         .iter()
         .map(|b| {
             let mut b = b.lock().unwrap_or_else(|p| p.into_inner());
-            let out =
-                ThreadBuf { tid: b.tid, name: b.name.clone(), events: std::mem::take(&mut b.events), merge: None };
-            b.merge = None;
-            out
-        })
-        .collect();
-    for t in &mut threads {
-        for e in &mut t.events {
-            map_event(e, &ns);
-        }
-    }
-    let clock = if cfg!(target_arch = "x86_64") && *USE_TSC.get_or_init(invariant_tsc) { "tsc" } else { "os" };
-    Recording {
-        threads,
-        cap: CAP.load(Ordering::Relaxed),
-        dropped: DROPPED.load(Ordering::Relaxed),
-        ring: RING.load(Ordering::Relaxed),
-        clock,
-    }
-}
-
-/// A copy of everything recorded so far, timestamps in nanoseconds since `start`, while
-/// recording goes on (the workbench's "export the trace so far").
-pub fn snapshot() -> Recording {
-    let (t1, k1) = (Instant::now(), now_ticks());
-    let (t0, k0) = START.lock().unwrap_or_else(|p| p.into_inner()).unwrap_or((t1, k1));
-    let scale = if k1 > k0 { t1.duration_since(t0).as_nanos() as f64 / (k1 - k0) as f64 } else { 1.0 };
-    let ns = |k: u64| (k.saturating_sub(k0) as f64 * scale) as u64;
-    let mut threads: Vec<ThreadBuf> = REGISTRY
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(|b| {
-            let b = b.lock().unwrap_or_else(|p| p.into_inner());
-            ThreadBuf { tid: b.tid, name: b.name.clone(), events: b.events.clone(), merge: None }
+            let events = if take { std::mem::take(&mut b.events) } else { b.events.clone() };
+            if take {
+                b.merge = None;
+            }
+            ThreadBuf { tid: b.tid, name: b.name.clone(), events, merge: None }
         })
         .collect();
     for t in &mut threads {

@@ -108,7 +108,6 @@ pub struct App {
     pub rss: u64,
     /// What the trace recorder holds (it is on for the whole session, for `t`).
     pub trace_bytes: u64,
-    rss_at: Option<Instant>,
     quit_armed: bool,
     pub quit: bool,
     /// What is loading (shown until the model is ready).
@@ -142,7 +141,6 @@ impl App {
             status_note: None,
             rss: 0,
             trace_bytes: 0,
-            rss_at: None,
             quit_armed: false,
             quit: false,
             model_label: String::new(),
@@ -179,12 +177,12 @@ impl App {
                 vec![]
             }
             Event::Resize(..) => vec![],
+            Event::Machine(m) => {
+                self.rss = m.rss;
+                self.trace_bytes = m.trace_bytes;
+                vec![]
+            }
             Event::Tick => {
-                if self.rss_at.is_none_or(|t| t.elapsed() > Duration::from_millis(500)) {
-                    self.rss = crate::sysinfo::current_rss_bytes();
-                    self.trace_bytes = crate::trace::recorder::bytes_held();
-                    self.rss_at = Some(Instant::now());
-                }
                 self.store.tick();
                 if self.status_note.as_ref().is_some_and(|(_, t)| t.elapsed() > Duration::from_secs(8)) {
                     self.status_note = None;
@@ -379,23 +377,9 @@ impl App {
         self.focus = PANES[(i + 1) % PANES.len()];
     }
 
-    /// Which action a key is in command mode (the key map's table says the same in words).
+    /// Which action a key is in command mode: looked up in the key map the help is drawn from.
     pub fn command_action(k: &KeyEvent) -> Option<Action> {
-        Some(match k.code {
-            KeyCode::Char('i') | KeyCode::Enter => Action::EnterInput,
-            KeyCode::Char('p') => Action::TogglePrefetch,
-            KeyCode::Char('[') => Action::BudgetDown,
-            KeyCode::Char(']') => Action::BudgetUp,
-            KeyCode::Char('P') => Action::CyclePolicy,
-            KeyCode::Char('f') => Action::Freeze,
-            KeyCode::Char('e') => Action::Expand,
-            KeyCode::Tab => Action::CycleFocus,
-            KeyCode::Char('t') => Action::ExportTrace,
-            KeyCode::Char('z') => Action::FoldThinking,
-            KeyCode::Char('?') => Action::Help,
-            KeyCode::Char('q') => Action::Quit,
-            _ => return None,
-        })
+        super::keys::command_action(k.code)
     }
 
     fn on_command_key(&mut self, k: KeyEvent) -> Vec<Outcome> {

@@ -35,6 +35,17 @@ pub enum Event {
     Resize(u16, u16),
     Tick,
     Engine(EngineEvent),
+    /// What the process holds now (read off the UI thread).
+    Machine(Machine),
+}
+
+/// The process's footprint, sampled a few times a second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Machine {
+    /// Resident set size, bytes.
+    pub rss: u64,
+    /// Bytes the trace recorder holds.
+    pub trace_bytes: u64,
 }
 
 /// What the engine worker tells the UI.

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{RecvTimeoutError, Sender};
 
 use app::{App, Outcome, Role};
-use event::Event;
+use event::{Event, Machine};
 use theme::Theme;
 use worker::{ChatSettings, Loaded, Loader, Worker};
 
@@ -52,6 +52,7 @@ pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Resu
     let (tx, rx) = crossbeam_channel::unbounded::<Event>();
     let mut guard = term::enter(opts.mouse)?;
     spawn_input(tx.clone());
+    spawn_machine(tx.clone());
     // before the worker starts, so the engine and its compute threads inherit it (main()
     // sets it for every command; a library caller gets it here)
     crate::sysinfo::batch_scheduling();
@@ -119,6 +120,24 @@ pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Resu
         return Ok(None);
     }
     Ok(worker.stop())
+}
+
+/// How often the process's footprint is read.
+const MACHINE_PERIOD: Duration = Duration::from_millis(500);
+
+/// The process's footprint as events, on a thread of its own (reading /proc is a system call
+/// or two the UI thread need not wait for); it ends with the workbench.
+fn spawn_machine(tx: Sender<Event>) {
+    let _ = std::thread::Builder::new().name("moescope-machine".into()).spawn(move || {
+        loop {
+            let m =
+                Machine { rss: crate::sysinfo::current_rss_bytes(), trace_bytes: crate::trace::recorder::bytes_held() };
+            if tx.send(Event::Machine(m)).is_err() {
+                return;
+            }
+            std::thread::sleep(MACHINE_PERIOD);
+        }
+    });
 }
 
 /// Terminal input to events, on a thread of its own (reading blocks).
