@@ -94,30 +94,21 @@ fn markdown_and_csv_tables() {
     assert!(lines[1..].iter().all(|l| l.split(',').count() == cols), "{out}");
 }
 
+/// `bench -p 8 -n 4 -r 2 -t 2 EXTRA --trace T` on fixture `name` (q4); the trace, parsed.
+fn bench_trace(name: &str, extra: &[&str]) -> Value {
+    let (d, p) = convert(name, "q4");
+    let t = d.path().join("bench.json");
+    let mut args = vec!["bench", "-m", p.to_str().unwrap(), "-p", "8", "-n", "4", "-r", "2", "-t", "2"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--trace", t.to_str().unwrap()]);
+    let o = moescope(&args, d.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&std::fs::read(&t).unwrap()).unwrap()
+}
+
 #[test]
 fn bench_trace_is_valid() {
-    let (d, p) = convert("single", "q4");
-    let t = d.path().join("bench.json");
-    let o = moescope(
-        &[
-            "bench",
-            "-m",
-            p.to_str().unwrap(),
-            "-p",
-            "8",
-            "-n",
-            "4",
-            "-r",
-            "2",
-            "-t",
-            "2",
-            "--trace",
-            t.to_str().unwrap(),
-        ],
-        d.path(),
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let doc: Value = serde_json::from_slice(&std::fs::read(&t).unwrap()).unwrap();
+    let doc = bench_trace("single", &[]);
     let s = check(&doc);
     assert_eq!(s.slices["bench_test"], 2);
     // warmup + 2 repetitions of pp8 (one forward each) and of tg4 (4 each)
@@ -129,34 +120,11 @@ fn bench_trace_is_valid() {
 /// evaluation, and, streaming, the expert pool's after each of them.
 #[test]
 fn bench_trace_has_the_counters_of_a_run() {
-    let (d, p) = convert("odd", "q4");
-    let t = d.path().join("bench-counters.json");
-    let (warmup, reps, prompt, n_gen) = (1, 2, 8, 4); // bench warms up once by default
-    let o = moescope(
-        &[
-            "bench",
-            "-m",
-            p.to_str().unwrap(),
-            "-p",
-            &prompt.to_string(),
-            "-n",
-            &n_gen.to_string(),
-            "-r",
-            &reps.to_string(),
-            "-t",
-            "2",
-            // a pool smaller than the experts, so there is streaming to count
-            "--cache-mb",
-            "0.1",
-            "--trace",
-            t.to_str().unwrap(),
-        ],
-        d.path(),
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
-    let doc: Value = serde_json::from_slice(&std::fs::read(&t).unwrap()).unwrap();
+    // a pool smaller than the experts, so there is streaming to count
+    let doc = bench_trace("odd", &["--cache-mb", "0.1"]);
     let s = check(&doc);
-    let runs = warmup + reps;
+    // bench_trace's -r 2 and -n 4, after bench's one warmup run
+    let (runs, n_gen) = (1 + 2, 4);
     assert_eq!(s.counter_names.get("decode"), Some(&(runs * n_gen)), "a tok/s counter per decode token");
     assert_eq!(s.counter_names.get("prefill"), Some(&runs), "a tok/s counter per prompt evaluation");
     for c in ["expert hit %", "expert pool MB", "read queue", "read MB/s", "prefetch MB"] {
