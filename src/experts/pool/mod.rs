@@ -26,7 +26,6 @@ pub use snapshot::{Cell, PoolSnapshot, PoolTotals, QueueDepth, Residency};
 use super::policy::PolicyKind;
 use super::stats::LayerStats;
 use super::store::ExpertStore;
-use crate::trace::hist::LatencySummary;
 use request::Demand;
 use slots::{Dims, State, ahead};
 
@@ -295,12 +294,6 @@ impl ExpertCache {
     /// pool sees it (over a run's wall time: how little the disk idled).
     pub fn disk_busy_ns(&self) -> u64 {
         self.totals().disk_busy_ns
-    }
-
-    /// Read latency so far (pread and checksum of one blob), and the number of reads.
-    pub fn read_latency(&self) -> (LatencySummary, u64) {
-        let st = self.shared.lock();
-        (st.read_latency.summary(), st.reads)
     }
 
     /// Queued reads, demand and prefetch (speculative candidates included), and reads in flight.
