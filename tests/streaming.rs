@@ -9,7 +9,7 @@ use std::path::Path;
 
 use common::*;
 use moescope::engine::{Engine, EngineError, EngineOptions};
-use moescope::experts::pool::{Cell, QueueDepth};
+use moescope::experts::pool::{Cell, QueueDepth, Resident};
 use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::{Logits, NoObserver};
 use moescope_kernels::Isa;
@@ -145,7 +145,7 @@ fn budget_policy_and_prefetch_change_between_tokens() {
             }
         }
         got.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
-        assert!(cache.resident().0 <= cache.capacity_slots());
+        assert!(cache.resident().experts <= cache.capacity_slots());
     }
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "knobs changed the logits");
 }
@@ -266,12 +266,12 @@ fn speculative_reads_fill_free_slots_and_evict_nothing_worth_more() {
     assert_eq!(after.bytes_prefetch - before.bytes_prefetch, 3 * blob);
     assert_eq!((after.bytes_demand, after.evictions), (before.bytes_demand, before.evictions));
     // a full pool: a candidate with no chance of use is read into nothing and evicts nothing
-    let (n_resident, bytes) = cache.resident();
+    let Resident { experts: n_resident, bytes } = cache.resident();
     cache.set_budget(bytes);
     cache.speculate(next, 0, &[(free[3], 0.0)]);
     assert!(eventually(idle));
     assert_eq!(cache.residency().cells[free[3]], Cell::Free);
-    assert_eq!(cache.resident().0, n_resident);
+    assert_eq!(cache.resident().experts, n_resident);
     assert_eq!(cache.total_stats().evictions, before.evictions);
     cache.set_budget(1 << 30);
     for &id in &forced[..12] {

@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 
 pub use request::{ExpertBuf, Request};
 pub use slots::{Key, Origin};
-pub use snapshot::{Cell, PoolSnapshot, PoolTotals, QueueDepth, Residency};
+pub use snapshot::{Cell, PoolSnapshot, PoolTotals, QueueDepth, Residency, Resident};
 
 use super::policy::PolicyKind;
 use super::stats::LayerStats;
@@ -108,10 +108,10 @@ impl ExpertCache {
     }
 
     /// Resident (ready) experts and the bytes their buffers hold.
-    pub fn resident(&self) -> (usize, u64) {
+    pub fn resident(&self) -> Resident {
         let st = self.shared.lock();
-        let n = st.slots.iter().flatten().filter(|s| s.state == slots::SlotState::Ready).count();
-        (n, n as u64 * self.blob_len() as u64)
+        let experts = st.slots.iter().flatten().filter(|s| s.state == slots::SlotState::Ready).count();
+        Resident { experts, bytes: experts as u64 * self.blob_len() as u64 }
     }
 
     /// Buffers the pool has allocated (holding experts, or spare), in bytes.

@@ -28,6 +28,14 @@ pub struct Residency {
     pub budget_bytes: u64,
 }
 
+/// What the pool holds ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resident {
+    pub experts: usize,
+    /// Bytes of their buffers.
+    pub bytes: u64,
+}
+
 /// Reads waiting in the pool's queues, and being read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct QueueDepth {
