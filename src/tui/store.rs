@@ -198,7 +198,10 @@ impl Store {
         if let Some(s) = self.pending.take() {
             self.heat = self.heat_live.clone();
             self.step = Some(s);
-            self.pool.clone_from(&self.pool_live);
+            // the newest picture moves over; without one the last stays
+            if let Some(p) = self.pool_live.take() {
+                self.pool = Some(p);
+            }
             self.published_at = Some(Instant::now());
         }
     }
