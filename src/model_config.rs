@@ -9,13 +9,123 @@ use serde::{Deserialize, Serialize};
 pub enum Arch {
     /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): `Qwen3MoeForCausalLM`.
     Qwen3Moe,
+    /// Qwen3-Next (Qwen3-Next-80B-A3B): `Qwen3NextForCausalLM`, a hybrid of Gated DeltaNet and
+    /// gated attention layers with a shared expert.
+    Qwen3Next,
+    /// Qwen3.5 / Qwen3.6 MoE (Qwen3.5-35B-A3B ... 397B-A17B): the text model of
+    /// `Qwen3_5MoeForConditionalGeneration`, Qwen3-Next's layers with flat projections.
+    #[serde(rename = "qwen3_5_moe")]
+    Qwen35Moe,
 }
 
 impl Arch {
+    pub const ALL: [Arch; 3] = [Arch::Qwen3Moe, Arch::Qwen3Next, Arch::Qwen35Moe];
+
     pub fn hf_class(self) -> &'static str {
         match self {
             Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Arch::Qwen3Next => "Qwen3NextForCausalLM",
+            Arch::Qwen35Moe => "Qwen3_5MoeForConditionalGeneration",
         }
+    }
+
+    /// The HF `model_type`, which is also how packages and `bench` name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Qwen3Moe => "qwen3_moe",
+            Arch::Qwen3Next => "qwen3_next",
+            Arch::Qwen35Moe => "qwen3_5_moe",
+        }
+    }
+
+    /// Hybrid models: Gated DeltaNet and gated attention layers, (1 + w) norms, a shared expert.
+    pub fn is_hybrid(self) -> bool {
+        !matches!(self, Arch::Qwen3Moe)
+    }
+}
+
+/// What mixes tokens in a layer of a hybrid model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerKind {
+    /// Softmax attention over the KV cache (gated in hybrid models).
+    FullAttention,
+    /// Gated DeltaNet: a causal conv and a recurrent state per value head, no KV cache.
+    LinearAttention,
+}
+
+/// The shapes only hybrid models have (HF keys in comments).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HybridConfig {
+    /// `layer_types`, one per layer (or derived from `full_attention_interval`).
+    pub layer_types: Vec<LayerKind>,
+    /// RoPE dims of an attention head: `head_dim * partial_rotary_factor`, pairing i with
+    /// i + rotary_dim / 2; the rest pass through.
+    pub rotary_dim: usize,
+    /// `linear_conv_kernel_dim` K: the causal conv reads the K - 1 inputs before each token.
+    pub conv_kernel: usize,
+    /// `linear_num_key_heads` nk, `linear_key_head_dim` dk.
+    pub key_heads: usize,
+    pub key_head_dim: usize,
+    /// `linear_num_value_heads` nv (a multiple of nk: value head h reads key head h / (nv/nk)),
+    /// `linear_value_head_dim` dv.
+    pub value_heads: usize,
+    pub value_head_dim: usize,
+    /// `shared_expert_intermediate_size`: the MLP every token runs beside its routed experts.
+    pub shared_expert_intermediate_size: usize,
+}
+
+impl HybridConfig {
+    /// Channels of the causal conv: q (nk dk), k (nk dk), v (nv dv).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+    }
+
+    /// Width of the mixer's output before `out_proj`: nv dv.
+    pub fn value_dim(&self) -> usize {
+        self.value_heads * self.value_head_dim
+    }
+
+    /// f32 values of one layer's recurrent state: nv x dk x dv.
+    pub fn state_len(&self) -> usize {
+        self.value_heads * self.key_head_dim * self.value_head_dim
+    }
+
+    /// f32 values of one layer's conv state: the last K - 1 inputs of every channel.
+    pub fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+    }
+
+    fn validate(&self, layers: usize, head_dim: usize) -> Result<(), String> {
+        let positive = [
+            ("linear_conv_kernel_dim", self.conv_kernel),
+            ("linear_num_key_heads", self.key_heads),
+            ("linear_key_head_dim", self.key_head_dim),
+            ("linear_num_value_heads", self.value_heads),
+            ("linear_value_head_dim", self.value_head_dim),
+            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size),
+        ];
+        for (k, v) in positive {
+            if v == 0 {
+                return Err(format!("{k} must be positive"));
+            }
+        }
+        if !self.value_heads.is_multiple_of(self.key_heads) {
+            return Err(format!(
+                "linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
+                self.value_heads, self.key_heads
+            ));
+        }
+        if self.layer_types.len() != layers {
+            return Err(format!("layer_types has {} entries for {layers} layers", self.layer_types.len()));
+        }
+        if self.rotary_dim > head_dim || !self.rotary_dim.is_multiple_of(2) {
+            return Err(format!(
+                "partial_rotary_factor gives {} rotary dims: must be even and at most head_dim ({head_dim})",
+                self.rotary_dim
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -46,6 +156,9 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// Every id that ends generation (config.json and generation_config.json together).
     pub eos_token_ids: Vec<u32>,
+    /// Qwen3-Next / Qwen3.5: the linear-attention layers and the shared expert.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hybrid: Option<HybridConfig>,
 }
 
 impl ModelConfig {
@@ -60,6 +173,24 @@ impl ModelConfig {
 
     pub fn moe_layers(&self) -> Vec<usize> {
         (0..self.num_hidden_layers).filter(|&l| self.is_moe_layer(l)).collect()
+    }
+
+    /// What mixes tokens in `layer` (attention unless a hybrid says otherwise).
+    pub fn layer_kind(&self, layer: usize) -> LayerKind {
+        match &self.hybrid {
+            Some(h) => h.layer_types.get(layer).copied().unwrap_or(LayerKind::FullAttention),
+            None => LayerKind::FullAttention,
+        }
+    }
+
+    /// Layers with softmax attention (and so a KV cache).
+    pub fn attention_layers(&self) -> usize {
+        (0..self.num_hidden_layers).filter(|&l| self.layer_kind(l) == LayerKind::FullAttention).count()
+    }
+
+    /// RoPE dims of an attention head (all of them for Qwen3-MoE).
+    pub fn rotary_dim(&self) -> usize {
+        self.hybrid.as_ref().map_or(self.head_dim, |h| h.rotary_dim)
     }
 
     pub fn q_dim(&self) -> usize {
@@ -91,6 +222,9 @@ impl ModelConfig {
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
             ));
+        }
+        if let Some(hy) = &self.hybrid {
+            hy.validate(self.num_hidden_layers, self.head_dim)?;
         }
         if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim));

@@ -10,6 +10,7 @@
 
 pub mod act;
 pub mod attn;
+pub mod delta;
 pub mod dot;
 pub mod isa;
 pub mod mat;

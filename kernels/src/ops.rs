@@ -18,6 +18,15 @@ pub fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
+/// `x <- x / sqrt(sum(x^2) + eps) * scale` (Gated DeltaNet's query and key normalisation: the sum,
+/// not the mean, with its own eps; the scale applied after).
+pub fn l2_norm_inplace(x: &mut [f32], eps: f32, scale: f32) {
+    let inv = 1.0 / (sum_squares(x) as f32 + eps).sqrt();
+    for v in x.iter_mut() {
+        *v = (*v * inv) * scale;
+    }
+}
+
 /// `sum(x^2)` in f64, over 8 interleaved lanes added in a fixed order at the end: the same bits
 /// on every CPU, and vector code (one chain of dependent adds cost ~2.5 µs a 2048-wide norm, 16
 /// norms a layer's decode counting q's and k's heads, all on the engine thread between sections).

@@ -110,15 +110,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         bail!("the longest test needs {ctx} positions; the model allows {}", cfg.max_position_embeddings);
     }
     let meta = engine.package().meta.clone();
-    let model_type = format!(
-        "{} {}L {}x top-{}",
-        match cfg.arch {
-            moescope::model::Arch::Qwen3Moe => "qwen3_moe",
-        },
-        cfg.num_hidden_layers,
-        cfg.num_experts,
-        cfg.num_experts_per_tok
-    );
+    let model_type =
+        format!("{} {}L {}x top-{}", cfg.arch.name(), cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok);
     let weight_bytes = engine.model.decode_weight_bytes();
     let n_params = engine.model.n_params();
     let model_size = engine.package().file_size();

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::ConvertError;
-use crate::model_config::{Arch, ModelConfig};
+use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
 
 /// Read `dir/config.json` (+ `dir/generation_config.json` for extra end-of-sequence ids).
 pub fn read_config(dir: &Path) -> Result<ModelConfig, ConvertError> {
@@ -51,118 +51,244 @@ fn token_ids(v: &Value, key: &str, path: &Path) -> Result<Vec<u32>, ConvertError
 
 /// Parse a config.json value (`path` is only for messages).
 pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError> {
-    let err =
-        |key: &str, msg: &str| ConvertError::Config { path: path.to_path_buf(), key: key.into(), msg: msg.into() };
-    let archs: Vec<String> = v
-        .get("architectures")
-        .and_then(|a| a.as_array())
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
-        .unwrap_or_default();
-    let model_type = v.get("model_type").and_then(|s| s.as_str()).unwrap_or("");
-    let arch = if archs.iter().any(|a| a == "Qwen3MoeForCausalLM") || (archs.is_empty() && model_type == "qwen3_moe") {
-        Arch::Qwen3Moe
-    } else {
-        let found = if archs.is_empty() { format!("model_type {model_type}") } else { archs.join(", ") };
-        return Err(ConvertError::Architecture {
-            path: path.to_path_buf(),
-            found,
-            supported: Arch::Qwen3Moe.hf_class().into(),
-        });
+    let arch = detect_arch(v, path)?;
+    // Qwen3.5 keeps the text model's keys under text_config (beside vision_config, ignored)
+    let (t, prefix) = match (arch, v.get("text_config")) {
+        (Arch::Qwen35Moe, Some(t)) if t.is_object() => (t, "text_config."),
+        _ => (v, ""),
     };
+    let k = Keys { v: t, prefix, path };
 
-    let usize_key = |key: &str| -> Result<Option<usize>, ConvertError> {
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(x) => x.as_u64().map(|n| Some(n as usize)).ok_or_else(|| err(key, "expected a non-negative integer")),
-        }
-    };
-    let req = |key: &str| usize_key(key)?.ok_or_else(|| err(key, "missing"));
-    let f64_key = |key: &str| -> Result<Option<f64>, ConvertError> {
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(None),
-            Some(x) => x.as_f64().map(Some).ok_or_else(|| err(key, "expected a number")),
-        }
-    };
-    let bool_key = |key: &str, default: bool| -> Result<bool, ConvertError> {
-        match v.get(key) {
-            None | Some(Value::Null) => Ok(default),
-            Some(x) => x.as_bool().ok_or_else(|| err(key, "expected true or false")),
-        }
-    };
-
-    if bool_key("attention_bias", false)? {
-        return Err(err("attention_bias", "true is not supported (Qwen3-MoE has no attention biases)"));
+    if k.bool("attention_bias", false)? {
+        return Err(k.err("attention_bias", "true is not supported (these models have no attention biases)"));
     }
-    if bool_key("use_sliding_window", false)? {
-        return Err(err("use_sliding_window", "sliding-window attention is not supported"));
+    if k.bool("use_sliding_window", false)? {
+        return Err(k.err("use_sliding_window", "sliding-window attention is not supported"));
     }
-    if let Some(act) = v.get("hidden_act").and_then(|a| a.as_str())
+    if let Some(act) = t.get("hidden_act").and_then(|a| a.as_str())
         && act != "silu"
     {
-        return Err(err("hidden_act", &format!("'{act}' is not supported (only silu)")));
+        return Err(k.err("hidden_act", &format!("'{act}' is not supported (only silu)")));
     }
-    // rope: top-level (hub) or rope_parameters (transformers 5); only plain RoPE for now
-    let rp = v.get("rope_parameters").filter(|x| !x.is_null());
-    for (key, scaling) in [("rope_scaling", v.get("rope_scaling")), ("rope_parameters", rp)] {
+    // rope: top-level (hub) or rope_parameters (transformers 5); only plain RoPE. Qwen3.5's
+    // interleaved MRoPE is plain RoPE for text, where all three position ids are equal.
+    let rp = t.get("rope_parameters").filter(|x| !x.is_null());
+    for (key, scaling) in [("rope_scaling", t.get("rope_scaling")), ("rope_parameters", rp)] {
         if let Some(s) = scaling.filter(|x| !x.is_null()) {
             let ty = s.get("rope_type").or_else(|| s.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
             if ty != "default" {
-                return Err(err(key, &format!("RoPE scaling '{ty}' is not supported yet")));
+                return Err(k.err(key, &format!("RoPE scaling '{ty}' is not supported yet")));
             }
         }
     }
-    let rope_theta = match f64_key("rope_theta")? {
-        Some(t) => t,
-        None => match rp.and_then(|p| p.get("rope_theta")) {
-            Some(t) => t.as_f64().ok_or_else(|| err("rope_parameters.rope_theta", "expected a number"))?,
-            None => 10000.0, // transformers' default for Qwen3-MoE
-        },
+    let rope_key = |key: &str| -> Result<Option<f64>, ConvertError> {
+        match k.f64(key)? {
+            Some(x) => Ok(Some(x)),
+            None => match rp.and_then(|p| p.get(key)) {
+                Some(x) => {
+                    x.as_f64().map(Some).ok_or_else(|| k.err(&format!("rope_parameters.{key}"), "expected a number"))
+                }
+                None => Ok(None),
+            },
+        }
     };
-    let num_experts = match usize_key("num_experts")? {
+    let rope_theta = rope_key("rope_theta")?.unwrap_or(10000.0); // transformers' default
+    let num_experts = match k.usize("num_experts")? {
         Some(n) => n,
-        None => usize_key("num_local_experts")?.ok_or_else(|| err("num_experts", "missing (nor num_local_experts)"))?,
+        None => k.usize("num_local_experts")?.ok_or_else(|| k.err("num_experts", "missing (nor num_local_experts)"))?,
     };
-    let hidden_size = req("hidden_size")?;
-    let num_attention_heads = req("num_attention_heads")?;
+    let hidden_size = k.req("hidden_size")?;
+    let num_attention_heads = k.req("num_attention_heads")?;
     if num_attention_heads == 0 {
-        return Err(err("num_attention_heads", "must be positive"));
+        return Err(k.err("num_attention_heads", "must be positive"));
     }
-    let mlp_only_layers = match v.get("mlp_only_layers") {
+    let num_hidden_layers = k.req("num_hidden_layers")?;
+    let head_dim = k.usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
+    let mlp_only_layers = match t.get("mlp_only_layers") {
+        _ if arch == Arch::Qwen35Moe => vec![], // every Qwen3.5 layer is MoE
         None | Some(Value::Null) => vec![],
         Some(Value::Array(a)) => a
             .iter()
-            .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| err("mlp_only_layers", "expected layer indices")))
+            .map(|x| x.as_u64().map(|n| n as usize).ok_or_else(|| k.err("mlp_only_layers", "expected layer indices")))
             .collect::<Result<_, _>>()?,
-        Some(_) => return Err(err("mlp_only_layers", "expected a list of layer indices")),
+        Some(_) => return Err(k.err("mlp_only_layers", "expected a list of layer indices")),
     };
-    let bos = token_ids(v, "bos_token_id", path)?;
+    let hybrid = if arch.is_hybrid() {
+        let factor = rope_key("partial_rotary_factor")?.unwrap_or(0.25);
+        if !(factor > 0.0 && factor <= 1.0) {
+            return Err(k.err("partial_rotary_factor", "must be in (0, 1]"));
+        }
+        Some(HybridConfig {
+            layer_types: layer_types(&k, num_hidden_layers)?,
+            rotary_dim: (head_dim as f64 * factor) as usize,
+            conv_kernel: k.req("linear_conv_kernel_dim")?,
+            key_heads: k.req("linear_num_key_heads")?,
+            key_head_dim: k.req("linear_key_head_dim")?,
+            value_heads: k.req("linear_num_value_heads")?,
+            value_head_dim: k.req("linear_value_head_dim")?,
+            shared_expert_intermediate_size: k.req("shared_expert_intermediate_size")?,
+        })
+    } else {
+        None
+    };
+    // a tie stated at the top level (Qwen3.5's composite config) wins over the text model's
+    let tie = match v.get("tie_word_embeddings") {
+        Some(Value::Bool(b)) => *b,
+        _ => k.bool("tie_word_embeddings", false)?,
+    };
+    let mut eos = token_ids(t, "eos_token_id", path)?;
+    if !prefix.is_empty() {
+        for id in token_ids(v, "eos_token_id", path)? {
+            if !eos.contains(&id) {
+                eos.push(id);
+            }
+        }
+    }
+    let bos = token_ids(t, "bos_token_id", path)?;
     let cfg = ModelConfig {
         arch,
-        vocab_size: req("vocab_size")?,
+        vocab_size: k.req("vocab_size")?,
         hidden_size,
-        num_hidden_layers: req("num_hidden_layers")?,
+        num_hidden_layers,
         num_attention_heads,
-        num_key_value_heads: usize_key("num_key_value_heads")?.unwrap_or(num_attention_heads),
-        head_dim: usize_key("head_dim")?.unwrap_or(hidden_size / num_attention_heads),
-        intermediate_size: usize_key("intermediate_size")?.unwrap_or(0),
-        moe_intermediate_size: usize_key("moe_intermediate_size")?.unwrap_or(0),
+        num_key_value_heads: k.usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
+        head_dim,
+        intermediate_size: k.usize("intermediate_size")?.unwrap_or(0),
+        moe_intermediate_size: k.usize("moe_intermediate_size")?.unwrap_or(0),
         num_experts,
-        num_experts_per_tok: req("num_experts_per_tok")?,
-        norm_topk_prob: bool_key("norm_topk_prob", false)?,
-        decoder_sparse_step: usize_key("decoder_sparse_step")?.unwrap_or(1),
+        num_experts_per_tok: k.req("num_experts_per_tok")?,
+        // Qwen3.5 always renormalises the top-k (the key is gone); Qwen3-Next defaults to it
+        norm_topk_prob: match arch {
+            Arch::Qwen35Moe => true,
+            Arch::Qwen3Next => k.bool("norm_topk_prob", true)?,
+            Arch::Qwen3Moe => k.bool("norm_topk_prob", false)?,
+        },
+        decoder_sparse_step: if arch == Arch::Qwen35Moe { 1 } else { k.usize("decoder_sparse_step")?.unwrap_or(1) },
         mlp_only_layers,
-        rms_norm_eps: f64_key("rms_norm_eps")?.unwrap_or(1e-6),
+        rms_norm_eps: k.f64("rms_norm_eps")?.unwrap_or(1e-6),
         rope_theta,
-        max_position_embeddings: usize_key("max_position_embeddings")?.unwrap_or(32768),
-        tie_word_embeddings: bool_key("tie_word_embeddings", false)?,
+        max_position_embeddings: k.usize("max_position_embeddings")?.unwrap_or(32768),
+        tie_word_embeddings: tie,
         bos_token_id: bos.first().copied(),
-        eos_token_ids: token_ids(v, "eos_token_id", path)?,
+        eos_token_ids: eos,
+        hybrid,
     };
     cfg.validate().map_err(|msg| {
         let key = msg.split_whitespace().next().unwrap_or("config").to_string();
-        ConvertError::Config { path: path.to_path_buf(), key, msg }
+        ConvertError::Config { path: path.to_path_buf(), key: format!("{prefix}{key}"), msg }
     })?;
     Ok(cfg)
+}
+
+/// The architecture from `architectures` (or, when that is absent, `model_type`).
+fn detect_arch(v: &Value, path: &Path) -> Result<Arch, ConvertError> {
+    let archs: Vec<&str> = v
+        .get("architectures")
+        .and_then(|a| a.as_array())
+        .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
+        .unwrap_or_default();
+    let model_type = v.get("model_type").and_then(|s| s.as_str()).unwrap_or("");
+    let by_class = |c: &str| match c {
+        "Qwen3MoeForCausalLM" => Some(Arch::Qwen3Moe),
+        "Qwen3NextForCausalLM" => Some(Arch::Qwen3Next),
+        "Qwen3_5MoeForConditionalGeneration" | "Qwen3_5MoeForCausalLM" => Some(Arch::Qwen35Moe),
+        _ => None,
+    };
+    let by_type = match model_type {
+        "qwen3_moe" => Some(Arch::Qwen3Moe),
+        "qwen3_next" => Some(Arch::Qwen3Next),
+        "qwen3_5_moe" | "qwen3_5_moe_text" => Some(Arch::Qwen35Moe),
+        _ => None,
+    };
+    let found = if archs.is_empty() { by_type } else { archs.iter().find_map(|c| by_class(c)) };
+    found.ok_or_else(|| ConvertError::Architecture {
+        path: path.to_path_buf(),
+        found: if archs.is_empty() { format!("model_type {model_type}") } else { archs.join(", ") },
+        supported: Arch::ALL.map(|a| a.hf_class()).join(", "),
+    })
+}
+
+/// `layer_types`, or the layers `full_attention_interval` makes full attention (every
+/// interval-th; transformers' default interval is 4).
+fn layer_types(k: &Keys, layers: usize) -> Result<Vec<LayerKind>, ConvertError> {
+    match k.v.get("layer_types") {
+        Some(Value::Array(a)) => {
+            if a.len() != layers {
+                return Err(k.err("layer_types", &format!("{} entries for {layers} layers", a.len())));
+            }
+            a.iter()
+                .enumerate()
+                .map(|(i, x)| match x.as_str() {
+                    Some("full_attention") => Ok(LayerKind::FullAttention),
+                    Some("linear_attention") => Ok(LayerKind::LinearAttention),
+                    _ => Err(k.err(
+                        &format!("layer_types[{i}]"),
+                        &format!("unknown layer kind {x} (expected \"full_attention\" or \"linear_attention\")"),
+                    )),
+                })
+                .collect()
+        }
+        None | Some(Value::Null) => {
+            let every = k.usize("full_attention_interval")?.unwrap_or(4);
+            if every == 0 {
+                return Err(k.err("full_attention_interval", "must be positive"));
+            }
+            Ok((0..layers)
+                .map(
+                    |i| {
+                        if (i + 1).is_multiple_of(every) {
+                            LayerKind::FullAttention
+                        } else {
+                            LayerKind::LinearAttention
+                        }
+                    },
+                )
+                .collect())
+        }
+        Some(_) => Err(k.err("layer_types", "expected a list of layer kinds")),
+    }
+}
+
+/// Typed reads of one config object; errors name the key with its place (`text_config.`).
+struct Keys<'a> {
+    v: &'a Value,
+    prefix: &'a str,
+    path: &'a Path,
+}
+
+impl Keys<'_> {
+    fn err(&self, key: &str, msg: &str) -> ConvertError {
+        ConvertError::Config { path: self.path.to_path_buf(), key: format!("{}{key}", self.prefix), msg: msg.into() }
+    }
+
+    fn usize(&self, key: &str) -> Result<Option<usize>, ConvertError> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| self.err(key, "expected a non-negative integer")),
+        }
+    }
+
+    fn req(&self, key: &str) -> Result<usize, ConvertError> {
+        self.usize(key)?.ok_or_else(|| self.err(key, "missing"))
+    }
+
+    fn f64(&self, key: &str) -> Result<Option<f64>, ConvertError> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x.as_f64().map(Some).ok_or_else(|| self.err(key, "expected a number")),
+        }
+    }
+
+    fn bool(&self, key: &str, default: bool) -> Result<bool, ConvertError> {
+        match self.v.get(key) {
+            None | Some(Value::Null) => Ok(default),
+            Some(x) => x.as_bool().ok_or_else(|| self.err(key, "expected true or false")),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod hf_config;
+pub mod hybrid;
 pub mod plan;
 pub mod safetensors;
 pub mod source;
@@ -87,7 +88,19 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| dir.display().to_string());
-    let bytes = write_package(&ck, &cfg, tok, &name, opts, out)?;
+    // the vision tower and the multi-token-prediction block are not part of the text model
+    for (what, prefix) in [("vision tower", "model.visual."), ("multi-token prediction", "mtp.")] {
+        let n = ck.names().filter(|t| t.starts_with(prefix)).count();
+        if n > 0 {
+            warnings.push(format!("{}: ignored {n} tensors of the {what} ({prefix}*)", dir.display()));
+        }
+    }
+    let hybrid = hybrid::HybridSource::new(&ck, &cfg);
+    let src: &dyn TensorSource = match &hybrid {
+        Some(h) => h,
+        None => &ck,
+    };
+    let bytes = write_package(src, &cfg, tok, &name, opts, out)?;
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
 }
 
@@ -121,10 +134,12 @@ pub fn write_package(
     // everything must be there, with the right shape, before a byte is written
     let check = |name: &str, want: &[usize]| -> Result<(), ConvertError> {
         match src.shape(name) {
-            None => Err(ConvertError::MissingTensor { dir: PathBuf::from(src.origin(name)), name: name.into() }),
+            None => {
+                Err(ConvertError::MissingTensor { dir: PathBuf::from(src.origin(name)), name: src.source_name(name) })
+            }
             Some(s) if s != want => Err(ConvertError::Shape {
                 file: PathBuf::from(src.origin(name)),
-                name: name.into(),
+                name: src.source_name(name),
                 found: s,
                 expected: want.to_vec(),
             }),

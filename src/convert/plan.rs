@@ -3,9 +3,13 @@
 //! | tensor                          | bf16 | q8   | q4 / q4g32                    |
 //! |---------------------------------|------|------|-------------------------------|
 //! | norms, router (`mlp.gate`)      | f32  | f32  | f32                           |
+//! | hybrids: conv1d, A_log, dt_bias,| f32  | f32  | f32                           |
+//! |   shared_expert_gate            |      |      |                               |
 //! | embedding                       | bf16 | q8   | q8                            |
 //! | lm_head (untied)                | bf16 | q8   | q6 (q8 where 128 does not fit)|
 //! | attention q/k/v/o, dense MLP    | bf16 | q8   | q4 (q8 where no group fits)   |
+//! | hybrids: linear mixer in/out,   | bf16 | q8   | q4 (q8 where no group fits)   |
+//! |   gated q, shared expert        |      |      |                               |
 //! | routed experts (expert region)  | bf16 | q8   | q4 (q8 where no group fits)   |
 //!
 //! q8 uses group 128, else the largest of 64/32/16 dividing the row, else the whole row.
@@ -19,11 +23,17 @@
 //! 311 M weights, 45% of a q4 token's bytes at q8), so q4 packages store it at 6 bits, as
 //! llama.cpp stores its output layer in Q6_K in Q4 files. A tied output layer is the embedding
 //! and keeps its q8.
+//!
+//! Hybrid packages (Qwen3-Next, Qwen3.5) name tensors as Qwen3-Next does under `model.`, in one
+//! layout whatever the checkpoint's (see `convert::hybrid`): the linear mixer's projections flat
+//! (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`), the attention's query rows and its
+//! output gate rows as two matrices (`q_proj`, `o_gate_proj`), `conv1d` as `[channels, K]`, and
+//! the zero-centred norms stored as the (1 + w) they multiply by.
 
 use moescope_kernels::Format;
 use moescope_kernels::quant::pick_group;
 
-use crate::model_config::ModelConfig;
+use crate::model_config::{LayerKind, ModelConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantMode {
@@ -69,7 +79,7 @@ impl QuantMode {
     pub fn format(self, k: Kind, cols: usize) -> Format {
         let q8 = || Format::Q8 { group: pick_group(cols, 128).unwrap_or(cols) };
         match (k, self) {
-            (Kind::Norm | Kind::Router, _) => Format::F32,
+            (Kind::Norm | Kind::Router | Kind::Exact, _) => Format::F32,
             (_, QuantMode::Bf16) => Format::Bf16,
             (_, QuantMode::Q8) | (Kind::Embedding, QuantMode::Q4 { .. }) => q8(),
             (Kind::LmHead, QuantMode::Q4 { .. }) => {
@@ -91,6 +101,8 @@ pub enum Kind {
     Embedding,
     LmHead,
     Linear,
+    /// Small tensors that stay exact: the linear mixer's conv, decay and gated norm.
+    Exact,
 }
 
 /// One dense tensor of the package: name (as in the HF checkpoint), kind and shape.
@@ -110,15 +122,42 @@ pub fn dense_tensors(c: &ModelConfig) -> Vec<DenseTensor> {
     for l in 0..c.num_hidden_layers {
         let p = format!("model.layers.{l}.");
         v.push(t(format!("{p}input_layernorm.weight"), Kind::Norm, &[h]));
-        v.push(t(format!("{p}self_attn.q_proj.weight"), Kind::Linear, &[c.q_dim(), h]));
-        v.push(t(format!("{p}self_attn.k_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
-        v.push(t(format!("{p}self_attn.v_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
-        v.push(t(format!("{p}self_attn.o_proj.weight"), Kind::Linear, &[h, c.q_dim()]));
-        v.push(t(format!("{p}self_attn.q_norm.weight"), Kind::Norm, &[hd]));
-        v.push(t(format!("{p}self_attn.k_norm.weight"), Kind::Norm, &[hd]));
+        match (c.layer_kind(l), &c.hybrid) {
+            (LayerKind::LinearAttention, Some(hy)) => {
+                let (conv, vd, nv) = (hy.conv_dim(), hy.value_dim(), hy.value_heads);
+                let a = format!("{p}linear_attn.");
+                v.push(t(format!("{a}in_proj_qkv.weight"), Kind::Linear, &[conv, h]));
+                v.push(t(format!("{a}in_proj_z.weight"), Kind::Linear, &[vd, h]));
+                v.push(t(format!("{a}in_proj_b.weight"), Kind::Linear, &[nv, h]));
+                v.push(t(format!("{a}in_proj_a.weight"), Kind::Linear, &[nv, h]));
+                v.push(t(format!("{a}conv1d.weight"), Kind::Exact, &[conv, hy.conv_kernel]));
+                v.push(t(format!("{a}A_log"), Kind::Exact, &[nv]));
+                v.push(t(format!("{a}dt_bias"), Kind::Exact, &[nv]));
+                v.push(t(format!("{a}norm.weight"), Kind::Exact, &[hy.value_head_dim]));
+                v.push(t(format!("{a}out_proj.weight"), Kind::Linear, &[h, vd]));
+            }
+            _ => {
+                v.push(t(format!("{p}self_attn.q_proj.weight"), Kind::Linear, &[c.q_dim(), h]));
+                if c.hybrid.is_some() {
+                    v.push(t(format!("{p}self_attn.o_gate_proj.weight"), Kind::Linear, &[c.q_dim(), h]));
+                }
+                v.push(t(format!("{p}self_attn.k_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
+                v.push(t(format!("{p}self_attn.v_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
+                v.push(t(format!("{p}self_attn.o_proj.weight"), Kind::Linear, &[h, c.q_dim()]));
+                v.push(t(format!("{p}self_attn.q_norm.weight"), Kind::Norm, &[hd]));
+                v.push(t(format!("{p}self_attn.k_norm.weight"), Kind::Norm, &[hd]));
+            }
+        }
         v.push(t(format!("{p}post_attention_layernorm.weight"), Kind::Norm, &[h]));
         if c.is_moe_layer(l) {
             v.push(t(format!("{p}mlp.gate.weight"), Kind::Router, &[c.num_experts, h]));
+            if let Some(hy) = &c.hybrid {
+                let i = hy.shared_expert_intermediate_size;
+                v.push(t(format!("{p}mlp.shared_expert.gate_proj.weight"), Kind::Linear, &[i, h]));
+                v.push(t(format!("{p}mlp.shared_expert.up_proj.weight"), Kind::Linear, &[i, h]));
+                v.push(t(format!("{p}mlp.shared_expert.down_proj.weight"), Kind::Linear, &[h, i]));
+                v.push(t(format!("{p}mlp.shared_expert_gate.weight"), Kind::Router, &[1, h]));
+            }
         } else {
             let i = c.intermediate_size;
             v.push(t(format!("{p}mlp.gate_proj.weight"), Kind::Linear, &[i, h]));

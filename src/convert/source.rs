@@ -15,4 +15,10 @@ pub trait TensorSource: Sync {
 
     /// Where the tensor comes from, for messages (a file path).
     fn origin(&self, name: &str) -> String;
+
+    /// The name the source itself gives the tensor, for messages (the same unless the source
+    /// renames).
+    fn source_name(&self, name: &str) -> String {
+        name.to_string()
+    }
 }

@@ -122,6 +122,7 @@ mod tests {
             tie_word_embeddings: false,
             bos_token_id: None,
             eos_token_ids: vec![],
+            hybrid: None,
         };
         let (n_kv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
         let mut kv = KvCache::new(&cfg, 70);

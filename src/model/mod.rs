@@ -1,6 +1,7 @@
 //! Model architectures, bound to the weights of a package.
 
 pub mod attention;
+pub mod delta_net;
 pub mod error;
 pub mod kv_cache;
 pub mod moe;
