@@ -342,23 +342,26 @@ impl Engine {
 
     /// Forget the cache.
     pub fn reset(&mut self) {
-        self.kv.truncate(0);
+        self.kv.clear();
         self.cached.clear();
     }
 
-    /// How much of `ids` [`Engine::reuse_prefix`] would take from the cache.
+    /// How much of `ids` [`Engine::reuse_prefix`] would take from the cache: the common prefix,
+    /// for a hybrid model only as far back as its recurrent state can go (all of the cache when
+    /// `ids` extends it, else the snapshot at the last prompt's end, else nothing).
     pub fn cached_prefix_len(&self, ids: &[u32]) -> usize {
         let n = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count();
-        if n == ids.len() { n.saturating_sub(1) } else { n }
+        self.kv.reachable(if n == ids.len() { n.saturating_sub(1) } else { n })
     }
 
-    /// Keep the longest cached prefix of `ids` (leaving at least one token of `ids` to
-    /// evaluate, whose logits are needed); returns its length.
+    /// Keep the longest cached prefix of `ids` that can be kept (leaving at least one token of
+    /// `ids` to evaluate, whose logits are needed); returns its length.
     pub fn reuse_prefix(&mut self, ids: &[u32]) -> usize {
         let n = self.cached_prefix_len(ids);
-        self.cached.truncate(n);
-        self.kv.truncate(n);
-        n
+        let kept = self.kv.rewind(n);
+        debug_assert_eq!(kept, n);
+        self.cached.truncate(kept);
+        kept
     }
 
     /// Evaluate `ids` after what is cached; logits as asked for the last chunk.
@@ -420,7 +423,11 @@ impl Engine {
             let mut span = trace::span("prefill").arg("prompt_tokens", prompt.len());
             let cached = self.reuse_prefix(prompt);
             span.set("cached_tokens", cached);
-            (cached, self.eval(&prompt[cached..], Logits::Last, obs)?)
+            let logits = self.eval(&prompt[cached..], Logits::Last, obs)?;
+            // a turn boundary: where a later prompt that rewrites this turn's reply (an old
+            // <think> dropped by the template) can take a hybrid model's state back to
+            self.kv.snapshot();
+            (cached, logits)
         };
         let mut stats = GenStats {
             prompt_evaluated: prompt.len() - cached,

@@ -10,6 +10,8 @@ pub enum ModelError {
     ContextFull { need: usize, ctx: usize },
     #[error("{tokens} tokens in one pass; the run state holds {chunk}")]
     BatchTooLarge { tokens: usize, chunk: usize },
+    #[error("{0}")]
+    Unsupported(String),
     #[error("token id {id} is out of range (the vocabulary has {vocab} tokens)")]
     TokenOutOfRange { id: u32, vocab: usize },
 }

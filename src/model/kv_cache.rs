@@ -1,8 +1,15 @@
-//! Keys and values of every attention layer for the tokens seen so far, in f32.
+//! What a sequence leaves behind for the tokens after it: the keys and values of every
+//! attention layer, and in hybrid models the conv and recurrent state of every linear-attention
+//! layer, all in f32.
+//!
+//! Keys and values can be cut back to any shorter prefix; a recurrent state cannot (it has
+//! folded every token in). So a hybrid model's cache goes back only to a snapshot taken at a
+//! turn boundary ([`KvCache::snapshot`]), or to the start.
 
 use moescope_kernels::attn::KEY_BLOCK;
 
-use crate::model_config::ModelConfig;
+use super::delta_net::LinearState;
+use crate::model_config::{LayerKind, ModelConfig};
 
 /// Per layer, V as `[n_kv_heads, capacity, head_dim]` and K as
 /// `[n_kv_heads, capacity / KEY_BLOCK, head_dim, KEY_BLOCK]`: one head's positions are
@@ -18,8 +25,13 @@ pub struct KvCache {
     /// positions stored per head: `cap` rounded up to whole key blocks
     stride: usize,
     len: usize,
+    /// per layer; empty for linear-attention layers
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+    /// per layer; `Some` for linear-attention layers
+    linear: Vec<Option<LinearState>>,
+    /// the linear layers' states at a position, to go back to (hybrid models)
+    snapshot: Option<(usize, Vec<Option<LinearState>>)>,
 }
 
 impl KvCache {
@@ -27,21 +39,31 @@ impl KvCache {
         let (n_kv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
         let stride = cap.next_multiple_of(KEY_BLOCK);
         let per = n_kv * stride * hd;
+        let attends = |l: usize| cfg.layer_kind(l) == LayerKind::FullAttention;
+        let kv = || (0..cfg.num_hidden_layers).map(|l| vec![0f32; if attends(l) { per } else { 0 }]).collect();
         KvCache {
             n_kv,
             hd,
             cap,
             stride,
             len: 0,
-            k: (0..cfg.num_hidden_layers).map(|_| vec![0f32; per]).collect(),
-            v: (0..cfg.num_hidden_layers).map(|_| vec![0f32; per]).collect(),
+            k: kv(),
+            v: kv(),
+            linear: (0..cfg.num_hidden_layers)
+                .map(|l| cfg.hybrid.as_ref().filter(|_| !attends(l)).map(LinearState::new))
+                .collect(),
+            snapshot: None,
         }
     }
 
-    /// Bytes when full.
+    /// Bytes when full (a hybrid's recurrent states counted twice: live and snapshot).
     pub fn bytes_at_capacity(cfg: &ModelConfig, cap: usize) -> u64 {
-        (2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cap.next_multiple_of(KEY_BLOCK) * cfg.head_dim * 4)
-            as u64
+        let kv = 2 * cfg.attention_layers() * cfg.num_key_value_heads * cap.next_multiple_of(KEY_BLOCK) * cfg.head_dim;
+        let linear = cfg
+            .hybrid
+            .as_ref()
+            .map_or(0, |h| 2 * (cfg.num_hidden_layers - cfg.attention_layers()) * (h.state_len() + h.conv_state_len()));
+        ((kv + linear) * 4) as u64
     }
 
     /// Positions it holds.
@@ -58,9 +80,78 @@ impl KvCache {
         self.len == 0
     }
 
-    /// Forget everything from position `len` on (prefix reuse between chat turns).
-    pub fn truncate(&mut self, len: usize) {
-        self.len = self.len.min(len);
+    /// Forget everything from position `len` on, as far as the cache can: returns the
+    /// position it now holds. Keys and values go back anywhere; a recurrent state only to the
+    /// snapshot, when that is at or before `len`, else to the start.
+    pub fn rewind(&mut self, len: usize) -> usize {
+        let to = self.reachable(len);
+        if to == self.len {
+            return to;
+        }
+        if self.linear.iter().all(Option::is_none) {
+            self.len = to;
+            return to;
+        }
+        match &self.snapshot {
+            Some((at, states)) if *at == to => {
+                for (live, saved) in self.linear.iter_mut().zip(states) {
+                    if let (Some(live), Some(saved)) = (live, saved) {
+                        live.clone_from(saved);
+                    }
+                }
+                self.len = *at;
+            }
+            _ => {
+                self.linear.iter_mut().flatten().for_each(LinearState::reset);
+                self.snapshot = None;
+                self.len = 0;
+            }
+        }
+        self.len
+    }
+
+    /// The position [`rewind`](Self::rewind)`(len)` would go back to.
+    pub fn reachable(&self, len: usize) -> usize {
+        if len >= self.len || self.linear.iter().all(Option::is_none) {
+            return len.min(self.len);
+        }
+        match &self.snapshot {
+            Some((at, _)) if *at <= len => *at,
+            _ => 0,
+        }
+    }
+
+    /// Back to an empty sequence.
+    pub fn clear(&mut self) {
+        self.snapshot = None;
+        self.linear.iter_mut().flatten().for_each(LinearState::reset);
+        self.len = 0;
+    }
+
+    /// Remember the recurrent states at the current position, so that a later sequence that
+    /// shares this prefix can start here (a no-op without linear-attention layers).
+    pub fn snapshot(&mut self) {
+        if self.linear.iter().any(Option::is_some) {
+            match &mut self.snapshot {
+                Some((at, states)) => {
+                    *at = self.len;
+                    for (saved, live) in states.iter_mut().zip(&self.linear) {
+                        saved.clone_from(live);
+                    }
+                }
+                None => self.snapshot = Some((self.len, self.linear.clone())),
+            }
+        }
+    }
+
+    /// Where the snapshot is, if any.
+    pub fn snapshot_at(&self) -> Option<usize> {
+        self.snapshot.as_ref().map(|s| s.0)
+    }
+
+    /// The conv and recurrent state of linear-attention `layer` (None for an attention layer).
+    pub fn linear_mut(&mut self, layer: usize) -> Option<&mut LinearState> {
+        self.linear.get_mut(layer).and_then(Option::as_mut)
     }
 
     /// Mark positions up to `len` as filled (after a forward pass wrote them).

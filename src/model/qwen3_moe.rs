@@ -1,4 +1,5 @@
-//! Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B) forward pass on the CPU.
+//! Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B) forward pass on the CPU, and the hybrid models
+//! built from the same blocks: Qwen3-Next and Qwen3.5 (see the end of this comment).
 //!
 //! Per layer, for a batch of T tokens at positions `pos0..pos0+T` (prefill: the prompt; decode:
 //! T = 1):
@@ -14,6 +15,13 @@
 //! dense layer: x += down(silu(gate h) * up h)
 //! ```
 //! then `logits = rms_norm(x) · norm · lm_head` (the embedding when tied).
+//!
+//! Hybrid models (Qwen3-Next, Qwen3.5) differ in three places. Each layer's mixer is either
+//! gated attention or Gated DeltaNet (`delta_net.rs`, state in the KV cache's place), by
+//! `layer_types`. Gated attention is the attention above with RoPE on the first `rotary_dim`
+//! dims only and its output times sigmoid(h Wg) (`o_gate_proj`) before Wo. The MoE block adds
+//! `sigmoid(h · w_sg) · shared_expert(h)` to the routed sum. Their (1 + w) norms are stored as
+//! (1 + w) by the converter, so the norms here are the same.
 //! Tokens routed to the same expert are computed together, so each expert's weights are read
 //! once per batch; each token's expert outputs are summed in rank order, whatever order the
 //! experts ran in, so the result never depends on scheduling.
@@ -23,12 +31,13 @@ use std::sync::Arc;
 use moescope_kernels::ops::{Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace};
 
 use super::attention;
+use super::delta_net::{self, DeltaNet};
 use super::error::ModelError;
 use super::kv_cache::KvCache;
 use super::moe::{self, ExpertQuery, ExpertSource, RouterSpec, swiglu_mlp};
 use super::observer::Observer;
 use crate::exec::{Exec, Scratch};
-use crate::model_config::ModelConfig;
+use crate::model_config::{LayerKind, ModelConfig};
 use crate::package::{Package, TensorId};
 use crate::trace;
 
@@ -53,18 +62,40 @@ enum Ffn {
     Moe {
         router: TensorId,
         moe_layer: usize,
+        shared: Option<SharedExpert>,
     },
 }
 
-struct Layer {
-    input_norm: TensorId,
-    post_norm: TensorId,
+/// The hybrids' shared expert: a SwiGLU MLP every token runs, scaled by sigmoid(h · gate).
+#[derive(Clone, Copy)]
+struct SharedExpert {
+    gate_proj: TensorId,
+    up_proj: TensorId,
+    down_proj: TensorId,
+    /// `[1, H]` f32
+    gate: TensorId,
+}
+
+/// Softmax attention's tensors; `o_gate` in hybrid models.
+struct Attention {
     q: TensorId,
+    o_gate: Option<TensorId>,
     k: TensorId,
     v: TensorId,
     o: TensorId,
     q_norm: TensorId,
     k_norm: TensorId,
+}
+
+enum Mixer {
+    Attention(Attention),
+    Linear(DeltaNet),
+}
+
+struct Layer {
+    input_norm: TensorId,
+    post_norm: TensorId,
+    mixer: Mixer,
     ffn: Ffn,
 }
 
@@ -76,6 +107,8 @@ pub struct Qwen3Moe {
     lm_head: TensorId,
     layers: Vec<Layer>,
     rope: Rope,
+    /// the linear-attention shapes of a hybrid model
+    delta: Option<delta_net::Dims>,
 }
 
 impl Qwen3Moe {
@@ -91,9 +124,22 @@ impl Qwen3Moe {
             let p = format!("model.layers.{l}.");
             let ffn = if c.is_moe_layer(l) {
                 moe_layers += 1;
+                let shared = match &c.hybrid {
+                    Some(hy) => {
+                        let i = hy.shared_expert_intermediate_size;
+                        Some(SharedExpert {
+                            gate_proj: m(format!("{p}mlp.shared_expert.gate_proj.weight"), &[i, h])?,
+                            up_proj: m(format!("{p}mlp.shared_expert.up_proj.weight"), &[i, h])?,
+                            down_proj: m(format!("{p}mlp.shared_expert.down_proj.weight"), &[h, i])?,
+                            gate: pkg.require(&format!("{p}mlp.shared_expert_gate.weight"), &[1, h], true)?,
+                        })
+                    }
+                    None => None,
+                };
                 Ffn::Moe {
                     router: pkg.require(&format!("{p}mlp.gate.weight"), &[c.num_experts, h], true)?,
                     moe_layer: moe_layers - 1,
+                    shared,
                 }
             } else {
                 let i = c.intermediate_size;
@@ -103,15 +149,27 @@ impl Qwen3Moe {
                     down: m(format!("{p}mlp.down_proj.weight"), &[h, i])?,
                 }
             };
+            let mixer = match (c.layer_kind(l), &c.hybrid) {
+                (LayerKind::LinearAttention, Some(hy)) => {
+                    Mixer::Linear(DeltaNet::load(&pkg, &format!("{p}linear_attn."), hy, h)?)
+                }
+                _ => Mixer::Attention(Attention {
+                    q: m(format!("{p}self_attn.q_proj.weight"), &[c.q_dim(), h])?,
+                    o_gate: match c.hybrid {
+                        Some(_) => Some(m(format!("{p}self_attn.o_gate_proj.weight"), &[c.q_dim(), h])?),
+                        None => None,
+                    },
+                    k: m(format!("{p}self_attn.k_proj.weight"), &[c.kv_dim(), h])?,
+                    v: m(format!("{p}self_attn.v_proj.weight"), &[c.kv_dim(), h])?,
+                    o: m(format!("{p}self_attn.o_proj.weight"), &[h, c.q_dim()])?,
+                    q_norm: v(format!("{p}self_attn.q_norm.weight"), hd)?,
+                    k_norm: v(format!("{p}self_attn.k_norm.weight"), hd)?,
+                }),
+            };
             layers.push(Layer {
                 input_norm: v(format!("{p}input_layernorm.weight"), h)?,
                 post_norm: v(format!("{p}post_attention_layernorm.weight"), h)?,
-                q: m(format!("{p}self_attn.q_proj.weight"), &[c.q_dim(), h])?,
-                k: m(format!("{p}self_attn.k_proj.weight"), &[c.kv_dim(), h])?,
-                v: m(format!("{p}self_attn.v_proj.weight"), &[c.kv_dim(), h])?,
-                o: m(format!("{p}self_attn.o_proj.weight"), &[h, c.q_dim()])?,
-                q_norm: v(format!("{p}self_attn.q_norm.weight"), hd)?,
-                k_norm: v(format!("{p}self_attn.k_norm.weight"), hd)?,
+                mixer,
                 ffn,
             });
         }
@@ -122,7 +180,8 @@ impl Qwen3Moe {
             embed,
             lm_head,
             layers,
-            rope: Rope::new(c.rope_theta, hd),
+            rope: Rope::new(c.rope_theta, c.rotary_dim()),
+            delta: c.hybrid.as_ref().map(|hy| delta_net::Dims::new(hy, c.rms_norm_eps as f32)),
             cfg: c,
             pkg,
         })
@@ -217,7 +276,7 @@ impl Qwen3Moe {
         }
         obs.hidden(0, &st.x[..t_n * h]);
         // cos/sin of each position, shared by all layers
-        let half = c.head_dim / 2;
+        let half = c.rotary_dim() / 2;
         for t in 0..t_n {
             let (cs, sn) = (&mut st.cos[t * half..(t + 1) * half], &mut st.sin[t * half..(t + 1) * half]);
             self.rope.cos_sin(pos0 + t, cs, sn);
@@ -226,8 +285,16 @@ impl Qwen3Moe {
         for (l, layer) in self.layers.iter().enumerate() {
             let is_moe = matches!(layer.ffn, Ffn::Moe { .. });
             let _layer = trace::span("layer").arg("layer", l).arg("kind", if is_moe { "moe" } else { "dense" });
-            // attention, residual add, the MLP's norm
-            self.attention(exec, l, layer, t_n, pos0, kv, st);
+            // the mixer's norm, the mixer, residual add, the MLP's norm
+            let w = pkg.f32_by_index(layer.input_norm);
+            let (x, hn) = (&st.x[..t_n * h], &mut st.hn[..t_n * h]);
+            for t in 0..t_n {
+                rms_norm(&x[t * h..(t + 1) * h], w, eps, &mut hn[t * h..(t + 1) * h]);
+            }
+            match &layer.mixer {
+                Mixer::Attention(a) => self.attention(exec, l, a, t_n, pos0, kv, st),
+                Mixer::Linear(dn) => self.linear(exec, l, dn, t_n, kv, st)?,
+            }
             let (x, hn, delta) = (&mut st.x[..t_n * h], &mut st.hn[..t_n * h], &mut st.delta[..t_n * h]);
             add_inplace(x, delta);
             let w = pkg.f32_by_index(layer.post_norm);
@@ -243,9 +310,12 @@ impl Qwen3Moe {
                     let y = swiglu_mlp(exec, labels, &g, &u, &d, hn, t_n, &mut st.scratch);
                     delta.copy_from_slice(&y);
                 }
-                Ffn::Moe { router, moe_layer } => {
+                Ffn::Moe { router, moe_layer, shared } => {
                     let at = MoeAt { layer: l, moe_layer, router, pos0 };
                     self.moe(exec, experts, at, t_n, st, obs)?;
+                    if let Some(se) = shared {
+                        self.shared_expert(exec, l, se, t_n, st);
+                    }
                 }
             }
             let (x, delta) = (&mut st.x[..t_n * h], &st.delta[..t_n * h]);
@@ -277,14 +347,14 @@ impl Qwen3Moe {
         Ok(logits)
     }
 
-    /// Self-attention of layer `l` for the first `t_n` tokens of `st.x`, at positions `pos0..`;
-    /// the result (before the residual add) in `st.delta`.
+    /// Self-attention of layer `l` for the first `t_n` rows of `st.hn` (normed), at positions
+    /// `pos0..`; the result (before the residual add) in `st.delta`.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         exec: &Exec,
         l: usize,
-        layer: &Layer,
+        layer: &Attention,
         t_n: usize,
         pos0: usize,
         kv: &mut KvCache,
@@ -295,28 +365,38 @@ impl Qwen3Moe {
         let (h, hd, nh, nkv) = (c.hidden_size, c.head_dim, c.num_attention_heads, c.num_key_value_heads);
         let _att = trace::span("attention").arg("layer", l).arg("tokens", t_n).arg("pos", pos0);
         let eps = c.rms_norm_eps as f32;
-        let RunState { x, hn, delta, q, k, v, qkv, attn, cos, sin, scratch: s, .. } = st;
-        let (x, hn, out) = (&x[..t_n * h], &mut hn[..t_n * h], &mut delta[..t_n * h]);
+        let RunState { hn, delta, q, gate, k, v, qkv, attn, cos, sin, scratch: s, .. } = st;
+        let (hn, out) = (&hn[..t_n * h], &mut delta[..t_n * h]);
         let (q, k, v) = (&mut q[..t_n * nh * hd], &mut k[..t_n * nkv * hd], &mut v[..t_n * nkv * hd]);
-        let w = pkg.f32_by_index(layer.input_norm);
-        for t in 0..t_n {
-            rms_norm(&x[t * h..(t + 1) * h], w, eps, &mut hn[t * h..(t + 1) * h]);
-        }
         let (wq, wk, wv) = (pkg.mat_by_index(layer.q), pkg.mat_by_index(layer.k), pkg.mat_by_index(layer.v));
+        let wg = layer.o_gate.map(|g| pkg.mat_by_index(g));
+        let gate = &mut gate[..if wg.is_some() { t_n * nh * hd } else { 0 }];
         if t_n == 1 {
-            // decode: the three in one parallel section (its pieces cross from q into k and v),
+            // decode: all in one parallel section (its pieces cross from q into k and v),
             // one quantization of the normed input
-            exec.matvec_concat("qkv_proj", &[&wq, &wk, &wv], hn, qkv, s);
-            let (qp, kv_part) = qkv.split_at(nh * hd);
+            let (qd, kvd, gd) = (nh * hd, nkv * hd, gate.len());
+            let mut mats = vec![&wq];
+            mats.extend(wg.as_ref());
+            mats.extend([&wk, &wv]);
+            let qkv = &mut qkv[..qd + gd + 2 * kvd];
+            exec.matvec_concat("qkv_proj", &mats, hn, qkv, s);
+            let (qp, rest) = qkv.split_at(qd);
+            let (gp, kv_part) = rest.split_at(gd);
             q.copy_from_slice(qp);
-            k.copy_from_slice(&kv_part[..nkv * hd]);
-            v.copy_from_slice(&kv_part[nkv * hd..]);
+            gate.copy_from_slice(gp);
+            k.copy_from_slice(&kv_part[..kvd]);
+            v.copy_from_slice(&kv_part[kvd..]);
         } else {
-            // one quantization of the normed input for all three
-            exec.matmul_shared(hn, t_n, &mut [("q_proj", &wq, q), ("k_proj", &wk, k), ("v_proj", &wv, v)], s);
+            // one quantization of the normed input for all of them
+            let mut prods = vec![("q_proj", &wq, &mut *q)];
+            if let Some(wg) = &wg {
+                prods.push(("o_gate_proj", wg, &mut *gate));
+            }
+            prods.extend([("k_proj", &wk, &mut *k), ("v_proj", &wv, &mut *v)]);
+            exec.matmul_shared(hn, t_n, &mut prods, s);
         }
         let (qn, kn) = (pkg.f32_by_index(layer.q_norm), pkg.f32_by_index(layer.k_norm));
-        let half = hd / 2;
+        let half = c.rotary_dim() / 2;
         for t in 0..t_n {
             let (cs, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
             for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_exact_mut(hd) {
@@ -331,7 +411,55 @@ impl Qwen3Moe {
         }
         let attn = &mut attn[..t_n * nh * hd];
         attention::attend(exec, kv, l, attention::Heads { nh, nkv, hd }, q, pos0, attn);
+        // gated attention: each output value times sigmoid of its gate
+        for (a, &g) in attn.iter_mut().zip(gate.iter()) {
+            *a *= 1.0 / (1.0 + (-g).exp());
+        }
         exec.matmul("o_proj", &pkg.mat_by_index(layer.o), attn, t_n, out, s);
+    }
+
+    /// Gated DeltaNet of linear-attention layer `l` for the first `t_n` rows of `st.hn`,
+    /// advancing the layer's state in `kv`; the result in `st.delta`.
+    fn linear(
+        &self,
+        exec: &Exec,
+        l: usize,
+        dn: &DeltaNet,
+        t_n: usize,
+        kv: &mut KvCache,
+        st: &mut RunState,
+    ) -> Result<(), ModelError> {
+        let h = self.cfg.hidden_size;
+        let _s = trace::span("linear_attention").arg("layer", l).arg("tokens", t_n);
+        let (Some(d), Some(state), Some(bufs)) = (self.delta, kv.linear_mut(l), st.linear.as_mut()) else {
+            return Err(ModelError::Unsupported(format!(
+                "layer {l} is linear attention, but the model or its cache has no linear-attention state"
+            )));
+        };
+        let (hn, out) = (&st.hn[..t_n * h], &mut st.delta[..t_n * h]);
+        delta_net::forward(exec, &self.pkg, dn, d, state, hn, t_n, bufs, &mut st.scratch, out);
+        Ok(())
+    }
+
+    /// Add the shared expert of MoE layer `l`, scaled by its gate, to `st.delta` (the routed
+    /// sum), for the first `t_n` rows of `st.hn`.
+    fn shared_expert(&self, exec: &Exec, l: usize, se: SharedExpert, t_n: usize, st: &mut RunState) {
+        let h = self.cfg.hidden_size;
+        let pkg = &*self.pkg;
+        let _s = trace::span("shared_expert").arg("layer", l).arg("tokens", t_n);
+        let (g, u, d) = (pkg.mat_by_index(se.gate_proj), pkg.mat_by_index(se.up_proj), pkg.mat_by_index(se.down_proj));
+        let hn = &st.hn[..t_n * h];
+        let labels = ["shared_gate_up_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj"];
+        let y = swiglu_mlp(exec, labels, &g, &u, &d, hn, t_n, &mut st.scratch);
+        let wg = pkg.f32_by_index(se.gate);
+        for (t, (out, yt)) in st.delta[..t_n * h].chunks_exact_mut(h).zip(y.chunks_exact(h)).enumerate() {
+            let x = &hn[t * h..(t + 1) * h];
+            let z: f32 = wg.iter().zip(x).map(|(&w, &v)| w * v).sum();
+            let sg = 1.0 / (1.0 + (-z).exp());
+            for (o, &v) in out.iter_mut().zip(yt) {
+                *o += sg * v;
+            }
+        }
     }
 
     /// The routed-experts block of MoE layer `at` for the first `t_n` tokens of `st.hn`
@@ -375,46 +503,58 @@ pub struct RunState {
     delta: Vec<f32>,
     /// queries [chunk, nh * hd]
     q: Vec<f32>,
+    /// gated attention's output gates [chunk, nh * hd] (empty without)
+    gate: Vec<f32>,
     /// keys and values [chunk, nkv * hd]
     k: Vec<f32>,
     v: Vec<f32>,
-    /// one token's q, k and v from one section [(nh + 2 nkv) * hd]
+    /// one token's q, gates, k and v from one section [(nh (2 if gated) + 2 nkv) * hd]
     qkv: Vec<f32>,
     /// attention's output [chunk, nh * hd]
     attn: Vec<f32>,
-    /// RoPE's cos and sin of each position [chunk, hd / 2]
+    /// RoPE's cos and sin of each position [chunk, rotary_dim / 2]
     cos: Vec<f32>,
     sin: Vec<f32>,
     /// router probabilities [chunk, E]
     probs: Vec<f32>,
     /// routed experts' weighted outputs per (token, rank) [chunk, k, H]
     yk: Vec<f32>,
+    /// the linear-attention mixer's buffers (hybrid models)
+    linear: Option<delta_net::Buffers>,
     /// quantized activations, reused by every product on this thread
     scratch: Scratch,
 }
 
 impl RunState {
     pub fn new(c: &ModelConfig, chunk: usize) -> RunState {
-        let (h, hd) = (c.hidden_size, c.head_dim);
+        let h = c.hidden_size;
         let buf = |n: usize| vec![0f32; chunk * n];
+        let gated = c.hybrid.is_some();
+        let dims = c.hybrid.as_ref().map(|hy| delta_net::Dims::new(hy, c.rms_norm_eps as f32));
+        let (conv, value, shared) = c
+            .hybrid
+            .as_ref()
+            .map_or((0, 0, 0), |hy| (hy.conv_dim(), hy.value_dim(), hy.shared_expert_intermediate_size));
         RunState {
             chunk,
             x: buf(h),
             hn: buf(h),
             delta: buf(h),
             q: buf(c.q_dim()),
+            gate: if gated { buf(c.q_dim()) } else { vec![] },
             k: buf(c.kv_dim()),
             v: buf(c.kv_dim()),
-            qkv: vec![0f32; c.q_dim() + 2 * c.kv_dim()],
+            qkv: vec![0f32; c.q_dim() * if gated { 2 } else { 1 } + 2 * c.kv_dim()],
             attn: buf(c.q_dim()),
-            cos: buf(hd / 2),
-            sin: buf(hd / 2),
+            cos: buf(c.rotary_dim() / 2),
+            sin: buf(c.rotary_dim() / 2),
             probs: buf(c.num_experts),
             yk: buf(c.num_experts_per_tok * h),
+            linear: dims.map(|d| delta_net::Buffers::new(d, chunk)),
             scratch: {
                 // the widest input and the most results a dense product of a chunk has
-                let widest = h.max(c.q_dim()).max(c.intermediate_size);
-                let most = widest.max(c.kv_dim()).max(c.num_experts);
+                let widest = h.max(c.q_dim()).max(c.intermediate_size).max(value).max(shared);
+                let most = widest.max(c.kv_dim()).max(c.num_experts).max(conv);
                 let mut s = Scratch::default();
                 s.reserve(chunk * widest, chunk * most);
                 s
@@ -434,6 +574,7 @@ impl RunState {
             &self.hn,
             &self.delta,
             &self.q,
+            &self.gate,
             &self.k,
             &self.v,
             &self.qkv,
@@ -443,7 +584,8 @@ impl RunState {
             &self.probs,
             &self.yk,
         ];
-        (f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.scratch.bytes()) as u64
+        let linear = self.linear.as_ref().map_or(0, delta_net::Buffers::bytes);
+        (f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.scratch.bytes()) as u64 + linear
     }
 }
 
