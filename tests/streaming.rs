@@ -1,6 +1,6 @@
 //! Expert streaming gives exactly the logits of the fully resident run: at every budget down to
 //! one layer's top-k, with prefetch on or off, with every policy, in prefill and in cached
-//! decode. Then faults: a damaged blob, a shrunken file, and the engine serving the next
+//! decode, for Qwen3-MoE and the hybrid models alike. Then faults: a damaged blob, a shrunken file, and the engine serving the next
 //! request afterwards.
 
 mod common;
@@ -15,7 +15,7 @@ use moescope::model::{Logits, NoObserver};
 use moescope_kernels::Isa;
 
 fn engine(pkg: &Path, stream: Option<StreamConfig>) -> Engine {
-    Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(96), isa: Isa::detect(), stream }).expect("load")
+    Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream }).expect("load")
 }
 
 /// Prompt logits (all positions) then 12 cached decode steps on the reference's forced ids.
@@ -34,7 +34,7 @@ fn stream(budget: u64, prefetch: bool, policy: PolicyKind, io: IoMode) -> Stream
 
 #[test]
 fn logits_are_bit_identical_at_every_budget() {
-    for name in ["single", "odd", "wide"] {
+    for name in ["single", "odd", "wide", "next", "qwen35"] {
         let (_d, pkg) = convert(name, "q4");
         let r = Reference::load(name);
         let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
@@ -45,8 +45,8 @@ fn logits_are_bit_identical_at_every_budget() {
         drop(probe);
         let all = (cfg.num_experts * cfg.moe_layers().len()) as u64;
         let k = cfg.num_experts_per_tok as u64;
-        // top-k of one layer, one layer's experts, half, everything
-        for slots in [k, cfg.num_experts as u64, all / 2, all] {
+        // top-k of one layer, one layer's experts, a third, half, everything
+        for slots in [k, cfg.num_experts as u64, all / 3, all / 2, all] {
             for prefetch in [false, true] {
                 for policy in [PolicyKind::Lru, PolicyKind::LeastStale, PolicyKind::Foresight] {
                     let mut eng = engine(&pkg, Some(stream(slots * blob, prefetch, policy, IoMode::Direct)));

@@ -81,11 +81,19 @@ fn chat_templates_render_byte_identical_to_transformers() {
     let rows = reference("chat_reference.json");
     let rows = rows.as_array().expect("rows");
     assert!(rows.len() >= 60);
-    for name in ["qwen3", "demo"] {
-        let cfg = tokenizer_config(name);
-        let s = |k: &str| cfg.get(k).and_then(|v| v.as_str()).map(String::from);
-        let tmpl = ChatTemplate::new(cfg["chat_template"].as_str().unwrap(), s("bos_token"), s("eos_token")).unwrap();
+    for name in ["qwen3", "demo", "qwen3.5"] {
+        let tmpl = if name == "qwen3.5" {
+            // the Qwen3.5 family's template, as its checkpoints ship it (chat_template.jinja)
+            let src = std::fs::read_to_string(fixture("qwen3.5-template/chat_template.jinja")).expect("template");
+            ChatTemplate::new(&src, None, Some("<|im_end|>".into())).unwrap()
+        } else {
+            let cfg = tokenizer_config(name);
+            let s = |k: &str| cfg.get(k).and_then(|v| v.as_str()).map(String::from);
+            ChatTemplate::new(cfg["chat_template"].as_str().unwrap(), s("bos_token"), s("eos_token")).unwrap()
+        };
+        let mut checked = 0;
         for row in rows.iter().filter(|r| r["tokenizer"] == name) {
+            checked += 1;
             let msgs: Vec<Message> = row["messages"]
                 .as_array()
                 .unwrap()
@@ -97,6 +105,7 @@ fn chat_templates_render_byte_identical_to_transformers() {
             let got = tmpl.render(&msgs, agp, think).unwrap();
             assert_eq!(got, row["text"].as_str().unwrap(), "{name}: {msgs:?} agp={agp} thinking={think:?}");
         }
+        assert!(checked >= 30, "{name}: {checked} renders compared");
     }
 }
 

@@ -249,6 +249,7 @@ fn without_colour_picks_are_marked_by_a_character() {
 fn big_info(expected_memory: u64) -> ModelInfo {
     ModelInfo {
         name: "synthetic".into(),
+        arch: "qwen3_moe".into(),
         quant: "q4".into(),
         moe_layers: 48,
         num_experts: 128,

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
+use moescope::model::LayerKind;
 use moescope::package::{OpenOptions, Package};
 use serde_json::json;
 
@@ -34,6 +35,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         "name": m.name,
         "converter": m.converter,
         "config": m.model,
+        "ignored": m.ignored,
         "quant": m.quant,
         "tokenizer": m.tokenizer.tokenizer_json.is_some(),
         "chat_template": m.tokenizer.chat_template.is_some(),
@@ -55,23 +57,62 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     let mb = |b: u64| format!("{:.2} MB", b as f64 / 1e6);
     println!("{}  ({}, format v{}, {})", a.file.display(), m.name, pkg.header.version, mb(pkg.file_size()));
     println!(
-        "architecture  {:?}, {} layers ({} MoE), hidden {}, vocab {}",
-        c.arch,
+        "architecture  {} ({}), {} layers ({} MoE), hidden {}, vocab {}",
+        c.arch.name(),
+        c.arch.hf_class(),
         c.num_hidden_layers,
         c.moe_layers().len(),
         c.hidden_size,
         c.vocab_size
     );
     println!(
-        "attention     {} query heads, {} kv heads, head_dim {}, rope_theta {}",
-        c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rope_theta
+        "attention     {}{} query heads, {} kv heads, head_dim {}, rope_theta {}{}",
+        if c.hybrid.is_some() { "gated, " } else { "" },
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+        c.rope_theta,
+        if c.rotary_dim() < c.head_dim {
+            format!(", RoPE on {} of {} dims", c.rotary_dim(), c.head_dim)
+        } else {
+            String::new()
+        }
     );
+    if let Some(hy) = &c.hybrid {
+        // one letter a layer: L linear attention (Gated DeltaNet), F full attention
+        let kinds: String = hy
+            .layer_types
+            .iter()
+            .map(|k| match k {
+                LayerKind::LinearAttention => 'L',
+                LayerKind::FullAttention => 'F',
+            })
+            .collect();
+        println!(
+            "layer kinds   {kinds} ({} linear attention, {} full attention)",
+            c.num_hidden_layers - c.attention_layers(),
+            c.attention_layers()
+        );
+        println!(
+            "linear attn   Gated DeltaNet: {} key heads x {}, {} value heads x {}, conv kernel {}; state {} per layer",
+            hy.key_heads,
+            hy.key_head_dim,
+            hy.value_heads,
+            hy.value_head_dim,
+            hy.conv_kernel,
+            mb(((hy.state_len() + hy.conv_state_len()) * 4) as u64)
+        );
+        println!("shared expert intermediate {}, gated", hy.shared_expert_intermediate_size);
+    }
     println!(
         "experts       {} per layer, top-{}, intermediate {}, norm_topk_prob {}",
         c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob
     );
     println!("context       max {} positions; eos ids {:?}", c.max_position_embeddings, c.eos_token_ids);
     println!("quantization  {}: {}", m.quant.mode, m.quant.description);
+    for i in &m.ignored {
+        println!("not converted {i}");
+    }
     println!(
         "tokenizer     {}; chat template {}",
         if m.tokenizer.tokenizer_json.is_some() { "yes" } else { "none (token ids only)" },

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use moescope::engine::chat_template::Message;
 use moescope::engine::sampler::{Sampler, SamplerParams};
 use moescope::engine::tokenizer::StreamDecoder;
-use moescope::engine::{Engine, EngineOptions, GenRequest, GenStats};
+use moescope::engine::{Engine, EngineOptions, GenRequest, GenStats, Reuse};
 use moescope::experts::routing_log::RoutingLog;
 use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::KvCache;
@@ -328,6 +328,7 @@ pub fn timings_json(s: &GenStats) -> serde_json::Value {
         "decode_latency_ms": lat.summary(),
         "prompt_tokens": s.prompt_evaluated,
         "prompt_cached": s.prompt_cached,
+        "prompt_reuse": s.reuse.name(),
         "generated_tokens": s.generated.len(),
         "prefill_ms": s.prefill_ms,
         "decode_ms": s.decode_ms,
@@ -343,7 +344,12 @@ pub fn stats_line(s: &GenStats, seed: u64) -> String {
         s.prompt_evaluated,
         s.prefill_ms,
         s.prefill_tps(),
-        if s.prompt_cached > 0 { format!(", {} cached", s.prompt_cached) } else { String::new() },
+        match s.reuse {
+            Reuse::None => String::new(),
+            Reuse::Prefix => format!(", {} cached", s.prompt_cached),
+            Reuse::Snapshot => format!(", {} cached from the last turn's state", s.prompt_cached),
+            Reuse::Recomputed => ", recomputed: the model's recurrent state cannot go back to the common prefix".into(),
+        },
         s.generated.len(),
         s.decode_tps(),
         s.ttft_ms,

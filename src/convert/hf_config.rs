@@ -334,4 +334,79 @@ mod tests {
         let e = parse_config(&v, Path::new("config.json")).unwrap_err().to_string();
         assert!(e.contains("rope_scaling") && e.contains("yarn"), "{e}");
     }
+
+    fn next() -> Value {
+        json!({"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 100,
+               "hidden_size": 80, "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 32, "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2,
+               "shared_expert_intermediate_size": 24, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+               "linear_value_head_dim": 24, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
+               "full_attention_interval": 2, "rope_theta": 1e7, "partial_rotary_factor": 0.25})
+    }
+
+    #[test]
+    fn hybrid_layer_kinds_come_from_either_key_and_rope_from_either_place() {
+        let hub = parse_config(&next(), Path::new("c.json")).unwrap();
+        let hy = hub.hybrid.clone().unwrap();
+        use LayerKind::{FullAttention as F, LinearAttention as L};
+        assert_eq!(hy.layer_types, vec![L, F, L, F, L]);
+        assert_eq!((hy.rotary_dim, hy.conv_dim(), hy.value_dim()), (8, 2 * 2 * 16 + 6 * 24, 6 * 24));
+        assert!(hub.norm_topk_prob, "Qwen3-Next renormalises unless told not to");
+        // transformers 5: layer_types and rope_parameters
+        let mut t5 = next();
+        let o = t5.as_object_mut().unwrap();
+        o.remove("full_attention_interval");
+        o.remove("rope_theta");
+        o.remove("partial_rotary_factor");
+        o.insert(
+            "layer_types".into(),
+            json!(["linear_attention", "full_attention", "linear_attention", "full_attention", "linear_attention"]),
+        );
+        o.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25}),
+        );
+        assert_eq!(parse_config(&t5, Path::new("c.json")).unwrap(), hub);
+        // Qwen3.5: the same keys under text_config; always renormalised, every layer MoE
+        let mut text = next();
+        text.as_object_mut().unwrap().insert("norm_topk_prob".into(), json!(false));
+        text.as_object_mut().unwrap().insert("mlp_only_layers".into(), json!([1]));
+        let q35 = json!({"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+                         "text_config": text, "vision_config": {"depth": 1}, "tie_word_embeddings": true});
+        let c = parse_config(&q35, Path::new("c.json")).unwrap();
+        assert_eq!(c.arch, Arch::Qwen35Moe);
+        assert!(c.norm_topk_prob && c.mlp_only_layers.is_empty() && c.tie_word_embeddings);
+        assert_eq!(c.hybrid, hub.hybrid);
+    }
+
+    #[test]
+    fn hybrid_errors_name_the_key() {
+        let cases: [(&str, Value, &str); 4] = [
+            (
+                "layer_types[1]",
+                json!([
+                    "linear_attention",
+                    "sliding_attention",
+                    "linear_attention",
+                    "full_attention",
+                    "linear_attention"
+                ]),
+                "unknown layer kind",
+            ),
+            ("layer_types", json!(["full_attention"]), "1 entries for 5 layers"),
+            ("linear_num_value_heads", json!(5), "not a multiple of linear_num_key_heads"),
+            ("linear_key_head_dim", Value::Null, "missing"),
+        ];
+        for (key, value, needle) in cases {
+            let mut v = next();
+            let target = if key.starts_with("layer_types") { "layer_types" } else { key };
+            v.as_object_mut().unwrap().insert(target.into(), value);
+            let e = parse_config(&v, Path::new("x/config.json")).unwrap_err().to_string();
+            assert!(e.contains("x/config.json") && e.contains(key) && e.contains(needle), "{key}: {e}");
+        }
+        // under text_config the key says so
+        let q35 = json!({"architectures": ["Qwen3_5MoeForConditionalGeneration"], "text_config": {"hidden_size": 8}});
+        let e = parse_config(&q35, Path::new("c.json")).unwrap_err().to_string();
+        assert!(e.contains("text_config."), "{e}");
+    }
 }

@@ -89,18 +89,23 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| dir.display().to_string());
     // the vision tower and the multi-token-prediction block are not part of the text model
-    for (what, prefix) in [("vision tower", "model.visual."), ("multi-token prediction", "mtp.")] {
+    let mut ignored = vec![];
+    for (what, prefix) in [("vision tower", "model.visual."), ("multi-token prediction block", "mtp.")] {
         let n = ck.names().filter(|t| t.starts_with(prefix)).count();
         if n > 0 {
-            warnings.push(format!("{}: ignored {n} tensors of the {what} ({prefix}*)", dir.display()));
+            ignored.push(format!("{prefix}* ({what}): {n} tensors"));
         }
+    }
+    if !ignored.is_empty() {
+        warnings.push(format!("{}: not converted (text model only): {}", dir.display(), ignored.join("; ")));
     }
     let hybrid = hybrid::HybridSource::new(&ck, &cfg);
     let src: &dyn TensorSource = match &hybrid {
         Some(h) => h,
         None => &ck,
     };
-    let bytes = write_package(src, &cfg, tok, &name, opts, out)?;
+    let origin = Origin { name: &name, ignored };
+    let bytes = write_package(src, &cfg, tok, origin, opts, out)?;
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
 }
 
@@ -118,12 +123,20 @@ pub fn add_tokenizer_eos(cfg: &mut ModelConfig, tok: &TokenizerInfo) {
     }
 }
 
+/// Where a package's weights come from, as its metadata records it.
+pub struct Origin<'a> {
+    /// The model's name (the checkpoint's folder).
+    pub name: &'a str,
+    /// What the source held that the package leaves out, in words.
+    pub ignored: Vec<String>,
+}
+
 /// Write a package of `cfg` with weights from `src`. Returns the package size in bytes.
 pub fn write_package(
     src: &dyn TensorSource,
     cfg: &ModelConfig,
     tokenizer: TokenizerInfo,
-    name: &str,
+    origin: Origin<'_>,
     opts: ConvertOptions,
     out: &Path,
 ) -> Result<u64, ConvertError> {
@@ -193,7 +206,7 @@ pub fn write_package(
     let mut meta = Meta {
         format: FORMAT_NAME.into(),
         version: VERSION,
-        name: name.into(),
+        name: origin.name.into(),
         converter: format!("moescope {}", env!("CARGO_PKG_VERSION")),
         model: cfg.clone(),
         quant: QuantInfo { mode: opts.quant.name().into(), description: opts.quant.description() },
@@ -201,6 +214,7 @@ pub fn write_package(
         tensors,
         experts,
         default_pool_fraction: opts.default_pool_fraction,
+        ignored: origin.ignored,
     };
     let header = plan_offsets(&mut meta);
     let total = header.file_size;

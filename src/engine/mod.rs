@@ -141,6 +141,8 @@ pub struct GenStats {
     /// Prompt tokens actually evaluated (the rest came from the cache).
     pub prompt_evaluated: usize,
     pub prompt_cached: usize,
+    /// How the cached part was reused.
+    pub reuse: Reuse,
     pub generated: Vec<u32>,
     pub prefill_ms: f64,
     pub decode_ms: f64,
@@ -163,6 +165,32 @@ impl GenStats {
 
 fn rate(n: usize, ms: f64) -> f64 {
     if ms > 0.0 { n as f64 / (ms / 1000.0) } else { 0.0 }
+}
+
+/// How a prompt reused what the cache held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reuse {
+    /// Nothing in common with the cache.
+    None,
+    /// The whole common prefix (a KV cache goes back anywhere; a hybrid's state when the prompt
+    /// extends the cache exactly).
+    Prefix,
+    /// A hybrid model's state went back to the snapshot at the last prompt's end.
+    Snapshot,
+    /// The prompt shared tokens with the cache, but a hybrid model's recurrent state cannot go
+    /// back that far: everything was computed again.
+    Recomputed,
+}
+
+impl Reuse {
+    pub fn name(self) -> &'static str {
+        match self {
+            Reuse::None => "none",
+            Reuse::Prefix => "prefix",
+            Reuse::Snapshot => "snapshot",
+            Reuse::Recomputed => "recomputed",
+        }
+    }
 }
 
 /// What happens after each sampled token.
@@ -357,11 +385,23 @@ impl Engine {
     /// Keep the longest cached prefix of `ids` that can be kept (leaving at least one token of
     /// `ids` to evaluate, whose logits are needed); returns its length.
     pub fn reuse_prefix(&mut self, ids: &[u32]) -> usize {
+        self.reuse_prefix_how(ids).0
+    }
+
+    /// [`reuse_prefix`](Self::reuse_prefix), and how.
+    fn reuse_prefix_how(&mut self, ids: &[u32]) -> (usize, Reuse) {
+        let common = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1));
         let n = self.cached_prefix_len(ids);
+        let reuse = match n {
+            0 if common > 0 => Reuse::Recomputed,
+            0 => Reuse::None,
+            n if n < self.cached.len() && self.kv.snapshot_at() == Some(n) => Reuse::Snapshot,
+            _ => Reuse::Prefix,
+        };
         let kept = self.kv.rewind(n);
         debug_assert_eq!(kept, n);
         self.cached.truncate(kept);
-        kept
+        (kept, reuse)
     }
 
     /// Evaluate `ids` after what is cached; logits as asked for the last chunk.
@@ -419,19 +459,21 @@ impl Engine {
             return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.kv.capacity() });
         }
         let t0 = Instant::now();
-        let (cached, mut logits) = {
+        let (cached, reuse, mut logits) = {
             let mut span = trace::span("prefill").arg("prompt_tokens", prompt.len());
-            let cached = self.reuse_prefix(prompt);
+            let (cached, reuse) = self.reuse_prefix_how(prompt);
             span.set("cached_tokens", cached);
+            span.set("reuse", reuse.name());
             let logits = self.eval(&prompt[cached..], Logits::Last, obs)?;
             // a turn boundary: where a later prompt that rewrites this turn's reply (an old
             // <think> dropped by the template) can take a hybrid model's state back to
             self.kv.snapshot();
-            (cached, logits)
+            (cached, reuse, logits)
         };
         let mut stats = GenStats {
             prompt_evaluated: prompt.len() - cached,
             prompt_cached: cached,
+            reuse,
             generated: Vec::new(),
             prefill_ms: ms(t0),
             decode_ms: 0.0,

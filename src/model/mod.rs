@@ -8,7 +8,7 @@ pub mod moe;
 pub mod observer;
 pub mod qwen3_moe;
 
-pub use crate::model_config::{Arch, ModelConfig};
+pub use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
 pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use moe::{ExpertQuery, ExpertSource, ReadyFn, Resident};

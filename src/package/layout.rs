@@ -250,6 +250,10 @@ pub struct Meta {
     /// demo model streams by default so the workbench has cache and I/O activity to show).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_pool_fraction: Option<f64>,
+    /// What the checkpoint held that the package leaves out, in words (a vision tower, a
+    /// multi-token-prediction block).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<String>,
 }
 
 pub const FORMAT_NAME: &str = "moescope-package";

@@ -76,6 +76,8 @@ pub enum EngineEvent {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelInfo {
     pub name: String,
+    /// The architecture, as HF's `model_type` names it (`qwen3_moe`, `qwen3_5_moe`, ...).
+    pub arch: String,
     pub quant: String,
     pub moe_layers: usize,
     pub num_experts: usize,

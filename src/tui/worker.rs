@@ -143,6 +143,7 @@ pub fn model_info(engine: &Engine) -> ModelInfo {
     let m = &pkg.meta;
     ModelInfo {
         name: m.name.clone(),
+        arch: m.model.arch.name().into(),
         quant: m.quant.mode.clone(),
         moe_layers: m.model.moe_layers().len(),
         num_experts: m.model.num_experts,

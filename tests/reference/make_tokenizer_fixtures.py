@@ -3,6 +3,10 @@
 by transformers' `apply_chat_template`, for the real Qwen3 tokenizer and the demo tokenizer.
 
 usage: make_tokenizer_fixtures.py QWEN3_TOKENIZER_DIR OUT_DIR
+       make_tokenizer_fixtures.py --qwen35 QWEN35_TOKENIZER_DIR OUT_DIR
+         (QWEN35_TOKENIZER_DIR: a plain tokenizer.json and chat_template.jinja, e.g. shared/assets'
+          qwen3.5-tokenizer gunzipped; replaces the "qwen3.5" rows of chat_reference.json and
+          copies the template to qwen3.5-template/chat_template.jinja)
 
 Writes into OUT_DIR:
   qwen3-tokenizer/tokenizer.json.gz, tokenizer_config.json   (the real files, gzip to keep the repo small)
@@ -97,5 +101,31 @@ def main():
           f"transformers {transformers.__version__}")
 
 
+def qwen35(tdir, out):
+    """The Qwen3.5 chat template on the same conversations, thinking on, off and unset."""
+    tout = os.path.join(out, "qwen3.5-template")
+    os.makedirs(tout, exist_ok=True)
+    shutil.copy(os.path.join(tdir, "chat_template.jinja"), tout)
+    at = transformers.AutoTokenizer.from_pretrained(tdir)
+    path = os.path.join(out, "chat_reference.json")
+    chats = [r for r in json.load(open(path)) if r["tokenizer"] != "qwen3.5"]
+    n = 0
+    for msgs in CONVERSATIONS:
+        for agp in (True, False):
+            for think in (None, True, False):
+                kw = {} if think is None else {"enable_thinking": think}
+                text = at.apply_chat_template(msgs, tokenize=False, add_generation_prompt=agp, **kw)
+                row = dict(tokenizer="qwen3.5", messages=msgs, add_generation_prompt=agp, text=text)
+                if think is not None:
+                    row["enable_thinking"] = think
+                chats.append(row)
+                n += 1
+    json.dump(chats, open(path, "w"), ensure_ascii=False, indent=0)
+    print(f"{n} qwen3.5 chat renders; transformers {transformers.__version__}")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1] == "--qwen35":
+        qwen35(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -79,7 +79,7 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
             };
             tail.push(format!("RSS {} / plan {}{trace}", super::bytes(app.rss), super::bytes(i.expected_memory)));
         }
-        tail.push(format!("{} {}", i.name, i.quant));
+        tail.push(format!("{} ({}) {}", i.name, i.arch, i.quant));
     }
     if !tail.is_empty() {
         s.push(Span::raw(format!("· {} ", tail.join(" · "))));
