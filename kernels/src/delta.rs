@@ -174,8 +174,11 @@ mod tests {
     use super::*;
     use crate::testutil::uniform;
 
+    /// One token's (q, k, v, beta, decay).
+    type Token = (Vec<f32>, Vec<f32>, Vec<f32>, f32, f32);
+
     /// The recurrence as the formulas read, in f64, over `t` tokens of one head.
-    fn textbook(s: &mut [f64], steps: &[(Vec<f32>, Vec<f32>, Vec<f32>, f32, f32)], dk: usize, dv: usize) -> Vec<f64> {
+    fn textbook(s: &mut [f64], steps: &[Token], dk: usize, dv: usize) -> Vec<f64> {
         let mut outs = vec![];
         for (q, k, v, beta, decay) in steps {
             for x in s.iter_mut() {

@@ -324,7 +324,9 @@ mod tests {
     use super::*;
     use moescope_kernels::Isa;
 
-    /// The mixer's core as the formulas read it, in f64, from the start of a sequence.
+    /// The mixer's core as the formulas read it, in f64, from the start of a sequence (indexed
+    /// by position, as the formulas are).
+    #[allow(clippy::needless_range_loop)]
     fn textbook(w: &Weights, d: Dims, x: &Inputs) -> Vec<f64> {
         let (cd, vd, nk, dk, nv, dv, kk) = (d.conv_dim(), d.value_dim(), d.nk, d.dk, d.nv, d.dv, d.kernel);
         let t_n = x.b.len() / nv;
