@@ -9,12 +9,20 @@
 //! S <- S + k u^T
 //! o  = S^T q
 //! ```
-//! Two passes over S: the first decays each row and accumulates S^T k, the second adds k_i u
-//! to each row and accumulates S^T q. Every output lane j only ever meets lane j of the rows, in
-//! row order, through one fused multiply-add per row, so every tier gives the same bits as the
-//! scalar reference (which uses `mul_add` for the same reason), and so does any split of the
-//! value heads over threads. Keep the state in f32: 8-bit or half state is known to ruin long
-//! generations.
+//! computed per output lane j as
+//! ```text
+//! a_j = sum_i k_i S_ij          (fused multiply-adds in i order, from 0)
+//! u_j = beta * (v_j - decay * a_j)
+//! S_ij <- k_i u_j + decay * S_ij   (one fused multiply-add)
+//! o_j = sum_i q_i S_ij          (fused multiply-adds in i order, from 0)
+//! ```
+//! Lane j only ever meets column j of S, so the state is taken a block of columns at a time:
+//! the block's sums stay in registers across all dk rows, and the block (128 rows x 64
+//! columns = 32 KiB at most) stays in L1 between its two passes, so S is read from L2/L3 once
+//! and written once per token. Every tier performs the same operations on each lane in the
+//! same order (the scalar reference uses `mul_add` for that), so every tier gives the same
+//! bits, and so does any split of the value heads over threads. Keep the state in f32: 8-bit
+//! or half state is known to ruin long generations.
 
 use crate::Isa;
 
@@ -42,11 +50,11 @@ pub fn step(isa: Isa, s: &mut [f32], x: Step, u: &mut [f32], out: &mut [f32]) {
     {
         if isa >= Isa::Avx512 {
             // SAFETY: the tier says the CPU has AVX-512 F; shapes checked above.
-            return unsafe { avx512::step(s, x, u, out) };
+            return unsafe { avx512::step(s, x, out) };
         }
         if isa.has_avx2() {
             // SAFETY: the tier says the CPU has AVX2 and FMA; shapes checked above.
-            return unsafe { avx2::step(s, x, u, out) };
+            return unsafe { avx2::step(s, x, out) };
         }
     }
     let _ = isa;
@@ -59,28 +67,29 @@ pub mod scalar {
     pub fn step(s: &mut [f32], x: Step, u: &mut [f32], out: &mut [f32]) {
         let dv = x.v.len();
         u.fill(0.0);
-        for (row, &ki) in s.chunks_exact_mut(dv).zip(x.k) {
+        for (row, &ki) in s.chunks_exact(dv).zip(x.k) {
             for j in 0..dv {
-                row[j] *= x.decay;
                 u[j] = ki.mul_add(row[j], u[j]);
             }
         }
         for j in 0..dv {
-            u[j] = x.beta * (x.v[j] - u[j]);
+            u[j] = x.beta * (x.v[j] - x.decay * u[j]);
         }
         out.fill(0.0);
         for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(x.k).zip(x.q) {
             for j in 0..dv {
-                row[j] = ki.mul_add(u[j], row[j]);
+                row[j] = ki.mul_add(u[j], x.decay * row[j]);
                 out[j] = qi.mul_add(row[j], out[j]);
             }
         }
     }
 }
 
-/// The vector tiers: `$w` lanes at a time, the tail through the scalar formulas.
+/// The vector tiers: blocks of `$nb` vectors of `$w` lanes (the second pass in halves of
+/// `$nb2`, so its sums and the block's u fit in the registers), then single vectors, then the
+/// remaining lanes through the scalar formulas.
 macro_rules! vector_tier {
-    ($name:ident, $feat:literal, $w:expr, $ty:ty, $set1:ident, $load:ident, $store:ident, $mul:ident, $sub:ident, $fma:ident, $zero:ident) => {
+    ($name:ident, $feat:literal, $w:expr, $nb:expr, $nb2:expr, $ty:ty, $set1:ident, $load:ident, $store:ident, $mul:ident, $sub:ident, $fma:ident, $zero:ident) => {
         #[cfg(target_arch = "x86_64")]
         mod $name {
             use super::Step;
@@ -89,54 +98,82 @@ macro_rules! vector_tier {
             const W: usize = $w;
 
             #[target_feature(enable = $feat)]
-            pub unsafe fn step(s: &mut [f32], x: Step, u: &mut [f32], out: &mut [f32]) {
+            pub unsafe fn step(s: &mut [f32], x: Step, out: &mut [f32]) {
                 let dv = x.v.len();
-                let body = dv / W * W;
-                // SAFETY (all pointer reads and writes below): lanes j..j + W < body <= dv of
-                // rows of `s` ([dk, dv]), `u`, `v` and `out` ([dv]), shapes checked by the caller.
+                let mut j0 = 0;
+                // SAFETY: every block below covers lanes j0..j0 + NB * W <= dv of the rows of
+                // `s` ([dk, dv]), `v` and `out` ([dv]), shapes checked by the caller.
                 unsafe {
-                    let decay = $set1(x.decay);
-                    u.fill(0.0);
-                    for (row, &ki) in s.chunks_exact_mut(dv).zip(x.k) {
-                        let kv = $set1(ki);
-                        let (r, up) = (row.as_mut_ptr(), u.as_mut_ptr());
-                        for j in (0..body).step_by(W) {
-                            let y: $ty = $mul($load(r.add(j)), decay);
-                            $store(r.add(j), y);
-                            $store(up.add(j), $fma(kv, y, $load(up.add(j))));
+                    while j0 + $nb * W <= dv {
+                        block::<{ $nb }, { $nb2 }>(s, x, out, j0);
+                        j0 += $nb * W;
+                    }
+                    while j0 + W <= dv {
+                        block::<1, 1>(s, x, out, j0);
+                        j0 += W;
+                    }
+                }
+                for j in j0..dv {
+                    lane(s, x, out, j);
+                }
+            }
+
+            /// Lanes `j0..j0 + NB * W`.
+            #[target_feature(enable = $feat)]
+            unsafe fn block<const NB: usize, const NB2: usize>(s: &mut [f32], x: Step, out: &mut [f32], j0: usize) {
+                let dv = x.v.len();
+                // SAFETY: lanes j0..j0 + NB * W of rows of `s`, of `v` and of `out`, inside
+                // them (the caller's bound)
+                unsafe {
+                    let p = s.as_mut_ptr().add(j0);
+                    let mut a = [$zero(); NB];
+                    for (i, &ki) in x.k.iter().enumerate() {
+                        let kb = $set1(ki);
+                        let row = p.add(i * dv);
+                        for b in 0..NB {
+                            a[b] = $fma(kb, $load(row.add(b * W)), a[b]);
                         }
-                        for j in body..dv {
-                            row[j] *= x.decay;
-                            u[j] = ki.mul_add(row[j], u[j]);
+                    }
+                    let (beta, decay) = ($set1(x.beta), $set1(x.decay));
+                    let vp = x.v.as_ptr().add(j0);
+                    let mut u = [$zero(); NB];
+                    for b in 0..NB {
+                        u[b] = $mul(beta, $sub($load(vp.add(b * W)), $mul(decay, a[b])));
+                    }
+                    let op = out.as_mut_ptr().add(j0);
+                    for h in (0..NB).step_by(NB2) {
+                        let mut o = [$zero(); NB2];
+                        for (i, (&ki, &qi)) in x.k.iter().zip(x.q).enumerate() {
+                            let (kb, qb) = ($set1(ki), $set1(qi));
+                            let row = p.add(i * dv + h * W);
+                            for b in 0..NB2 {
+                                let y: $ty = $fma(kb, u[h + b], $mul(decay, $load(row.add(b * W))));
+                                $store(row.add(b * W), y);
+                                o[b] = $fma(qb, y, o[b]);
+                            }
                         }
-                    }
-                    let beta = $set1(x.beta);
-                    let (up, vp) = (u.as_mut_ptr(), x.v.as_ptr());
-                    for j in (0..body).step_by(W) {
-                        $store(up.add(j), $mul(beta, $sub($load(vp.add(j)), $load(up.add(j)))));
-                    }
-                    for j in body..dv {
-                        u[j] = x.beta * (x.v[j] - u[j]);
-                    }
-                    let op = out.as_mut_ptr();
-                    for j in (0..body).step_by(W) {
-                        $store(op.add(j), $zero());
-                    }
-                    out[body..].fill(0.0);
-                    for ((row, &ki), &qi) in s.chunks_exact_mut(dv).zip(x.k).zip(x.q) {
-                        let (kv, qv) = ($set1(ki), $set1(qi));
-                        let (r, up, op) = (row.as_mut_ptr(), u.as_ptr(), out.as_mut_ptr());
-                        for j in (0..body).step_by(W) {
-                            let y = $fma(kv, $load(up.add(j)), $load(r.add(j)));
-                            $store(r.add(j), y);
-                            $store(op.add(j), $fma(qv, y, $load(op.add(j))));
-                        }
-                        for j in body..dv {
-                            row[j] = ki.mul_add(u[j], row[j]);
-                            out[j] = qi.mul_add(row[j], out[j]);
+                        for b in 0..NB2 {
+                            $store(op.add((h + b) * W), o[b]);
                         }
                     }
                 }
+            }
+
+            /// One lane, as the scalar reference computes it.
+            fn lane(s: &mut [f32], x: Step, out: &mut [f32], j: usize) {
+                let dv = x.v.len();
+                let mut a = 0f32;
+                for (i, &ki) in x.k.iter().enumerate() {
+                    a = ki.mul_add(s[i * dv + j], a);
+                }
+                let u = x.beta * (x.v[j] - x.decay * a);
+                let mut o = 0f32;
+                for (i, (&ki, &qi)) in x.k.iter().zip(x.q).enumerate() {
+                    let y = ki.mul_add(u, x.decay * s[i * dv + j]);
+                    s[i * dv + j] = y;
+                    o = qi.mul_add(y, o);
+                }
+                out[j] = o;
             }
         }
     };
@@ -146,6 +183,8 @@ vector_tier!(
     avx2,
     "avx2,fma",
     8,
+    8,
+    4,
     __m256,
     _mm256_set1_ps,
     _mm256_loadu_ps,
@@ -159,6 +198,8 @@ vector_tier!(
     avx512,
     "avx512f",
     16,
+    4,
+    4,
     __m512,
     _mm512_set1_ps,
     _mm512_loadu_ps,
