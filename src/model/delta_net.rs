@@ -17,7 +17,7 @@
 //! depend on how many there are.
 
 use moescope_kernels::delta::{self, Step};
-use moescope_kernels::ops::{l2_norm_inplace, rms_norm, silu};
+use moescope_kernels::ops::{l2_norm_inplace, rms_norm, silu, silu_inplace};
 
 use super::error::ModelError;
 use crate::exec::{Chunks, Exec, Scratch};
@@ -244,29 +244,13 @@ pub struct Work<'a> {
 /// Everything between the projections and `out_proj`: conv, SiLU, L2 norms, gates, the delta
 /// rule and the gated norm, advancing `st`; `y` gets `[T, nv dv]`.
 pub fn core(exec: &Exec, w: &Weights, d: Dims, st: &mut LinearState, x: Inputs, work: Work, y: &mut [f32]) {
-    let (cd, vd, nk, dk, nv, dv, kk) = (d.conv_dim(), d.value_dim(), d.nk, d.dk, d.nv, d.dv, d.kernel);
+    let (cd, vd, nk, dk, nv, dv) = (d.conv_dim(), d.value_dim(), d.nk, d.dk, d.nv, d.dv);
     let t_n = x.b.len() / nv;
     let _m = trace::span("delta_net").arg("tokens", t_n).arg("heads", nv);
     let Work { c, beta, decay } = work;
-    // causal depthwise conv over [conv state (K - 1 rows); p (T rows)], then SiLU
-    let past = kk - 1;
-    let row = |pos: usize| -> &[f32] {
-        if pos < past { &st.conv[pos * cd..(pos + 1) * cd] } else { &x.p[(pos - past) * cd..(pos - past + 1) * cd] }
-    };
-    for t in 0..t_n {
-        let out = &mut c[t * cd..(t + 1) * cd];
-        out.fill(0.0);
-        for j in 0..kk {
-            let inp = row(t + j);
-            for ch in 0..cd {
-                out[ch] = w.conv[ch * kk + j].mul_add(inp[ch], out[ch]);
-            }
-        }
-        out.iter_mut().for_each(|v| *v = silu(*v));
-    }
-    // the new conv state: the last K - 1 rows of the same sequence
-    let keep: Vec<f32> = (t_n..t_n + past).flat_map(|pos| row(pos).iter().copied()).collect();
-    st.conv.copy_from_slice(&keep);
+    // causal depthwise conv over [conv state (K - 1 rows); p (T rows)], then SiLU, a block of
+    // channels per task (each channel alone: the split does not change a bit)
+    conv_silu(exec, w.conv, d, &mut st.conv, x.p, t_n, c);
     // per token: L2-normalised q (then scaled) and k of every key head; the gates
     let scale = 1.0 / (dk as f32).sqrt();
     for t in 0..t_n {
@@ -310,6 +294,45 @@ pub fn core(exec: &Exec, w: &Weights, d: Dims, st: &mut LinearState, x: Inputs, 
             for (v, &g) in yh.iter_mut().zip(&x.z[t * vd + h * dv..t * vd + (h + 1) * dv]) {
                 *v *= silu(g);
             }
+        }
+    });
+}
+
+/// Channels per task of the conv.
+const CONV_BLOCK: usize = 512;
+
+/// `c[t] = silu(sum_j w[:, j] * x_{t-K+1+j})` over the sequence [state (K - 1 rows); p (T
+/// rows)] (`[_, conv]` each), and the state <- its last K - 1 rows; blocks of channels on the
+/// compute threads.
+fn conv_silu(exec: &Exec, w: &[f32], d: Dims, state: &mut [f32], p: &[f32], t_n: usize, c: &mut [f32]) {
+    let (cd, kk) = (d.conv_dim(), d.kernel);
+    let past = kk - 1;
+    let blocks = cd.div_ceil(CONV_BLOCK);
+    let (cs, ss) = (Chunks::new(c), Chunks::new(state));
+    exec.run(blocks, &|b, _p| {
+        let (c0, c1) = (b * CONV_BLOCK, ((b + 1) * CONV_BLOCK).min(cd));
+        let n = c1 - c0;
+        // this block's columns of [state; p]: the state's copied out before it is rewritten
+        // SAFETY: task b alone touches columns c0..c1 of the state and of c
+        let mut seq: Vec<f32> = (0..past).flat_map(|m| unsafe { ss.slice(m * cd + c0, n) }.to_vec()).collect();
+        for t in 0..t_n {
+            seq.extend_from_slice(&p[t * cd + c0..t * cd + c1]);
+        }
+        for t in 0..t_n {
+            // SAFETY: as above
+            let out = unsafe { cs.slice(t * cd + c0, n) };
+            out.fill(0.0);
+            for j in 0..kk {
+                let inp = &seq[(t + j) * n..(t + j + 1) * n];
+                for ((o, &x), ch) in out.iter_mut().zip(inp).zip(c0..c1) {
+                    *o += w[ch * kk + j] * x;
+                }
+            }
+            silu_inplace(out);
+        }
+        for m in 0..past {
+            // SAFETY: as above
+            unsafe { ss.slice(m * cd + c0, n) }.copy_from_slice(&seq[(t_n + m) * n..(t_n + m + 1) * n]);
         }
     });
 }
