@@ -167,6 +167,25 @@ def make(name, out_root):
                                   tokenizer=os.path.basename(os.path.normpath(opt["tokenizer"])) if opt.get("tokenizer") else None))
 
 
+def prefill_with_hidden(m, tm, x, L, E):
+    """One pass of `m` over `x` ([1, T]) with the hidden states of its text model `tm` caught on
+    the way (embeddings, each layer's output, after the final norm) and the router logits of the
+    MoE layers, in layer order ([Lm, T, E])."""
+    hs = {}
+    hooks = [tm.embed_tokens.register_forward_hook(lambda mod, i, o: hs.__setitem__(0, o.detach().clone()))]
+    for li, layer in enumerate(tm.layers):
+        hooks.append(layer.register_forward_hook(
+            lambda mod, i, o, li=li: hs.__setitem__(li + 1, (o[0] if isinstance(o, tuple) else o).detach().clone())))
+    hooks.append(tm.norm.register_forward_hook(lambda mod, i, o: hs.__setitem__(L + 1, o.detach().clone())))
+    with torch.no_grad():
+        o = m(input_ids=x, output_router_logits=True, use_cache=False)
+    for h in hooks:
+        h.remove()
+    T = x.shape[1]
+    rl = torch.stack([r.reshape(T, E).float() for r in o.router_logits])
+    return o, hs, rl
+
+
 def oracle(out, ids, forced, info_extra, prompt=PROMPT):
     """What transformers computes on the checkpoint saved in `out` (reloaded in fp32, eager
     attention and experts): reference.safetensors and reference.json, as the module doc says."""
@@ -177,26 +196,15 @@ def oracle(out, ids, forced, info_extra, prompt=PROMPT):
     c = m.config
     V = c.vocab_size
     L, E, K = c.num_hidden_layers, c.num_local_experts, c.num_experts_per_tok
-    hs = {}
-    hooks = [m.model.embed_tokens.register_forward_hook(lambda mod, i, o: hs.__setitem__(0, o.detach().clone()))]
-    for li, layer in enumerate(m.model.layers):
-        hooks.append(layer.register_forward_hook(
-            lambda mod, i, o, li=li: hs.__setitem__(li + 1, (o[0] if isinstance(o, tuple) else o).detach().clone())))
-    hooks.append(m.model.norm.register_forward_hook(lambda mod, i, o: hs.__setitem__(L + 1, o.detach().clone())))
     x = torch.tensor([ids])
-    with torch.no_grad():
-        o = m(input_ids=x, output_router_logits=True, use_cache=False)
-    for h in hooks:
-        h.remove()
-    T = len(ids)
-    # router_logits come only from MoE layers, in layer order
-    rl = torch.stack([r.reshape(T, E).float() for r in o.router_logits])
+    o, hs, rl = prefill_with_hidden(m, m.model, x, L, E)
     probs = torch.softmax(rl, -1)
     top_v, top_i = torch.topk(probs, K, -1)
     margin = top_v[..., K - 1] - torch.topk(probs, K + 1, -1).values[..., K]
     top_w = top_v / top_v.sum(-1, keepdim=True) if c.norm_topk_prob else top_v
     moe_layers = [i for i in range(L) if i not in c.mlp_only_layers and (i + 1) % c.decoder_sparse_step == 0]
     assert len(moe_layers) == rl.shape[0]
+    T = len(ids)
     ref = dict(input_ids=torch.tensor(ids), logits=o.logits[0].float().contiguous(),
                hidden_states=torch.stack([hs[i][0] for i in range(L + 2)]).contiguous(),
                router_logits=rl.contiguous(), router_topk_idx=top_i.contiguous(),

@@ -34,7 +34,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT, fuse_experts  # noqa: E402
+from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT, fuse_experts, prefill_with_hidden  # noqa: E402
 
 LONG = 13  # prompt repeats: ~270 tokens
 GEN = 24
@@ -164,19 +164,9 @@ def make(name, out_root):
     tc = m.config.get_text_config() if hasattr(m.config, "get_text_config") else m.config
     tm = text_model(m)
     L, E, K = tc.num_hidden_layers, tc.num_experts, tc.num_experts_per_tok
-    hs = {}
-    hooks = [tm.embed_tokens.register_forward_hook(lambda mod, i, o: hs.__setitem__(0, o.detach().clone()))]
-    for li, layer in enumerate(tm.layers):
-        hooks.append(layer.register_forward_hook(
-            lambda mod, i, o, li=li: hs.__setitem__(li + 1, (o[0] if isinstance(o, tuple) else o).detach().clone())))
-    hooks.append(tm.norm.register_forward_hook(lambda mod, i, o: hs.__setitem__(L + 1, o.detach().clone())))
     x = torch.tensor([ids])
-    with torch.no_grad():
-        o = m(input_ids=x, output_router_logits=True, use_cache=False)
-    for h in hooks:
-        h.remove()
+    o, hs, rl = prefill_with_hidden(m, tm, x, L, E)
     T = len(ids)
-    rl = torch.stack([r.reshape(T, E).float() for r in o.router_logits])
     mlp_only = getattr(tc, "mlp_only_layers", []) or []
     moe_layers = [i for i in range(L) if i not in mlp_only]
     assert rl.shape[0] == len(moe_layers), (rl.shape, moe_layers)
