@@ -106,6 +106,17 @@ pub fn dot_x4(isa: Isa, six: bool, block: &[u8], wd: &[f32], a: QuantRow<'_>, pf
     })
 }
 
+/// [`dot_x4`] of a q4 block for two tokens at once (prefill): on AVX2 the block's nibbles are
+/// decoded once for both. Each value is the one [`dot_x4`] gives, bit for bit.
+pub fn dot_x4_q4_pair(isa: Isa, block: &[u8], wd: &[f32], a0: QuantRow<'_>, a1: QuantRow<'_>) -> [[f32; 4]; 2] {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && a0.group.is_multiple_of(32) && a0.group == a1.group && a0.q.len() == a1.q.len() {
+        // SAFETY: as dot_x4's, for both rows of activations
+        return unsafe { avx2::dot_x4_q4_pair(block, wd, a0, a1) };
+    }
+    [dot_x4(isa, false, block, wd, a0, 0), dot_x4(isa, false, block, wd, a1, 0)]
+}
+
 /// The reference kernels.
 pub mod scalar {
     use super::*;
@@ -317,16 +328,17 @@ mod avx2 {
         acc
     }
 
-    /// One 32-value block of `q4_lohi32` (16 bytes at `p`) as 32 unsigned values in `[0, 15]`.
+    /// One 32-value block of `q4_lohi32` (16 bytes at `p`) as 32 unsigned values in `[0, 15]`:
+    /// the 16 bytes in both halves of a register (one broadcast load), the upper half shifted
+    /// down 4 bits (a per-lane shift of whole 32-bit words: the bits that cross into a byte's
+    /// high nibble are masked off with it), 3 instructions where splitting and joining halves
+    /// took 5.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn q4_block(p: *const u8) -> __m256i {
-        let mask = _mm_set1_epi8(0x0F);
         // SAFETY: the caller's 16 bytes
-        let b = unsafe { _mm_loadu_si128(p as *const __m128i) };
-        let lo = _mm_and_si128(b, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
-        _mm256_set_m128i(hi, lo)
+        let b = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(p as *const __m128i) });
+        _mm256_and_si256(_mm256_srlv_epi32(b, _mm256_set_epi32(4, 4, 4, 4, 0, 0, 0, 0)), _mm256_set1_epi8(0x0F))
     }
 
     /// Block `b` (0..4) of the q6 chunk at `p` (96 bytes) as 32 unsigned values in `[0, 63]`:
@@ -353,6 +365,12 @@ mod avx2 {
         _mm256_set_m128i(hi, lo)
     }
 
+    // q4_pairs_fit: a maddubs pair of q4 values (0..15) and int8 activations is at most
+    // 2 * 15 * 128 = 3840 in magnitude, so the 16-bit sums of up to 8 blocks (a group of 256)
+    // cannot saturate; q4 groups are at most 128. q6 pairs reach 2 * 63 * 128 and widen per
+    // block.
+    const _: () = assert!(8 * 2 * 15 * 128 <= i16::MAX as i32);
+
     /// `v + sum n * x` over pairs and quads of the 32 unsigned values `n` and activations `x`
     /// (q6: a maddubs pair is at most 2 * 63 * 127, no saturation).
     #[inline]
@@ -366,16 +384,18 @@ mod avx2 {
         let g = a.group;
         let mut acc = 0f32;
         for gi in 0..wd.len() {
-            let mut v = _mm256_setzero_si256();
+            // a group's pairs summed in 16 bits (q4_pairs_fit), widened once
+            let mut v16 = _mm256_setzero_si256();
             let mut j = gi * g;
             while j < (gi + 1) * g {
                 // SAFETY: 16 weight bytes hold values j..j+32, all inside the row.
                 let (n, x) = unsafe {
                     (q4_block(wq.as_ptr().add(j / 2)), _mm256_loadu_si256(a.q.as_ptr().add(j) as *const __m256i))
                 };
-                v = block_dot(v, n, x);
+                v16 = _mm256_add_epi16(v16, _mm256_maddubs_epi16(n, x));
                 j += 32;
             }
+            let v = _mm256_madd_epi16(v16, _mm256_set1_epi16(1));
             let isum = hsum_epi32(v) - 8 * a.sums[gi];
             acc += isum as f32 * (wd[gi] * a.scales[gi]);
         }
@@ -418,11 +438,13 @@ mod avx2 {
         let mut acc = _mm_setzero_ps();
         for gi in 0..ng {
             let mut v = [_mm256_setzero_si256(); 4];
+            // q4: each row's pairs summed in 16 bits over the group (q4_pairs_fit), widened once
+            let mut v16 = [_mm256_setzero_si256(); 4];
             let mut j = gi * g;
             while j < (gi + 1) * g {
                 // SAFETY: values j..j + 32 of the activations and of each row's chunk j / 128
                 let x = unsafe { _mm256_loadu_si256(a.q.as_ptr().add(j) as *const __m256i) };
-                for (i, v) in v.iter_mut().enumerate() {
+                for i in 0..4 {
                     let p = unsafe { block.as_ptr().add(interleaved_offset(i, j / CHUNK, rb, cb)) };
                     if pf != 0 && j.is_multiple_of(CHUNK) {
                         // once per row chunk (64 bytes; q6: 96)
@@ -431,22 +453,91 @@ mod avx2 {
                             crate::prefetch::line(p, pf + 64);
                         }
                     }
-                    let n =
-                        unsafe { if SIX { q6_block(p, (j % CHUNK) / 32) } else { q4_block(p.add((j % CHUNK) / 2)) } };
-                    *v = block_dot(*v, n, x);
+                    if SIX {
+                        v[i] = block_dot(v[i], unsafe { q6_block(p, (j % CHUNK) / 32) }, x);
+                    } else {
+                        let n = unsafe { q4_block(p.add((j % CHUNK) / 2)) };
+                        v16[i] = _mm256_add_epi16(v16[i], _mm256_maddubs_epi16(n, x));
+                    }
                 }
                 j += 32;
             }
-            // the four rows' sums in lanes 0-3
-            let h = |v: __m256i| _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-            let s = _mm_hadd_epi32(_mm_hadd_epi32(h(v[0]), h(v[1])), _mm_hadd_epi32(h(v[2]), h(v[3])));
-            let isum = _mm_sub_epi32(s, _mm_mullo_epi32(bias, _mm_set1_epi32(a.sums[gi])));
-            let w = _mm_set_ps(wd[3 * ng + gi], wd[2 * ng + gi], wd[ng + gi], wd[gi]);
-            acc = _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(w, _mm_set1_ps(a.scales[gi]))));
+            if !SIX {
+                for i in 0..4 {
+                    v[i] = _mm256_madd_epi16(v16[i], _mm256_set1_epi16(1));
+                }
+            }
+            acc = fold_group(acc, &v, bias, wd, gi, ng, a);
         }
         let mut out = [0f32; 4];
         // SAFETY: 4 floats into a 4-float array
         unsafe { _mm_storeu_ps(out.as_mut_ptr(), acc) };
+        out
+    }
+
+    /// `acc + (the four rows' sums of group gi - bias * the activations' sum) * scales`, lane i
+    /// for row i: the one sequence of f32 operations every caller of a block uses.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn fold_group(
+        acc: __m128,
+        v: &[__m256i; 4],
+        bias: __m128i,
+        wd: &[f32],
+        gi: usize,
+        ng: usize,
+        a: QuantRow<'_>,
+    ) -> __m128 {
+        let h = |v: __m256i| _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_hadd_epi32(_mm_hadd_epi32(h(v[0]), h(v[1])), _mm_hadd_epi32(h(v[2]), h(v[3])));
+        let isum = _mm_sub_epi32(s, _mm_mullo_epi32(bias, _mm_set1_epi32(a.sums[gi])));
+        let w = _mm_set_ps(wd[3 * ng + gi], wd[2 * ng + gi], wd[ng + gi], wd[gi]);
+        _mm_add_ps(acc, _mm_mul_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(w, _mm_set1_ps(a.scales[gi]))))
+    }
+
+    /// [`dot_x4`] (q4) for two tokens: each 32-value block of the 4 rows decoded once and
+    /// multiplied with both tokens' activations (prefill decoded the block again per token).
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_x4_q4_pair(block: &[u8], wd: &[f32], a0: QuantRow<'_>, a1: QuantRow<'_>) -> [[f32; 4]; 2] {
+        let g = a0.group;
+        let ng = a0.q.len() / g;
+        let cb = CHUNK / 2;
+        let rb = a0.q.len() / CHUNK * cb;
+        let bias = _mm_set1_epi32(8);
+        let (mut acc0, mut acc1) = (_mm_setzero_ps(), _mm_setzero_ps());
+        for gi in 0..ng {
+            // each row's pairs summed in 16 bits over the group (q4_pairs_fit)
+            let (mut v0, mut v1) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
+            let mut j = gi * g;
+            while j < (gi + 1) * g {
+                // SAFETY: values j..j + 32 of both activation rows and of each row's chunk j / 128
+                let (x0, x1) = unsafe {
+                    (
+                        _mm256_loadu_si256(a0.q.as_ptr().add(j) as *const __m256i),
+                        _mm256_loadu_si256(a1.q.as_ptr().add(j) as *const __m256i),
+                    )
+                };
+                for i in 0..4 {
+                    let n = unsafe {
+                        q4_block(block.as_ptr().add(interleaved_offset(i, j / CHUNK, rb, cb) + (j % CHUNK) / 2))
+                    };
+                    v0[i] = _mm256_add_epi16(v0[i], _mm256_maddubs_epi16(n, x0));
+                    v1[i] = _mm256_add_epi16(v1[i], _mm256_maddubs_epi16(n, x1));
+                }
+                j += 32;
+            }
+            let ones = _mm256_set1_epi16(1);
+            let w0 = [0, 1, 2, 3].map(|i| _mm256_madd_epi16(v0[i], ones));
+            let w1 = [0, 1, 2, 3].map(|i| _mm256_madd_epi16(v1[i], ones));
+            acc0 = fold_group(acc0, &w0, bias, wd, gi, ng, a0);
+            acc1 = fold_group(acc1, &w1, bias, wd, gi, ng, a1);
+        }
+        let mut out = [[0f32; 4]; 2];
+        // SAFETY: 4 floats into each 4-float array
+        unsafe {
+            _mm_storeu_ps(out[0].as_mut_ptr(), acc0);
+            _mm_storeu_ps(out[1].as_mut_ptr(), acc1);
+        }
         out
     }
 }

@@ -208,7 +208,18 @@ impl<'a> Mat<'a> {
                             crate::prefetch::scales_ahead(scales, r, ROW_BLOCK, ng);
                         }
                         let (block, wd) = (&q[r / ROW_BLOCK * bb..][..bb], &scales[r * ng..(r + ROW_BLOCK) * ng]);
-                        for t in 0..n {
+                        let mut t = 0;
+                        // q4 over several tokens: two at a time, the block decoded once for both
+                        while !six && t + 2 <= n {
+                            let pair = dot::dot_x4_q4_pair(isa, block, wd, a.row(t), a.row(t + 1));
+                            for (dt, vals) in pair.into_iter().enumerate() {
+                                for (k, v) in vals.into_iter().enumerate() {
+                                    out[(i + k) * n + t + dt] = v;
+                                }
+                            }
+                            t += 2;
+                        }
+                        for t in t..n {
                             for (k, v) in dot::dot_x4(isa, six, block, wd, a.row(t), pf).into_iter().enumerate() {
                                 out[(i + k) * n + t] = v;
                             }
