@@ -1,0 +1,348 @@
+//! Dot products of one weight row with one activation row, per format, per ISA tier.
+//!
+//! The quantized kernels compute each group's integer sum exactly and then combine the groups
+//! with the same f32 operations in the same order on every tier, so a SIMD result is
+//! bit-identical to the scalar one. The f32/bf16 kernels differ from the scalar reference only
+//! by summation order.
+
+use crate::act::QuantRow;
+use crate::isa::Isa;
+use crate::quant::{CHUNK, Q6_CHUNK_BYTES, ROW_BLOCK, bf16_to_f32, gather_row};
+
+/// `a · b` in f32.
+#[inline]
+pub fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    dot_f32_streamed(isa, a, b, 0)
+}
+
+/// `a · b` where `a` is a weight row streamed from memory: the SIMD tiers also prefetch the
+/// line `pf` bytes past each line of `a` they read ([`crate::prefetch`]; 0: not at all). Same
+/// result as [`dot_f32`].
+#[inline]
+pub fn dot_f32_streamed(isa: Isa, a: &[f32], b: &[f32], pf: usize) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: the tier says AVX2 and FMA are present.
+        return unsafe { avx2::dot_f32(a, b, pf) };
+    }
+    let _ = (isa, pf);
+    scalar::dot_f32(a, b)
+}
+
+/// `w · x` with `w` in bf16 bits.
+#[inline]
+pub fn dot_bf16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
+    debug_assert_eq!(w.len(), x.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: as above.
+        return unsafe { avx2::dot_bf16(w, x) };
+    }
+    let _ = isa;
+    scalar::dot_bf16(w, x)
+}
+
+/// `w · a` with `w` a q8 row (`wq`, `wd` scales) and `a` quantized with the same group.
+#[inline]
+pub fn dot_q8(isa: Isa, wq: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+    debug_assert_eq!(wq.len(), a.q.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && a.group.is_multiple_of(32) {
+        // SAFETY: as above; the group is a whole number of 32-byte vectors.
+        return unsafe { avx2::dot_q8(wq, wd, a) };
+    }
+    let _ = isa;
+    scalar::dot_q8(wq, wd, a)
+}
+
+/// `w · a` with `w` a q4 row (`q4_lohi32` layout) and `a` quantized with the same group.
+#[inline]
+pub fn dot_q4(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+    debug_assert_eq!(wq.len() * 2, a.q.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && a.group.is_multiple_of(32) {
+        // SAFETY: as above; every block is 32 values (16 bytes).
+        return unsafe { avx2::dot_q4(wq, wd, a) };
+    }
+    let _ = isa;
+    scalar::dot_q4(wq, wd, a)
+}
+
+/// `w · a` with `w` a q6 row (`q6_lo4hi2` layout) and `a` quantized with the same group.
+#[inline]
+pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+    debug_assert_eq!(wq.len() / 96 * 128, a.q.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: as above; groups are whole 128-value chunks (the format's rule).
+        return unsafe { avx2::dot_q6(wq, wd, a) };
+    }
+    let _ = isa;
+    scalar::dot_q6(wq, wd, a)
+}
+
+/// Rows `0..4` of one block of a row-interleaved q4 matrix (`q4_lohi32_x4`; `six`: q6,
+/// `q6_lo4hi2_x4`): `block` is the block's bytes (4 rows), `wd` its rows' scales one row after
+/// another. Each value is what [`dot_q4`] / [`dot_q6`] give for that row at this tier, bit for bit
+/// (AVX2 reads the block in order; the scalar reference gathers each row). `pf`: how far ahead
+/// the SIMD tiers prefetch the block's stream ([`crate::prefetch`]; 0: not at all).
+pub fn dot_x4(isa: Isa, six: bool, block: &[u8], wd: &[f32], a: QuantRow<'_>, pf: usize) -> [f32; 4] {
+    let ng = wd.len() / ROW_BLOCK;
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && a.group.is_multiple_of(32) {
+        // SAFETY: AVX2 and FMA were detected; the block holds 4 rows of a.q.len() values; every
+        // block is 32 values (q6 groups are whole chunks)
+        return unsafe {
+            if six { avx2::dot_x4::<true>(block, wd, a, pf) } else { avx2::dot_x4::<false>(block, wd, a, pf) }
+        };
+    }
+    let cb = if six { Q6_CHUNK_BYTES } else { CHUNK / 2 };
+    let mut row = vec![0u8; block.len() / ROW_BLOCK];
+    std::array::from_fn(|i| {
+        gather_row(block, i, cb, &mut row);
+        let wd = &wd[i * ng..(i + 1) * ng];
+        if six { dot_q6(isa, &row, wd, a) } else { dot_q4(isa, &row, wd, a) }
+    })
+}
+
+/// [`dot_x4`] of a q4 block for two tokens at once (prefill): on AVX2 the block's nibbles are
+/// decoded once for both. Each value is the one [`dot_x4`] gives, bit for bit.
+pub fn dot_x4_q4_pair(isa: Isa, block: &[u8], wd: &[f32], a0: QuantRow<'_>, a1: QuantRow<'_>) -> [[f32; 4]; 2] {
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && a0.group.is_multiple_of(32) && a0.group == a1.group && a0.q.len() == a1.q.len() {
+        // SAFETY: as dot_x4's, for both rows of activations
+        return unsafe { avx2::dot_x4_q4_pair(block, wd, a0, a1) };
+    }
+    [dot_x4(isa, false, block, wd, a0, 0), dot_x4(isa, false, block, wd, a1, 0)]
+}
+
+/// The reference kernels.
+pub mod scalar {
+    use super::*;
+    use crate::quant::q6_value;
+
+    pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+        // eight partial sums: the order the SIMD kernels use, and what lets the compiler
+        // vectorize this loop on its own
+        let mut acc = [0f32; 8];
+        let n8 = a.len() / 8 * 8;
+        for i in (0..n8).step_by(8) {
+            for l in 0..8 {
+                acc[l] += a[i + l] * b[i + l];
+            }
+        }
+        let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for i in n8..a.len() {
+            s += a[i] * b[i];
+        }
+        s
+    }
+
+    pub fn dot_bf16(w: &[u16], x: &[f32]) -> f32 {
+        let mut acc = [0f32; 8];
+        let n8 = w.len() / 8 * 8;
+        for i in (0..n8).step_by(8) {
+            for l in 0..8 {
+                acc[l] += bf16_to_f32(w[i + l]) * x[i + l];
+            }
+        }
+        let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        for i in n8..w.len() {
+            s += bf16_to_f32(w[i]) * x[i];
+        }
+        s
+    }
+
+    pub fn dot_q8(wq: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+        let g = a.group;
+        let mut acc = 0f32;
+        for gi in 0..wd.len() {
+            let mut isum = 0i32;
+            for j in gi * g..(gi + 1) * g {
+                isum += wq[j] as i32 * a.q[j] as i32;
+            }
+            acc += isum as f32 * (wd[gi] * a.scales[gi]);
+        }
+        acc
+    }
+
+    pub fn dot_q4(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+        let g = a.group;
+        let mut acc = 0f32;
+        // blocks of B values: byte j holds value j (low nibble) and value j + B/2 (high)
+        let block = g.min(32);
+        let half = block / 2;
+        for gi in 0..wd.len() {
+            let mut isum = 0i32;
+            for b in 0..g / block {
+                let base = gi * g + b * block;
+                let bytes = &wq[base / 2..base / 2 + half];
+                let x = &a.q[base..base + block];
+                for j in 0..half {
+                    let lo = (bytes[j] & 0x0F) as i32 - 8;
+                    let hi = (bytes[j] >> 4) as i32 - 8;
+                    isum += lo * x[j] as i32 + hi * x[j + half] as i32;
+                }
+            }
+            acc += isum as f32 * (wd[gi] * a.scales[gi]);
+        }
+        acc
+    }
+
+    pub fn dot_q6(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+        let g = a.group;
+        let mut acc = 0f32;
+        for gi in 0..wd.len() {
+            let isum: i32 = (gi * g..(gi + 1) * g).map(|j| q6_value(wq, j) * a.q[j] as i32).sum();
+            acc += isum as f32 * (wd[gi] * a.scales[gi]);
+        }
+        acc
+    }
+}
+
+/// The AVX2 + FMA forms (the AVX-512 tiles of whole matrices are in `mat/avx512.rs`).
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::act::QuantAct;
+    use crate::quant::{GROUPS, f32_to_bf16, q4_value, q6_value, quantize_q4_row, quantize_q6_row, quantize_q8_row};
+
+    fn rnd(seed: &mut u64, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// f64 brute force of what the integer kernels compute from the quantized values.
+    fn brute_q(wv: &[i32], wd: &[f32], a: &QuantAct, g: usize) -> f64 {
+        let r = a.row(0);
+        (0..wd.len())
+            .map(|gi| {
+                let s: i64 = (gi * g..(gi + 1) * g).map(|j| wv[j] as i64 * r.q[j] as i64).sum();
+                s as f64 * wd[gi] as f64 * r.scales[gi] as f64
+            })
+            .sum()
+    }
+
+    #[test]
+    fn float_kernels_match_f64_on_awkward_sizes() {
+        let mut s = 3;
+        for isa in Isa::available() {
+            for n in [1, 7, 8, 15, 16, 17, 31, 33, 100, 257, 1000] {
+                let a = rnd(&mut s, n);
+                let b = rnd(&mut s, n);
+                let exact: f64 = a.iter().zip(&b).map(|(x, y)| *x as f64 * *y as f64).sum();
+                let got = dot_f32(isa, &a, &b);
+                assert!((got as f64 - exact).abs() <= 1e-5 * (1.0 + n as f64).sqrt(), "{isa} n={n}");
+                for pf in [64, 4096] {
+                    let streamed = dot_f32_streamed(isa, &a, &b, pf);
+                    assert_eq!(streamed.to_bits(), got.to_bits(), "{isa} n={n}: prefetching {pf} B ahead");
+                }
+                let wb: Vec<u16> = a.iter().map(|v| f32_to_bf16(*v)).collect();
+                let exact: f64 = wb.iter().zip(&b).map(|(w, y)| bf16_to_f32(*w) as f64 * *y as f64).sum();
+                let got = dot_bf16(isa, &wb, &b) as f64;
+                assert!((got - exact).abs() <= 1e-5 * (1.0 + n as f64).sqrt(), "{isa} bf16 n={n}");
+            }
+        }
+    }
+
+    #[test]
+    fn quantized_kernels_are_bit_identical_across_tiers() {
+        let mut s = 11;
+        for g in GROUPS {
+            for ngroups in [1, 2, 3, 5, 16] {
+                let k = g * ngroups;
+                let w = rnd(&mut s, k);
+                let x: Vec<f32> = rnd(&mut s, k).iter().map(|v| v * 4.0).collect();
+                let mut a = QuantAct::default();
+                a.quantize(&x, k, g, Isa::detect());
+                let mut q8 = vec![0i8; k];
+                let mut d8 = vec![0f32; ngroups];
+                quantize_q8_row(&w, g, &mut q8, &mut d8);
+                let mut q4 = vec![0u8; k / 2];
+                let mut d4 = vec![0f32; ngroups];
+                quantize_q4_row(&w, g, &mut q4, &mut d4);
+                let ref8 = scalar::dot_q8(&q8, &d8, a.row(0));
+                let ref4 = scalar::dot_q4(&q4, &d4, a.row(0));
+                let v8: Vec<i32> = q8.iter().map(|v| *v as i32).collect();
+                let v4: Vec<i32> = (0..ngroups)
+                    .flat_map(|gi| {
+                        let qg = &q4[gi * g / 2..(gi + 1) * g / 2];
+                        (0..g).map(move |j| q4_value(qg, g, j))
+                    })
+                    .collect();
+                let tol = |x: f64| 1e-5 * (1.0 + x.abs());
+                let b8 = brute_q(&v8, &d8, &a, g);
+                let b4 = brute_q(&v4, &d4, &a, g);
+                assert!((ref8 as f64 - b8).abs() <= tol(b8), "q8 g={g}");
+                assert!((ref4 as f64 - b4).abs() <= tol(b4), "q4 g={g}");
+                for isa in Isa::available() {
+                    assert_eq!(dot_q8(isa, &q8, &d8, a.row(0)).to_bits(), ref8.to_bits(), "{isa} q8 g={g}");
+                    assert_eq!(dot_q4(isa, &q4, &d4, a.row(0)).to_bits(), ref4.to_bits(), "{isa} q4 g={g}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn q6_kernels_match_brute_force_bit_identically_across_tiers() {
+        let mut s = 23;
+        for g in [128, 256] {
+            for ngroups in [1, 2, 3, 7] {
+                let k = g * ngroups;
+                let w = rnd(&mut s, k);
+                let x: Vec<f32> = rnd(&mut s, k).iter().map(|v| v * 4.0).collect();
+                let mut a = QuantAct::default();
+                a.quantize(&x, k, g, Isa::detect());
+                let mut q6 = vec![0u8; k / 128 * 96];
+                let mut d6 = vec![0f32; ngroups];
+                quantize_q6_row(&w, g, &mut q6, &mut d6);
+                let v6: Vec<i32> = (0..k).map(|j| q6_value(&q6, j)).collect();
+                let want = brute_q(&v6, &d6, &a, g);
+                let got = scalar::dot_q6(&q6, &d6, a.row(0));
+                assert!((got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()), "g={g}: {got} vs {want}");
+                for isa in Isa::available() {
+                    assert_eq!(dot_q6(isa, &q6, &d6, a.row(0)).to_bits(), got.to_bits(), "{isa} q6 g={g}");
+                }
+            }
+        }
+        // every weight at +31 and -32 against int8 extremes: the largest pair sums
+        for (wv, xv) in [(31.0f32, 1.0f32), (-32.0, -1.0)] {
+            let w = vec![wv; 128];
+            let mut q6 = vec![0u8; 96];
+            let mut d6 = vec![0f32; 1];
+            quantize_q6_row(&w, 128, &mut q6, &mut d6);
+            let mut a = QuantAct::default();
+            a.quantize(&vec![xv; 128], 128, 128, Isa::detect());
+            let want = (wv * xv * 128.0) as f64;
+            for isa in Isa::available() {
+                let got = dot_q6(isa, &q6, &d6, a.row(0)) as f64;
+                assert!((got - want).abs() <= 1e-4 * want.abs(), "{isa}: {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_int8_values_do_not_overflow() {
+        // all +127 / -127: the maddubs pair sums sit at their largest
+        for g in [32, 128] {
+            let q8 = vec![-127i8; g];
+            let d8 = vec![1.0f32];
+            let x = vec![-1.0f32; g];
+            let mut a = QuantAct::default();
+            a.quantize(&x, g, g, Isa::detect());
+            let want = (127 * 127 * g) as f32 * (1.0 / 127.0);
+            for isa in Isa::available() {
+                let got = dot_q8(isa, &q8, &d8, a.row(0));
+                assert!((got - want).abs() <= want * 1e-6, "{isa}: {got} vs {want}");
+            }
+        }
+    }
+}
