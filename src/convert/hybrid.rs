@@ -18,6 +18,11 @@ use super::error::ConvertError;
 use super::source::TensorSource;
 use crate::model_config::{HybridConfig, ModelConfig};
 
+/// The norms stored as w and applied as (1 + w) (besides the final `model.norm`); the linear
+/// mixer's gated norm is not one of them.
+const ZERO_CENTRED: [&str; 4] =
+    ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight"];
+
 pub struct HybridSource<'a> {
     src: &'a dyn TensorSource,
     /// The checkpoint's prefix of what the package calls `model.`.
@@ -53,11 +58,7 @@ impl<'a> HybridSource<'a> {
             return View::Same(name.to_string()); // lm_head.weight
         };
         let src = |r: &str| format!("{}{r}", self.prefix);
-        let zero_centred = ["input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight"]
-            .iter()
-            .chain(&["self_attn.k_norm.weight"])
-            .any(|s| rest.ends_with(s))
-            || rest == "norm.weight";
+        let zero_centred = ZERO_CENTRED.iter().any(|s| rest.ends_with(s)) || rest == "norm.weight";
         if zero_centred {
             return View::PlusOne(src(rest));
         }
