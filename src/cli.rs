@@ -194,6 +194,12 @@ pub struct ExpertArgs {
     /// `moescope sim`.
     #[arg(long, value_name = "FILE")]
     pub routing_out: Option<PathBuf>,
+    /// Follow a routing trace (`--routing-out`, or traces/*.jsonl.gz) instead of the model's
+    /// own routers: each token takes the trace's experts and weights (MoE layers map in order,
+    /// wrapping; tokens run through the trace and wrap), and the predictor its candidates
+    /// where the trace has them. The routers still run; the output text is not the model's.
+    #[arg(long, value_name = "TRACE")]
+    pub route_from: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -9,6 +9,7 @@
 //! deviation of the repetitions' t/s.
 
 use std::io::Write;
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -102,6 +103,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     if waited.as_millis() > 0 {
         eprintln!("moescope bench: waited {:.2} s for the experts' checksums before the tests", waited.as_secs_f64());
     }
+    let replay_line = experts_report::start_route_replay(&mut engine, a.experts.route_from.as_deref())?;
     let mut log =
         a.experts.routing_out.as_deref().map(|p| experts_report::start_routing_log(&engine, p)).transpose()?;
     let default_budget = engine.experts.as_ref().map_or(0, |e| e.cache.budget_bytes());
@@ -110,12 +112,19 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         bail!("the longest test needs {ctx} positions; the model allows {}", cfg.max_position_embeddings);
     }
     let meta = engine.package().meta.clone();
-    let model_type =
+    let mut model_type =
         format!("{} {}L {}x top-{}", cfg.arch.name(), cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok);
+    if let Some(r) = engine.model.route_replay() {
+        let file = Path::new(r.name()).file_name().map_or_else(|| r.name().into(), |f| f.to_string_lossy());
+        model_type.push_str(&format!(", routes from {file}"));
+    }
     let weight_bytes = engine.model.decode_weight_bytes();
     let n_params = engine.model.n_params();
     let model_size = engine.package().file_size();
     eprintln!("moescope bench: {}", experts_report::describe(&engine));
+    if let Some(line) = replay_line {
+        eprintln!("moescope bench: {line}");
+    }
     eprintln!(
         "moescope bench: {} ({}, {:.2} GiB, {:.2} B params), {:.1} MB of weights per decode token, {} kernels, {}",
         meta.name,

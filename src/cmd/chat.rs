@@ -39,9 +39,11 @@ pub fn run(a: &ChatArgs) -> Result<()> {
         bail!("--trace needs --trace-max-events above 0");
     }
     let (model, opts, routing_out) = (cfg.model.clone(), cfg.engine, r.experts.routing_out.clone());
+    let route_from = r.experts.route_from.clone();
     let label = model.file_name().map_or_else(|| model.display().to_string(), |n| n.to_string_lossy().into_owned());
     let load: tui::worker::Loader = Box::new(move || {
-        let engine = Engine::load(&model, opts).map_err(|e| format!("{}: {e}", model.display()))?;
+        let mut engine = Engine::load(&model, opts).map_err(|e| format!("{}: {e}", model.display()))?;
+        experts_report::start_route_replay(&mut engine, route_from.as_deref()).map_err(|e| format!("{e:#}"))?;
         let routing_log = match &routing_out {
             Some(p) => Some(experts_report::start_routing_log(&engine, p).map_err(|e| format!("{e:#}"))?),
             None => None,
@@ -63,6 +65,7 @@ pub fn run(a: &ChatArgs) -> Result<()> {
             "n_predict": r.n_predict, "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
             "min_p": r.min_p, "repeat_penalty": r.repeat_penalty, "seed": cfg.sampler.seed,
             "cache_mb": r.cache_mb, "prefetch": r.prefetch, "policy": r.experts.policy,
+            "route_from": r.experts.route_from,
         },
     });
     let options = tui::Options {

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use moescope::engine::Engine;
-use moescope::experts::routing_log::{Header, RoutingLog};
+use moescope::experts::routing_log::{self, Header, RoutingLog};
 use moescope::experts::stats::LayerStats;
 use moescope::sysinfo;
 use serde_json::{Value, json};
@@ -85,7 +85,19 @@ pub fn experts_json(engine: &Engine, before: &LayerStats, tokens: usize) -> Valu
             "issued_ranks": ex.predictor.issued_ranks(),
             "late": p.late,
         },
+        "route_from": engine.model.route_replay().map(|r| r.name()),
+        "route_tokens_replayed": engine.model.route_replay().map(|r| r.tokens_replayed()),
     })
+}
+
+/// With `path`, make `engine` follow that routing trace (`--route-from`); the line to print.
+pub fn start_route_replay(engine: &mut Engine, path: Option<&Path>) -> Result<Option<String>> {
+    let Some(path) = path else { return Ok(None) };
+    let (h, recs) = routing_log::read(path).map_err(anyhow::Error::msg)?;
+    let replay = routing_log::replay(&path.display().to_string(), &h, recs).map_err(anyhow::Error::msg)?;
+    let line = replay.describe();
+    engine.model.set_route_replay(Some(std::sync::Arc::new(replay)))?;
+    Ok(Some(line))
 }
 
 /// Expected memory beside the peak RSS, as JSON.
@@ -109,6 +121,7 @@ pub fn start_routing_log(engine: &Engine, path: &Path) -> Result<RoutingLog> {
         num_experts: m.model.num_experts,
         top_k: m.model.num_experts_per_tok,
         bytes_per_expert: pkg.sizes().blob,
+        candidates: None,
     };
     RoutingLog::create(path, &header).with_context(|| format!("creating {}", path.display()))
 }

@@ -156,9 +156,12 @@ impl RunConfig {
 pub fn run(a: &RunArgs) -> Result<()> {
     let cfg = RunConfig::from_args(a)?;
     let trace = trace_out::begin(&a.trace);
-    let engine = Engine::load(&cfg.model, cfg.engine)?;
+    let mut engine = Engine::load(&cfg.model, cfg.engine)?;
     for w in &engine.warnings {
         eprintln!("warning: {w}");
+    }
+    if let Some(line) = experts_report::start_route_replay(&mut engine, a.experts.route_from.as_deref())? {
+        eprintln!("moescope: {line}");
     }
     let mut log =
         a.experts.routing_out.as_deref().map(|p| experts_report::start_routing_log(&engine, p)).transpose()?;
@@ -202,6 +205,7 @@ pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::
         "isa": engine.exec.isa.name(),
         "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
         "ctx_size": engine.kv.capacity(),
+        "route_from": engine.model.route_replay().map(|r| r.name()),
         "settings": {
             "n_predict": a.n_predict, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
             "min_p": a.min_p, "repeat_penalty": a.repeat_penalty, "seed": cfg.sampler.seed, "chat": a.chat,
@@ -293,6 +297,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
             "isa": engine.exec.isa.name(),
             "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
             "seed": cfg.sampler.seed,
+            "route_from": engine.model.route_replay().map(|r| r.name()),
             "prompt_ids": ids,
             "generated_ids": stats.generated,
             "text": text,

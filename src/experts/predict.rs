@@ -32,6 +32,8 @@ struct Task {
     pass: u64,
     li: usize,
     x: Vec<f32>,
+    /// Candidates given (replayed routing), most probable first: used instead of the router.
+    given: Option<Vec<usize>>,
 }
 
 struct PredState {
@@ -75,13 +77,17 @@ impl Predictor {
     }
 
     /// MoE layer `li` of pass `pass` has input `x` (`[H]`): predict the next MoE layer (the
-    /// first layer of the next pass after the last one). Never blocks; a full queue drops it.
-    pub fn submit(&self, pass: u64, li: usize, x: &[f32]) {
+    /// first layer of the next pass after the last one), from `given` candidates (most probable
+    /// first) where a replayed trace supplies them, else with that layer's router. Never
+    /// blocks; a full queue drops it.
+    pub fn submit(&self, pass: u64, li: usize, x: &[f32], given: Option<&[usize]>) {
         let (pass, li) = if li + 1 < self.n_layers { (pass, li + 1) } else { (pass + 1, 0) };
         if let Some(tx) = &self.tx {
             // counted before it is sent, so `wait_idle` never misses a task in the channel
             self.state.lock().unwrap_or_else(|p| p.into_inner()).submitted += 1;
-            if let Err(TrySendError::Full(_)) = tx.try_send(Task { pass, li, x: x.to_vec() }) {
+            if let Err(TrySendError::Full(_)) =
+                tx.try_send(Task { pass, li, x: x.to_vec(), given: given.map(<[usize]>::to_vec) })
+            {
                 self.state.lock().unwrap_or_else(|p| p.into_inner()).submitted -= 1;
                 trace::instant("predict_dropped", vec![("layer", li.into())]);
             }
@@ -177,15 +183,24 @@ fn worker(
     let mut order: Vec<usize> = Vec::with_capacity(e_n);
     while let Ok(t) = rx.recv() {
         let mut span = trace::span("predict").arg("layer", t.li).arg("pass", t.pass);
-        let w = pkg.f32_by_index(routers[t.li]);
-        for (e, p) in probs.iter_mut().enumerate() {
-            *p = moescope_kernels::dot::dot_f32(isa, &w[e * h..(e + 1) * h], &t.x);
-        }
-        softmax_inplace(&mut probs);
-        let ranks = (SPEC_RANKS * k).min(e_n);
-        // the most probable first, ties to the lower id
-        top_k(&probs, ranks, &mut order);
-        let top: Vec<usize> = order.clone();
+        let mut ranks = (SPEC_RANKS * k).min(e_n);
+        let top: Vec<usize> = match t.given {
+            Some(mut given) => {
+                given.truncate(ranks);
+                ranks = given.len();
+                given
+            }
+            None => {
+                let w = pkg.f32_by_index(routers[t.li]);
+                for (e, p) in probs.iter_mut().enumerate() {
+                    *p = moescope_kernels::dot::dot_f32(isa, &w[e * h..(e + 1) * h], &t.x);
+                }
+                softmax_inplace(&mut probs);
+                // the most probable first, ties to the lower id
+                top_k(&probs, ranks, &mut order);
+                order.clone()
+            }
+        };
         // confidence of rank r: how often rank r has been right so far (8 pseudo-samples at
         // one half for the top-k, one eighth beyond, while evidence is thin), a calibrated
         // chance of use the pool can weigh against what it would evict

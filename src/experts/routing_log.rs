@@ -8,6 +8,11 @@
 //! `p` is the forward pass (a prompt chunk is one pass of many tokens, a decode step one pass
 //! of one token), `t` the token's position, `l` the MoE layer index (0-based, forward order),
 //! `e` the experts in rank order and `w` their routing weights.
+//!
+//! Traces recorded outside the engine (`tests/reference/train_routing.py`) may add `ph`
+//! (`"prefill"` or `"decode"`), and the predictor's candidates for the next MoE layer made from
+//! this layer's input: `c` (experts, most probable first) and `cs` (their probabilities); their
+//! header then says how many candidates a record has (`candidates`). A trace may be gzipped.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -16,6 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::model::Observer;
+use crate::model::route_replay::{RouteReplay, TraceRoute};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Header {
@@ -25,6 +31,9 @@ pub struct Header {
     pub num_experts: usize,
     pub top_k: usize,
     pub bytes_per_expert: u64,
+    /// Predictor candidates per record (`c`), when the trace carries them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,6 +43,22 @@ pub struct Record {
     pub l: usize,
     pub e: Vec<usize>,
     pub w: Vec<f32>,
+    /// "prefill" or "decode", where the recorder said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ph: Option<String>,
+    /// The predictor's candidates for the next MoE layer (from this layer's input), most
+    /// probable first, and their probabilities.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub c: Vec<usize>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cs: Vec<f32>,
+}
+
+impl Record {
+    /// A route without the recorder's extras.
+    pub fn new(p: u64, t: usize, l: usize, e: Vec<usize>, w: Vec<f32>) -> Record {
+        Record { p, t, l, e, w, ph: None, c: Vec::new(), cs: Vec::new() }
+    }
 }
 
 /// Writes a routing trace as the engine runs (an [`Observer`]); `finish` renames it into place.
@@ -90,7 +115,7 @@ impl Observer for RoutingLog {
             return;
         }
         let Some(l) = self.moe_layers.iter().position(|&x| x == layer) else { return };
-        let r = Record { p: self.pass, t: pos, l, e: experts.to_vec(), w: weights.to_vec() };
+        let r = Record::new(self.pass, pos, l, experts.to_vec(), weights.to_vec());
         if let Some(w) = self.w.as_mut()
             && let Err(e) =
                 serde_json::to_writer(&mut *w, &r).map_err(std::io::Error::from).and_then(|_| w.write_all(b"\n"))
@@ -109,30 +134,70 @@ impl Drop for RoutingLog {
     }
 }
 
-/// A routing trace read back: the header and the records in order.
+/// A routing trace read back (plain or gzipped): the header and the records in order, each
+/// checked against the header.
 pub fn read(path: &Path) -> Result<(Header, Vec<Record>), String> {
-    let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut lines = BufReader::new(f).lines();
-    let first = lines
-        .next()
-        .ok_or_else(|| format!("{}: empty file", path.display()))?
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let mut f = BufReader::new(File::open(path).map_err(|e| at(&e))?);
+    let gz = f.fill_buf().map_err(|e| at(&e))?.starts_with(&[0x1f, 0x8b]);
+    let reader: Box<dyn BufRead> =
+        if gz { Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(f))) } else { Box::new(f) };
+    let mut lines = reader.lines();
+    let first = lines.next().ok_or_else(|| at(&"empty file"))?.map_err(|e| at(&e))?;
     let h: Header = serde_json::from_str(&first)
         .map_err(|e| format!("{}: line 1: not a moescope routing trace header ({e})", path.display()))?;
     if h.moescope_routing != 1 {
         return Err(format!("{}: routing trace version {} is not supported", path.display(), h.moescope_routing));
     }
+    if h.moe_layers.is_empty() || h.num_experts == 0 || h.top_k == 0 || h.top_k > h.num_experts {
+        return Err(format!(
+            "{}: header: {} MoE layers, {} experts, top-{}: nothing to route",
+            path.display(),
+            h.moe_layers.len(),
+            h.num_experts,
+            h.top_k
+        ));
+    }
     let mut recs = Vec::new();
     for (i, line) in lines.enumerate() {
-        let line = line.map_err(|e| format!("{}: {e}", path.display()))?;
+        let line = line.map_err(|e| at(&e))?;
         if line.trim().is_empty() {
             continue;
         }
         let r: Record = serde_json::from_str(&line).map_err(|e| format!("{}: line {}: {e}", path.display(), i + 2))?;
-        if r.l >= h.moe_layers.len() || r.e.iter().any(|&e| e >= h.num_experts) {
-            return Err(format!("{}: line {}: layer or expert out of range", path.display(), i + 2));
-        }
+        check_record(&h, &r).map_err(|e| format!("{}: line {}: {e}", path.display(), i + 2))?;
         recs.push(r);
     }
     Ok((h, recs))
+}
+
+/// A trace read back, as routes for the model to follow (`--route-from`); `name` for messages.
+pub fn replay(name: &str, h: &Header, recs: Vec<Record>) -> Result<RouteReplay, String> {
+    let routes = recs.into_iter().map(|r| TraceRoute {
+        key: (r.p, r.t),
+        layer: r.l,
+        experts: r.e,
+        weights: r.w,
+        candidates: r.c,
+    });
+    RouteReplay::new(name, h.moe_layers.len(), h.num_experts, h.top_k, routes)
+}
+
+fn check_record(h: &Header, r: &Record) -> Result<(), String> {
+    if r.l >= h.moe_layers.len() {
+        return Err(format!("MoE layer {} out of range (the header has {})", r.l, h.moe_layers.len()));
+    }
+    if let Some(&e) = r.e.iter().chain(&r.c).find(|&&e| e >= h.num_experts) {
+        return Err(format!("expert {e} out of range (the header has {})", h.num_experts));
+    }
+    if r.e.len() != r.w.len() || r.e.len() > h.top_k {
+        return Err(format!("{} experts with {} weights for top-{}", r.e.len(), r.w.len(), h.top_k));
+    }
+    if r.c.len() != r.cs.len() {
+        return Err(format!("{} candidates with {} scores", r.c.len(), r.cs.len()));
+    }
+    if r.w.iter().chain(&r.cs).any(|w| !w.is_finite()) {
+        return Err("a weight or score is not finite".into());
+    }
+    Ok(())
 }

@@ -277,7 +277,7 @@ pub fn synthetic(
             }
             prev[l] = pick.clone();
             let w = vec![1.0 / top_k as f32; top_k];
-            recs.push(Record { p: t as u64, t, l, e: pick, w });
+            recs.push(Record::new(t as u64, t, l, pick, w));
         }
     }
     let h = Header {
@@ -287,6 +287,7 @@ pub fn synthetic(
         num_experts: experts,
         top_k,
         bytes_per_expert: bytes,
+        candidates: None,
     };
     (h, recs)
 }
@@ -303,6 +304,7 @@ mod tests {
             num_experts: experts,
             top_k: k,
             bytes_per_expert: 10,
+            candidates: None,
         }
     }
 
@@ -387,9 +389,9 @@ mod tests {
     #[test]
     fn steps_merge_a_prefill_pass_per_layer() {
         let recs = vec![
-            Record { p: 0, t: 0, l: 0, e: vec![3, 1], w: vec![0.5, 0.5] },
-            Record { p: 0, t: 1, l: 0, e: vec![1, 2], w: vec![0.5, 0.5] },
-            Record { p: 1, t: 2, l: 0, e: vec![0, 3], w: vec![0.5, 0.5] },
+            Record::new(0, 0, 0, vec![3, 1], vec![0.5, 0.5]),
+            Record::new(0, 1, 0, vec![1, 2], vec![0.5, 0.5]),
+            Record::new(1, 2, 0, vec![0, 3], vec![0.5, 0.5]),
         ];
         let s = steps(&recs);
         assert_eq!(

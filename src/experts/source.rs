@@ -23,7 +23,7 @@ impl ExpertSource for Experts {
         let pass = self.cache.pass();
         if q.tokens == 1 {
             self.predictor.observe(pass, q.moe_layer, q.used);
-            self.predictor.submit(pass, q.moe_layer, q.lookahead);
+            self.predictor.submit(pass, q.moe_layer, q.lookahead, q.predicted);
         }
         let mut req = self.cache.request(q.moe_layer, q.used);
         loop {

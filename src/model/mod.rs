@@ -7,10 +7,14 @@ pub mod kv_cache;
 pub mod moe;
 pub mod observer;
 pub mod qwen3_moe;
+pub mod route_replay;
+pub mod run_state;
 
 pub use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
 pub use error::ModelError;
 pub use kv_cache::KvCache;
 pub use moe::{ExpertQuery, ExpertSource, ReadyFn, Resident};
 pub use observer::{NoObserver, Observer, Tee};
-pub use qwen3_moe::{Logits, Qwen3Moe, RunState};
+pub use qwen3_moe::{Logits, Qwen3Moe};
+pub use route_replay::RouteReplay;
+pub use run_state::RunState;

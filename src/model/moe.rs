@@ -22,6 +22,7 @@ use moescope_kernels::ops::{add_inplace, softmax_inplace, swiglu, top_k};
 
 use super::error::ModelError;
 use super::observer::Observer;
+use super::route_replay::ReplayAt;
 use crate::exec::{Chunks, Exec, Scratch};
 use crate::package::{ExpertMats, Package};
 use crate::trace;
@@ -39,6 +40,9 @@ pub struct ExpertQuery<'a> {
     /// What the next MoE layer's router should see for a prediction of its experts, `[T, H]`:
     /// this layer's normed input (a block with a shared expert may add that expert's output).
     pub lookahead: &'a [f32],
+    /// With replayed routing, the trace's predictor candidates for the next MoE layer (one
+    /// token's pass), which the predictor takes instead of applying a router to `lookahead`.
+    pub predicted: Option<&'a [usize]>,
 }
 
 /// Called with ready experts: their ids and matrices, in the same order.
@@ -111,7 +115,8 @@ pub struct Routing {
 
 /// Route the batch `hn` (`[T, H]`) of MoE layer `layer` through `router` (f32 `[E, H]`): softmax,
 /// top-k, weights; every token's choice goes to `obs` (tokens at positions `pos0..`). `probs`
-/// (`[T, E]`) receives the router's probabilities.
+/// (`[T, E]`) receives the router's probabilities. With `replay`, the router still runs but
+/// each token takes the trace's experts and weights.
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     exec: &Exec,
@@ -123,6 +128,7 @@ pub fn route(
     probs: &mut [f32],
     s: &mut Scratch,
     obs: &mut dyn Observer,
+    replay: Option<ReplayAt<'_>>,
 ) -> Routing {
     let (e_n, k_n) = (spec.num_experts, spec.top_k);
     let t_n = hn.len() / router.cols;
@@ -140,6 +146,14 @@ pub fn route(
         let norm = if spec.renormalize { sum } else { 1.0 };
         for (j, &e) in top.iter().enumerate() {
             weights[j] = p[e] / norm;
+        }
+        if let Some(r) = replay {
+            let (e, w) = r.route(t);
+            top.clear();
+            top.extend_from_slice(e);
+            weights.copy_from_slice(w);
+        }
+        for (j, &e) in top.iter().enumerate() {
             picks[t * k_n + j] = Pick { expert: e, weight: weights[j] };
         }
         if t_n == 1 {

@@ -36,7 +36,9 @@ use super::error::ModelError;
 use super::kv_cache::KvCache;
 use super::moe::{self, ExpertQuery, ExpertSource, RouterSpec, swiglu_mlp};
 use super::observer::Observer;
-use crate::exec::{Exec, Scratch};
+use super::route_replay::{ReplayAt, RouteReplay};
+use super::run_state::RunState;
+use crate::exec::Exec;
 use crate::model_config::{LayerKind, ModelConfig};
 use crate::package::{Package, TensorId};
 use crate::trace;
@@ -109,6 +111,8 @@ pub struct Qwen3Moe {
     rope: Rope,
     /// the linear-attention shapes of a hybrid model
     delta: Option<delta_net::Dims>,
+    /// routes taken from a trace instead of the routers (`--route-from`)
+    replay: Option<Arc<RouteReplay>>,
 }
 
 impl Qwen3Moe {
@@ -182,9 +186,23 @@ impl Qwen3Moe {
             layers,
             rope: Rope::new(c.rope_theta, c.rotary_dim()),
             delta: c.hybrid.as_ref().map(|hy| delta_net::Dims::new(hy, c.rms_norm_eps as f32)),
+            replay: None,
             cfg: c,
             pkg,
         })
+    }
+
+    /// Take every MoE block's route from `replay` from now on (None: the routers' own again).
+    pub fn set_route_replay(&mut self, replay: Option<Arc<RouteReplay>>) -> Result<(), ModelError> {
+        if let Some(r) = &replay {
+            r.check_model(self.cfg.num_experts, self.cfg.num_experts_per_tok).map_err(ModelError::Unsupported)?;
+        }
+        self.replay = replay;
+        Ok(())
+    }
+
+    pub fn route_replay(&self) -> Option<&RouteReplay> {
+        self.replay.as_deref()
     }
 
     /// Router tensors of the MoE layers, in forward order (for the predictor).
@@ -480,112 +498,24 @@ impl Qwen3Moe {
         let router = self.pkg.mat_by_index(at.router);
         let RunState { hn, delta, probs, yk, scratch: s, .. } = st;
         let (hn, out) = (&hn[..t_n * h], &mut delta[..t_n * h]);
-        let routing = moe::route(exec, &router, spec, at.layer, hn, at.pos0, &mut probs[..t_n * e_n], s, obs);
+        let replay = self.replay.as_deref().map(|r| ReplayAt {
+            replay: r,
+            moe_layer: at.moe_layer,
+            base: r.begin(at.moe_layer, t_n),
+        });
+        let routing = moe::route(exec, &router, spec, at.layer, hn, at.pos0, &mut probs[..t_n * e_n], s, obs, replay);
         span.set("experts_used", routing.used.len());
-        let q =
-            ExpertQuery { layer: at.layer, moe_layer: at.moe_layer, tokens: t_n, used: &routing.used, lookahead: hn };
+        let predicted = replay.filter(|_| t_n == 1).map(|r| r.candidates(0)).filter(|c| !c.is_empty());
+        let q = ExpertQuery {
+            layer: at.layer,
+            moe_layer: at.moe_layer,
+            tokens: t_n,
+            used: &routing.used,
+            lookahead: hn,
+            predicted,
+        };
         let bufs = moe::SumBuffers { yk: &mut yk[..t_n * k_n * h], out };
         moe::routed_sum(exec, experts, &q, &routing, hn, self.pkg.sizes().blob, bufs, s)
-    }
-}
-
-/// The forward pass's buffers, allocated once for batches of up to `chunk` tokens (llama2.c's
-/// RunState); a pass of T tokens uses the first T rows of each. Per-expert temporaries (each
-/// expert's gathered input and intermediate rows) and the logits are allocated per call.
-pub struct RunState {
-    /// Most tokens of one pass.
-    chunk: usize,
-    /// residual stream [chunk, H]
-    x: Vec<f32>,
-    /// a block's normed input [chunk, H]
-    hn: Vec<f32>,
-    /// a block's output, before the residual add [chunk, H]
-    delta: Vec<f32>,
-    /// queries [chunk, nh * hd]
-    q: Vec<f32>,
-    /// gated attention's output gates [chunk, nh * hd] (empty without)
-    gate: Vec<f32>,
-    /// keys and values [chunk, nkv * hd]
-    k: Vec<f32>,
-    v: Vec<f32>,
-    /// one token's q, gates, k and v from one section [(nh (2 if gated) + 2 nkv) * hd]
-    qkv: Vec<f32>,
-    /// attention's output [chunk, nh * hd]
-    attn: Vec<f32>,
-    /// RoPE's cos and sin of each position [chunk, rotary_dim / 2]
-    cos: Vec<f32>,
-    sin: Vec<f32>,
-    /// router probabilities [chunk, E]
-    probs: Vec<f32>,
-    /// routed experts' weighted outputs per (token, rank) [chunk, k, H]
-    yk: Vec<f32>,
-    /// the linear-attention mixer's buffers (hybrid models)
-    linear: Option<delta_net::Buffers>,
-    /// quantized activations, reused by every product on this thread
-    scratch: Scratch,
-}
-
-impl RunState {
-    pub fn new(c: &ModelConfig, chunk: usize) -> RunState {
-        let h = c.hidden_size;
-        let buf = |n: usize| vec![0f32; chunk * n];
-        let gated = c.hybrid.is_some();
-        let dims = c.hybrid.as_ref().map(|hy| delta_net::Dims::new(hy, c.rms_norm_eps as f32));
-        let (conv, value, shared) = c
-            .hybrid
-            .as_ref()
-            .map_or((0, 0, 0), |hy| (hy.conv_dim(), hy.value_dim(), hy.shared_expert_intermediate_size));
-        RunState {
-            chunk,
-            x: buf(h),
-            hn: buf(h),
-            delta: buf(h),
-            q: buf(c.q_dim()),
-            gate: if gated { buf(c.q_dim()) } else { vec![] },
-            k: buf(c.kv_dim()),
-            v: buf(c.kv_dim()),
-            qkv: vec![0f32; c.q_dim() * if gated { 2 } else { 1 } + 2 * c.kv_dim()],
-            attn: buf(c.q_dim()),
-            cos: buf(c.rotary_dim() / 2),
-            sin: buf(c.rotary_dim() / 2),
-            probs: buf(c.num_experts),
-            yk: buf(c.num_experts_per_tok * h),
-            linear: dims.map(|d| delta_net::Buffers::new(d, chunk)),
-            scratch: {
-                // the widest input and the most results a dense product of a chunk has
-                let widest = h.max(c.q_dim()).max(c.intermediate_size).max(value).max(shared);
-                let most = widest.max(c.kv_dim()).max(c.num_experts).max(conv);
-                let mut s = Scratch::default();
-                s.reserve(chunk * widest, chunk * most);
-                s
-            },
-        }
-    }
-
-    /// Most tokens one pass may hold.
-    pub fn chunk(&self) -> usize {
-        self.chunk
-    }
-
-    /// Bytes of the buffers (the quantized activations' as they have grown so far).
-    pub fn bytes(&self) -> u64 {
-        let f = [
-            &self.x,
-            &self.hn,
-            &self.delta,
-            &self.q,
-            &self.gate,
-            &self.k,
-            &self.v,
-            &self.qkv,
-            &self.attn,
-            &self.cos,
-            &self.sin,
-            &self.probs,
-            &self.yk,
-        ];
-        let linear = self.linear.as_ref().map_or(0, delta_net::Buffers::bytes);
-        (f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.scratch.bytes()) as u64 + linear
     }
 }
 
