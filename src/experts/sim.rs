@@ -4,14 +4,16 @@
 //!
 //! The replay follows the engine's access pattern: pass by pass, MoE layer by MoE layer, the
 //! layer asks for the distinct experts its tokens picked, in ascending id order; those are in
-//! use (not evictable) while the layer runs. No prefetch: this compares eviction choices.
+//! use (not evictable) while the layer runs. No prefetch: this compares eviction choices. The
+//! policies run on a copy of the pool's bookkeeping (tick order, slot order, keys computed at
+//! each eviction), so with prefetch off a replay of an engine run's log counts the engine's
+//! hits and misses exactly (tests/sim_engine.rs).
 
-use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 
 use serde::Serialize;
 
-use super::policy::{Ctx, Entry, EvictKey, PolicyKind, RouteModel, Scores};
+use super::policy::{Ctx, Entry, PolicyKind, RouteModel, Scores};
 use super::routing_log::{Header, Record};
 
 /// One step of the replay: a layer of a pass and the distinct experts it needs.
@@ -67,45 +69,36 @@ pub struct SimResult {
     pub hit_pct: f64,
 }
 
-#[derive(Clone, Copy)]
-struct Resident {
-    last_use: u64,
-    last_token: u64,
-}
-
-impl Resident {
-    const ZERO: Resident = Resident { last_use: 0, last_token: 0 };
-}
-
 /// Replay `steps` with a pool of `capacity` experts.
-///
-/// Victims come from a heap per layer step: for a policy, every evictable entry keyed at the
-/// step's first miss, plus the entries the step itself computes as it goes (they become
-/// evictable once computed); for Belady, one heap keyed by next use, updated on every use.
-/// Stale heap entries are skipped by comparing their stamp with the entry's last use.
 pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) -> SimResult {
+    let (hits, misses) = match policy {
+        SimPolicy::Belady => belady(h, steps, capacity.max(1)),
+        SimPolicy::Policy(p) => replay_pool(h, steps, capacity.max(1), p),
+    };
+    let n = hits + misses;
+    SimResult {
+        hits,
+        misses,
+        bytes_read: misses * h.bytes_per_expert,
+        hit_pct: if n == 0 { 0.0 } else { 100.0 * hits as f64 / n as f64 },
+    }
+}
+
+/// The pool's own bookkeeping (pool/request.rs, pool/slots.rs) without reads, prefetch off:
+/// a layer's request first counts and pins its resident experts in ascending id order (each
+/// use a new tick), then reserves a slot for each missing one in that order, evicting the
+/// entry with the policy's smallest key among the resident entries no request pins, keys
+/// computed over all of them at that moment; the layer's pins go when it has run. Where the
+/// pool cannot hold a layer's experts at once, the engine reads the rest as computed ones are
+/// released, in an order that depends on timing; here they become evictable all at once.
+/// With every layer's experts fitting, the hit and miss counts are the engine's exactly
+/// (tests/route_replay.rs checks it against an engine run).
+fn replay_pool(h: &Header, steps: &[Step], capacity: usize, policy: PolicyKind) -> (u64, u64) {
     let n_layers = h.moe_layers.len();
     let e_n = h.num_experts;
-    let capacity = capacity.max(1);
-    let belady = policy == SimPolicy::Belady;
-    // each key's future uses as (step, position in the step): the position matters when two
-    // candidates are next used by the same step
-    let mut future: Vec<VecDeque<(usize, usize)>> = vec![VecDeque::new(); if belady { n_layers * e_n } else { 0 }];
-    if belady {
-        for (i, s) in steps.iter().enumerate() {
-            for (j, &e) in s.experts.iter().enumerate() {
-                future[s.layer * e_n + e].push_back((i, j));
-            }
-        }
-    }
-    let next_use =
-        |future: &Vec<VecDeque<(usize, usize)>>, k: usize| future[k].front().copied().unwrap_or((usize::MAX, 0));
-    let mut res: Vec<Option<Resident>> = vec![None; n_layers * e_n];
-    let mut n_res = 0usize;
+    let mut pool = SlotTable::default();
     let mut scores = Scores::default();
     let mut routes = RouteModel::new(n_layers, h.top_k, e_n);
-    // Belady: (next use, stamp, key), farthest first
-    let mut far: BinaryHeap<((usize, usize), u64, usize)> = BinaryHeap::new();
     let (mut hits, mut misses, mut tick) = (0u64, 0u64, 0u64);
     let mut token = 0u64;
     let mut cur_pass = None;
@@ -114,38 +107,155 @@ pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) 
             cur_pass = Some(s.pass);
             token += 1;
         }
-        // the layer's route is known from here on (the cache learns it at its request)
+        // the cache learns the layer's route at its request
         routes.observe(s.layer, &s.experts, token, |e| scores.popularity((s.layer, e), token));
         for &e in &s.experts {
             scores.bump((s.layer, e), token);
-            if belady {
-                future[s.layer * e_n + e].pop_front();
-            }
         }
         let ctx = Ctx { token, active_layer: s.layer, n_layers, top_k: h.top_k, num_experts: e_n, capacity };
-        let prev_route: Vec<usize> = routes.last_route(s.layer).to_vec();
-        let prev_rate = routes.rate(s.layer);
-        let entry = |k: usize, r: &Resident, scores: &Scores, routes: &RouteModel| {
-            let (l, x) = (k / e_n, k % e_n);
-            let (route, rate) =
-                if l == s.layer { (prev_route.as_slice(), prev_rate) } else { (routes.last_route(l), routes.rate(l)) };
-            Entry {
+        let mut missing = Vec::new();
+        for &e in &s.experts {
+            let key = (s.layer, e);
+            match pool.get_mut(key) {
+                Some(r) => {
+                    hits += 1;
+                    tick += 1;
+                    *r = Resident { last_use: tick, last_token: token, pinned: true };
+                }
+                None => missing.push(key),
+            }
+        }
+        for key in missing {
+            misses += 1;
+            if pool.len() >= capacity {
+                let victim = pool.victim(policy, &ctx, &scores, &routes).or_else(|| {
+                    // the layer's own experts, computed by now, are released
+                    pool.unpin_all();
+                    pool.victim(policy, &ctx, &scores, &routes)
+                });
+                match victim {
+                    Some(si) => pool.free(si),
+                    None => continue,
+                }
+            }
+            tick += 1;
+            pool.insert(key, Resident { last_use: tick, last_token: token, pinned: true });
+        }
+        pool.unpin_all();
+    }
+    (hits, misses)
+}
+
+#[derive(Clone, Copy)]
+struct Resident {
+    last_use: u64,
+    last_token: u64,
+    pinned: bool,
+}
+
+/// The pool's slot table as `pool/slots.rs` keeps it: slots reused last-freed first, new ones
+/// appended, so candidates come in the same slot order (policies break ties by it).
+#[derive(Default)]
+struct SlotTable {
+    slots: Vec<Option<((usize, usize), Resident)>>,
+    free: Vec<usize>,
+    map: HashMap<(usize, usize), usize>,
+}
+
+impl SlotTable {
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    fn get_mut(&mut self, key: (usize, usize)) -> Option<&mut Resident> {
+        let si = *self.map.get(&key)?;
+        self.slots[si].as_mut().map(|(_, r)| r)
+    }
+
+    fn insert(&mut self, key: (usize, usize), r: Resident) {
+        let si = match self.free.pop() {
+            Some(i) => {
+                self.slots[i] = Some((key, r));
+                i
+            }
+            None => {
+                self.slots.push(Some((key, r)));
+                self.slots.len() - 1
+            }
+        };
+        self.map.insert(key, si);
+    }
+
+    fn free(&mut self, si: usize) {
+        if let Some((key, _)) = self.slots[si].take() {
+            self.map.remove(&key);
+        }
+        self.free.push(si);
+    }
+
+    fn unpin_all(&mut self) {
+        for (_, r) in self.slots.iter_mut().flatten() {
+            r.pinned = false;
+        }
+    }
+
+    /// The slot of the unpinned entry with the policy's smallest key (`Slots::evict_for`: keys
+    /// computed over every candidate at once, ties to the first slot).
+    fn victim(&self, policy: PolicyKind, ctx: &Ctx, scores: &Scores, routes: &RouteModel) -> Option<usize> {
+        let token = ctx.token;
+        let mut idx = Vec::new();
+        let mut cands = Vec::new();
+        for (si, s) in self.slots.iter().enumerate() {
+            let Some(((l, x), r)) = *s else { continue };
+            if r.pinned {
+                continue;
+            }
+            let pop = scores.popularity((l, x), token);
+            idx.push(si);
+            cands.push(Entry {
                 layer: l,
                 expert: x,
                 last_use: r.last_use,
                 last_token: r.last_token,
-                in_last_route: route.contains(&x),
+                in_last_route: routes.last_route(l).contains(&x),
                 predicted: None,
                 score: scores.get((l, x), token),
-                popularity: scores.popularity((l, x), token),
-                repeat_rate: rate,
-                p_next: routes.p_next(l, x, token, s.layer, scores.popularity((l, x), token)),
-            }
-        };
-        // in use while the layer runs: the experts it has not computed yet
+                popularity: pop,
+                repeat_rate: routes.rate(l),
+                p_next: routes.p_next(l, x, token, ctx.active_layer, pop),
+            });
+        }
+        let keys = policy.eviction_keys(&cands, ctx);
+        let v = (0..idx.len()).min_by(|&a, &b| keys[a].cmp(&keys[b]))?;
+        Some(idx[v])
+    }
+}
+
+/// Belady's optimum: evict the expert whose next use is farthest away. A layer's experts are
+/// in use while it runs; each becomes evictable once computed (in ascending id order).
+fn belady(h: &Header, steps: &[Step], capacity: usize) -> (u64, u64) {
+    let n_layers = h.moe_layers.len();
+    let e_n = h.num_experts;
+    // each key's future uses as (step, position in the step): the position matters when two
+    // candidates are next used by the same step
+    let mut future: Vec<VecDeque<(usize, usize)>> = vec![VecDeque::new(); n_layers * e_n];
+    for (i, s) in steps.iter().enumerate() {
+        for (j, &e) in s.experts.iter().enumerate() {
+            future[s.layer * e_n + e].push_back((i, j));
+        }
+    }
+    let next_use =
+        |future: &Vec<VecDeque<(usize, usize)>>, k: usize| future[k].front().copied().unwrap_or((usize::MAX, 0));
+    let mut res: Vec<Option<u64>> = vec![None; n_layers * e_n];
+    let mut n_res = 0usize;
+    // (next use, stamp, key), farthest first; stale entries are skipped by their stamp
+    let mut far: BinaryHeap<((usize, usize), u64, usize)> = BinaryHeap::new();
+    let (mut hits, mut misses, mut tick) = (0u64, 0u64, 0u64);
+    for s in steps {
+        for &e in &s.experts {
+            future[s.layer * e_n + e].pop_front();
+        }
         let mut pending: HashSet<usize> = s.experts.iter().map(|&e| s.layer * e_n + e).collect();
-        // policy: (key, stamp, entry key), smallest first; built at the step's first miss
-        let mut heap: Option<BinaryHeap<Reverse<(EvictKey, u64, usize)>>> = None;
         for &e in &s.experts {
             tick += 1;
             let key = s.layer * e_n + e;
@@ -154,45 +264,14 @@ pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) 
             } else {
                 misses += 1;
                 if n_res >= capacity {
-                    let victim = match policy {
-                        SimPolicy::Belady => loop {
-                            match far.pop() {
-                                Some((nu, stamp, k)) => {
-                                    let ok = res[k].is_some_and(|r| r.last_use == stamp)
-                                        && !pending.contains(&k)
-                                        && nu == next_use(&future, k);
-                                    if ok {
-                                        break Some(k);
-                                    }
-                                }
-                                None => break None,
-                            }
-                        },
-                        SimPolicy::Policy(p) => {
-                            let hp = heap.get_or_insert_with(|| {
-                                let cands: Vec<usize> =
-                                    (0..res.len()).filter(|&k| res[k].is_some() && !pending.contains(&k)).collect();
-                                let entries: Vec<Entry> = cands
-                                    .iter()
-                                    .map(|&k| entry(k, &res[k].unwrap_or(Resident::ZERO), &scores, &routes))
-                                    .collect();
-                                let keys = p.eviction_keys(&entries, &ctx);
-                                cands
-                                    .iter()
-                                    .zip(keys)
-                                    .map(|(&k, ek)| Reverse((ek, res[k].map_or(0, |r| r.last_use), k)))
-                                    .collect()
-                            });
-                            loop {
-                                match hp.pop() {
-                                    Some(Reverse((_, stamp, k))) => {
-                                        if res[k].is_some_and(|r| r.last_use == stamp) && !pending.contains(&k) {
-                                            break Some(k);
-                                        }
-                                    }
-                                    None => break None,
+                    let victim = loop {
+                        match far.pop() {
+                            Some((nu, stamp, k)) => {
+                                if res[k] == Some(stamp) && !pending.contains(&k) && nu == next_use(&future, k) {
+                                    break Some(k);
                                 }
                             }
+                            None => break None,
                         }
                     };
                     match victim {
@@ -209,25 +288,12 @@ pub fn simulate(h: &Header, steps: &[Step], capacity: usize, policy: SimPolicy) 
                 }
                 n_res += 1;
             }
-            let r = Resident { last_use: tick, last_token: token };
-            res[key] = Some(r);
+            res[key] = Some(tick);
             pending.remove(&key);
-            // computed: evictable from now on, under its new key
-            if belady {
-                far.push((next_use(&future, key), tick, key));
-            } else if let (Some(hp), SimPolicy::Policy(p)) = (heap.as_mut(), policy) {
-                let en = entry(key, &r, &scores, &routes);
-                hp.push(Reverse((p.eviction_key(&en, en.in_last_route, &ctx), tick, key)));
-            }
+            far.push((next_use(&future, key), tick, key));
         }
     }
-    let n = hits + misses;
-    SimResult {
-        hits,
-        misses,
-        bytes_read: misses * h.bytes_per_expert,
-        hit_pct: if n == 0 { 0.0 } else { 100.0 * hits as f64 / n as f64 },
-    }
+    (hits, misses)
 }
 
 /// A synthetic routing trace with locality: expert popularity per layer follows a Zipf law of

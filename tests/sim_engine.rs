@@ -1,0 +1,74 @@
+//! The simulator reproduces the engine: an engine run with prefetch off records its routing,
+//! `sim` replays that log with the run's policy and slot count, and both count the same hits
+//! and misses, at every policy and at budgets from two layers' top-k to most of the experts.
+//! (Exact where each layer's experts fit in the pool at once; see `sim::replay_pool`.)
+
+mod common;
+
+use common::*;
+use moescope::engine::{Engine, EngineOptions};
+use moescope::experts::routing_log::{self, Header, RoutingLog};
+use moescope::experts::sim::{self, SimPolicy};
+use moescope::experts::{IoMode, PolicyKind, StreamConfig};
+use moescope::model::Logits;
+use moescope_kernels::Isa;
+
+#[test]
+fn sim_counts_the_engines_hits_and_misses_exactly_with_prefetch_off() {
+    // "wide": 2 MoE layers of 64 experts, top-8; a 3-token prompt, then 80 tokens
+    let (dir, pkg) = convert("wide", "q4");
+    let ids: Vec<u32> = (0..80u32).map(|i| (i * 7919 + 13) % 500).collect();
+    let mut checked = 0;
+    for slots in [16u64, 24, 40, 80] {
+        for policy in [PolicyKind::Lru, PolicyKind::LeastStale, PolicyKind::Foresight] {
+            let probe = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
+            let blob = Engine::load(
+                &pkg,
+                EngineOptions { threads: 2, ctx_size: Some(128), isa: Isa::detect(), stream: Some(probe) },
+            )
+            .expect("load")
+            .experts
+            .as_ref()
+            .unwrap()
+            .cache
+            .blob_len() as u64;
+            let stream = StreamConfig {
+                budget_bytes: Some(slots * blob),
+                policy,
+                prefetch: false,
+                io_workers: 2,
+                io: Some(IoMode::Direct),
+                verify: true,
+            };
+            let opts = EngineOptions { threads: 2, ctx_size: Some(128), isa: Isa::detect(), stream: Some(stream) };
+            let mut eng = Engine::load(&pkg, opts).expect("load");
+            let cfg = eng.model.cfg.clone();
+            let h = Header {
+                moescope_routing: 1,
+                model: "wide".into(),
+                moe_layers: cfg.moe_layers(),
+                num_experts: cfg.num_experts,
+                top_k: cfg.num_experts_per_tok,
+                bytes_per_expert: blob,
+                candidates: None,
+            };
+            let path = dir.path().join(format!("r-{slots}-{}.jsonl", policy.name()));
+            let mut log = RoutingLog::create(&path, &h).unwrap();
+            eng.eval(&ids[..3], Logits::Last, &mut log).unwrap();
+            for &id in &ids[3..] {
+                eng.eval(&[id], Logits::Last, &mut log).unwrap();
+            }
+            log.finish().unwrap();
+            let ex = eng.experts.as_ref().unwrap();
+            let (cap, st) = (ex.cache.capacity_slots(), ex.cache.total_stats());
+            assert_eq!(cap as u64, slots);
+            let (h, recs) = routing_log::read(&path).unwrap();
+            let got = sim::simulate(&h, &sim::steps(&recs), cap, SimPolicy::Policy(policy));
+            let tag = format!("{slots} slots, {}", policy.name());
+            assert!(st.evictions > 0 || slots >= 80, "{tag}: the pool evicted");
+            assert_eq!((got.hits, got.misses), (st.hits, st.misses), "{tag}: sim vs engine");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 12);
+}
