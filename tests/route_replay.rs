@@ -259,3 +259,38 @@ fn the_predictor_takes_the_traces_candidates() {
     assert!(p.routed > 0, "decode made predictions");
     assert_eq!(p.routed_predicted, p.routed, "recall {} with the trace's perfect candidates", p.recall());
 }
+
+#[test]
+fn predictor_reports_recall_by_slot_and_by_gate_mass() {
+    // candidates naming only the next layer's first-ranked expert among the top-2 predicted
+    // (the second predicted one is never routed), every route weighted 0.7 / 0.3: slot recall
+    // is exactly [1, 0], recall 1/2, gate-mass recall 0.7
+    let (dir, pkg) = convert("single", "q4");
+    let r = Reference::load("single");
+    let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
+    let n_dec = 12;
+    let mut routes = make_routes(8, 2, 3, prompt.len() + n_dec + 1, 9);
+    for route in routes.iter_mut().flatten() {
+        route.1 = vec![0.7, 0.3];
+    }
+    for t in 0..routes.len() - 1 {
+        for l in 0..3 {
+            let next = if l + 1 < 3 { routes[t][l + 1].0.clone() } else { routes[t + 1][0].0.clone() };
+            let other = (0..8).find(|e| !next.contains(e)).unwrap();
+            routes[t][l].2 = vec![next[0], other, next[1], other];
+        }
+    }
+    let trace = dir.path().join("t.jsonl.gz");
+    write_trace(&trace, 8, 2, &routes, prompt.len());
+    let s = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
+    let blob = engine(&pkg, Some(s), None).experts.as_ref().unwrap().cache.blob_len() as u64;
+    let s = StreamConfig { budget_bytes: Some(8 * blob), io: Some(IoMode::Direct), ..StreamConfig::default() };
+    let mut eng = engine(&pkg, Some(s), Some(&trace));
+    run(&mut eng, &prompt, &forced, n_dec);
+    let p = eng.experts.as_ref().unwrap().predictor.stats();
+    assert!(p.routed > 0 && p.lead_n > 0, "decode made predictions");
+    assert_eq!(p.slot_recall(), vec![1.0, 0.0]);
+    assert!((p.recall() - 0.5).abs() < 1e-12, "recall {}", p.recall());
+    assert!((p.gate_mass_recall() - 0.7).abs() < 1e-6, "gate-mass recall {}", p.gate_mass_recall());
+    assert!(p.lead_ms() >= 0.0);
+}

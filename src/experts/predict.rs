@@ -11,12 +11,14 @@ use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use moescope_kernels::Isa;
 use moescope_kernels::ops::{softmax_inplace, top_k};
 
 use super::pool::ExpertCache;
 use super::stats::PredictStats;
+use crate::model::moe::Pick;
 use crate::package::{Package, TensorId};
 use crate::trace;
 
@@ -38,12 +40,22 @@ struct Task {
 
 struct PredState {
     stats: PredictStats,
-    /// For each MoE layer: (pass, predicted experts by rank, how many were issued)
-    pending: HashMap<usize, (u64, Vec<usize>, usize)>,
+    /// For each MoE layer: the prediction waiting for its layer's real route
+    pending: HashMap<usize, Pending>,
     keep: usize,
     /// Tasks taken in and tasks done (queued prefetches included), for `wait_idle`.
     submitted: u64,
     done: u64,
+}
+
+struct Pending {
+    pass: u64,
+    /// predicted experts by rank
+    experts: Vec<usize>,
+    /// how many were issued as prefetches
+    issued: usize,
+    /// when its prefetches were queued
+    at: Instant,
 }
 
 pub struct Predictor {
@@ -60,7 +72,7 @@ impl Predictor {
         let c = pkg.meta.model.clone();
         let (k, n_layers) = (c.num_experts_per_tok, routers.len());
         let state = Arc::new(Mutex::new(PredState {
-            stats: PredictStats::new(SPEC_RANKS * k),
+            stats: PredictStats::new(SPEC_RANKS * k, k),
             pending: HashMap::new(),
             keep: k,
             submitted: 0,
@@ -113,17 +125,35 @@ impl Predictor {
         }
     }
 
-    /// The real route of MoE layer `li` in pass `pass`: score the prediction made for it.
-    pub fn observe(&self, pass: u64, li: usize, route: &[usize]) {
+    /// The real route of MoE layer `li` in pass `pass` (one token's experts in rank order,
+    /// with their gate weights): score the prediction made for it.
+    pub fn observe(&self, pass: u64, li: usize, ranked: &[Pick]) {
+        let now = Instant::now();
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let k = self.top_k;
-        let Some((p, pred, issued)) = st.pending.remove(&li) else {
+        let Some(Pending { pass: p, experts: pred, issued, at }) = st.pending.remove(&li) else {
             return;
         };
         if p != pass {
             return;
         }
+        let route: Vec<usize> = ranked.iter().map(|p| p.expert).collect();
+        let route = route.as_slice();
         let s = &mut st.stats;
+        let top = &pred[..k.min(pred.len())];
+        for (j, &Pick { expert: e, weight: w }) in ranked.iter().enumerate() {
+            let hit = top.contains(&e);
+            if j < s.slot_routed.len() {
+                s.slot_routed[j] += 1;
+                s.slot_predicted[j] += u64::from(hit);
+            }
+            s.gate_mass += f64::from(w);
+            if hit {
+                s.gate_mass_predicted += f64::from(w);
+            }
+        }
+        s.lead_ns += now.saturating_duration_since(at).as_nanos() as u64;
+        s.lead_n += 1;
         for (r, e) in pred.iter().enumerate() {
             s.samples[r] += 1;
             if route.contains(e) {
@@ -132,7 +162,6 @@ impl Predictor {
         }
         // recall and precision are the top-k prediction's (the speculative ranks beyond have
         // their per-rank accuracy)
-        let top = &pred[..k.min(pred.len())];
         s.issued += issued as u64;
         s.issued_routed += pred.iter().take(issued).filter(|e| route.contains(e)).count() as u64;
         s.routed += route.len() as u64;
@@ -225,7 +254,7 @@ fn worker(
         if queued == 0 && cache.pass() > t.pass {
             s.stats.late += 1;
         }
-        s.pending.insert(t.li, (t.pass, top, keep));
+        s.pending.insert(t.li, Pending { pass: t.pass, experts: top, issued: keep, at: Instant::now() });
         s.done += 1;
     }
 }

@@ -22,7 +22,7 @@ impl ExpertSource for Experts {
     fn for_each_ready(&self, q: &ExpertQuery<'_>, each: &mut ReadyFn<'_>) -> Result<(), ModelError> {
         let pass = self.cache.pass();
         if q.tokens == 1 {
-            self.predictor.observe(pass, q.moe_layer, q.used);
+            self.predictor.observe(pass, q.moe_layer, q.ranked);
             self.predictor.submit(pass, q.moe_layer, q.lookahead, q.predicted);
         }
         let mut req = self.cache.request(q.moe_layer, q.used);

@@ -84,11 +84,48 @@ pub struct PredictStats {
     pub routed_predicted: u64,
     /// Predictions that arrived after their layer had started (too late to help).
     pub late: u64,
+    /// Per routed rank (the route's j-th expert by gate weight): times scored, and times its
+    /// expert was in the top-k prediction.
+    pub slot_routed: Vec<u64>,
+    pub slot_predicted: Vec<u64>,
+    /// Gate weight of the routed experts, and of those in the top-k prediction.
+    pub gate_mass: f64,
+    pub gate_mass_predicted: f64,
+    /// Time from a prediction's prefetches being queued to its layer's request, summed over
+    /// the predictions scored.
+    pub lead_ns: u64,
+    pub lead_n: u64,
 }
 
 impl PredictStats {
-    pub fn new(k: usize) -> PredictStats {
-        PredictStats { samples: vec![0; k], hits: vec![0; k], ..Default::default() }
+    /// `ranks` predicted ranks; routes of `k` experts.
+    pub fn new(ranks: usize, k: usize) -> PredictStats {
+        PredictStats {
+            samples: vec![0; ranks],
+            hits: vec![0; ranks],
+            slot_routed: vec![0; k],
+            slot_predicted: vec![0; k],
+            ..Default::default()
+        }
+    }
+
+    /// Recall of each routed rank (the expert with the j-th largest gate weight).
+    pub fn slot_recall(&self) -> Vec<f64> {
+        self.slot_routed
+            .iter()
+            .zip(&self.slot_predicted)
+            .map(|(&n, &p)| if n == 0 { 0.0 } else { p as f64 / n as f64 })
+            .collect()
+    }
+
+    /// Share of the routed gate weight whose experts had been predicted (top-k).
+    pub fn gate_mass_recall(&self) -> f64 {
+        if self.gate_mass <= 0.0 { 0.0 } else { self.gate_mass_predicted / self.gate_mass }
+    }
+
+    /// Mean time a prediction was ready before its layer asked, in milliseconds.
+    pub fn lead_ms(&self) -> f64 {
+        if self.lead_n == 0 { 0.0 } else { self.lead_ns as f64 / self.lead_n as f64 / 1e6 }
     }
 
     /// Fraction of routed experts that had been predicted.

@@ -43,6 +43,9 @@ pub struct ExpertQuery<'a> {
     /// With replayed routing, the trace's predictor candidates for the next MoE layer (one
     /// token's pass), which the predictor takes instead of applying a router to `lookahead`.
     pub predicted: Option<&'a [usize]>,
+    /// One token's route in rank order, with its gate weights (empty for a batch): what the
+    /// predictor's guess for this layer is scored against.
+    pub ranked: &'a [Pick],
 }
 
 /// Called with ready experts: their ids and matrices, in the same order.
@@ -111,6 +114,13 @@ pub struct Routing {
     uses: Vec<Vec<Use>>,
     /// The experts chosen, ascending.
     pub used: Vec<usize>,
+}
+
+impl Routing {
+    /// Token `t`'s picks in rank order.
+    pub fn picks_of(&self, t: usize) -> &[Pick] {
+        &self.picks[t * self.top_k..(t + 1) * self.top_k]
+    }
 }
 
 /// Route the batch `hn` (`[T, H]`) of MoE layer `layer` through `router` (f32 `[E, H]`): softmax,

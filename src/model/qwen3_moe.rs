@@ -513,6 +513,7 @@ impl Qwen3Moe {
             used: &routing.used,
             lookahead: hn,
             predicted,
+            ranked: if t_n == 1 { routing.picks_of(0) } else { &[] },
         };
         let bufs = moe::SumBuffers { yk: &mut yk[..t_n * k_n * h], out };
         moe::routed_sum(exec, experts, &q, &routing, hn, self.pkg.sizes().blob, bufs, s)
