@@ -77,6 +77,18 @@ pub struct PerplexityArgs {
     /// Use only the text's first N tokens.
     #[arg(long, value_name = "N")]
     pub tokens: Option<usize>,
+    /// Stream the model's experts through a pool of this many MiB (default: as for `run`,
+    /// no pool when the package fits in half the memory).
+    #[arg(long, value_name = "MiB")]
+    pub cache_mb: Option<f64>,
+    /// Eviction policy of the pool: foresight, least-stale, lru.
+    #[arg(long, default_value = "foresight")]
+    pub policy: String,
+    /// Prefetch predicted experts: on or off.
+    #[arg(long, default_value = "on")]
+    pub prefetch: String,
+    #[command(flatten)]
+    pub aware: CacheAwareArgs,
 }
 
 #[derive(Args, Debug)]
@@ -200,6 +212,18 @@ pub struct ExpertArgs {
     /// where the trace has them. The routers still run; the output text is not the model's.
     #[arg(long, value_name = "TRACE")]
     pub route_from: Option<PathBuf>,
+    #[command(flatten)]
+    pub aware: CacheAwareArgs,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct CacheAwareArgs {
+    /// Cache-aware routing (opt-in, not the exact model): a routed expert that is not in the
+    /// pool gives way to a pooled one among the next top-k candidates whose router probability
+    /// is within TOL of its own (an absolute gap, e.g. 0.02). Deterministic for a given pool
+    /// with prefetch off; substitutions are counted.
+    #[arg(long, value_name = "TOL")]
+    pub cache_aware_routing: Option<f32>,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -264,6 +264,7 @@ fn big_info(expected_memory: u64) -> ModelInfo {
         has_template: true,
         warnings: vec![],
         knobs: Knobs { streaming: true, prefetch: true, budget_bytes: (48 * 64) << 20, policy: "foresight".into() },
+        steering: None,
     }
 }
 

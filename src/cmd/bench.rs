@@ -104,6 +104,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         eprintln!("moescope bench: waited {:.2} s for the experts' checksums before the tests", waited.as_secs_f64());
     }
     let replay_line = experts_report::start_route_replay(&mut engine, a.experts.route_from.as_deref())?;
+    let aware_line = experts_report::start_cache_aware(&mut engine, a.experts.aware.cache_aware_routing)?;
     let mut log =
         a.experts.routing_out.as_deref().map(|p| experts_report::start_routing_log(&engine, p)).transpose()?;
     let default_budget = engine.experts.as_ref().map_or(0, |e| e.cache.budget_bytes());
@@ -118,11 +119,14 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         let file = Path::new(r.name()).file_name().map_or_else(|| r.name().into(), |f| f.to_string_lossy());
         model_type.push_str(&format!(", routes from {file}"));
     }
+    if let Some(tol) = engine.model.cache_aware_routing() {
+        model_type.push_str(&format!(", cache-aware routing {tol}"));
+    }
     let weight_bytes = engine.model.decode_weight_bytes();
     let n_params = engine.model.n_params();
     let model_size = engine.package().file_size();
     eprintln!("moescope bench: {}", experts_report::describe(&engine));
-    if let Some(line) = replay_line {
+    for line in replay_line.iter().chain(&aware_line) {
         eprintln!("moescope bench: {line}");
     }
     eprintln!(

@@ -39,11 +39,12 @@ pub fn run(a: &ChatArgs) -> Result<()> {
         bail!("--trace needs --trace-max-events above 0");
     }
     let (model, opts, routing_out) = (cfg.model.clone(), cfg.engine, r.experts.routing_out.clone());
-    let route_from = r.experts.route_from.clone();
+    let (route_from, aware) = (r.experts.route_from.clone(), r.experts.aware.cache_aware_routing);
     let label = model.file_name().map_or_else(|| model.display().to_string(), |n| n.to_string_lossy().into_owned());
     let load: tui::worker::Loader = Box::new(move || {
         let mut engine = Engine::load(&model, opts).map_err(|e| format!("{}: {e}", model.display()))?;
         experts_report::start_route_replay(&mut engine, route_from.as_deref()).map_err(|e| format!("{e:#}"))?;
+        experts_report::start_cache_aware(&mut engine, aware).map_err(|e| format!("{e:#}"))?;
         let routing_log = match &routing_out {
             Some(p) => Some(experts_report::start_routing_log(&engine, p).map_err(|e| format!("{e:#}"))?),
             None => None,
@@ -66,6 +67,7 @@ pub fn run(a: &ChatArgs) -> Result<()> {
             "min_p": r.min_p, "repeat_penalty": r.repeat_penalty, "seed": cfg.sampler.seed,
             "cache_mb": r.cache_mb, "prefetch": r.prefetch, "policy": r.experts.policy,
             "route_from": r.experts.route_from,
+            "cache_aware_routing": aware,
         },
     });
     let options = tui::Options {

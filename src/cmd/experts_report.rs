@@ -103,6 +103,30 @@ pub fn start_route_replay(engine: &mut Engine, path: Option<&Path>) -> Result<Op
     Ok(Some(line))
 }
 
+/// With `tol`, turn on cache-aware routing; the line to print.
+pub fn start_cache_aware(engine: &mut Engine, tol: Option<f32>) -> Result<Option<String>> {
+    let Some(tol) = tol else { return Ok(None) };
+    if !tol.is_finite() {
+        anyhow::bail!("--cache-aware-routing: {tol} is not a probability gap");
+    }
+    engine.model.set_cache_aware_routing(Some(tol)).map_err(|e| anyhow::anyhow!("--cache-aware-routing: {e}"))?;
+    let note = if engine.experts.is_none() { " (every expert is in memory here: nothing to substitute)" } else { "" };
+    Ok(Some(format!(
+        "cache-aware routing: a missing expert gives way to a pooled one within {tol} of its router probability (not the exact model){note}"
+    )))
+}
+
+/// Cache-aware routing's setting and substitutions so far (null when off).
+pub fn cache_aware_json(engine: &Engine, tokens: usize) -> Value {
+    match engine.model.cache_aware_routing() {
+        None => json!(null),
+        Some(tol) => {
+            let n = engine.model.substitutions();
+            json!({"tol": tol, "substitutions": n, "per_token": if tokens == 0 { 0.0 } else { n as f64 / tokens as f64 }})
+        }
+    }
+}
+
 /// Expected memory beside the peak RSS, as JSON.
 pub fn memory_json(engine: &Engine) -> Value {
     let m = engine.memory_plan();

@@ -17,8 +17,10 @@ use moescope::engine::{Engine, EngineOptions};
 use moescope::model::{Logits, NoObserver};
 use serde_json::json;
 
-use super::model_arg;
-use super::run::isa_from_env;
+use moescope::experts::{PolicyKind, StreamConfig};
+
+use super::run::{self, isa_from_env};
+use super::{experts_report, model_arg};
 use crate::cli::PerplexityArgs;
 
 /// log-sum-exp of a row of logits, in f64: the sum over 150k logits must not lose the small ones.
@@ -78,14 +80,28 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     let text = String::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {})", a.file.display(), e.utf8_error().valid_up_to()))?;
     let path = model_arg::resolve(a.model.as_deref(), &a.quant)?;
-    let opts = || -> Result<EngineOptions> {
-        Ok(EngineOptions { threads, ctx_size: Some(a.window), isa: isa_from_env()?, stream: None })
+    let opts = |stream: Option<StreamConfig>| -> Result<EngineOptions> {
+        Ok(EngineOptions { threads, ctx_size: Some(a.window), isa: isa_from_env()?, stream })
     };
-    let mut eng = Engine::load(&path, opts()?).with_context(|| format!("loading {}", path.display()))?;
+    // the model streams as `run` would (pool options given or not); the base is always exact
+    let stream = StreamConfig {
+        budget_bytes: None,
+        policy: PolicyKind::parse(&a.policy).map_err(anyhow::Error::msg)?,
+        prefetch: run::parse_on_off("--prefetch", &a.prefetch)?,
+        ..StreamConfig::default()
+    };
+    if a.cache_mb.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
+        bail!("--cache-mb must be a positive number of MiB");
+    }
+    let stream = StreamConfig { budget_bytes: a.cache_mb.map(|mb| (mb * (1u64 << 20) as f64) as u64), ..stream };
+    let mut eng = Engine::load(&path, opts(Some(stream))?).with_context(|| format!("loading {}", path.display()))?;
+    if let Some(line) = experts_report::start_cache_aware(&mut eng, a.aware.cache_aware_routing)? {
+        eprintln!("moescope perplexity: {line}");
+    }
     let mut base = match &a.against {
         Some(b) => {
             let bp = model_arg::resolve(Some(b), "bf16")?;
-            let be = Engine::load(&bp, opts()?).with_context(|| format!("loading {}", bp.display()))?;
+            let be = Engine::load(&bp, opts(None)?).with_context(|| format!("loading {}", bp.display()))?;
             if be.model.cfg.vocab_size != eng.model.cfg.vocab_size {
                 bail!(
                     "{}: vocabulary of {} tokens, {} has {}: not the same model",
@@ -148,6 +164,8 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
             "tokens": ids.len(), "predicted": nll.len(), "nll": mean, "nll_stderr": se, "perplexity": ppl,
             "perplexity_stderr": ppl * se, "seconds": secs, "tokens_per_second": ids.len() as f64 / secs,
             "threads": threads, "isa": eng.exec.isa.name(),
+            "cache_aware_routing": experts_report::cache_aware_json(&eng, ids.len()),
+            "experts": experts_report::experts_json(&eng, &Default::default(), ids.len()),
         });
         if let (Some((bmean, same, kl, kl_median, kl_max)), Some(b)) = (against, &a.against) {
             j["against"] = json!({
@@ -171,6 +189,13 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
                 b.display(),
                 bmean.exp(),
                 same * 100.0
+            );
+        }
+        if let Some(tol) = eng.model.cache_aware_routing() {
+            println!(
+                "cache-aware routing (tolerance {tol}): {} experts substituted ({:.2} per token)",
+                eng.model.substitutions(),
+                eng.model.substitutions() as f64 / ids.len() as f64
             );
         }
     }

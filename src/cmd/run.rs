@@ -163,6 +163,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if let Some(line) = experts_report::start_route_replay(&mut engine, a.experts.route_from.as_deref())? {
         eprintln!("moescope: {line}");
     }
+    if let Some(line) = experts_report::start_cache_aware(&mut engine, a.experts.aware.cache_aware_routing)? {
+        eprintln!("moescope: {line}");
+    }
     let mut log =
         a.experts.routing_out.as_deref().map(|p| experts_report::start_routing_log(&engine, p)).transpose()?;
     let kv_mb = KvCache::bytes_at_capacity(&engine.model.cfg, engine.kv.capacity()) as f64 / 1e6;
@@ -206,6 +209,7 @@ pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::
         "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
         "ctx_size": engine.kv.capacity(),
         "route_from": engine.model.route_replay().map(|r| r.name()),
+        "cache_aware_routing": engine.model.cache_aware_routing(),
         "settings": {
             "n_predict": a.n_predict, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
             "min_p": a.min_p, "repeat_penalty": a.repeat_penalty, "seed": cfg.sampler.seed, "chat": a.chat,
@@ -298,6 +302,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
             "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
             "seed": cfg.sampler.seed,
             "route_from": engine.model.route_replay().map(|r| r.name()),
+            "cache_aware_routing": experts_report::cache_aware_json(&engine, ids.len() + stats.generated.len()),
             "prompt_ids": ids,
             "generated_ids": stats.generated,
             "text": text,
@@ -324,6 +329,9 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
                 e["predictor"]["lead_ms"].as_f64().unwrap_or(0.0),
                 engine.model.route_replay().map_or(String::new(), |r| format!("; routes from {}", r.name())),
             );
+        }
+        if let Some(tol) = engine.model.cache_aware_routing() {
+            eprintln!("[cache-aware routing (tolerance {tol}): {} experts substituted]", engine.model.substitutions());
         }
     }
     Ok(())

@@ -114,6 +114,8 @@ pub struct Routing {
     uses: Vec<Vec<Use>>,
     /// The experts chosen, ascending.
     pub used: Vec<usize>,
+    /// Experts cache-aware routing put in place of routed ones.
+    pub substituted: usize,
 }
 
 impl Routing {
@@ -123,10 +125,23 @@ impl Routing {
     }
 }
 
+/// What may replace the router's own top-k for a batch.
+#[derive(Clone, Copy)]
+pub enum Steer<'a> {
+    /// The router's choice, exactly.
+    Exact,
+    /// A trace's experts and weights (`--route-from`); the router still runs.
+    Replay(ReplayAt<'a>),
+    /// `--cache-aware-routing`: a routed expert that is not resident gives way to the most
+    /// probable resident one among the next k candidates whose probability is within `tol` of
+    /// its own (absolute); weights then come from the chosen experts' probabilities.
+    CacheAware { source: &'a dyn ExpertSource, moe_layer: usize, tol: f32 },
+}
+
 /// Route the batch `hn` (`[T, H]`) of MoE layer `layer` through `router` (f32 `[E, H]`): softmax,
 /// top-k, weights; every token's choice goes to `obs` (tokens at positions `pos0..`). `probs`
-/// (`[T, E]`) receives the router's probabilities. With `replay`, the router still runs but
-/// each token takes the trace's experts and weights.
+/// (`[T, E]`) receives the router's probabilities. `steer` may replace the top-k (see
+/// [`Steer`]).
 #[allow(clippy::too_many_arguments)]
 pub fn route(
     exec: &Exec,
@@ -138,7 +153,7 @@ pub fn route(
     probs: &mut [f32],
     s: &mut Scratch,
     obs: &mut dyn Observer,
-    replay: Option<ReplayAt<'_>>,
+    steer: Steer<'_>,
 ) -> Routing {
     let (e_n, k_n) = (spec.num_experts, spec.top_k);
     let t_n = hn.len() / router.cols;
@@ -148,16 +163,20 @@ pub fn route(
     let mut picks = vec![Pick::default(); t_n * k_n];
     let mut top: Vec<usize> = Vec::with_capacity(e_n);
     let mut weights = vec![0f32; k_n];
+    let (mut wide, mut substituted) = (Vec::with_capacity(e_n), 0);
     for t in 0..t_n {
         let p = &mut probs[t * e_n..(t + 1) * e_n];
         softmax_inplace(p);
         top_k(p, k_n, &mut top);
+        if let Steer::CacheAware { source, moe_layer, tol } = steer {
+            substituted += prefer_resident(p, source, moe_layer, tol, &mut top, &mut wide);
+        }
         let sum: f32 = top.iter().map(|&e| p[e]).sum();
         let norm = if spec.renormalize { sum } else { 1.0 };
         for (j, &e) in top.iter().enumerate() {
             weights[j] = p[e] / norm;
         }
-        if let Some(r) = replay {
+        if let Steer::Replay(r) = steer {
             let (e, w) = r.route(t);
             top.clear();
             top.extend_from_slice(e);
@@ -179,7 +198,45 @@ pub fn route(
         }
     }
     let used = (0..e_n).filter(|&e| !uses[e].is_empty()).collect();
-    Routing { top_k: k_n, picks, uses, used }
+    if substituted > 0 {
+        span.set("substituted", substituted);
+    }
+    Routing { top_k: k_n, picks, uses, used, substituted }
+}
+
+/// Cache-aware routing for one token: in `top` (the top-k of probabilities `p`, rank order),
+/// each expert that `source` does not hold gives way to the most probable held one among the
+/// next k candidates that is not taken yet and whose probability is at least its own less
+/// `tol`; then `top` is put back in rank order (probability, ties to the lower id). Returns
+/// the substitutions made. `wide` is scratch.
+fn prefer_resident(
+    p: &[f32],
+    source: &dyn ExpertSource,
+    moe_layer: usize,
+    tol: f32,
+    top: &mut [usize],
+    wide: &mut Vec<usize>,
+) -> usize {
+    let k = top.len();
+    top_k(p, (2 * k).min(p.len()), wide);
+    let held = source.resident(moe_layer, wide);
+    let mut taken = vec![false; wide.len()];
+    let mut n = 0;
+    for j in 0..k {
+        if held[j] {
+            continue;
+        }
+        let floor = p[top[j]] - tol;
+        if let Some(i) = (k..wide.len()).find(|&i| held[i] && !taken[i] && p[wide[i]] >= floor) {
+            taken[i] = true;
+            top[j] = wide[i];
+            n += 1;
+        }
+    }
+    if n > 0 {
+        top.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    }
+    n
 }
 
 /// Where [`routed_sum`] works and leaves its result.

@@ -27,6 +27,7 @@
 //! experts ran in, so the result never depends on scheduling.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use moescope_kernels::ops::{Rope, add_inplace, apply_rope, rms_norm, rms_norm_inplace};
 
@@ -34,7 +35,7 @@ use super::attention;
 use super::delta_net::{self, DeltaNet};
 use super::error::ModelError;
 use super::kv_cache::KvCache;
-use super::moe::{self, ExpertQuery, ExpertSource, RouterSpec, swiglu_mlp};
+use super::moe::{self, ExpertQuery, ExpertSource, RouterSpec, Steer, swiglu_mlp};
 use super::observer::Observer;
 use super::route_replay::{ReplayAt, RouteReplay};
 use super::run_state::RunState;
@@ -113,6 +114,9 @@ pub struct Qwen3Moe {
     delta: Option<delta_net::Dims>,
     /// routes taken from a trace instead of the routers (`--route-from`)
     replay: Option<Arc<RouteReplay>>,
+    /// `--cache-aware-routing`'s tolerance, and the substitutions it has made
+    cache_aware: Option<f32>,
+    substitutions: AtomicU64,
 }
 
 impl Qwen3Moe {
@@ -187,6 +191,8 @@ impl Qwen3Moe {
             rope: Rope::new(c.rope_theta, c.rotary_dim()),
             delta: c.hybrid.as_ref().map(|hy| delta_net::Dims::new(hy, c.rms_norm_eps as f32)),
             replay: None,
+            cache_aware: None,
+            substitutions: AtomicU64::new(0),
             cfg: c,
             pkg,
         })
@@ -194,6 +200,9 @@ impl Qwen3Moe {
 
     /// Take every MoE block's route from `replay` from now on (None: the routers' own again).
     pub fn set_route_replay(&mut self, replay: Option<Arc<RouteReplay>>) -> Result<(), ModelError> {
+        if replay.is_some() && self.cache_aware.is_some() {
+            return Err(ModelError::Unsupported("cache-aware routing cannot steer replayed routes".into()));
+        }
         if let Some(r) = &replay {
             r.check_model(self.cfg.num_experts, self.cfg.num_experts_per_tok).map_err(ModelError::Unsupported)?;
         }
@@ -203,6 +212,30 @@ impl Qwen3Moe {
 
     pub fn route_replay(&self) -> Option<&RouteReplay> {
         self.replay.as_deref()
+    }
+
+    /// Cache-aware routing with tolerance `tol` (an absolute gap in router probability), or
+    /// exact routing (None). Not with replayed routes.
+    pub fn set_cache_aware_routing(&mut self, tol: Option<f32>) -> Result<(), ModelError> {
+        if tol.is_some() && self.replay.is_some() {
+            return Err(ModelError::Unsupported("cache-aware routing cannot steer replayed routes".into()));
+        }
+        if let Some(t) = tol
+            && !(0.0..=1.0).contains(&t)
+        {
+            return Err(ModelError::Unsupported(format!("cache-aware routing tolerance {t} is not in [0, 1]")));
+        }
+        self.cache_aware = tol;
+        Ok(())
+    }
+
+    pub fn cache_aware_routing(&self) -> Option<f32> {
+        self.cache_aware
+    }
+
+    /// Routed experts cache-aware routing replaced so far.
+    pub fn substitutions(&self) -> u64 {
+        self.substitutions.load(Ordering::Relaxed)
     }
 
     /// Router tensors of the MoE layers, in forward order (for the predictor).
@@ -503,7 +536,16 @@ impl Qwen3Moe {
             moe_layer: at.moe_layer,
             base: r.begin(at.moe_layer, t_n),
         });
-        let routing = moe::route(exec, &router, spec, at.layer, hn, at.pos0, &mut probs[..t_n * e_n], s, obs, replay);
+        let steer = match (replay, self.cache_aware) {
+            (Some(r), _) => Steer::Replay(r),
+            (None, Some(tol)) => Steer::CacheAware { source: experts, moe_layer: at.moe_layer, tol },
+            (None, None) => Steer::Exact,
+        };
+        let routing = moe::route(exec, &router, spec, at.layer, hn, at.pos0, &mut probs[..t_n * e_n], s, obs, steer);
+        if routing.substituted > 0 {
+            self.substitutions.fetch_add(routing.substituted as u64, Ordering::Relaxed);
+            span.set("substituted", routing.substituted);
+        }
         span.set("experts_used", routing.used.len());
         let predicted = replay.filter(|_| t_n == 1).map(|r| r.candidates(0)).filter(|c| !c.is_empty());
         let q = ExpertQuery {

@@ -93,6 +93,9 @@ pub struct ModelInfo {
     /// What the engine warned about at load.
     pub warnings: Vec<String>,
     pub knobs: Knobs,
+    /// How routing is steered when it is not the model's own (a replayed trace, cache-aware
+    /// routing), for the status line.
+    pub steering: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

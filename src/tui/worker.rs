@@ -158,6 +158,14 @@ pub fn model_info(engine: &Engine) -> ModelInfo {
         has_template: engine.template.is_some(),
         warnings: engine.warnings.clone(),
         knobs: knobs(engine),
+        steering: match (engine.model.route_replay(), engine.model.cache_aware_routing()) {
+            (Some(r), _) => {
+                let file = std::path::Path::new(r.name()).file_name().map(|f| f.to_string_lossy().into_owned());
+                Some(format!("routes from {}", file.unwrap_or_else(|| r.name().into())))
+            }
+            (None, Some(tol)) => Some(format!("cache-aware routing {tol}")),
+            (None, None) => None,
+        },
     }
 }
 
