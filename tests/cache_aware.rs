@@ -23,9 +23,8 @@ impl Observer for Seen {
 }
 
 fn engine(pkg: &Path, slots: u64, tol: Option<f32>) -> Engine {
-    let probe = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
     let o = |stream| EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream };
-    let blob = Engine::load(pkg, o(Some(probe))).unwrap().experts.as_ref().unwrap().cache.blob_len() as u64;
+    let blob = slot_bytes(pkg);
     let stream = StreamConfig {
         budget_bytes: Some(slots * blob),
         policy: PolicyKind::Foresight,

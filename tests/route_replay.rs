@@ -163,11 +163,7 @@ fn replayed_logits_are_bit_identical_streamed_with_prefetch_on_and_off() {
         let trace = dir.path().join("t.jsonl.gz");
         write_trace(&trace, e, k, &routes, prompt.len());
         let (want, _) = run(&mut engine(&pkg, None, Some(&trace)), &prompt, &forced, 12);
-        let blob = {
-            let s = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
-            let eng = engine(&pkg, Some(s), None);
-            eng.experts.as_ref().unwrap().cache.blob_len() as u64
-        };
+        let blob = slot_bytes(&pkg);
         let third = (e * n_moe / 3).max(k) as u64;
         for prefetch in [false, true] {
             for policy in [PolicyKind::Lru, PolicyKind::Foresight] {
@@ -243,8 +239,7 @@ fn the_predictor_takes_the_traces_candidates() {
     }
     let trace = dir.path().join("t.jsonl.gz");
     write_trace(&trace, 8, 2, &routes, prompt.len());
-    let s = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
-    let blob = engine(&pkg, Some(s), None).experts.as_ref().unwrap().cache.blob_len() as u64;
+    let blob = slot_bytes(&pkg);
     let s = StreamConfig {
         budget_bytes: Some(8 * blob),
         policy: PolicyKind::Foresight,
@@ -282,8 +277,7 @@ fn predictor_reports_recall_by_slot_and_by_gate_mass() {
     }
     let trace = dir.path().join("t.jsonl.gz");
     write_trace(&trace, 8, 2, &routes, prompt.len());
-    let s = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
-    let blob = engine(&pkg, Some(s), None).experts.as_ref().unwrap().cache.blob_len() as u64;
+    let blob = slot_bytes(&pkg);
     let s = StreamConfig { budget_bytes: Some(8 * blob), io: Some(IoMode::Direct), ..StreamConfig::default() };
     let mut eng = engine(&pkg, Some(s), Some(&trace));
     run(&mut eng, &prompt, &forced, n_dec);

@@ -19,19 +19,9 @@ fn sim_counts_the_engines_hits_and_misses_exactly_with_prefetch_off() {
     let (dir, pkg) = convert("wide", "q4");
     let ids: Vec<u32> = (0..80u32).map(|i| (i * 7919 + 13) % 500).collect();
     let mut checked = 0;
+    let blob = slot_bytes(&pkg);
     for slots in [16u64, 24, 40, 80] {
         for policy in [PolicyKind::Lru, PolicyKind::LeastStale, PolicyKind::Foresight] {
-            let probe = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
-            let blob = Engine::load(
-                &pkg,
-                EngineOptions { threads: 2, ctx_size: Some(128), isa: Isa::detect(), stream: Some(probe) },
-            )
-            .expect("load")
-            .experts
-            .as_ref()
-            .unwrap()
-            .cache
-            .blob_len() as u64;
             let stream = StreamConfig {
                 budget_bytes: Some(slots * blob),
                 policy,

@@ -71,6 +71,16 @@ impl Reference {
     }
 }
 
+/// One expert slot's bytes in the pool of package `pkg`: a budget of n of them holds n experts.
+pub fn slot_bytes(pkg: &Path) -> u64 {
+    use moescope::engine::{Engine, EngineOptions};
+    use moescope::experts::StreamConfig;
+    let probe = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
+    let opts =
+        EngineOptions { threads: 1, ctx_size: Some(64), isa: moescope_kernels::Isa::detect(), stream: Some(probe) };
+    Engine::load(pkg, opts).expect("load").experts.as_ref().expect("streamed").cache.blob_len() as u64
+}
+
 /// The moescope binary, run with a private cache folder.
 pub fn moescope(args: &[&str], cache: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_moescope"))
