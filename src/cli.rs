@@ -329,6 +329,10 @@ pub struct SimArgs {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+    /// Replay only the passes of one token (decode), dropping prompt passes: a prompt's many
+    /// tokens share experts within one pass, which flatters every policy.
+    #[arg(long)]
+    pub decode_only: bool,
     /// Write a synthetic routing trace with locality to this file instead (see --zipf, --repeat).
     #[arg(long, value_name = "OUT")]
     pub synthetic: Option<PathBuf>,

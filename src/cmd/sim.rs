@@ -39,7 +39,13 @@ pub fn run(a: &SimArgs) -> Result<()> {
         return Ok(());
     }
     let Some(file) = &a.file else { bail!("give a routing trace file (or --synthetic OUT)") };
-    let (h, recs) = routing_log::read(file).map_err(anyhow::Error::msg)?;
+    let (h, mut recs) = routing_log::read(file).map_err(anyhow::Error::msg)?;
+    if a.decode_only {
+        recs = sim::decode_only(recs);
+        if recs.is_empty() {
+            bail!("{}: no pass of one token to replay (--decode-only)", file.display());
+        }
+    }
     let steps = sim::steps(&recs);
     let tokens = recs.iter().map(|r| (r.p, r.t)).collect::<std::collections::HashSet<_>>().len();
     let all = h.moe_layers.len() * h.num_experts;

@@ -42,6 +42,15 @@ pub fn steps(recs: &[Record]) -> Vec<Step> {
     out
 }
 
+/// The records of passes of one token (decode steps), in order.
+pub fn decode_only(recs: Vec<Record>) -> Vec<Record> {
+    let mut tokens: HashMap<u64, HashSet<usize>> = HashMap::new();
+    for r in &recs {
+        tokens.entry(r.p).or_default().insert(r.t);
+    }
+    recs.into_iter().filter(|r| tokens[&r.p].len() == 1).collect()
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SimPolicy {
     Policy(PolicyKind),
@@ -450,6 +459,23 @@ mod tests {
             assert_eq!(r.misses, distinct.len() as u64);
             assert_eq!(r.bytes_read, 7 * distinct.len() as u64);
         }
+    }
+
+    #[test]
+    fn decode_only_keeps_the_passes_of_one_token() {
+        // a prompt pass of two tokens over two layers, then two decode passes
+        let recs = vec![
+            Record::new(0, 0, 0, vec![1, 2], vec![0.5, 0.5]),
+            Record::new(0, 1, 0, vec![3, 2], vec![0.5, 0.5]),
+            Record::new(0, 0, 1, vec![0, 1], vec![0.5, 0.5]),
+            Record::new(0, 1, 1, vec![2, 3], vec![0.5, 0.5]),
+            Record::new(1, 2, 0, vec![1, 3], vec![0.5, 0.5]),
+            Record::new(1, 2, 1, vec![0, 2], vec![0.5, 0.5]),
+            Record::new(2, 3, 0, vec![2, 3], vec![0.5, 0.5]),
+            Record::new(2, 3, 1, vec![1, 2], vec![0.5, 0.5]),
+        ];
+        let kept = decode_only(recs.clone());
+        assert_eq!(kept, recs[4..].to_vec());
     }
 
     #[test]
