@@ -221,27 +221,26 @@ fn run_reports_the_trace_and_a_trace_of_another_shape_is_refused() {
     assert_clean_failure(&o, &["broken.jsonl", "line 2", "expert 9 out of range"]);
 }
 
-#[test]
-fn the_predictor_takes_the_traces_candidates() {
-    // candidates that name exactly the next MoE layer's experts (the next token's first layer
-    // after the last): a predictor that uses them recalls every routed expert; one that applies
-    // the routers to this model's hidden states cannot know the replayed routes
+/// Decode the "single" fixture (3 MoE layers of 8, top-2) through a trace whose routes
+/// `shape` sets from the seeded ones (`next` = the experts the following MoE layer routes to,
+/// the next token's first layer after the last), streamed with prefetch; the predictor's
+/// statistics.
+fn predictor_stats(seed: u64, shape: impl Fn(&mut Route, &[usize])) -> moescope::experts::stats::PredictStats {
     let (dir, pkg) = convert("single", "q4");
     let r = Reference::load("single");
     let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
     let n_dec = 12;
-    let mut routes = make_routes(8, 2, 3, prompt.len() + n_dec + 1, 5);
+    let mut routes = make_routes(8, 2, 3, prompt.len() + n_dec + 1, seed);
     for t in 0..routes.len() - 1 {
         for l in 0..3 {
             let next = if l + 1 < 3 { routes[t][l + 1].0.clone() } else { routes[t + 1][0].0.clone() };
-            routes[t][l].2 = next.iter().chain(&[7usize, 6]).copied().collect();
+            shape(&mut routes[t][l], &next);
         }
     }
     let trace = dir.path().join("t.jsonl.gz");
     write_trace(&trace, 8, 2, &routes, prompt.len());
-    let blob = slot_bytes(&pkg);
     let s = StreamConfig {
-        budget_bytes: Some(8 * blob),
+        budget_bytes: Some(8 * slot_bytes(&pkg)),
         policy: PolicyKind::Foresight,
         prefetch: true,
         io_workers: 2,
@@ -250,7 +249,15 @@ fn the_predictor_takes_the_traces_candidates() {
     };
     let mut eng = engine(&pkg, Some(s), Some(&trace));
     run(&mut eng, &prompt, &forced, n_dec);
-    let p = eng.experts.as_ref().unwrap().predictor.stats();
+    eng.experts.as_ref().unwrap().predictor.stats()
+}
+
+#[test]
+fn the_predictor_takes_the_traces_candidates() {
+    // candidates that name exactly the next MoE layer's experts: a predictor that uses them
+    // recalls every routed expert; one that applies the routers to this model's hidden states
+    // cannot know the replayed routes
+    let p = predictor_stats(5, |route, next| route.2 = next.iter().chain(&[7usize, 6]).copied().collect());
     assert!(p.routed > 0, "decode made predictions");
     assert_eq!(p.routed_predicted, p.routed, "recall {} with the trace's perfect candidates", p.recall());
 }
@@ -260,28 +267,11 @@ fn predictor_reports_recall_by_slot_and_by_gate_mass() {
     // candidates naming only the next layer's first-ranked expert among the top-2 predicted
     // (the second predicted one is never routed), every route weighted 0.7 / 0.3: slot recall
     // is exactly [1, 0], recall 1/2, gate-mass recall 0.7
-    let (dir, pkg) = convert("single", "q4");
-    let r = Reference::load("single");
-    let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
-    let n_dec = 12;
-    let mut routes = make_routes(8, 2, 3, prompt.len() + n_dec + 1, 9);
-    for route in routes.iter_mut().flatten() {
+    let p = predictor_stats(9, |route, next| {
         route.1 = vec![0.7, 0.3];
-    }
-    for t in 0..routes.len() - 1 {
-        for l in 0..3 {
-            let next = if l + 1 < 3 { routes[t][l + 1].0.clone() } else { routes[t + 1][0].0.clone() };
-            let other = (0..8).find(|e| !next.contains(e)).unwrap();
-            routes[t][l].2 = vec![next[0], other, next[1], other];
-        }
-    }
-    let trace = dir.path().join("t.jsonl.gz");
-    write_trace(&trace, 8, 2, &routes, prompt.len());
-    let blob = slot_bytes(&pkg);
-    let s = StreamConfig { budget_bytes: Some(8 * blob), io: Some(IoMode::Direct), ..StreamConfig::default() };
-    let mut eng = engine(&pkg, Some(s), Some(&trace));
-    run(&mut eng, &prompt, &forced, n_dec);
-    let p = eng.experts.as_ref().unwrap().predictor.stats();
+        let other = (0..8).find(|e| !next.contains(e)).unwrap();
+        route.2 = vec![next[0], other, next[1], other];
+    });
     assert!(p.routed > 0 && p.lead_n > 0, "decode made predictions");
     assert_eq!(p.slot_recall(), vec![1.0, 0.0]);
     assert!((p.recall() - 0.5).abs() < 1e-12, "recall {}", p.recall());

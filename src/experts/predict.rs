@@ -137,8 +137,7 @@ impl Predictor {
         if p != pass {
             return;
         }
-        let route: Vec<usize> = ranked.iter().map(|p| p.expert).collect();
-        let route = route.as_slice();
+        let routed = |e: &usize| ranked.iter().any(|p| p.expert == *e);
         let s = &mut st.stats;
         let top = &pred[..k.min(pred.len())];
         for (j, &Pick { expert: e, weight: w }) in ranked.iter().enumerate() {
@@ -156,16 +155,16 @@ impl Predictor {
         s.lead_n += 1;
         for (r, e) in pred.iter().enumerate() {
             s.samples[r] += 1;
-            if route.contains(e) {
+            if routed(e) {
                 s.hits[r] += 1;
             }
         }
         // recall and precision are the top-k prediction's (the speculative ranks beyond have
         // their per-rank accuracy)
         s.issued += issued as u64;
-        s.issued_routed += pred.iter().take(issued).filter(|e| route.contains(e)).count() as u64;
-        s.routed += route.len() as u64;
-        s.routed_predicted += route.iter().filter(|e| top.contains(e)).count() as u64;
+        s.issued_routed += pred.iter().take(issued).filter(|e| routed(e)).count() as u64;
+        s.routed += ranked.len() as u64;
+        s.routed_predicted += ranked.iter().filter(|p| top.contains(&p.expert)).count() as u64;
         // trim ranks that do not pay
         let floor = k.div_ceil(2);
         let mut keep = k;

@@ -163,7 +163,8 @@ pub fn route(
     let mut picks = vec![Pick::default(); t_n * k_n];
     let mut top: Vec<usize> = Vec::with_capacity(e_n);
     let mut weights = vec![0f32; k_n];
-    let (mut wide, mut substituted) = (Vec::with_capacity(e_n), 0);
+    // cache-aware routing's candidates (allocated only when it is on)
+    let (mut wide, mut substituted) = (Vec::new(), 0);
     for t in 0..t_n {
         let p = &mut probs[t * e_n..(t + 1) * e_n];
         softmax_inplace(p);
