@@ -6,202 +6,331 @@
 //! Positions: MoE layers are numbered `0..n_layers` in forward order; a token visits them all
 //! in order. "Distance" to an entry is how many layer steps until its layer comes around again.
 
-/// Per-expert decayed use counts: every token multiplies them by 31/32 and each use adds 1,
-/// so a score near 32·p means "used by about a fraction p of tokens lately" (mollm's decay).
+use std::cell::RefCell;
+
+/// Per-expert decayed use counts at two speeds. The fast one (mollm's) multiplies by 31/32 a
+/// token, so a score near 32·p means "used by about a fraction p of the last ~32 tokens"; the
+/// slow one by 0.995, about the last 200 tokens.
 #[derive(Debug, Clone, Default)]
 pub struct Scores {
-    /// `[layer][expert]` -> (fast score, slow score, token they were last brought up to date),
-    /// grown as experts are first used (indexed, not hashed: the foresight policy reads every
-    /// candidate's scores at each eviction, under the pool's lock)
+    /// `[layer][expert]` -> (fast, slow, token both were last brought up to date), grown as
+    /// experts are first used (indexed, not hashed: policies read every candidate's scores at
+    /// each eviction, under the pool's lock)
     s: Vec<Vec<(f32, f32, u64)>>,
 }
 
 pub const DECAY: f32 = 31.0 / 32.0;
-/// A slower average (about the last 200 tokens) for popularity estimates.
 pub const SLOW_DECAY: f32 = 0.995;
 
 impl Scores {
-    /// The fast score (mollm's): decays by 31/32 a token.
+    /// The fast score at `token` (0 when never used).
     pub fn get(&self, key: (usize, usize), token: u64) -> f32 {
-        match self.entry(key) {
-            Some(&(v, _, t)) => v * DECAY.powi(token.saturating_sub(t).min(10_000) as i32),
-            None => 0.0,
+        self.both(key, token).0
+    }
+
+    /// The slow score at `token`.
+    pub fn slow(&self, key: (usize, usize), token: u64) -> f32 {
+        self.both(key, token).1
+    }
+
+    pub fn both(&self, (l, e): (usize, usize), token: u64) -> (f32, f32) {
+        match self.s.get(l).and_then(|r| r.get(e)) {
+            Some(&(f, s, t)) => {
+                let n = token.saturating_sub(t).min(100_000) as i32;
+                (f * DECAY.powi(n), s * SLOW_DECAY.powi(n))
+            }
+            None => (0.0, 0.0),
         }
     }
 
-    fn slow(&self, key: (usize, usize), token: u64) -> f32 {
-        match self.entry(key) {
-            Some(&(_, v, t)) => v * SLOW_DECAY.powi(token.saturating_sub(t).min(100_000) as i32),
-            None => 0.0,
-        }
-    }
-
-    /// The expert's record; None (all zero) when it was never used.
-    fn entry(&self, (l, e): (usize, usize)) -> Option<&(f32, f32, u64)> {
-        self.s.get(l).and_then(|r| r.get(e))
-    }
-
-    /// The fraction of recent tokens (about the last 200; all of them early on) that used it.
-    pub fn popularity(&self, key: (usize, usize), token: u64) -> f32 {
-        let n = token.clamp(1, 100_000) as i32;
-        let norm = (1.0 - SLOW_DECAY.powi(n)) / (1.0 - SLOW_DECAY);
-        (self.slow(key, token) / norm).min(1.0)
-    }
-
-    pub fn bump(&mut self, key: (usize, usize), token: u64) {
-        let (f, s) = (self.get(key, token) + 1.0, self.slow(key, token) + 1.0);
+    pub(crate) fn bump(&mut self, key: (usize, usize), token: u64) {
+        let (f, s) = self.both(key, token);
         let (l, e) = key;
         if self.s.len() <= l {
             self.s.resize_with(l + 1, Vec::new);
         }
         let row = &mut self.s[l];
         if row.len() <= e {
-            // never-used experts read as zero scores, as before
+            // never-used experts read as zero scores
             row.resize(e + 1, (0.0, 0.0, 0));
         }
-        row[e] = (f, s, token);
+        row[e] = (f + 1.0, s + 1.0, token);
     }
 }
 
-/// What each layer's routing has shown about reuse: its last route, how often an expert of one
-/// token's route is routed again at the next token (`rate`), and, per age a (tokens since an
-/// expert was last routed, 1 to [`MAX_AGE`]), how often an expert of that age is routed at the
-/// layer's next turn. The age curve is what tells routing with locality (high at small ages,
-/// falling), drifting routing (experts hot for a while, then not) and random routing (flat at
-/// k/E) apart, without being told which it is. Counts decay slowly so the model follows a
+/// What each layer's routing has shown about reuse, learnt online: the chance that an expert is
+/// routed at its layer's next turn, given how many tokens ago it was last routed (its age) and
+/// how often it has been used lately (a decayed count, [`Scores`]). Either alone misleads: on a
+/// trained model's routing an expert routed by the last token is routed again 8% of the time
+/// when it is rarely used and 68% when it is used often, and a popular expert not seen for 30
+/// tokens has gone cold. So the model keeps, per layer, decayed (trials, hits) over a grid of
+/// age x count cells, shrunk towards the same grid pooled over all layers, itself shrunk
+/// towards chance (k/E). The grid tells routing with locality, drifting routing and near-uniform
+/// routing apart without being told which it is, and its counts decay so it follows a
 /// conversation's changes.
+///
+/// From the grid, [`p_next`](Self::p_next) gives the chance of use within a horizon of H turns
+/// (an expert not routed moves along the grid: its age grows by one a turn, its count decays),
+/// H being how long an entry lives in this pool now: half the capacity over the entries loaded
+/// per token. A small pool turns over fast and the next turns decide (recency, and the fast
+/// count); a large one keeps entries for many tokens and steady popularity decides (the slow
+/// count, ages up to hundreds of tokens). That is where SLRU/LFRU-style policies win at small
+/// budgets and lose at large ones; here one rule adapts. Two grids are kept, one per count.
 #[derive(Debug, Clone)]
 pub struct RouteModel {
-    rate: Vec<f32>,
     last: Vec<Vec<usize>>,
     /// Per layer and expert: the token it was last routed (0 = never).
     last_used: Vec<Vec<u64>>,
-    /// Per layer and age: (trials, hits), decayed.
-    age: Vec<Vec<(f32, f32)>>,
-    /// Per layer: decayed squared error of the three estimates of "routed at the next turn"
-    /// ([`Estimate`]), scored on every expert at every turn.
-    loss: Vec<[f32; 3]>,
+    /// One grid per [`Count`].
+    grids: [Grid; 2],
     uniform: f32,
+    /// Entries loaded per token (decayed), entries loaded this token so far, and that token.
+    turnover: f32,
+    loads: u32,
+    cur: u64,
+    /// Per layer, bumped by its [`observe`](Self::observe): [`p_next`](Self::p_next) answers
+    /// from `memo` while nothing it reads has changed (a pool asks it for every resident entry
+    /// at every eviction, and an entry's answer changes only at its layer's turn, when the
+    /// horizon changes, or when the turn it looks from does).
+    generation: Vec<u64>,
+    /// Per layer and expert.
+    memo: RefCell<Vec<Vec<Memo>>>,
 }
 
-/// How a layer's next-turn probabilities are estimated: from the age curve (recency), from
-/// popularity, or the larger of the two. Each layer uses the one that has predicted its routing
-/// best lately.
+/// A remembered [`RouteModel::p_next`]: (its layer's generation, horizon, turn) -> chance.
+type Memo = (u64, u64, u64, f32);
+
+/// Age buckets: 1 to 8 tokens one by one, then doubling spans up to 512, then older or never.
+const AGE_BUCKETS: usize = 15;
+/// The last age of each bucket.
+const AGE_LAST: [u64; AGE_BUCKETS] = [1, 2, 3, 4, 5, 6, 7, 8, 16, 32, 64, 128, 256, 512, u64::MAX];
+const COUNT_BUCKETS: usize = 8;
+const CELLS: usize = AGE_BUCKETS * COUNT_BUCKETS;
+/// Per layer turn: counts forget with a half-life of about 350 turns.
+const GRID_DECAY: f32 = 0.998;
+/// Pseudo-trials a layer's cell borrows from the pooled cell, and the pooled cell from chance.
+const LAYER_PRIOR: f32 = 16.0;
+const POOLED_PRIOR: f32 = 4.0;
+/// The horizon: this share of an entry's expected life in the pool, at most this many turns.
+const HORIZON_SHARE: f32 = 0.5;
+const MAX_HORIZON: u64 = 256;
+/// Horizons longer than this are judged by the slow count.
+const SLOW_FROM: u64 = 16;
+
+/// Which decayed use count a grid is indexed by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Estimate {
-    Age,
-    Popularity,
-    Max,
+enum Count {
+    /// [`DECAY`], about the last 32 tokens; buckets floor(log2(1 + 4x)).
+    Fast,
+    /// [`SLOW_DECAY`], about the last 200 tokens; buckets floor(log2(1 + x/3)).
+    Slow,
 }
 
-pub const MAX_AGE: usize = 32;
-const AGE_DECAY: f32 = 0.998;
-const LOSS_DECAY: f32 = 0.99;
+impl Count {
+    fn decay(self) -> f32 {
+        match self {
+            Count::Fast => DECAY,
+            Count::Slow => SLOW_DECAY,
+        }
+    }
+
+    fn of(self, (fast, slow): (f32, f32)) -> f32 {
+        match self {
+            Count::Fast => fast,
+            Count::Slow => slow,
+        }
+    }
+
+    fn bucket(self, x: f32) -> usize {
+        let x = x.max(0.0);
+        let b = match self {
+            Count::Fast => (1.0 + 4.0 * x).log2(),
+            Count::Slow => (1.0 + x / 3.0).log2(),
+        };
+        (b as usize).min(COUNT_BUCKETS - 1)
+    }
+
+    /// The smallest count in bucket `b`.
+    fn floor(self, b: usize) -> f32 {
+        let span = (1u32 << b) as f32 - 1.0;
+        match self {
+            Count::Fast => span / 4.0,
+            Count::Slow => span * 3.0,
+        }
+    }
+}
+
+/// Decayed (trials, hits) per age x count cell, per layer and pooled over layers, and the
+/// resulting ln(1 - chance) per layer and cell, brought up to date at the layer's turn.
+#[derive(Debug, Clone)]
+struct Grid {
+    count: Count,
+    layers: Vec<Vec<(f32, f32)>>,
+    pooled: Vec<(f32, f32)>,
+    log_miss: Vec<Vec<f32>>,
+}
+
+impl Grid {
+    fn new(count: Count, n_layers: usize, uniform: f32) -> Grid {
+        Grid {
+            count,
+            layers: vec![vec![(0.0, 0.0); CELLS]; n_layers],
+            pooled: vec![(0.0, 0.0); CELLS],
+            log_miss: vec![vec![(1.0 - uniform.min(0.999)).ln(); CELLS]; n_layers],
+        }
+    }
+
+    fn cell(&self, age: u64, counts: (f32, f32)) -> usize {
+        age_bucket(age) * COUNT_BUCKETS + self.count.bucket(self.count.of(counts))
+    }
+
+    /// A layer's turn starts: its counts and the pooled ones (a layer's turn being 1/L of a
+    /// token for them) forget a little.
+    fn decay(&mut self, l: usize) {
+        let pooled_decay = GRID_DECAY.powf(1.0 / self.layers.len().max(1) as f32);
+        for c in self.layers[l].iter_mut() {
+            c.0 *= GRID_DECAY;
+            c.1 *= GRID_DECAY;
+        }
+        for c in self.pooled.iter_mut() {
+            c.0 *= pooled_decay;
+            c.1 *= pooled_decay;
+        }
+    }
+
+    fn add(&mut self, l: usize, c: usize, hit: bool) {
+        let y = if hit { 1.0 } else { 0.0 };
+        for x in [&mut self.layers[l][c], &mut self.pooled[c]] {
+            x.0 += 1.0;
+            x.1 += y;
+        }
+    }
+
+    fn refresh(&mut self, l: usize, uniform: f32) {
+        for c in 0..CELLS {
+            let (pn, ph) = self.pooled[c];
+            let q = (ph + POOLED_PRIOR * uniform) / (pn + POOLED_PRIOR);
+            let (n, h) = self.layers[l][c];
+            let p = ((h + LAYER_PRIOR * q) / (n + LAYER_PRIOR)).min(0.999);
+            self.log_miss[l][c] = (1.0 - p).ln();
+        }
+    }
+
+    /// ln of the chance that an expert of layer `l`, last routed at `last` (0 = never), with
+    /// counts `counts` at turn `turn`, is not routed at any of the `horizon` turns from there:
+    /// walks the cells it passes through if not routed (its age grows by one a turn, its count
+    /// decays), a run of turns in one cell at a time.
+    fn log_survival(&self, l: usize, last: u64, turn: u64, counts: (f32, f32), horizon: u64) -> f32 {
+        let x0 = self.count.of(counts);
+        let decay = self.count.decay();
+        let log_miss = &self.log_miss[l];
+        let (mut i, mut acc) = (0u64, 0f32);
+        while i < horizon {
+            let age = if last == 0 || last >= turn { u64::MAX } else { turn + i - last };
+            let ab = age_bucket(age);
+            let x = x0 * decay.powi(i.min(100_000) as i32);
+            let cb = self.count.bucket(x);
+            // turns until the age leaves its bucket, and until the count drops below its
+            // bucket's floor
+            let age_run = AGE_LAST[ab].saturating_sub(age).saturating_add(1);
+            let count_run = turns_above(x, self.count.floor(cb), decay);
+            let n = age_run.min(count_run).min(horizon - i);
+            acc += n as f32 * log_miss[ab * COUNT_BUCKETS + cb];
+            i += n;
+        }
+        acc
+    }
+}
+
+fn age_bucket(age: u64) -> usize {
+    AGE_LAST.iter().position(|&last| age <= last).unwrap_or(AGE_BUCKETS - 1)
+}
+
+/// Turns until a count `x` decaying by `decay` a turn falls below `floor` (at least 1; never
+/// when the floor is 0).
+fn turns_above(x: f32, floor: f32, decay: f32) -> u64 {
+    if floor <= 0.0 || x <= 0.0 { u64::MAX } else { ((floor / x).ln() / decay.ln()).floor().max(0.0) as u64 + 1 }
+}
 
 impl RouteModel {
     pub fn new(n_layers: usize, top_k: usize, num_experts: usize) -> RouteModel {
         let uniform = top_k as f32 / num_experts.max(1) as f32;
         RouteModel {
-            rate: vec![uniform; n_layers],
             last: vec![Vec::new(); n_layers],
             last_used: vec![vec![0; num_experts]; n_layers],
-            age: vec![vec![(0.0, 0.0); MAX_AGE + 1]; n_layers],
-            loss: vec![[0.0; 3]; n_layers],
+            grids: [Grid::new(Count::Fast, n_layers, uniform), Grid::new(Count::Slow, n_layers, uniform)],
             uniform,
+            turnover: 0.0,
+            loads: 0,
+            cur: 0,
+            generation: vec![1; n_layers],
+            memo: RefCell::new(vec![vec![(0, 0, 0, 0.0); num_experts]; n_layers]),
         }
     }
 
-    /// The three estimates for expert `e` of layer `l` at the layer's turn `token`, given its
-    /// popularity.
-    fn estimates(&self, l: usize, e: usize, token: u64, popularity: f32) -> [f32; 3] {
-        let f = popularity.max(0.5 * self.uniform);
-        let t = self.last_used[l][e];
-        let a = if t == 0 || t >= token { None } else { self.reuse(l, token - t) };
-        match a {
-            Some(r) => [r, f, r.max(f)],
-            None => [f, f, f],
-        }
+    /// An entry was loaded into the pool (demand or prefetch): the pool's turnover.
+    pub fn loaded(&mut self) {
+        self.loads += 1;
     }
 
-    /// The estimate layer `l` trusts now.
-    pub fn estimate(&self, l: usize) -> Estimate {
-        // the larger of the two unless one alone predicts clearly better (by 5%): a close call
-        // does not pay for dropping either kind of evidence
-        let x = self.loss[l];
-        if x[0] < 0.95 * x[2] && x[0] <= x[1] {
-            Estimate::Age
-        } else if x[1] < 0.95 * x[2] {
-            Estimate::Popularity
-        } else {
-            Estimate::Max
-        }
+    /// Turns ahead that an entry's worth is judged over in a pool of `capacity` entries.
+    pub fn horizon(&self, capacity: usize) -> u64 {
+        ((HORIZON_SHARE * capacity as f32 / self.turnover.max(1.0)) as u64).clamp(1, MAX_HORIZON)
     }
 
-    /// Chance that expert `e` of layer `l` is routed at the layer's next turn, seen from MoE
-    /// layer `active` of `token` (layers up to `active` have had their turn this token), by the
-    /// layer's trusted estimate.
-    pub fn p_next(&self, l: usize, e: usize, token: u64, active: usize, popularity: f32) -> f32 {
+    /// Chance that expert `e` of layer `l` is routed within its layer's next `horizon` turns,
+    /// seen from MoE layer `active` of `token` (layers up to `active` have had their turn this
+    /// token).
+    pub fn p_next(&self, l: usize, e: usize, token: u64, active: usize, scores: &Scores, horizon: u64) -> f32 {
         let turn = token + u64::from(l <= active);
-        let est = self.estimates(l, e, turn, popularity);
-        est[self.estimate(l) as usize]
+        let mut memo = self.memo.borrow_mut();
+        let slot = memo.get_mut(l).and_then(|r| r.get_mut(e));
+        if let Some(&(g, h, t, p)) = slot.as_deref()
+            && (g, h, t) == (self.generation[l], horizon, turn)
+        {
+            return p;
+        }
+        let last = self.last_used.get(l).and_then(|r| r.get(e)).copied().unwrap_or(0);
+        let grid = &self.grids[usize::from(horizon > SLOW_FROM)];
+        let p = 1.0 - grid.log_survival(l, last, turn, scores.both((l, e), turn), horizon).exp();
+        if let Some(m) = slot {
+            *m = (self.generation[l], horizon, turn, p);
+        }
+        p
     }
 
-    /// Layer `l` routed `route` (distinct experts) at `token` (tokens count from 1);
-    /// `popularity(e)` is expert e's popularity before this route.
-    pub fn observe(&mut self, l: usize, route: &[usize], token: u64, popularity: impl Fn(usize) -> f32) {
-        // score the three estimates on what happened
-        let mut add = [0f32; 3];
-        for e in 0..self.last_used[l].len() {
-            let y = if route.contains(&e) { 1.0 } else { 0.0 };
-            let est = self.estimates(l, e, token, popularity(e));
-            for (a, p) in add.iter_mut().zip(est) {
-                *a += (p - y) * (p - y);
+    /// Layer `l` routed `route` (distinct experts) at `token` (tokens count from 1): learn from
+    /// it, then count the uses in `scores` (the only place they change, so that
+    /// [`p_next`](Self::p_next)'s memo stays true).
+    pub fn observe(&mut self, l: usize, route: &[usize], token: u64, scores: &mut Scores) {
+        self.generation[l] += 1;
+        if token != self.cur {
+            self.turnover = 0.8 * self.turnover + 0.2 * self.loads as f32;
+            self.loads = 0;
+            self.cur = token;
+        }
+        for g in &mut self.grids {
+            g.decay(l);
+        }
+        for (e, t) in self.last_used[l].iter_mut().enumerate() {
+            let hit = route.contains(&e);
+            let age = if *t == 0 || *t >= token { u64::MAX } else { token - *t };
+            let counts = scores.both((l, e), token);
+            for g in &mut self.grids {
+                let c = g.cell(age, counts);
+                g.add(l, c, hit);
             }
-        }
-        for (x, a) in self.loss[l].iter_mut().zip(add) {
-            *x = LOSS_DECAY * *x + a;
-        }
-        let prev = &self.last[l];
-        if !prev.is_empty() {
-            let kept = prev.iter().filter(|e| route.contains(e)).count() as f32 / prev.len() as f32;
-            self.rate[l] = 0.9 * self.rate[l] + 0.1 * kept;
-        }
-        self.last[l] = route.to_vec();
-        let curve = &mut self.age[l];
-        for c in curve.iter_mut() {
-            c.0 *= AGE_DECAY;
-            c.1 *= AGE_DECAY;
-        }
-        for (e, &t) in self.last_used[l].iter().enumerate() {
-            if t == 0 || t >= token {
-                continue;
-            }
-            let a = (token - t) as usize;
-            if a <= MAX_AGE {
-                curve[a].0 += 1.0;
-                if route.contains(&e) {
-                    curve[a].1 += 1.0;
-                }
-            }
-        }
-        for &e in route {
-            if let Some(t) = self.last_used[l].get_mut(e) {
+            if hit {
                 *t = token;
             }
         }
-    }
-
-    pub fn rate(&self, l: usize) -> f32 {
-        self.rate[l]
-    }
-
-    /// Chance that an expert of layer `l` last routed `age` tokens before the layer's next turn
-    /// is routed at that turn (None past [`MAX_AGE`]); a few pseudo-trials at k/E keep thin
-    /// evidence near chance.
-    pub fn reuse(&self, l: usize, age: u64) -> Option<f32> {
-        let a = usize::try_from(age).ok().filter(|&a| (1..=MAX_AGE).contains(&a))?;
-        let (n, h) = self.age[l][a];
-        Some((h + 4.0 * self.uniform) / (n + 4.0))
+        for g in &mut self.grids {
+            g.refresh(l, self.uniform);
+        }
+        for &e in route {
+            scores.bump((l, e), token);
+        }
+        self.last[l] = route.to_vec();
     }
 
     pub fn last_route(&self, l: usize) -> &[usize] {
@@ -225,13 +354,7 @@ pub struct Entry {
     pub predicted: Option<f32>,
     /// Decayed use count (see [`Scores`]).
     pub score: f32,
-    /// Estimated fraction of tokens that route to it (see [`Scores::popularity`]).
-    pub popularity: f32,
-    /// How often its layer has lately kept an expert of one token's route for the next token
-    /// (0..1; routing with locality is high, random routing near k/E).
-    pub repeat_rate: f32,
-    /// The chance it is routed at its layer's next turn, by the layer's trusted estimate (see
-    /// [`RouteModel::p_next`]).
+    /// The chance it is routed at its layer's next turn (see [`RouteModel::p_next`]).
     pub p_next: f32,
 }
 
@@ -282,6 +405,11 @@ impl PolicyKind {
             PolicyKind::LeastStale => "least-stale",
             PolicyKind::Foresight => "foresight",
         }
+    }
+
+    /// Whether its keys read [`Entry::p_next`] (the others need not pay for it).
+    pub fn reads_p_next(self) -> bool {
+        self == PolicyKind::Foresight
     }
 
     /// Index in `cands` of the entry to evict (None only when `cands` is empty).
@@ -394,18 +522,15 @@ fn least_stale_key(e: &Entry, retained: bool, ctx: &Ctx) -> EvictKey {
     EvictKey::new([cat, far, pred], e.last_use)
 }
 
-/// Ours ("foresight"): keep what is most likely to be routed at its layer's next turn, nearer
-/// turns first among equals.
+/// Ours ("foresight"): keep what is most likely to be routed soon, nearer turns first among
+/// equals.
 ///
-/// The chance of use comes from the layer's [`RouteModel`]: by the age curve (how often an
-/// expert last routed a tokens ago is routed again, learnt online; this captures locality and
-/// drift), by popularity (the fraction of about the last 200 tokens that routed to it, floored
-/// at half the uniform rate k/E), or the larger of the two, whichever has lately predicted that
-/// layer's routing best; raised to a prediction's confidence when one loaded the entry. It is
-/// weighted by L / (L + d), d the layer steps until the layer comes round again: chances repeat
-/// every token while distance only orders this one, so distance decides between equally likely
-/// experts (farthest first, as Belady would) without letting a near but unlikely expert outrank
-/// a likely one.
+/// The chance of use is [`RouteModel::p_next`]: learnt online from the routing so far by age and
+/// use count, over a horizon that follows the pool's turnover; raised to a prediction's
+/// confidence when one loaded the entry. It is weighted by L / (L + d), d the layer steps until
+/// the layer comes round again: chances repeat every token while distance only orders this one,
+/// so distance decides between equally likely experts (farthest first, as Belady would) without
+/// letting a near but unlikely expert outrank a likely one.
 fn foresight_key(e: &Entry, ctx: &Ctx) -> EvictKey {
     let mut p = e.p_next;
     if let Some(c) = e.predicted {
@@ -426,18 +551,7 @@ mod tests {
     use super::*;
 
     fn e(layer: usize, expert: usize, last_use: u64, last_token: u64) -> Entry {
-        Entry {
-            layer,
-            expert,
-            last_use,
-            last_token,
-            in_last_route: false,
-            predicted: None,
-            score: 0.0,
-            popularity: 0.0,
-            repeat_rate: 0.0,
-            p_next: 0.25,
-        }
+        Entry { layer, expert, last_use, last_token, in_last_route: false, predicted: None, score: 0.0, p_next: 0.25 }
     }
 
     fn ctx(token: u64, active: usize) -> Ctx {
@@ -484,38 +598,56 @@ mod tests {
     }
 
     /// Feed `tokens` routes of one layer (8 experts, top-2) from `route(t)`.
-    fn model_of(tokens: u64, mut route: impl FnMut(u64) -> Vec<usize>) -> RouteModel {
+    fn model_of(tokens: u64, mut route: impl FnMut(u64) -> Vec<usize>) -> (RouteModel, Scores) {
         let mut m = RouteModel::new(1, 2, 8);
         let mut s = Scores::default();
         for t in 1..=tokens {
-            let r = route(t);
-            m.observe(0, &r, t, |e| s.popularity((0, e), t));
-            for &e in &r {
-                s.bump((0, e), t);
-            }
+            m.observe(0, &route(t), t, &mut s);
         }
-        m
+        (m, s)
     }
 
     #[test]
-    fn the_age_curve_learns_locality_and_picks_its_estimate() {
+    fn the_grid_learns_locality_and_chance() {
         // drifting routing: each pair of experts is used for 10 tokens, then the next pair
-        let drift = model_of(300, |t| vec![(2 * (t / 10) % 8) as usize, (2 * (t / 10) % 8 + 1) as usize]);
-        // used last token: very likely again; used 9 tokens ago: unlikely
-        assert!(drift.reuse(0, 1).unwrap() > 0.8, "{:?}", drift.reuse(0, 1));
-        assert!(drift.reuse(0, 9).unwrap() < 0.2, "{:?}", drift.reuse(0, 9));
-        assert_eq!(drift.estimate(0), Estimate::Age, "recency predicts drift, popularity does not");
-        // random routing: the curve stays near k/E at every age
+        let (drift, s) = model_of(305, |t| vec![(2 * (t / 10) % 8) as usize, (2 * (t / 10) % 8 + 1) as usize]);
+        // at token 306: (4, 5) have been routed since 300 and are very likely again; (2, 3)
+        // went at 299, (6, 7) at 279
+        let p = |e: usize, h: u64| drift.p_next(0, e, 305, 0, &s, h);
+        assert!(p(4, 1) > 0.8 && p(5, 1) > 0.8, "{} {}", p(4, 1), p(5, 1));
+        for e in [0, 1, 2, 3, 6, 7] {
+            assert!(p(e, 1) < 0.2, "expert {e}: {}", p(e, 1));
+            // over a longer horizon the cycle brings every pair back
+            assert!(p(e, 64) > p(e, 1), "expert {e}: {} <= {}", p(e, 64), p(e, 1));
+        }
+        // random routing: every expert near k/E at the next turn, whatever its age and count
         let mut x = 7u64;
-        let random = model_of(600, |_| {
+        let (random, s) = model_of(2000, |_| {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let a = (x >> 60) as usize % 8;
             vec![a, (a + 1 + (x >> 40) as usize % 7) % 8]
         });
-        for age in [1, 2, 5] {
-            let r = random.reuse(0, age).unwrap();
-            assert!((r - 0.25).abs() < 0.08, "age {age}: {r}");
+        for e in 0..8 {
+            let r = random.p_next(0, e, 2000, 0, &s, 1);
+            assert!((r - 0.25).abs() < 0.08, "expert {e}: {r}");
         }
+    }
+
+    #[test]
+    fn the_horizon_follows_the_pool_turnover() {
+        let mut m = RouteModel::new(1, 2, 8);
+        let mut s = Scores::default();
+        // 10 loads a token: a 100-entry pool keeps an entry ~10 tokens, judged over half that
+        for t in 1..=40 {
+            m.observe(0, &[0, 1], t, &mut s);
+            for _ in 0..10 {
+                m.loaded();
+            }
+        }
+        assert_eq!(m.horizon(100), 5);
+        // nothing loaded: the longest horizon
+        assert_eq!(RouteModel::new(1, 2, 8).horizon(100_000), MAX_HORIZON);
+        assert_eq!(m.horizon(1), 1);
     }
 
     #[test]

@@ -56,10 +56,7 @@ impl Demand {
         let token = st.token;
         {
             let State { routes, scores, .. } = &mut *st;
-            routes.observe(li, experts, token, |e| scores.popularity((li, e), token));
-        }
-        for &e in experts {
-            st.scores.bump((li, e), token);
+            routes.observe(li, experts, token, scores);
         }
         // queued predictions for this layer that the route does not want: drop them unread;
         // those already read lose their confidence (the route refuted them)

@@ -195,8 +195,6 @@ impl State {
                 in_last_route: false,
                 predicted: Some(c),
                 score: self.scores.get(key, self.token),
-                popularity: self.scores.popularity(key, self.token),
-                repeat_rate: self.routes.rate(key.0),
                 p_next: c,
             });
             self.evict_for(origin == Origin::Prefetch, newcomer.as_ref())?;
@@ -205,6 +203,7 @@ impl State {
             }
         }
         let tick = self.next_tick();
+        self.routes.loaded();
         let token = self.token;
         if self.evicted_at.remove(&key).is_some_and(|t| t + 1 >= token) {
             self.stats[key.0].reloads_soon += 1;
@@ -246,7 +245,6 @@ impl State {
     /// The policy's view of resident entry `s` now.
     fn entry_of(&self, s: &Slot) -> Entry {
         let (token, active) = (self.token, self.active_layer);
-        let pop = self.scores.popularity(s.key, token);
         Entry {
             layer: s.key.0,
             expert: s.key.1,
@@ -255,9 +253,11 @@ impl State {
             in_last_route: self.routes.last_route(s.key.0).contains(&s.key.1),
             predicted: if s.used { None } else { s.predicted },
             score: self.scores.get(s.key, token),
-            popularity: pop,
-            repeat_rate: self.routes.rate(s.key.0),
-            p_next: self.routes.p_next(s.key.0, s.key.1, token, active, pop),
+            p_next: if self.policy.reads_p_next() {
+                self.routes.p_next(s.key.0, s.key.1, token, active, &self.scores, self.routes.horizon(self.capacity))
+            } else {
+                0.0
+            },
         }
     }
 
