@@ -87,6 +87,8 @@ pub fn experts_json(engine: &Engine, before: &LayerStats, tokens: usize) -> Valu
             "lead_ms": p.lead_ms(),
             "issued_ranks": ex.predictor.issued_ranks(),
             "late": p.late,
+            "read_usefulness": p.read_usefulness(),
+            "withheld_share": p.withheld_share(),
         },
         "route_from": engine.model.route_replay().map(|r| r.name()),
         "route_tokens_replayed": engine.model.route_replay().map(|r| r.tokens_replayed()),

@@ -95,6 +95,14 @@ pub struct PredictStats {
     /// the predictions scored.
     pub lead_ns: u64,
     pub lead_n: u64,
+    /// Predictions whose reads were withheld because prefetch was not paying (see
+    /// `predict::Payoff`), of all predictions made.
+    pub withheld: u64,
+    pub made: u64,
+    /// Predicted experts that were not resident when predicted (what prefetch reads), and of
+    /// those, how many were routed: scored whether or not they were read.
+    pub would_read: u64,
+    pub would_read_routed: u64,
 }
 
 impl PredictStats {
@@ -126,6 +134,16 @@ impl PredictStats {
     /// Mean time a prediction was ready before its layer asked, in milliseconds.
     pub fn lead_ms(&self) -> f64 {
         if self.lead_n == 0 { 0.0 } else { self.lead_ns as f64 / self.lead_n as f64 / 1e6 }
+    }
+
+    /// Share of would-be prefetch reads that their layer routed.
+    pub fn read_usefulness(&self) -> f64 {
+        if self.would_read == 0 { 0.0 } else { self.would_read_routed as f64 / self.would_read as f64 }
+    }
+
+    /// Share of predictions whose reads were withheld.
+    pub fn withheld_share(&self) -> f64 {
+        if self.made == 0 { 0.0 } else { self.withheld as f64 / self.made as f64 }
     }
 
     /// Fraction of routed experts that had been predicted.
