@@ -5,6 +5,7 @@
 pub mod policy;
 pub mod pool;
 pub mod predict;
+pub mod route_model;
 pub mod routing_log;
 pub mod sim;
 mod source;
