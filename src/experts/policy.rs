@@ -28,11 +28,7 @@ impl Scores {
         self.both(key, token).0
     }
 
-    /// The slow score at `token`.
-    pub fn slow(&self, key: (usize, usize), token: u64) -> f32 {
-        self.both(key, token).1
-    }
-
+    /// The (fast, slow) scores at `token`.
     pub fn both(&self, (l, e): (usize, usize), token: u64) -> (f32, f32) {
         match self.s.get(l).and_then(|r| r.get(e)) {
             Some(&(f, s, t)) => {
