@@ -89,6 +89,7 @@ pub fn experts_json(engine: &Engine, before: &LayerStats, tokens: usize) -> Valu
             "late": p.late,
             "read_usefulness": p.read_usefulness(),
             "withheld_share": p.withheld_share(),
+            "capped_reads": p.capped,
         },
         "route_from": engine.model.route_replay().map(|r| r.name()),
         "route_tokens_replayed": engine.model.route_replay().map(|r| r.tokens_replayed()),

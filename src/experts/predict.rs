@@ -16,7 +16,7 @@ use std::time::Instant;
 use moescope_kernels::Isa;
 use moescope_kernels::ops::{softmax_inplace, top_k};
 
-use super::pool::ExpertCache;
+use super::pool::{ExpertCache, Issued};
 use super::stats::PredictStats;
 use crate::model::moe::Pick;
 use crate::package::{Package, TensorId};
@@ -62,6 +62,48 @@ impl Payoff {
     }
 }
 
+/// The chance that a predicted expert not in the pool is routed, by MoE layer and rank: what
+/// a read of it is worth. Not the rank's accuracy over all predictions: the resident experts a
+/// prediction names are the often-used ones, routed more often than those it would read, and a
+/// layer predicted across tokens (the first, from the last layer's input) is right less often
+/// than the others (measured on replayed trained routing: its reads were mostly wasted while
+/// the other layers' were mostly used). Counts decay (about the last 100 predictions of the
+/// layer); until a cell has evidence its estimate is the rank's accuracy (8 pseudo-samples).
+struct ReadOdds {
+    /// `[layer][rank]`: (would-be reads scored, of those routed).
+    cells: Vec<Vec<(f64, f64)>>,
+}
+
+const ODDS_DECAY: f64 = 0.99;
+const ODDS_PRIOR: f64 = 8.0;
+
+impl ReadOdds {
+    fn new(n_layers: usize, ranks: usize) -> ReadOdds {
+        ReadOdds { cells: vec![vec![(0.0, 0.0); ranks]; n_layers] }
+    }
+
+    /// The chance for rank `r` of layer `li`, shrunk towards `rank_accuracy`.
+    fn chance(&self, li: usize, r: usize, rank_accuracy: f64) -> f64 {
+        let (n, hits) = self.cells.get(li).and_then(|c| c.get(r)).copied().unwrap_or((0.0, 0.0));
+        (hits + ODDS_PRIOR * rank_accuracy) / (n + ODDS_PRIOR)
+    }
+
+    /// Layer `li` was routed: score its would-be reads (rank, routed).
+    fn score(&mut self, li: usize, reads: impl Iterator<Item = (usize, bool)>) {
+        let Some(cells) = self.cells.get_mut(li) else { return };
+        for c in cells.iter_mut() {
+            c.0 *= ODDS_DECAY;
+            c.1 *= ODDS_DECAY;
+        }
+        for (r, routed) in reads {
+            if let Some(c) = cells.get_mut(r) {
+                c.0 += 1.0;
+                c.1 += f64::from(u8::from(routed));
+            }
+        }
+    }
+}
+
 /// Ranks predicted, in multiples of top-k: those past the issued ones (trimmed ranks, and
 /// ranks k..2k) go to the pool as speculative reads, made only while the disk would idle.
 /// Their accuracy is tracked like the others'.
@@ -81,6 +123,7 @@ struct PredState {
     pending: HashMap<usize, Pending>,
     keep: usize,
     payoff: Payoff,
+    odds: ReadOdds,
     /// Tasks taken in and tasks done (queued prefetches included), for `wait_idle`.
     submitted: u64,
     done: u64,
@@ -92,8 +135,10 @@ struct Pending {
     experts: Vec<usize>,
     /// how many were issued as prefetches
     issued: usize,
-    /// the top-k predicted experts that were not resident when predicted
+    /// the issued predicted experts that were not resident when predicted
     would_read: Vec<usize>,
+    /// every predicted expert not resident when predicted, with its rank
+    unread: Vec<(usize, usize)>,
     /// when its prefetches were queued
     at: Instant,
 }
@@ -116,6 +161,7 @@ impl Predictor {
             pending: HashMap::new(),
             keep: k,
             payoff: Payoff::new(),
+            odds: ReadOdds::new(n_layers, SPEC_RANKS * k),
             submitted: 0,
             done: 0,
         }));
@@ -172,13 +218,14 @@ impl Predictor {
         let now = Instant::now();
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let k = self.top_k;
-        let Some(Pending { pass: p, experts: pred, issued, would_read, at }) = st.pending.remove(&li) else {
+        let Some(Pending { pass: p, experts: pred, issued, would_read, unread, at }) = st.pending.remove(&li) else {
             return;
         };
         if p != pass {
             return;
         }
         let routed = |e: &usize| ranked.iter().any(|p| p.expert == *e);
+        st.odds.score(li, unread.iter().map(|&(r, e)| (r, routed(&e))));
         let useful = would_read.iter().filter(|e| routed(e)).count();
         st.payoff.score(would_read.len(), useful);
         let s = &mut st.stats;
@@ -274,48 +321,49 @@ fn worker(
                 order.clone()
             }
         };
-        // confidence of rank r: how often rank r has been right so far (8 pseudo-samples at
-        // one half for the top-k, one eighth beyond, while evidence is thin), a calibrated
-        // chance of use the pool can weigh against what it would evict
+        // chance of use of each rank's expert if it is read (see ReadOdds): what the pool weighs
+        // against the time the read takes and what it would evict. The rank's accuracy so far
+        // (8 pseudo-samples at one half for the top-k, one eighth beyond) is its prior.
+        let resident = cache.resident_among(t.li, &top);
         let (keep, conf, pays): (usize, Vec<f32>, bool) = {
             let s = st.lock().unwrap_or_else(|p| p.into_inner());
             let c = (0..ranks)
                 .map(|r| {
                     let prior = if r < k { 4.0 } else { 1.0 };
-                    (s.stats.hits[r] as f32 + prior) / (s.stats.samples[r] as f32 + 8.0)
+                    let acc = (s.stats.hits[r] as f64 + prior) / (s.stats.samples[r] as f64 + 8.0);
+                    s.odds.chance(t.li, r, acc) as f32
                 })
                 .collect();
             (s.keep, c, s.payoff.pays())
         };
         let ask: Vec<(usize, f32)> = top.iter().take(keep).enumerate().map(|(r, &e)| (e, conf[r])).collect();
         let spec: Vec<(usize, f32)> = top.iter().enumerate().skip(keep).map(|(r, &e)| (e, conf[r])).collect();
-        let asked: Vec<usize> = ask.iter().map(|&(e, _)| e).collect();
-        let would_read: Vec<usize> = asked
-            .iter()
-            .zip(cache.resident_among(t.li, &asked))
-            .filter(|&(_, resident)| !resident)
-            .map(|(&e, _)| e)
-            .collect();
-        let queued = if pays {
+        let unread: Vec<(usize, usize)> =
+            top.iter().enumerate().filter(|&(r, _)| !resident[r]).map(|(r, &e)| (r, e)).collect();
+        let would_read: Vec<usize> = unread.iter().filter(|&&(r, _)| r < keep).map(|&(_, e)| e).collect();
+        let reads = if pays {
             let flow = span.flows_out(1);
-            let q = cache.prefetch(t.pass, t.li, &ask, flow);
-            cache.speculate(t.pass, t.li, &spec);
-            q
+            let i = cache.prefetch(t.pass, t.li, &ask, flow);
+            cache.speculate(t.pass, t.li, &cache.worth_reading(t.li, i.queued, &spec));
+            i
         } else {
-            0
+            Issued::default()
         };
+        let queued = reads.queued;
         span.set("predicted", top.as_slice());
         span.set("queued", queued);
+        span.set("capped", reads.capped);
         span.set("withheld", u64::from(!pays));
         let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
         s.stats.made += 1;
+        s.stats.capped += reads.capped as u64;
         if !pays {
             s.stats.withheld += 1;
         } else if queued == 0 && cache.pass() > t.pass {
             s.stats.late += 1;
         }
         let issued = if pays { keep } else { 0 };
-        s.pending.insert(t.li, Pending { pass: t.pass, experts: top, issued, would_read, at: Instant::now() });
+        s.pending.insert(t.li, Pending { pass: t.pass, experts: top, issued, would_read, unread, at: Instant::now() });
         s.done += 1;
     }
 }
@@ -349,5 +397,27 @@ mod tests {
             p.score(4, 1);
         }
         assert!(!p.pays());
+    }
+
+    #[test]
+    fn read_odds_start_at_the_rank_accuracy_and_learn_each_layer_and_rank_apart() {
+        let mut o = ReadOdds::new(2, 4);
+        assert!((o.chance(0, 0, 0.8) - 0.8).abs() < 1e-12, "no evidence: the rank's accuracy");
+        // layer 0's rank-0 reads never routed, layer 1's always: each layer learns its own
+        for _ in 0..200 {
+            o.score(0, [(0, false), (1, true)].into_iter());
+            o.score(1, [(0, true)].into_iter());
+        }
+        assert!(o.chance(0, 0, 0.8) < 0.1, "{}", o.chance(0, 0, 0.8));
+        assert!(o.chance(0, 1, 0.5) > 0.9, "{}", o.chance(0, 1, 0.5));
+        assert!(o.chance(1, 0, 0.2) > 0.9, "{}", o.chance(1, 0, 0.2));
+        // a rank never read keeps its prior; a layer or rank out of range is the prior too
+        assert!((o.chance(1, 3, 0.3) - 0.3).abs() < 1e-12);
+        assert!((o.chance(5, 0, 0.3) - 0.3).abs() < 1e-12);
+        // the counts decay: after 200 predictions the other way, layer 0's rank 0 has turned
+        for _ in 0..200 {
+            o.score(0, [(0, true)].into_iter());
+        }
+        assert!(o.chance(0, 0, 0.8) > 0.8, "{}", o.chance(0, 0, 0.8));
     }
 }

@@ -103,6 +103,9 @@ pub struct PredictStats {
     /// those, how many were routed: scored whether or not they were read.
     pub would_read: u64,
     pub would_read_routed: u64,
+    /// Would-be reads left to demand: not worth reading ahead in the time before their
+    /// layer's request (see `pool::window`).
+    pub capped: u64,
 }
 
 impl PredictStats {

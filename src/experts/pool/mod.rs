@@ -4,7 +4,8 @@
 //! - slots.rs: the slot table, its queues and eviction (plain data, tested alone);
 //! - request.rs: one layer's demand, handed out as reads land, pins given back;
 //! - io.rs: the I/O workers and the buffer filler;
-//! - snapshot.rs: what the workbench is shown.
+//! - snapshot.rs: what the workbench is shown;
+//! - window.rs: how many prefetch reads fit before a layer's request.
 //!
 //! Demand reads go before prefetch reads; a prefetch the layer then demands is promoted.
 //! Budget, policy and prefetch can change between tokens. Everything is behind one mutex: the
@@ -15,6 +16,7 @@ mod io;
 mod request;
 mod slots;
 mod snapshot;
+mod window;
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -44,6 +46,16 @@ pub(crate) struct Shared {
 
 /// Most speculative candidates kept; older ones give way.
 const SPEC_MAX: usize = 64;
+
+/// What [`ExpertCache::prefetch`] did with a prediction.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Issued {
+    /// Reads queued.
+    pub queued: usize,
+    /// Candidates not resident left to demand reads: not worth reading ahead in the time
+    /// before the layer's request (see window.rs).
+    pub capped: usize,
+}
 
 /// Settings of the pool.
 #[derive(Debug, Clone, Copy)]
@@ -217,24 +229,29 @@ impl ExpertCache {
         Request { shared: sh.clone(), demand }
     }
 
-    /// Predicted experts for MoE layer `li` of pass `pass`, most confident first: queue reads
-    /// for those not resident, behind any demand read, evicting only entries this pass does
-    /// not need (stale ones, or those of layers it has finished). Returns how many were queued.
-    pub fn prefetch(&self, pass: u64, li: usize, experts: &[(usize, f32)], flow: Option<u64>) -> usize {
+    /// Predicted experts for MoE layer `li` of pass `pass`, most confident first, with their
+    /// chance of use: queue reads for those not resident that are worth making in the time
+    /// before the layer's request (see window.rs), behind any demand read, evicting only
+    /// entries this pass does not need (stale ones, or those of layers it has finished).
+    pub fn prefetch(&self, pass: u64, li: usize, experts: &[(usize, f32)], flow: Option<u64>) -> Issued {
         let sh = &self.shared;
         let mut st = sh.lock();
+        let mut out = Issued::default();
         if !st.prefetch_on || !ahead(pass, li, st.token, st.active_layer) || li >= sh.dims.n_layers {
-            return 0;
+            return out;
         }
         // the route and its prediction need room together
         if st.capacity < 2 * sh.dims.top_k {
-            return 0;
+            return out;
         }
-        let mut queued = 0;
         let mut flow = flow;
         for &(e, conf) in experts {
             let key = (li, e);
             if st.map.contains_key(&key) {
+                continue;
+            }
+            if !st.window.worth_reading(li, out.queued, conf) {
+                out.capped += 1;
                 continue;
             }
             let Some(si) = st.reserve(key, Origin::Prefetch, Some(conf)) else {
@@ -246,12 +263,28 @@ impl ExpertCache {
                 s.flow_issue = flow.take();
             }
             st.prefetch_q.push((si, conf));
-            queued += 1;
+            out.queued += 1;
         }
-        if queued > 0 {
+        if out.queued > 0 {
             sh.work.notify_all();
         }
-        queued
+        out
+    }
+
+    /// Of `candidates` for MoE layer `li` (most likely first, with their chance of use), those
+    /// not in the pool that are worth reading ahead after `issued` reads for the layer (see
+    /// window.rs).
+    pub fn worth_reading(&self, li: usize, issued: usize, candidates: &[(usize, f32)]) -> Vec<(usize, f32)> {
+        let st = self.shared.lock();
+        let mut i = issued;
+        let mut out = Vec::new();
+        for &(e, p) in candidates {
+            if !st.map.contains_key(&(li, e)) && st.window.worth_reading(li, i, p) {
+                out.push((e, p));
+                i += 1;
+            }
+        }
+        out
     }
 
     /// Experts that may be used by MoE layer `li` of pass `pass` (below the prediction's

@@ -53,6 +53,7 @@ impl Demand {
     /// allow. True when an I/O worker has something new to do.
     pub fn open(st: &mut State, li: usize, experts: &[usize]) -> (Demand, bool) {
         st.active_layer = li;
+        st.window.layer_request(li, Instant::now());
         let token = st.token;
         {
             let State { routes, scores, .. } = &mut *st;
@@ -249,11 +250,15 @@ impl Request {
                         let s = &mut st.stats[self.demand.li];
                         s.stalls += 1;
                         s.stall_ns += t0.elapsed().as_nanos() as u64;
+                        st.window.stalled();
                         drop(span);
                     }
                     // a failed read's slot was freed: a waiting request may take it
                     (Err(_), _) => sh.ready.notify_all(),
                     _ => {}
+                }
+                if self.demand.finished() {
+                    st.window.layer_ready(Instant::now());
                 }
                 return got.map(Some);
             }
@@ -287,6 +292,9 @@ impl Request {
                 }
                 None => break,
             }
+        }
+        if self.demand.finished() {
+            st.window.layer_ready(Instant::now());
         }
         Ok(batch)
     }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::super::policy::{Ctx, Entry, PolicyKind, RouteModel, Scores};
 use super::super::stats::LayerStats;
 use super::super::store::AlignedBuf;
+use super::window::ReadWindow;
 use crate::trace::hist::Latency;
 
 /// (MoE layer index in forward order, expert id)
@@ -97,6 +98,8 @@ pub(super) struct State {
     pub shutdown: bool,
     /// Latency of each completed read (pread + checksum), and how many.
     pub read_latency: Latency,
+    /// How many prefetch reads fit before each layer's request.
+    pub window: ReadWindow,
     pub reads: u64,
     /// Time with at least one read in flight (the disk busy), closed intervals, and the start
     /// of the open one.
@@ -151,6 +154,7 @@ impl State {
             demand_in_flight: 0,
             shutdown: false,
             read_latency: Latency::new(),
+            window: ReadWindow::new(dims.n_layers),
             reads: 0,
             busy_ns: 0,
             busy_since: None,
@@ -410,6 +414,7 @@ impl State {
         }
         if res.is_ok() {
             self.read_latency.record_ns(read_ns);
+            self.window.read_done(read_ns);
             self.reads += 1;
         }
         let si = job.slot;
