@@ -362,10 +362,24 @@ impl Qwen3Moe {
                     delta.copy_from_slice(&y);
                 }
                 Ffn::Moe { router, moe_layer, shared } => {
-                    let at = MoeAt { layer: l, moe_layer, router, pos0 };
+                    // the shared expert first: it does not depend on the route, and with its
+                    // output on the residual the next layer's router predicts better (reported
+                    // +3 points of recall); added after the routed sum, as transformers does
+                    let shared_y = shared.map(|se| self.shared_expert(exec, l, se, t_n, st));
+                    let lookahead = match &shared_y {
+                        Some(y) if t_n == 1 => {
+                            let mut r = st.x[..h].to_vec();
+                            add_inplace(&mut r, y);
+                            let mut la = vec![0f32; h];
+                            rms_norm(&r, pkg.f32_by_index(layer.post_norm), eps, &mut la);
+                            Some(la)
+                        }
+                        _ => None,
+                    };
+                    let at = MoeAt { layer: l, moe_layer, router, pos0, lookahead: lookahead.as_deref() };
                     self.moe(exec, experts, at, t_n, st, obs)?;
-                    if let Some(se) = shared {
-                        self.shared_expert(exec, l, se, t_n, st);
+                    if let Some(y) = shared_y {
+                        add_inplace(&mut st.delta[..t_n * h], &y);
                     }
                 }
             }
@@ -492,25 +506,26 @@ impl Qwen3Moe {
         Ok(())
     }
 
-    /// Add the shared expert of MoE layer `l`, scaled by its gate, to `st.delta` (the routed
-    /// sum), for the first `t_n` rows of `st.hn`.
-    fn shared_expert(&self, exec: &Exec, l: usize, se: SharedExpert, t_n: usize, st: &mut RunState) {
+    /// The shared expert of MoE layer `l` scaled by its gate, `[t_n, H]`, for the first `t_n`
+    /// rows of `st.hn` (to be added to the routed sum).
+    fn shared_expert(&self, exec: &Exec, l: usize, se: SharedExpert, t_n: usize, st: &mut RunState) -> Vec<f32> {
         let h = self.cfg.hidden_size;
         let pkg = &*self.pkg;
         let _s = trace::span("shared_expert").arg("layer", l).arg("tokens", t_n);
         let (g, u, d) = (pkg.mat_by_index(se.gate_proj), pkg.mat_by_index(se.up_proj), pkg.mat_by_index(se.down_proj));
         let hn = &st.hn[..t_n * h];
         let labels = ["shared_gate_up_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj"];
-        let y = swiglu_mlp(exec, labels, &g, &u, &d, hn, t_n, &mut st.scratch);
+        let mut y = swiglu_mlp(exec, labels, &g, &u, &d, hn, t_n, &mut st.scratch);
         let wg = pkg.f32_by_index(se.gate);
-        for (t, (out, yt)) in st.delta[..t_n * h].chunks_exact_mut(h).zip(y.chunks_exact(h)).enumerate() {
+        for (t, yt) in y.chunks_exact_mut(h).enumerate() {
             let x = &hn[t * h..(t + 1) * h];
             let z: f32 = wg.iter().zip(x).map(|(&w, &v)| w * v).sum();
             let sg = 1.0 / (1.0 + (-z).exp());
-            for (o, &v) in out.iter_mut().zip(yt) {
-                *o += sg * v;
+            for v in yt.iter_mut() {
+                *v *= sg;
             }
         }
+        y
     }
 
     /// The routed-experts block of MoE layer `at` for the first `t_n` tokens of `st.hn`
@@ -519,7 +534,7 @@ impl Qwen3Moe {
         &self,
         exec: &Exec,
         experts: &dyn ExpertSource,
-        at: MoeAt,
+        at: MoeAt<'_>,
         t_n: usize,
         st: &mut RunState,
         obs: &mut dyn Observer,
@@ -553,7 +568,7 @@ impl Qwen3Moe {
             moe_layer: at.moe_layer,
             tokens: t_n,
             used: &routing.used,
-            lookahead: hn,
+            lookahead: at.lookahead.unwrap_or(hn),
             predicted,
             ranked: if t_n == 1 { routing.picks_of(0) } else { &[] },
         };
@@ -565,9 +580,11 @@ impl Qwen3Moe {
 /// Where a MoE block runs: its layer, its place among the MoE layers, its router tensor and the
 /// batch's first position.
 #[derive(Debug, Clone, Copy)]
-struct MoeAt {
+struct MoeAt<'a> {
     layer: usize,
     moe_layer: usize,
     router: TensorId,
     pos0: usize,
+    /// What the predictor should see instead of the block's normed input (see `ExpertQuery`).
+    lookahead: Option<&'a [f32]>,
 }
