@@ -5,7 +5,7 @@
 //! - request.rs: one layer's demand, handed out as reads land, pins given back;
 //! - io.rs: the I/O workers and the buffer filler;
 //! - snapshot.rs: what the workbench is shown;
-//! - window.rs: how many prefetch reads fit before a layer's request.
+//! - window.rs: which predicted reads are worth making before a layer's request.
 //!
 //! Demand reads go before prefetch reads; a prefetch the layer then demands is promoted.
 //! Budget, policy and prefetch can change between tokens. Everything is behind one mutex: the

@@ -98,7 +98,7 @@ pub(super) struct State {
     pub shutdown: bool,
     /// Latency of each completed read (pread + checksum), and how many.
     pub read_latency: Latency,
-    /// How many prefetch reads fit before each layer's request.
+    /// What a predicted read is worth before each layer's request (window, read time, stalls).
     pub window: ReadWindow,
     pub reads: u64,
     /// Time with at least one read in flight (the disk busy), closed intervals, and the start
