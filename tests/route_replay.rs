@@ -226,17 +226,24 @@ fn run_reports_the_trace_and_a_trace_of_another_shape_is_refused() {
 /// the next token's first layer after the last), streamed with prefetch; the predictor's
 /// statistics.
 fn predictor_stats(seed: u64, shape: impl Fn(&mut Route, &[usize])) -> moescope::experts::stats::PredictStats {
+    predictor_stats_of(seed, |routes| {
+        for t in 0..routes.len() - 1 {
+            for l in 0..3 {
+                let next = if l + 1 < 3 { routes[t][l + 1].0.clone() } else { routes[t + 1][0].0.clone() };
+                shape(&mut routes[t][l], &next);
+            }
+        }
+    })
+}
+
+/// The same with the seeded routes (`[token][MoE layer]`) changed by `reshape`.
+fn predictor_stats_of(seed: u64, reshape: impl FnOnce(&mut [Vec<Route>])) -> moescope::experts::stats::PredictStats {
     let (dir, pkg) = convert("single", "q4");
     let r = Reference::load("single");
     let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
     let n_dec = 12;
     let mut routes = make_routes(8, 2, 3, prompt.len() + n_dec + 1, seed);
-    for t in 0..routes.len() - 1 {
-        for l in 0..3 {
-            let next = if l + 1 < 3 { routes[t][l + 1].0.clone() } else { routes[t + 1][0].0.clone() };
-            shape(&mut routes[t][l], &next);
-        }
-    }
+    reshape(&mut routes);
     let trace = dir.path().join("t.jsonl.gz");
     write_trace(&trace, 8, 2, &routes, prompt.len());
     let s = StreamConfig {
@@ -248,6 +255,8 @@ fn predictor_stats(seed: u64, shape: impl Fn(&mut Route, &[usize])) -> moescope:
         verify: true,
     };
     let mut eng = engine(&pkg, Some(s), Some(&trace));
+    // every prediction made and scored, however loaded the cores are
+    eng.experts.as_ref().unwrap().predictor.set_lossless(true);
     run(&mut eng, &prompt, &forced, n_dec);
     eng.experts.as_ref().unwrap().predictor.stats()
 }
@@ -258,8 +267,8 @@ fn the_predictor_takes_the_traces_candidates() {
     // recalls every routed expert; one that applies the routers to this model's hidden states
     // cannot know the replayed routes
     let p = predictor_stats(5, |route, next| route.2 = next.iter().chain(&[7usize, 6]).copied().collect());
-    assert!(p.routed > 0, "decode made predictions");
-    assert_eq!(p.routed_predicted, p.routed, "recall {} with the trace's perfect candidates", p.recall());
+    assert!(p.next.routed > 0, "decode made predictions");
+    assert_eq!(p.next.routed_predicted, p.next.routed, "recall {} with the trace's perfect candidates", p.recall());
 }
 
 #[test]
@@ -272,9 +281,34 @@ fn predictor_reports_recall_by_slot_and_by_gate_mass() {
         let other = (0..8).find(|e| !next.contains(e)).unwrap();
         route.2 = vec![next[0], other, next[1], other];
     });
-    assert!(p.routed > 0 && p.lead_n > 0, "decode made predictions");
+    assert!(p.next.routed > 0 && p.lead_n > 0, "decode made predictions");
     assert_eq!(p.slot_recall(), vec![1.0, 0.0]);
     assert!((p.recall() - 0.5).abs() < 1e-12, "recall {}", p.recall());
     assert!((p.gate_mass_recall() - 0.7).abs() < 1e-6, "gate-mass recall {}", p.gate_mass_recall());
     assert!(p.lead_ms() >= 0.0);
+}
+
+#[test]
+fn two_layers_ahead_the_predictor_learns_which_experts_follow_from_the_replayed_routes() {
+    // the routes of all (token, MoE layer) steps in forward order, n = 3 t + l, are
+    // {x_n, x_n + 4} with x_n = (x_(n-2) + 1) mod 4: a route fixes the one two layers later
+    // (across tokens too) and nothing else does, so the co-activation guess is right whenever
+    // it has seen that route's followers: every guess scored names the whole route (an oracle
+    // by construction; guesses it cannot make yet are not scored)
+    let p = predictor_stats_of(3, |routes| {
+        let mut x = vec![0usize, 2];
+        let steps: Vec<&mut Route> = routes.iter_mut().flatten().collect();
+        for n in 2..steps.len() + 1 {
+            x.push((x[n - 2] + 1) % 4);
+        }
+        for (n, route) in steps.into_iter().enumerate() {
+            route.0 = vec![x[n], x[n] + 4];
+            // the trace's next-layer candidates are right, so prefetch pays and guesses are made
+            route.2 = vec![x[n + 1], x[n + 1] + 4, (x[n + 1] + 1) % 4, (x[n + 1] + 1) % 4 + 4];
+        }
+    });
+    let two = &p.two_ahead;
+    assert!(two.routed >= 12, "guesses scored: {}", two.routed);
+    assert_eq!(two.routed_predicted, two.routed, "two-ahead recall {}", two.recall());
+    assert_eq!(two.slot_recall(), vec![1.0, 1.0]);
 }

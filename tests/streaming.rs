@@ -113,7 +113,7 @@ fn prefetch_reads_predicted_experts_during_decode() {
     // predictions after the first step were waited for (the first step's came from the prompt,
     // which predicts nothing)
     assert!(p.samples[0] >= 11, "predictions were scored: {p:?}");
-    assert!(p.routed > 0 && p.recall() > 0.0, "{p:?}");
+    assert!(p.next.routed > 0 && p.recall() > 0.0, "{p:?}");
     let st = ex.cache.total_stats();
     assert!(st.bytes_prefetch > 0, "prefetch read something: {st:?}");
     // with the whole model fitting, nothing is evicted and nothing read twice

@@ -90,6 +90,13 @@ pub fn experts_json(engine: &Engine, before: &LayerStats, tokens: usize) -> Valu
             "read_usefulness": p.read_usefulness(),
             "withheld_share": p.withheld_share(),
             "capped_reads": p.capped,
+            "two_ahead": {
+                "recall": p.two_ahead.recall(),
+                "slot_recall": p.two_ahead.slot_recall(),
+                "gate_mass_recall": p.two_ahead.gate_mass_recall(),
+                "reads": p.two_ahead_reads,
+                "precision": p.two_ahead_precision(),
+            },
         },
         "route_from": engine.model.route_replay().map(|r| r.name()),
         "route_tokens_replayed": engine.model.route_replay().map(|r| r.tokens_replayed()),

@@ -319,7 +319,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
             eprintln!(
                 "[experts: {:.1}% hits, {:.1} MB read ({:.1} MB/token), {:.0} ms stalled; predictor recall {:.0}% \
                  ({:.0}% of the gate mass), precision {:.0}%, ready {:.2} ms ahead; {:.0}% of would-be reads used, \
-                 {:.0}% of predictions withheld{}]",
+                 {:.0}% of predictions withheld; two ahead: recall {:.0}%, {} reads, {:.0}% used{}]",
                 e["hit_pct"].as_f64().unwrap_or(0.0),
                 e["read_mb"].as_f64().unwrap_or(0.0),
                 e["read_mb_per_token"].as_f64().unwrap_or(0.0),
@@ -330,6 +330,9 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
                 e["predictor"]["lead_ms"].as_f64().unwrap_or(0.0),
                 100.0 * e["predictor"]["read_usefulness"].as_f64().unwrap_or(0.0),
                 100.0 * e["predictor"]["withheld_share"].as_f64().unwrap_or(0.0),
+                100.0 * e["predictor"]["two_ahead"]["recall"].as_f64().unwrap_or(0.0),
+                e["predictor"]["two_ahead"]["reads"].as_u64().unwrap_or(0),
+                100.0 * e["predictor"]["two_ahead"]["precision"].as_f64().unwrap_or(0.0),
                 engine.model.route_replay().map_or(String::new(), |r| format!("; routes from {}", r.name())),
             );
         }

@@ -2,6 +2,7 @@
 //! workers), the next-layer predictor, their counters, and the simulator that replays routing
 //! traces against every policy.
 
+pub mod coactivation;
 pub mod policy;
 pub mod pool;
 pub mod predict;

@@ -6,8 +6,15 @@
 //! Accuracy is tracked per rank of the predicted top-k; once a rank has 128 samples and is
 //! right less than 80% of the time, it and the ranks after it are no longer issued (but never
 //! fewer than half of top-k).
+//!
+//! The same thread also guesses two layers ahead: the router of the layer after next applied to
+//! the same input (with replayed routing, which has no hidden state, the co-activation table of
+//! `coactivation.rs`). Its reads are speculative (made while the disk idles, a layer earlier
+//! than the next layer's own prediction, which replaces them), and each is made only when its
+//! chance of use, learnt per layer and rank like the next layer's, pays for the disk time.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -16,6 +23,7 @@ use std::time::Instant;
 use moescope_kernels::Isa;
 use moescope_kernels::ops::{softmax_inplace, top_k};
 
+use super::coactivation::CoActivation;
 use super::pool::{ExpertCache, Issued};
 use super::stats::PredictStats;
 use crate::model::moe::Pick;
@@ -110,8 +118,13 @@ impl ReadOdds {
 pub const SPEC_RANKS: usize = 2;
 
 struct Task {
+    /// The MoE layer whose input `x` is, and its pass.
+    from: (u64, usize),
+    /// The next MoE layer and its pass (what is predicted), and the one after (what is guessed
+    /// two ahead; None with fewer than 3 MoE layers).
     pass: u64,
     li: usize,
+    two: Option<(u64, usize)>,
     x: Vec<f32>,
     /// Candidates given (replayed routing), most probable first: used instead of the router.
     given: Option<Vec<usize>>,
@@ -124,6 +137,12 @@ struct PredState {
     keep: usize,
     payoff: Payoff,
     odds: ReadOdds,
+    /// For each MoE layer: the guess made two layers ahead, waiting for its layer's route.
+    pending_two: HashMap<usize, Guess>,
+    /// The chance of use of a guess two ahead, by layer and rank.
+    odds_two: ReadOdds,
+    /// Learnt from the routes once routing is replayed (the guess two ahead then).
+    coact: Option<CoActivation>,
     /// Tasks taken in and tasks done (queued prefetches included), for `wait_idle`.
     submitted: u64,
     done: u64,
@@ -143,12 +162,24 @@ struct Pending {
     at: Instant,
 }
 
+/// A guess two layers ahead: its experts by rank, those read, and every one not resident when
+/// guessed with its rank.
+struct Guess {
+    pass: u64,
+    experts: Vec<usize>,
+    read: Vec<usize>,
+    unread: Vec<(usize, usize)>,
+}
+
 pub struct Predictor {
     tx: Option<SyncSender<Task>>,
     handle: Option<JoinHandle<()>>,
     state: Arc<Mutex<PredState>>,
     n_layers: usize,
+    num_experts: usize,
     top_k: usize,
+    /// Submissions wait for room instead of being dropped (see [`Predictor::set_lossless`]).
+    lossless: AtomicBool,
 }
 
 impl Predictor {
@@ -162,6 +193,9 @@ impl Predictor {
             keep: k,
             payoff: Payoff::new(),
             odds: ReadOdds::new(n_layers, SPEC_RANKS * k),
+            pending_two: HashMap::new(),
+            odds_two: ReadOdds::new(n_layers, k),
+            coact: None,
             submitted: 0,
             done: 0,
         }));
@@ -172,25 +206,57 @@ impl Predictor {
             .name("moescope-predict".into())
             .spawn(move || worker(rx, pkg, routers, cache, st, isa))
             .unwrap_or_else(|e| panic!("cannot start the predictor thread: {e}"));
-        Predictor { tx: Some(tx), handle: Some(handle), state, n_layers, top_k: k }
+        Predictor {
+            tx: Some(tx),
+            handle: Some(handle),
+            state,
+            n_layers,
+            num_experts: c.num_experts,
+            top_k: k,
+            lossless: AtomicBool::new(false),
+        }
+    }
+
+    /// The MoE layer after `li` of pass `pass` (the first of the next pass after the last).
+    fn after(&self, pass: u64, li: usize) -> (u64, usize) {
+        if li + 1 < self.n_layers { (pass, li + 1) } else { (pass + 1, 0) }
     }
 
     /// MoE layer `li` of pass `pass` has input `x` (`[H]`): predict the next MoE layer (the
     /// first layer of the next pass after the last one), from `given` candidates (most probable
-    /// first) where a replayed trace supplies them, else with that layer's router. Never
-    /// blocks; a full queue drops it.
+    /// first) where a replayed trace supplies them, else with that layer's router; and guess
+    /// the layer after it. Never blocks; a full queue drops it.
     pub fn submit(&self, pass: u64, li: usize, x: &[f32], given: Option<&[usize]>) {
-        let (pass, li) = if li + 1 < self.n_layers { (pass, li + 1) } else { (pass + 1, 0) };
+        let from = (pass, li);
+        let (pass, li) = self.after(pass, li);
+        let two = (self.n_layers >= 3).then(|| self.after(pass, li));
         if let Some(tx) = &self.tx {
             // counted before it is sent, so `wait_idle` never misses a task in the channel
-            self.state.lock().unwrap_or_else(|p| p.into_inner()).submitted += 1;
-            if let Err(TrySendError::Full(_)) =
-                tx.try_send(Task { pass, li, x: x.to_vec(), given: given.map(<[usize]>::to_vec) })
             {
+                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                st.submitted += 1;
+                if given.is_some() && st.coact.is_none() {
+                    st.coact = CoActivation::new(self.n_layers, self.num_experts);
+                }
+            }
+            let task = Task { from, pass, li, two, x: x.to_vec(), given: given.map(<[usize]>::to_vec) };
+            if self.lossless.load(Ordering::Relaxed) {
+                // the worker only stops once the sender is dropped, so this waits, never fails
+                let _ = tx.send(task);
+            } else if let Err(TrySendError::Full(_)) = tx.try_send(task) {
                 self.state.lock().unwrap_or_else(|p| p.into_inner()).submitted -= 1;
                 trace::instant("predict_dropped", vec![("layer", li.into())]);
             }
         }
+    }
+
+    /// With `on`, a prediction is never dropped or late: `submit` waits for the predictor to
+    /// take it and `observe` for it to be made, so every layer is predicted and scored whatever
+    /// the load on the cores. Decode must not
+    /// wait for the predictor (off by default); this is for tests and measurements that score
+    /// the predictor against a reference.
+    pub fn set_lossless(&self, on: bool) {
+        self.lossless.store(on, Ordering::Relaxed);
     }
 
     /// Wait (up to `timeout`) until every submitted prediction has been made and its prefetches
@@ -215,9 +281,14 @@ impl Predictor {
     /// The real route of MoE layer `li` in pass `pass` (one token's experts in rank order,
     /// with their gate weights): score the prediction made for it.
     pub fn observe(&self, pass: u64, li: usize, ranked: &[Pick]) {
+        if self.lossless.load(Ordering::Relaxed) {
+            // every prediction made before its layer is scored
+            self.wait_idle(std::time::Duration::from_secs(60));
+        }
         let now = Instant::now();
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let k = self.top_k;
+        observe_two_ahead(&mut st, pass, li, ranked);
         let Some(Pending { pass: p, experts: pred, issued, would_read, unread, at }) = st.pending.remove(&li) else {
             return;
         };
@@ -232,17 +303,7 @@ impl Predictor {
         s.would_read += would_read.len() as u64;
         s.would_read_routed += useful as u64;
         let top = &pred[..k.min(pred.len())];
-        for (j, &Pick { expert: e, weight: w }) in ranked.iter().enumerate() {
-            let hit = top.contains(&e);
-            if j < s.slot_routed.len() {
-                s.slot_routed[j] += 1;
-                s.slot_predicted[j] += u64::from(hit);
-            }
-            s.gate_mass += f64::from(w);
-            if hit {
-                s.gate_mass_predicted += f64::from(w);
-            }
-        }
+        s.next.score(top, ranked);
         s.lead_ns += now.saturating_duration_since(at).as_nanos() as u64;
         s.lead_n += 1;
         for (r, e) in pred.iter().enumerate() {
@@ -255,8 +316,6 @@ impl Predictor {
         // their per-rank accuracy)
         s.issued += issued as u64;
         s.issued_routed += pred.iter().take(issued).filter(|e| routed(e)).count() as u64;
-        s.routed += ranked.len() as u64;
-        s.routed_predicted += ranked.iter().filter(|p| top.contains(&p.expert)).count() as u64;
         // trim ranks that do not pay
         let floor = k.div_ceil(2);
         let mut keep = k;
@@ -298,28 +357,17 @@ fn worker(
 ) {
     trace::recorder::set_thread_name("moescope-predict");
     let c = &pkg.meta.model;
-    let (e_n, h, k) = (c.num_experts, c.hidden_size, c.num_experts_per_tok);
-    let mut probs = vec![0f32; e_n];
-    let mut order: Vec<usize> = Vec::with_capacity(e_n);
+    let (e_n, k) = (c.num_experts, c.num_experts_per_tok);
+    let mut router = Routers { probs: vec![0f32; e_n], order: Vec::with_capacity(e_n), pkg: pkg.clone(), routers, isa };
     while let Ok(t) = rx.recv() {
         let mut span = trace::span("predict").arg("layer", t.li).arg("pass", t.pass);
         let mut ranks = (SPEC_RANKS * k).min(e_n);
-        let top: Vec<usize> = match t.given {
-            Some(mut given) => {
-                given.truncate(ranks);
-                ranks = given.len();
-                given
+        let top: Vec<usize> = match &t.given {
+            Some(given) => {
+                ranks = given.len().min(ranks);
+                given[..ranks].to_vec()
             }
-            None => {
-                let w = pkg.f32_by_index(routers[t.li]);
-                for (e, p) in probs.iter_mut().enumerate() {
-                    *p = moescope_kernels::dot::dot_f32(isa, &w[e * h..(e + 1) * h], &t.x);
-                }
-                softmax_inplace(&mut probs);
-                // the most probable first, ties to the lower id
-                top_k(&probs, ranks, &mut order);
-                order.clone()
-            }
+            None => router.top(t.li, &t.x, ranks),
         };
         // chance of use of each rank's expert if it is read (see ReadOdds): what the pool weighs
         // against the time the read takes and what it would evict. The rank's accuracy so far
@@ -364,8 +412,94 @@ fn worker(
         }
         let issued = if pays { keep } else { 0 };
         s.pending.insert(t.li, Pending { pass: t.pass, experts: top, issued, would_read, unread, at: Instant::now() });
-        s.done += 1;
+        drop(s);
+        // while prefetch does not pay, the guess (a router product) is not even made
+        if let Some(two) = t.two.filter(|_| pays) {
+            let read = guess_two_ahead(&t, two, &mut router, &cache, &st);
+            span.set("two_ahead_reads", read);
+        }
+        st.lock().unwrap_or_else(|p| p.into_inner()).done += 1;
     }
+}
+
+/// The MoE layers' routers, applied on the predictor's thread.
+struct Routers {
+    pkg: Arc<Package>,
+    /// `[li]`: MoE layer li's router (f32 `[E, H]`).
+    routers: Vec<TensorId>,
+    isa: Isa,
+    probs: Vec<f32>,
+    order: Vec<usize>,
+}
+
+impl Routers {
+    /// The `n` experts MoE layer `li`'s router ranks highest for input `x` (`[H]`), the most
+    /// probable first, ties to the lower id.
+    fn top(&mut self, li: usize, x: &[f32], n: usize) -> Vec<usize> {
+        let h = x.len();
+        let w = self.pkg.f32_by_index(self.routers[li]);
+        for (e, p) in self.probs.iter_mut().enumerate() {
+            *p = moescope_kernels::dot::dot_f32(self.isa, &w[e * h..(e + 1) * h], x);
+        }
+        softmax_inplace(&mut self.probs);
+        top_k(&self.probs, n, &mut self.order);
+        self.order.clone()
+    }
+}
+
+/// Guess MoE layer `l2` of pass `p2` (two after the task's input layer): its router on the same
+/// input, or with replayed routing the co-activation table; queue speculative reads of the
+/// guessed experts not resident whose chance pays, and keep the guess to be scored. Returns
+/// the reads queued.
+fn guess_two_ahead(t: &Task, (p2, l2): (u64, usize), router: &mut Routers, cache: &ExpertCache, st: &Mutex<PredState>) -> usize {
+    let k = router.pkg.meta.model.num_experts_per_tok;
+    let experts = match &t.given {
+        None => router.top(l2, &t.x, k),
+        Some(_) => {
+            let s = st.lock().unwrap_or_else(|p| p.into_inner());
+            s.coact.as_ref().map(|c| c.predict(t.from.0, t.from.1, k)).unwrap_or_default()
+        }
+    };
+    if experts.is_empty() {
+        return 0;
+    }
+    let resident = cache.resident_among(l2, &experts);
+    let unread: Vec<(usize, usize)> =
+        experts.iter().enumerate().filter(|&(r, _)| !resident[r]).map(|(r, &e)| (r, e)).collect();
+    let cands: Vec<(usize, f32)> = {
+        let s = st.lock().unwrap_or_else(|p| p.into_inner());
+        // prior: the guesses' recall so far (8 pseudo-samples at one half)
+        let r = &s.stats.two_ahead;
+        let acc = (r.routed_predicted as f64 + 4.0) / (r.routed as f64 + 8.0);
+        unread.iter().map(|&(rank, e)| (e, s.odds_two.chance(l2, rank, acc) as f32)).collect()
+    };
+    let read: Vec<(usize, f32)> = cache.worth_reading_early(l2, &cands);
+    if !read.is_empty() {
+        cache.speculate(p2, l2, &read);
+    }
+    let n = read.len();
+    let guess = Guess { pass: p2, experts, read: read.into_iter().map(|(e, _)| e).collect(), unread };
+    st.lock().unwrap_or_else(|p| p.into_inner()).pending_two.insert(l2, guess);
+    n
+}
+
+/// Score the guess made two layers ahead for MoE layer `li` of pass `pass` against its route
+/// (experts by gate weight), after the co-activation table (when routing is replayed) has
+/// learnt the route.
+fn observe_two_ahead(st: &mut PredState, pass: u64, li: usize, ranked: &[Pick]) {
+    let route: Vec<usize> = ranked.iter().map(|p| p.expert).collect();
+    if let Some(c) = st.coact.as_mut() {
+        c.observe(pass, li, &route);
+    }
+    let Some(g) = st.pending_two.remove(&li) else { return };
+    if g.pass != pass {
+        return;
+    }
+    st.odds_two.score(li, g.unread.iter().map(|&(r, e)| (r, route.contains(&e))));
+    let s = &mut st.stats;
+    s.two_ahead.score(&g.experts, ranked);
+    s.two_ahead_reads += g.read.len() as u64;
+    s.two_ahead_reads_routed += g.read.iter().filter(|e| route.contains(e)).count() as u64;
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 
 use serde::Serialize;
 
+use crate::model::moe::Pick;
+
 /// Counters of one MoE layer (or the sum over layers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct LayerStats {
@@ -79,18 +81,15 @@ pub struct PredictStats {
     /// Predicted experts that were issued as prefetches, and of those, how many were routed.
     pub issued: u64,
     pub issued_routed: u64,
-    /// Routed experts, and of those, how many had been predicted (any rank).
-    pub routed: u64,
-    pub routed_predicted: u64,
+    /// How much of each route the top-k prediction (one layer ahead) named.
+    pub next: Recall,
+    /// The same for the prediction two layers ahead, and its speculative reads: made, and of
+    /// those, how many their layer routed.
+    pub two_ahead: Recall,
+    pub two_ahead_reads: u64,
+    pub two_ahead_reads_routed: u64,
     /// Predictions that arrived after their layer had started (too late to help).
     pub late: u64,
-    /// Per routed rank (the route's j-th expert by gate weight): times scored, and times its
-    /// expert was in the top-k prediction.
-    pub slot_routed: Vec<u64>,
-    pub slot_predicted: Vec<u64>,
-    /// Gate weight of the routed experts, and of those in the top-k prediction.
-    pub gate_mass: f64,
-    pub gate_mass_predicted: f64,
     /// Time from a prediction's prefetches being queued to its layer's request, summed over
     /// the predictions scored.
     pub lead_ns: u64,
@@ -114,24 +113,25 @@ impl PredictStats {
         PredictStats {
             samples: vec![0; ranks],
             hits: vec![0; ranks],
-            slot_routed: vec![0; k],
-            slot_predicted: vec![0; k],
+            next: Recall::new(k),
+            two_ahead: Recall::new(k),
             ..Default::default()
         }
     }
 
-    /// Recall of each routed rank (the expert with the j-th largest gate weight).
+    /// Recall of each routed rank, one layer ahead (see [`Recall::slot_recall`]).
     pub fn slot_recall(&self) -> Vec<f64> {
-        self.slot_routed
-            .iter()
-            .zip(&self.slot_predicted)
-            .map(|(&n, &p)| if n == 0 { 0.0 } else { p as f64 / n as f64 })
-            .collect()
+        self.next.slot_recall()
     }
 
-    /// Share of the routed gate weight whose experts had been predicted (top-k).
+    /// Share of the routed gate weight predicted one layer ahead.
     pub fn gate_mass_recall(&self) -> f64 {
-        if self.gate_mass <= 0.0 { 0.0 } else { self.gate_mass_predicted / self.gate_mass }
+        self.next.gate_mass_recall()
+    }
+
+    /// Share of the speculative reads made two layers ahead that their layer routed.
+    pub fn two_ahead_precision(&self) -> f64 {
+        ratio(self.two_ahead_reads_routed, self.two_ahead_reads)
     }
 
     /// Mean time a prediction was ready before its layer asked, in milliseconds.
@@ -149,9 +149,9 @@ impl PredictStats {
         if self.made == 0 { 0.0 } else { self.withheld as f64 / self.made as f64 }
     }
 
-    /// Fraction of routed experts that had been predicted.
+    /// Fraction of routed experts predicted one layer ahead.
     pub fn recall(&self) -> f64 {
-        if self.routed == 0 { 0.0 } else { self.routed_predicted as f64 / self.routed as f64 }
+        self.next.recall()
     }
 
     /// Fraction of issued prefetches that were routed.
@@ -161,5 +161,63 @@ impl PredictStats {
 
     pub fn rank_accuracy(&self) -> Vec<f64> {
         self.samples.iter().zip(&self.hits).map(|(&s, &h)| if s == 0 { 0.0 } else { h as f64 / s as f64 }).collect()
+    }
+}
+
+fn ratio(n: u64, d: u64) -> f64 {
+    if d == 0 { 0.0 } else { n as f64 / d as f64 }
+}
+
+/// How much of the real routes a prediction named: by routed rank, by gate weight, in all.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Recall {
+    /// Per routed rank (the route's j-th expert by gate weight): times scored, and times its
+    /// expert was in the prediction.
+    pub slot_routed: Vec<u64>,
+    pub slot_predicted: Vec<u64>,
+    /// Gate weight of the routed experts, and of those predicted.
+    pub gate_mass: f64,
+    pub gate_mass_predicted: f64,
+    /// Routed experts, and of those, how many had been predicted.
+    pub routed: u64,
+    pub routed_predicted: u64,
+}
+
+impl Recall {
+    /// Routes of `k` experts.
+    pub fn new(k: usize) -> Recall {
+        Recall { slot_routed: vec![0; k], slot_predicted: vec![0; k], ..Default::default() }
+    }
+
+    /// Score `predicted` against one real route, its experts by gate weight, largest first.
+    pub fn score(&mut self, predicted: &[usize], ranked: &[Pick]) {
+        for (j, &Pick { expert: e, weight: w }) in ranked.iter().enumerate() {
+            let hit = predicted.contains(&e);
+            if j < self.slot_routed.len() {
+                self.slot_routed[j] += 1;
+                self.slot_predicted[j] += u64::from(hit);
+            }
+            self.gate_mass += f64::from(w);
+            self.routed += 1;
+            if hit {
+                self.gate_mass_predicted += f64::from(w);
+                self.routed_predicted += 1;
+            }
+        }
+    }
+
+    /// Recall of each routed rank (the expert with the j-th largest gate weight).
+    pub fn slot_recall(&self) -> Vec<f64> {
+        self.slot_routed.iter().zip(&self.slot_predicted).map(|(&n, &p)| ratio(p, n)).collect()
+    }
+
+    /// Share of the routed gate weight whose experts had been predicted.
+    pub fn gate_mass_recall(&self) -> f64 {
+        if self.gate_mass <= 0.0 { 0.0 } else { self.gate_mass_predicted / self.gate_mass }
+    }
+
+    /// Fraction of routed experts that had been predicted.
+    pub fn recall(&self) -> f64 {
+        ratio(self.routed_predicted, self.routed)
     }
 }

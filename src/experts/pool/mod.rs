@@ -287,6 +287,13 @@ impl ExpertCache {
         out
     }
 
+    /// Of `candidates` (expert, chance of use) guessed for MoE layer `li` two layers ahead,
+    /// those not in the pool and worth a read (see `ReadWindow::worth_reading_early`).
+    pub fn worth_reading_early(&self, li: usize, candidates: &[(usize, f32)]) -> Vec<(usize, f32)> {
+        let st = self.shared.lock();
+        candidates.iter().copied().filter(|&(e, p)| !st.map.contains_key(&(li, e)) && st.window.worth_reading_early(p)).collect()
+    }
+
     /// Experts that may be used by MoE layer `li` of pass `pass` (below the prediction's
     /// confidence: its lower ranks), with their chance of use: read only while the disk has
     /// nothing else to do, taking a free slot or evicting only an entry the policy values below

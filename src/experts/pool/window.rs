@@ -82,9 +82,22 @@ impl ReadWindow {
     /// Whether the `i`-th read issued for layer `li` (0-based, most confident first), used with
     /// chance `p`, is worth making (see the module's note).
     pub fn worth_reading(&self, li: usize, i: usize, p: f32) -> bool {
-        let done_before_request = (self.reads_that_fit(li) - i as f64).clamp(0.0, 1.0);
+        self.pays(p, (self.reads_that_fit(li) - i as f64).clamp(0.0, 1.0))
+    }
+
+    /// Whether a read asked a whole layer before its layer's request (a guess two layers
+    /// ahead, read only while the disk idles and superseded by the next layer's own
+    /// prediction), used with chance `p`, is worth making: if it is made at all it lands
+    /// before the request (f = 1), so only its chance weighs against the disk time it takes.
+    pub fn worth_reading_early(&self, p: f32) -> bool {
+        self.pays(p, 1.0)
+    }
+
+    /// A read done `f` before the request and used with chance `p` saves p f of a read; unused
+    /// it costs a read when reads are what the engine waits for.
+    fn pays(&self, p: f32, f: f64) -> bool {
         let p = f64::from(p);
-        p * done_before_request > (1.0 - p) * self.stall_share
+        p * f > (1.0 - p) * self.stall_share
     }
 }
 

@@ -72,7 +72,7 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, th: &Theme, focused: bool, exp
             l.push_str(&format!(" · {:.1}% last {} tok", app.store.recent_summary().hit_pct, recent.len()));
         }
         if let Some(p) = view.map(|v| &v.predict)
-            && p.routed > 0
+            && p.next.routed > 0
         {
             l.push_str(&format!(
                 " · predictor recall {:.0}% precision {:.0}%",
