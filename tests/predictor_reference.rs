@@ -28,7 +28,8 @@ fn assert_scored_as(name: &str, got: &Recall, want: &serde_json::Value) {
         got.routed_predicted,
         want["routed_predicted"]
     );
-    let slots: Vec<u64> = want["slot_predicted"].as_array().expect("slots").iter().map(|x| x.as_u64().expect("a count")).collect();
+    let slots: Vec<u64> =
+        want["slot_predicted"].as_array().expect("slots").iter().map(|x| x.as_u64().expect("a count")).collect();
     assert_eq!(got.slot_predicted.len(), slots.len(), "{name}: slots");
     for (j, (&g, &w)) in got.slot_predicted.iter().zip(&slots).enumerate() {
         assert!(slack(g, w), "{name}: slot {j}: {g} predicted, transformers {w}");
@@ -54,8 +55,9 @@ fn the_predictor_scores_as_transformers_one_and_two_layers_ahead() {
         io: Some(IoMode::Buffered),
         verify: true,
     };
-    let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream: Some(stream) })
-        .expect("load");
+    let mut eng =
+        Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream: Some(stream) })
+            .expect("load");
     eng.experts.as_ref().unwrap().predictor.set_lossless(true);
     eng.reset();
     eng.eval(&prompt, Logits::Last, &mut NoObserver).unwrap();

@@ -451,7 +451,13 @@ impl Routers {
 /// input, or with replayed routing the co-activation table; queue speculative reads of the
 /// guessed experts not resident whose chance pays, and keep the guess to be scored. Returns
 /// the reads queued.
-fn guess_two_ahead(t: &Task, (p2, l2): (u64, usize), router: &mut Routers, cache: &ExpertCache, st: &Mutex<PredState>) -> usize {
+fn guess_two_ahead(
+    t: &Task,
+    (p2, l2): (u64, usize),
+    router: &mut Routers,
+    cache: &ExpertCache,
+    st: &Mutex<PredState>,
+) -> usize {
     let k = router.pkg.meta.model.num_experts_per_tok;
     let experts = match &t.given {
         None => router.top(l2, &t.x, k),

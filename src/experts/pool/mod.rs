@@ -291,7 +291,11 @@ impl ExpertCache {
     /// those not in the pool and worth a read (see `ReadWindow::worth_reading_early`).
     pub fn worth_reading_early(&self, li: usize, candidates: &[(usize, f32)]) -> Vec<(usize, f32)> {
         let st = self.shared.lock();
-        candidates.iter().copied().filter(|&(e, p)| !st.map.contains_key(&(li, e)) && st.window.worth_reading_early(p)).collect()
+        candidates
+            .iter()
+            .copied()
+            .filter(|&(e, p)| !st.map.contains_key(&(li, e)) && st.window.worth_reading_early(p))
+            .collect()
     }
 
     /// Experts that may be used by MoE layer `li` of pass `pass` (below the prediction's
