@@ -14,6 +14,9 @@ use moescope::package::layout::VERSION;
 
 pub fn resolve(model: Option<&Path>, quant: &str) -> Result<PathBuf> {
     let Some(m) = model else {
+        if !demo::EMBEDDED {
+            bail!("this moescope was built without the demo model (--no-default-features): pass -m MODEL");
+        }
         let dir = cache_dir().map_err(anyhow::Error::msg)?;
         let (path, fresh) = demo::ensure_package(&dir).context("writing the built-in demo model")?;
         eprintln!(

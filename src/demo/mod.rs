@@ -16,10 +16,19 @@ use crate::convert::{
 };
 use crate::package::layout::VERSION;
 
+#[cfg(feature = "embedded-demo")]
+const WEIGHTS: &[u8] = include_bytes!("model/model.safetensors");
+/// Built without the `embedded-demo` feature: no weights (see [`EMBEDDED`]).
+#[cfg(not(feature = "embedded-demo"))]
+const WEIGHTS: &[u8] = &[];
+
+/// Whether this binary carries the demo model.
+pub const EMBEDDED: bool = cfg!(feature = "embedded-demo");
+
 /// The checkpoint's files, as `train_demo.py` saved them (plus src/demo's tokenizer).
 const FILES: [(&str, &[u8]); 4] = [
     ("config.json", include_bytes!("model/config.json")),
-    ("model.safetensors", include_bytes!("model/model.safetensors")),
+    ("model.safetensors", WEIGHTS),
     ("tokenizer.json", include_bytes!("tokenizer.json")),
     ("tokenizer_config.json", include_bytes!("tokenizer_config.json")),
 ];
