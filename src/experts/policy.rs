@@ -156,16 +156,6 @@ impl PolicyKind {
             }
         }
     }
-
-    /// The key of one entry known to be retained or not (least-stale's retention depends on
-    /// the other entries; the others do not).
-    pub fn eviction_key(self, e: &Entry, retained: bool, ctx: &Ctx) -> EvictKey {
-        match self {
-            PolicyKind::Lru => EvictKey::new([0.0; 3], e.last_use),
-            PolicyKind::LeastStale => least_stale_key(e, retained, ctx),
-            PolicyKind::Foresight => foresight_key(e, 0.0, ctx),
-        }
-    }
 }
 
 /// An eviction key: three numbers compared in order, then a logical time (older first).
@@ -253,8 +243,8 @@ fn chance(e: &Entry) -> f32 {
 /// nothing else, so an older expert kept evicts a route entry, and the slot it took is missing
 /// from some layer's route at every later eviction until the kept expert's turn comes (each
 /// layer that then misses evicts another route entry in its place). So it costs at least the
-/// cheapest route entry's chance once more: that is subtracted from its weighted chance. Measured with
-/// `moescope sim`: on the trained demo's routing (6 layers x top-4 of 16) at exactly 24 slots
+/// cheapest route entry's chance once more: that is subtracted from its weighted chance.
+/// Measured with `moescope sim`: on the trained demo's routing (6 layers x top-4 of 16) at exactly 24 slots
 /// foresight kept older experts and trailed lru's "keep each layer's last route" by 24 misses
 /// of 12,065; with the hole counted it leads by 1. On the 12-layer x 128-expert traces at 5-6%
 /// (below one token's 96 routed experts) it costs 1.4-2.0 points of hit rate and stays above
@@ -263,12 +253,7 @@ fn route_bound_hole(cands: &[Entry], ctx: &Ctx) -> f32 {
     if ctx.capacity > ctx.n_layers * ctx.top_k {
         return 0.0;
     }
-    cands
-        .iter()
-        .filter(|e| e.in_last_route)
-        .map(chance)
-        .fold(None, |m: Option<f32>, p| Some(m.map_or(p, |m| m.min(p))))
-        .unwrap_or(0.0)
+    cands.iter().filter(|e| e.in_last_route).map(chance).reduce(f32::min).unwrap_or(0.0)
 }
 
 /// Ours ("foresight"): keep what is most likely to be routed soon, nearer turns first among
