@@ -25,6 +25,10 @@ pub enum Command {
     Chat(ChatArgs),
     /// Convert a HuggingFace checkpoint directory into a .moe package.
     Convert(ConvertArgs),
+    /// Write a package of a real model's shape with seeded random weights (no download): its
+    /// text is noise, its size, reads and memory are the real model's.
+    #[command(after_help = synth_shapes_help())]
+    Synth(SynthArgs),
     /// Print a package's configuration, quantization and layout.
     Inspect(InspectArgs),
     /// Measure prompt processing and generation speed (llama-bench's conventions).
@@ -246,6 +250,52 @@ pub struct ConvertArgs {
     /// bf16, q8, q4 (int4, group 128) or q4g32 (int4, group 32).
     #[arg(long, default_value = "q4")]
     pub quant: String,
+}
+
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// The model whose shape to take (listed below).
+    #[arg(long)]
+    pub shape: String,
+    /// Output package.
+    #[arg(short = 'o', long)]
+    pub output: std::path::PathBuf,
+    /// Keep the first N layers only (hybrids keep their 3:1 pattern).
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Experts per MoE layer instead of the shape's.
+    #[arg(long)]
+    pub experts: Option<usize>,
+    /// Vocabulary rows instead of the shape's (below the tokenizer's size the package takes
+    /// --prompt-ids only).
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    /// q4 (int4, group 128), q4g32 (int4, group 32: llama.cpp's Q4_0 values), q8 or bf16.
+    #[arg(long, default_value = "q4g32")]
+    pub quant: String,
+    /// Seed of the weights: the same seed gives the same file.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+fn synth_shapes_help() -> String {
+    let mut s = String::from("Shapes (weights: N(0, 0.02) matrices, unit norms, routers as peaked as trained ones):\n");
+    for sh in moescope::synth::SHAPES {
+        let c = sh.config();
+        s.push_str(&format!(
+            "  {:<20} {}: {} layers, hidden {}, {} experts top-{} of width {}, vocab {}{}\n",
+            sh.name,
+            sh.model,
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_experts,
+            c.num_experts_per_tok,
+            c.moe_intermediate_size,
+            c.vocab_size,
+            if c.hybrid.is_some() { " (Gated DeltaNet + gated attention 3:1, shared expert)" } else { "" }
+        ));
+    }
+    s
 }
 
 #[derive(Args, Debug)]

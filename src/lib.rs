@@ -14,6 +14,7 @@ pub mod model_config;
 pub mod npy;
 pub mod package;
 pub mod rng;
+pub mod synth;
 pub mod sysinfo;
 pub mod trace;
 pub mod tui;

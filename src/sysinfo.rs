@@ -170,6 +170,18 @@ fn cgroup_room() -> Option<u64> {
     None
 }
 
+/// Bytes free to an unprivileged writer on the file system holding `dir` (None when unknown).
+pub fn free_disk_bytes(dir: &std::path::Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs fills the struct we pass from a NUL-terminated path
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
 /// The build: version, profile and target.
 pub fn build() -> Value {
     json!({

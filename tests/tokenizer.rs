@@ -11,8 +11,13 @@ use moescope::engine::chat_template::{ChatTemplate, Message};
 use moescope::engine::tokenizer::{StreamDecoder, Tok};
 use serde_json::Value;
 
+/// The tokenizers `moescope synth` embeds (assets/tokenizers/).
+fn asset(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tokenizers").join(name)
+}
+
 fn qwen3_json() -> String {
-    let gz = std::fs::read(fixture("qwen3-tokenizer/tokenizer.json.gz")).expect("qwen3 tokenizer");
+    let gz = std::fs::read(asset("qwen3/tokenizer.json.gz")).expect("qwen3 tokenizer");
     let mut s = String::new();
     flate2::read::GzDecoder::new(&gz[..]).read_to_string(&mut s).expect("gunzip");
     s
@@ -33,7 +38,7 @@ fn tokenizer(name: &str) -> Tok {
 
 fn tokenizer_config(name: &str) -> Value {
     let p = match name {
-        "qwen3" => fixture("qwen3-tokenizer/tokenizer_config.json"),
+        "qwen3" => asset("qwen3/tokenizer_config.json"),
         _ => demo_dir().join("tokenizer_config.json"),
     };
     serde_json::from_str(&std::fs::read_to_string(p).expect("tokenizer_config")).expect("json")
@@ -84,7 +89,7 @@ fn chat_templates_render_byte_identical_to_transformers() {
     for name in ["qwen3", "demo", "qwen3.5"] {
         let tmpl = if name == "qwen3.5" {
             // the Qwen3.5 family's template, as its checkpoints ship it (chat_template.jinja)
-            let src = std::fs::read_to_string(fixture("qwen3.5-template/chat_template.jinja")).expect("template");
+            let src = std::fs::read_to_string(asset("qwen3.5/chat_template.jinja")).expect("template");
             ChatTemplate::new(&src, None, Some("<|im_end|>".into())).unwrap()
         } else {
             let cfg = tokenizer_config(name);

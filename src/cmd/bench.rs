@@ -115,6 +115,9 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let meta = engine.package().meta.clone();
     let mut model_type =
         format!("{} {}L {}x top-{}", cfg.arch.name(), cfg.num_hidden_layers, cfg.num_experts, cfg.num_experts_per_tok);
+    if meta.synthetic.is_some() {
+        model_type.push_str(" synthetic");
+    }
     if let Some(r) = engine.model.route_replay() {
         let file = Path::new(r.name()).file_name().map_or_else(|| r.name().into(), |f| f.to_string_lossy());
         model_type.push_str(&format!(", routes from {file}"));

@@ -10,7 +10,7 @@ pub fn run(a: &ConvertArgs) -> Result<()> {
     let quant = QuantMode::parse(&a.quant).map_err(anyhow::Error::msg)?;
     interrupt::install();
     let _busy = Interruptible::start();
-    let opts = ConvertOptions { quant, progress: true, cancel: Some(&interrupt::STOP), default_pool_fraction: None };
+    let opts = ConvertOptions { progress: true, cancel: Some(&interrupt::STOP), ..ConvertOptions::new(quant) };
     let rep = convert_hf(&a.hf_dir, &a.output, opts)?;
     for w in &rep.warnings {
         eprintln!("warning: {w}");

@@ -36,6 +36,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         "converter": m.converter,
         "config": m.model,
         "ignored": m.ignored,
+        "synthetic": m.synthetic,
         "quant": m.quant,
         "tokenizer": m.tokenizer.tokenizer_json.is_some(),
         "chat_template": m.tokenizer.chat_template.is_some(),
@@ -56,6 +57,9 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     let c = &m.model;
     let mb = |b: u64| format!("{:.2} MB", b as f64 / 1e6);
     println!("{}  ({}, format v{}, {})", a.file.display(), m.name, pkg.header.version, mb(pkg.file_size()));
+    if let Some(s) = &m.synthetic {
+        println!("SYNTHETIC     shape {}, seed {}: {} (the text is noise; sizes and speed are real)", s.shape, s.seed, s.weights);
+    }
     println!(
         "architecture  {} ({}), {} layers ({} MoE), hidden {}, vocab {}",
         c.arch.name(),

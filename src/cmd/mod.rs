@@ -12,4 +12,5 @@ pub mod perplexity;
 pub mod repl;
 pub mod run;
 pub mod sim;
+pub mod synth;
 pub mod trace_out;

@@ -49,7 +49,7 @@ pub fn resolve(model: Option<&Path>, quant: &str) -> Result<PathBuf> {
         quant: mode,
         progress: true,
         cancel: Some(&super::interrupt::STOP),
-        default_pool_fraction: None,
+        ..ConvertOptions::new(mode)
     };
     let rep = convert_hf(m, &out, opts)?;
     for w in &rep.warnings {

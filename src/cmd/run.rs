@@ -171,7 +171,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let kv_mb = KvCache::bytes_at_capacity(&engine.model.cfg, engine.kv.capacity()) as f64 / 1e6;
     eprintln!(
         "moescope: {} ({}), {} threads, {} kernels, {}, context {} tokens (KV cache up to {kv_mb:.1} MB)",
-        engine.package().meta.name,
+        engine.package().meta.display_name(),
         engine.package().meta.quant.mode,
         engine.exec.threads(),
         engine.exec.isa,
@@ -296,6 +296,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
             engine.tok.as_ref().map(|t| t.decode(&stats.generated, true)).transpose().map_err(anyhow::Error::msg)?;
         let v = json!({
             "model": engine.package().meta.name,
+            "synthetic": engine.package().meta.synthetic.is_some(),
             "quant": engine.package().meta.quant.mode,
             "threads": engine.exec.threads(),
             "isa": engine.exec.isa.name(),

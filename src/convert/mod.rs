@@ -43,11 +43,13 @@ pub struct ConvertOptions {
     pub cancel: Option<&'static AtomicBool>,
     /// Recorded in the package: the default expert pool as a fraction of all experts.
     pub default_pool_fraction: Option<f64>,
+    /// The progress bar's verb.
+    pub verb: &'static str,
 }
 
 impl ConvertOptions {
     pub fn new(quant: QuantMode) -> ConvertOptions {
-        ConvertOptions { quant, progress: false, cancel: None, default_pool_fraction: None }
+        ConvertOptions { quant, progress: false, cancel: None, default_pool_fraction: None, verb: "converting" }
     }
 
     fn check_cancel(&self) -> Result<(), ConvertError> {
@@ -104,7 +106,7 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
         Some(h) => h,
         None => &ck,
     };
-    let origin = Origin { name: &name, ignored };
+    let origin = Origin { name: &name, ignored, synthetic: None };
     let bytes = write_package(src, &cfg, tok, origin, opts, out)?;
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
 }
@@ -129,11 +131,52 @@ pub struct Origin<'a> {
     pub name: &'a str,
     /// What the source held that the package leaves out, in words.
     pub ignored: Vec<String>,
+    /// Set for seeded random weights (`moescope synth`).
+    pub synthetic: Option<crate::package::layout::Synthetic>,
+}
+
+/// Where a package's expert blobs come from: one blob per (MoE layer, expert), in the region's
+/// layout (`region.blob_len` bytes). Called from several threads at once.
+pub trait BlobSource: Sync {
+    fn blob(&self, region: &ExpertRegion, layer: usize, expert: usize) -> Result<Vec<u8>, ConvertError>;
+}
+
+/// Blobs encoded from a tensor source's f32 rows (what `convert` does).
+struct EncodedBlobs<'a> {
+    src: &'a dyn TensorSource,
+    cfg: &'a ModelConfig,
+}
+
+impl BlobSource for EncodedBlobs<'_> {
+    fn blob(&self, region: &ExpertRegion, l: usize, e: usize) -> Result<Vec<u8>, ConvertError> {
+        let mut b = BlobBuilder::new(region);
+        let (mut x, mut vals, mut scales) = (Vec::new(), Vec::new(), Vec::new());
+        for (p, (tname, shape)) in plan::expert_tensors(self.cfg, l, e).iter().enumerate() {
+            let f = region.parts[p].format().unwrap_or(Format::F32);
+            self.src.read_rows(tname, 0, shape[0], &mut x)?;
+            encode_rows(f, &x, shape[1], f.interleaves(shape[0], shape[1]), &mut vals, &mut scales);
+            b.put(p, &vals, &scales);
+        }
+        Ok(b.buf)
+    }
 }
 
 /// Write a package of `cfg` with weights from `src`. Returns the package size in bytes.
 pub fn write_package(
     src: &dyn TensorSource,
+    cfg: &ModelConfig,
+    tokenizer: TokenizerInfo,
+    origin: Origin<'_>,
+    opts: ConvertOptions,
+    out: &Path,
+) -> Result<u64, ConvertError> {
+    write_package_with(src, &EncodedBlobs { src, cfg }, cfg, tokenizer, origin, opts, out)
+}
+
+/// [`write_package`] with the expert blobs from `blobs` (the dense tensors still from `src`).
+pub fn write_package_with(
+    src: &dyn TensorSource,
+    blobs: &dyn BlobSource,
     cfg: &ModelConfig,
     tokenizer: TokenizerInfo,
     origin: Origin<'_>,
@@ -215,16 +258,21 @@ pub fn write_package(
         experts,
         default_pool_fraction: opts.default_pool_fraction,
         ignored: origin.ignored,
+        synthetic: origin.synthetic,
     };
     let header = plan_offsets(&mut meta);
     let total = header.file_size;
+    check_free_space(out, total)?;
     let mut w = PackageWriter::create(out, meta, header)?;
 
     let bar = if opts.progress && std::io::stderr().is_terminal() {
         let b = ProgressBar::new(total);
         b.set_style(
-            ProgressStyle::with_template("converting {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            ProgressStyle::with_template(&format!(
+                "{} {{bar:40}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}} {{msg}}",
+                opts.verb
+            ))
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
         );
         b
     } else {
@@ -246,8 +294,10 @@ pub fn write_package(
         let mut r0 = 0;
         while r0 < rows {
             let n = chunk.clamp(1, rows - r0);
-            src.read_rows(&t.name, r0, n, &mut x)?;
-            encode_rows(f, &x, cols, x4, &mut vals, &mut scales);
+            if !src.encoded_rows(&t.name, f, r0, n, &mut vals, &mut scales)? {
+                src.read_rows(&t.name, r0, n, &mut x)?;
+                encode_rows(f, &x, cols, x4, &mut vals, &mut scales);
+            }
             w.write_values(&vals)?;
             w.push_scales(&scales);
             bar.inc(vals.len() as u64 + scales.len() as u64 * 4);
@@ -256,28 +306,15 @@ pub fn write_package(
         w.end_dense()?;
     }
 
-    // experts: encoded a batch at a time on all cores, written in table order
+    // experts: made a batch at a time on all cores, written in table order
     if let Some(region) = w.meta().experts.clone() {
-        let fmts: Vec<Format> = region.parts.iter().map(|p| p.format().unwrap_or(Format::F32)).collect();
         for &l in &moe_layers {
             bar.set_message(format!("experts of layer {l}"));
             for batch in (0..cfg.num_experts).collect::<Vec<_>>().chunks(8) {
                 opts.check_cancel()?;
-                let blobs: Vec<Result<Vec<u8>, ConvertError>> = batch
-                    .par_iter()
-                    .map(|&e| {
-                        let mut b = BlobBuilder::new(&region);
-                        let (mut x, mut vals, mut scales) = (Vec::new(), Vec::new(), Vec::new());
-                        for (p, (tname, shape)) in plan::expert_tensors(cfg, l, e).iter().enumerate() {
-                            src.read_rows(tname, 0, shape[0], &mut x)?;
-                            let x4 = fmts[p].interleaves(shape[0], shape[1]);
-                            encode_rows(fmts[p], &x, shape[1], x4, &mut vals, &mut scales);
-                            b.put(p, &vals, &scales);
-                        }
-                        Ok(b.buf)
-                    })
-                    .collect();
-                for blob in blobs {
+                let made: Vec<Result<Vec<u8>, ConvertError>> =
+                    batch.par_iter().map(|&e| blobs.blob(&region, l, e)).collect();
+                for blob in made {
                     let blob = blob?;
                     w.write_expert(&blob)?;
                     bar.inc(blob.len() as u64);
@@ -288,6 +325,29 @@ pub fn write_package(
     w.finish()?;
     bar.finish_and_clear();
     Ok(total)
+}
+
+/// Fail before writing when the file system holding `out` has less than `bytes` free (a
+/// multi-GB package that fills the disk half way would fail late and leave no room).
+fn check_free_space(out: &Path, bytes: u64) -> Result<(), ConvertError> {
+    let dir = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if let Some(free) = crate::sysinfo::free_disk_bytes(&dir)
+        && free < bytes
+    {
+        return Err(ConvertError::File {
+            path: out.to_path_buf(),
+            msg: format!(
+                "needs {:.2} GB but {} has {:.2} GB free",
+                bytes as f64 / 1e9,
+                dir.display(),
+                free as f64 / 1e9
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Encode rows of `x` (`[n, cols]`) in format `f`: value bytes into `vals`, scales into `scales`;

@@ -13,6 +13,21 @@ pub trait TensorSource: Sync {
     /// (resized). Non-finite values are an error naming the tensor, row and column.
     fn read_rows(&self, name: &str, r0: usize, n: usize, out: &mut Vec<f32>) -> Result<(), ConvertError>;
 
+    /// Rows `[r0, r0 + n)` already in format `f` (value bytes in the stored row order, f32
+    /// scales row-major), for a source that makes them directly (`moescope synth`); `Ok(false)`
+    /// when it cannot, and the converter quantizes [`read_rows`](Self::read_rows) instead.
+    fn encoded_rows(
+        &self,
+        _name: &str,
+        _f: moescope_kernels::Format,
+        _r0: usize,
+        _n: usize,
+        _vals: &mut Vec<u8>,
+        _scales: &mut Vec<f32>,
+    ) -> Result<bool, ConvertError> {
+        Ok(false)
+    }
+
     /// Where the tensor comes from, for messages (a file path).
     fn origin(&self, name: &str) -> String;
 

@@ -76,7 +76,7 @@ pub fn write_demo_package(out: &Path, quant: QuantMode) -> Result<u64, ConvertEr
     let tok = tokenizer_files::read_tokenizer(&tmp.0)?.unwrap_or_default();
     add_tokenizer_eos(&mut cfg, &tok);
     let opts = ConvertOptions { default_pool_fraction: Some(DEFAULT_POOL_FRACTION), ..ConvertOptions::new(quant) };
-    write_package(&ck, &cfg, tok, crate::convert::Origin { name: NAME, ignored: vec![] }, opts, out)
+    write_package(&ck, &cfg, tok, crate::convert::Origin { name: NAME, ignored: vec![], synthetic: None }, opts, out)
 }
 
 /// Path of the demo package in `cache_dir`, written there first if missing.

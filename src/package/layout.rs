@@ -254,6 +254,30 @@ pub struct Meta {
     /// multi-token-prediction block).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ignored: Vec<String>,
+    /// Set when the weights are seeded random numbers of a real model's shape (`moescope synth`),
+    /// not a trained checkpoint: the output is meaningless text, the speed and memory are real.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synthetic: Option<Synthetic>,
+}
+
+/// How a synthetic package was made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Synthetic {
+    /// The shape's name (`qwen3-30b-a3b`).
+    pub shape: String,
+    pub seed: u64,
+    /// The weight distributions, in words.
+    pub weights: String,
+}
+
+impl Meta {
+    /// The model's name as reports show it: "synthetic" said where the weights are.
+    pub fn display_name(&self) -> String {
+        match &self.synthetic {
+            Some(s) => format!("{} (synthetic {}, seed {})", self.name, s.shape, s.seed),
+            None => self.name.clone(),
+        }
+    }
 }
 
 pub const FORMAT_NAME: &str = "moescope-package";

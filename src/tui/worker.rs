@@ -142,7 +142,7 @@ pub fn model_info(engine: &Engine) -> ModelInfo {
     let pkg = engine.package();
     let m = &pkg.meta;
     ModelInfo {
-        name: m.name.clone(),
+        name: m.display_name(),
         arch: m.model.arch.name().into(),
         quant: m.quant.mode.clone(),
         moe_layers: m.model.moe_layers().len(),

@@ -6,10 +6,11 @@ usage: make_tokenizer_fixtures.py QWEN3_TOKENIZER_DIR OUT_DIR
        make_tokenizer_fixtures.py --qwen35 QWEN35_TOKENIZER_DIR OUT_DIR
          (QWEN35_TOKENIZER_DIR: a plain tokenizer.json and chat_template.jinja, e.g. shared/assets'
           qwen3.5-tokenizer gunzipped; replaces the "qwen3.5" rows of chat_reference.json and
-          copies the template to qwen3.5-template/chat_template.jinja)
+          copies the template to assets/tokenizers/qwen3.5/chat_template.jinja)
 
-Writes into OUT_DIR:
-  qwen3-tokenizer/tokenizer.json.gz, tokenizer_config.json   (the real files, gzip to keep the repo small)
+Writes into the repository's assets/tokenizers/qwen3/ (which `moescope synth` embeds):
+  tokenizer.json.gz, tokenizer_config.json   (the real files, gzip to keep the repo small)
+and into OUT_DIR:
   tokenizer_reference.json   {tokenizer: [{text, ids, decoded}]} for "qwen3" and "demo"
   chat_reference.json        [{tokenizer, messages, add_generation_prompt, enable_thinking?, text}]
 """
@@ -24,6 +25,7 @@ import transformers  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ASSETS = os.path.join(HERE, "..", "..", "assets", "tokenizers")
 DEMO_DIR = os.path.join(HERE, "..", "..", "src", "demo")
 
 TEXTS = [
@@ -66,7 +68,7 @@ CONVERSATIONS = [
 
 def main():
     qdir, out = sys.argv[1], sys.argv[2]
-    qout = os.path.join(out, "qwen3-tokenizer")
+    qout = os.path.join(ASSETS, "qwen3")
     os.makedirs(qout, exist_ok=True)
     with open(os.path.join(qdir, "tokenizer.json"), "rb") as f, \
             open(os.path.join(qout, "tokenizer.json.gz"), "wb") as g:
@@ -103,7 +105,7 @@ def main():
 
 def qwen35(tdir, out):
     """The Qwen3.5 chat template on the same conversations, thinking on, off and unset."""
-    tout = os.path.join(out, "qwen3.5-template")
+    tout = os.path.join(ASSETS, "qwen3.5")
     os.makedirs(tout, exist_ok=True)
     shutil.copy(os.path.join(tdir, "chat_template.jinja"), tout)
     at = transformers.AutoTokenizer.from_pretrained(tdir)

@@ -1,0 +1,188 @@
+//! The real models `moescope synth` can imitate: their configurations as their config.json files
+//! give them (Qwen3-MoE from the HF configs; the hybrids from `Qwen3NextConfig` /
+//! `Qwen3_5MoeTextConfig` defaults and llama.cpp's qwen35moe type switch).
+
+use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
+
+/// Which real tokenizer a shape ships with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokFamily {
+    /// Qwen3 (151,669 tokens; Qwen3-MoE and Qwen3-Next).
+    Qwen3,
+    /// Qwen3.5 / 3.6 (248,077 tokens).
+    Qwen35,
+}
+
+/// A named model shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub name: &'static str,
+    /// The model it imitates.
+    pub model: &'static str,
+    pub tokenizer: TokFamily,
+    make: fn() -> ModelConfig,
+}
+
+impl Shape {
+    pub fn config(&self) -> ModelConfig {
+        (self.make)()
+    }
+}
+
+pub const SHAPES: [Shape; 6] = [
+    Shape { name: "qwen3-30b-a3b", model: "Qwen3-30B-A3B", tokenizer: TokFamily::Qwen3, make: qwen3_30b },
+    Shape { name: "qwen3-235b-a22b", model: "Qwen3-235B-A22B", tokenizer: TokFamily::Qwen3, make: qwen3_235b },
+    Shape { name: "qwen3-next-80b-a3b", model: "Qwen3-Next-80B-A3B", tokenizer: TokFamily::Qwen3, make: next_80b },
+    Shape { name: "qwen3.5-35b-a3b", model: "Qwen3.5-35B-A3B", tokenizer: TokFamily::Qwen35, make: q35_35b },
+    Shape { name: "qwen3.5-122b-a10b", model: "Qwen3.5-122B-A10B", tokenizer: TokFamily::Qwen35, make: q35_122b },
+    Shape { name: "qwen3.5-397b-a17b", model: "Qwen3.5-397B-A17B", tokenizer: TokFamily::Qwen35, make: q35_397b },
+];
+
+pub fn find(name: &str) -> Result<Shape, String> {
+    SHAPES.iter().find(|s| s.name == name).copied().ok_or_else(|| {
+        let names: Vec<&str> = SHAPES.iter().map(|s| s.name).collect();
+        format!("unknown shape '{name}' (known: {})", names.join(", "))
+    })
+}
+
+/// Qwen3-MoE: every layer MoE, the top-k weights renormalised.
+fn qwen3(hidden: usize, layers: usize, heads: usize, expert_width: usize, dense_width: usize) -> ModelConfig {
+    ModelConfig {
+        arch: Arch::Qwen3Moe,
+        vocab_size: 151_936,
+        hidden_size: hidden,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: 4,
+        head_dim: 128,
+        intermediate_size: dense_width,
+        moe_intermediate_size: expert_width,
+        num_experts: 128,
+        num_experts_per_tok: 8,
+        norm_topk_prob: true,
+        decoder_sparse_step: 1,
+        mlp_only_layers: vec![],
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e6,
+        max_position_embeddings: 40_960,
+        tie_word_embeddings: false,
+        bos_token_id: Some(151_643),
+        eos_token_ids: vec![151_645, 151_643],
+        hybrid: None,
+    }
+}
+
+fn qwen3_30b() -> ModelConfig {
+    qwen3(2048, 48, 32, 768, 6144)
+}
+
+fn qwen3_235b() -> ModelConfig {
+    qwen3(4096, 94, 64, 1536, 12_288)
+}
+
+/// The hybrid layer pattern: full attention every `interval`-th layer, Gated DeltaNet between.
+pub fn layer_types(layers: usize, interval: usize) -> Vec<LayerKind> {
+    (0..layers)
+        .map(|i| if (i + 1) % interval == 0 { LayerKind::FullAttention } else { LayerKind::LinearAttention })
+        .collect()
+}
+
+/// Qwen3-Next / Qwen3.5: attention heads of 256 with 64 rotary dims, GDN heads of 128, a shared
+/// expert as wide as a routed one.
+#[allow(clippy::too_many_arguments)]
+fn hybrid(
+    arch: Arch,
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    value_heads: usize,
+    experts: usize,
+    top_k: usize,
+    expert_width: usize,
+) -> ModelConfig {
+    let (vocab, eos) = match arch {
+        Arch::Qwen35Moe => (248_320, vec![248_046, 248_044]),
+        _ => (151_936, vec![151_645, 151_643]),
+    };
+    ModelConfig {
+        arch,
+        vocab_size: vocab,
+        hidden_size: hidden,
+        num_hidden_layers: layers,
+        num_attention_heads: heads,
+        num_key_value_heads: 2,
+        head_dim: 256,
+        intermediate_size: 0,
+        moe_intermediate_size: expert_width,
+        num_experts: experts,
+        num_experts_per_tok: top_k,
+        norm_topk_prob: true,
+        decoder_sparse_step: 1,
+        mlp_only_layers: vec![],
+        rms_norm_eps: 1e-6,
+        rope_theta: 1e7,
+        max_position_embeddings: 262_144,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        eos_token_ids: eos,
+        hybrid: Some(HybridConfig {
+            layer_types: layer_types(layers, 4),
+            rotary_dim: 64,
+            conv_kernel: 4,
+            key_heads: 16,
+            key_head_dim: 128,
+            value_heads,
+            value_head_dim: 128,
+            shared_expert_intermediate_size: expert_width,
+        }),
+    }
+}
+
+fn next_80b() -> ModelConfig {
+    hybrid(Arch::Qwen3Next, 2048, 48, 16, 32, 512, 10, 512)
+}
+
+fn q35_35b() -> ModelConfig {
+    hybrid(Arch::Qwen35Moe, 2048, 40, 16, 32, 256, 8, 512)
+}
+
+fn q35_122b() -> ModelConfig {
+    hybrid(Arch::Qwen35Moe, 3072, 48, 32, 64, 256, 8, 1024)
+}
+
+fn q35_397b() -> ModelConfig {
+    hybrid(Arch::Qwen35Moe, 4096, 60, 32, 64, 512, 10, 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shape_is_a_valid_config() {
+        for s in SHAPES {
+            s.config().validate().unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        }
+    }
+
+    #[test]
+    fn parameter_counts_match_the_model_names() {
+        // total parameters in billions, from the names (30B, 235B, 80B, 35B, 122B, 397B): the
+        // shapes are right to within the rounding a model name does
+        for (name, billions) in [
+            ("qwen3-30b-a3b", 30.5),
+            ("qwen3-235b-a22b", 235.1),
+            ("qwen3-next-80b-a3b", 79.7),
+            ("qwen3.5-35b-a3b", 34.7),
+            ("qwen3.5-122b-a10b", 122.0),
+            ("qwen3.5-397b-a17b", 396.0),
+        ] {
+            let c = find(name).unwrap().config();
+            let plan = crate::convert::plan::dense_tensors(&c);
+            let dense: usize = plan.iter().map(|t| t.shape.iter().product::<usize>()).sum();
+            let experts = c.moe_layers().len() * c.num_experts * 3 * c.hidden_size * c.moe_intermediate_size;
+            let b = (dense + experts) as f64 / 1e9;
+            assert!((b - billions).abs() / billions < 0.03, "{name}: {b:.1} B parameters");
+        }
+    }
+}

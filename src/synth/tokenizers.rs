@@ -1,0 +1,83 @@
+//! The real tokenizers a synthetic package carries (assets/tokenizers/, see its README):
+//! embedded in the binary by default; a build without the `embedded-tokenizers` feature (the
+//! lean device binary) reads them from `$MOESCOPE_ASSETS` or `./assets`.
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use super::shapes::TokFamily;
+use crate::package::TokenizerInfo;
+
+/// gzip of tokenizer.json, and the chat template source.
+#[cfg(feature = "embedded-tokenizers")]
+fn embedded(f: TokFamily) -> Option<(&'static [u8], &'static str)> {
+    Some(match f {
+        TokFamily::Qwen3 => (include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json.gz"), include_str!("../../assets/tokenizers/qwen3/tokenizer_config.json")),
+        TokFamily::Qwen35 => (include_bytes!("../../assets/tokenizers/qwen3.5/tokenizer.json.gz"), include_str!("../../assets/tokenizers/qwen3.5/chat_template.jinja")),
+    })
+}
+
+#[cfg(not(feature = "embedded-tokenizers"))]
+fn embedded(_: TokFamily) -> Option<(&'static [u8], &'static str)> {
+    None
+}
+
+fn folder(f: TokFamily) -> &'static str {
+    match f {
+        TokFamily::Qwen3 => "qwen3",
+        TokFamily::Qwen35 => "qwen3.5",
+    }
+}
+
+fn template_file(f: TokFamily) -> &'static str {
+    match f {
+        TokFamily::Qwen3 => "tokenizer_config.json",
+        TokFamily::Qwen35 => "chat_template.jinja",
+    }
+}
+
+/// The family's tokenizer as a package embeds it.
+pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
+    let (gz, tmpl): (Vec<u8>, String) = match embedded(f) {
+        Some((gz, t)) => (gz.to_vec(), t.to_string()),
+        None => {
+            let root = std::env::var_os("MOESCOPE_ASSETS").map_or_else(|| PathBuf::from("assets"), PathBuf::from);
+            let dir = root.join("tokenizers").join(folder(f));
+            let read = |name: &str| {
+                let p = dir.join(name);
+                std::fs::read(&p).map_err(|e| {
+                    format!("{}: {e} (this build has no embedded tokenizers: run from the repository, or set MOESCOPE_ASSETS to its assets folder)", p.display())
+                })
+            };
+            let t = read(template_file(f))?;
+            (read("tokenizer.json.gz")?, String::from_utf8_lossy(&t).into_owned())
+        }
+    };
+    let mut json = String::new();
+    flate2::read::GzDecoder::new(&gz[..])
+        .read_to_string(&mut json)
+        .map_err(|e| format!("{} tokenizer: cannot gunzip: {e}", folder(f)))?;
+    let info = match f {
+        TokFamily::Qwen3 => {
+            let v: serde_json::Value =
+                serde_json::from_str(&tmpl).map_err(|e| format!("qwen3 tokenizer_config.json: {e}"))?;
+            let s = |k: &str| v.get(k).and_then(|x| x.as_str()).map(String::from);
+            TokenizerInfo {
+                tokenizer_json: Some(json),
+                chat_template: s("chat_template"),
+                bos_token: None,
+                eos_token: s("eos_token"),
+                pad_token: s("pad_token"),
+            }
+        }
+        // no tokenizer_config.json ships with it: the tokens Qwen3.5's config names
+        TokFamily::Qwen35 => TokenizerInfo {
+            tokenizer_json: Some(json),
+            chat_template: Some(tmpl),
+            bos_token: None,
+            eos_token: Some("<|im_end|>".into()),
+            pad_token: Some("<|endoftext|>".into()),
+        },
+    };
+    Ok(info)
+}
