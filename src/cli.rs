@@ -81,10 +81,13 @@ pub struct PerplexityArgs {
     /// Use only the text's first N tokens.
     #[arg(long, value_name = "N")]
     pub tokens: Option<usize>,
-    /// Stream the model's experts through a pool of this many MiB (default: as for `run`,
-    /// no pool when the package fits in half the memory).
-    #[arg(long, value_name = "MiB")]
-    pub cache_mb: Option<f64>,
+    /// Stream the model's experts through a pool of this many MiB, or `auto` (default: as for
+    /// `run`).
+    #[arg(long, value_name = "MiB|auto")]
+    pub cache_mb: Option<String>,
+    /// Run a --cache-mb whose memory plan exceeds what the process may use (else refused).
+    #[arg(long)]
+    pub force: bool,
     /// Eviction policy of the pool: foresight, least-stale, lru.
     #[arg(long, default_value = "foresight")]
     pub policy: String,
@@ -173,10 +176,13 @@ pub struct RunArgs {
     /// Quantization when -m is a HuggingFace directory: bf16, q8, q4, q4g32.
     #[arg(long, default_value = "q4")]
     pub quant: String,
-    /// Size of the expert pool in MiB (default: no pool when the package fits in half of the
-    /// available memory, experts read through the mapping; else half of the available memory).
-    #[arg(long, value_name = "MiB")]
-    pub cache_mb: Option<f64>,
+    /// Size of the expert pool in MiB, or `auto`: the memory the process may use (its cgroup's
+    /// limit, else MemAvailable) less the dense weights, KV cache, buffers and headroom, with a
+    /// shorter context when the default leaves no useful pool; re-checked between replies.
+    /// Default: no pool when the package fits in half of that memory (experts copied with the
+    /// dense weights), else auto. A size whose memory plan does not fit is refused (--force).
+    #[arg(long, value_name = "MiB|auto")]
+    pub cache_mb: Option<String>,
     /// Prefetch predicted experts: on or off.
     #[arg(long, default_value = "on")]
     pub prefetch: String,
@@ -202,6 +208,10 @@ pub struct ExpertArgs {
     /// Do not verify each expert read against its checksum.
     #[arg(long)]
     pub no_verify_experts: bool,
+    /// Run a --cache-mb whose memory plan exceeds what the process may use, with a warning
+    /// (else it is refused before loading, naming the largest pool that fits).
+    #[arg(long)]
+    pub force: bool,
     /// Do not stream: read experts through the package's memory mapping (all of them resident
     /// once touched, as a model that fits in RAM; for comparisons).
     #[arg(long)]
@@ -336,7 +346,7 @@ pub struct BenchArgs {
     /// Quantization when -m is a HuggingFace directory.
     #[arg(long, default_value = "q4")]
     pub quant: String,
-    /// Expert pool sizes in MiB (comma list; default as for `run`).
+    /// Expert pool sizes in MiB or `auto` (comma list; default as for `run`).
     #[arg(long, value_name = "MiB,...")]
     pub cache_mb: Option<String>,
     /// Prefetch settings to measure (comma list of on/off).

@@ -32,6 +32,8 @@ fn engine(pkg: &Path, slots: u64, tol: Option<f32>) -> Engine {
         io_workers: 2,
         io: Some(IoMode::Direct),
         verify: true,
+        auto: false,
+        force: false,
     };
     let mut eng = Engine::load(pkg, o(Some(stream))).unwrap();
     eng.model.set_cache_aware_routing(tol).unwrap();

@@ -54,6 +54,8 @@ fn the_predictor_scores_as_transformers_one_and_two_layers_ahead() {
         io_workers: 2,
         io: Some(IoMode::Buffered),
         verify: true,
+        auto: false,
+        force: false,
     };
     let mut eng =
         Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream: Some(stream) })

@@ -174,6 +174,8 @@ fn replayed_logits_are_bit_identical_streamed_with_prefetch_on_and_off() {
                     io_workers: 2,
                     io: Some(IoMode::Direct),
                     verify: true,
+                    auto: false,
+                    force: false,
                 };
                 let mut eng = engine(&pkg, Some(s), Some(&trace));
                 let (got, _) = run(&mut eng, &prompt, &forced, 12);
@@ -253,6 +255,8 @@ fn predictor_stats_of(seed: u64, reshape: impl FnOnce(&mut [Vec<Route>])) -> moe
         io_workers: 2,
         io: Some(IoMode::Direct),
         verify: true,
+        auto: false,
+        force: false,
     };
     let mut eng = engine(&pkg, Some(s), Some(&trace));
     // every prediction made and scored, however loaded the cores are

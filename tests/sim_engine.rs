@@ -29,6 +29,8 @@ fn sim_counts_the_engines_hits_and_misses_exactly_with_prefetch_off() {
                 io_workers: 2,
                 io: Some(IoMode::Direct),
                 verify: true,
+                auto: false,
+                force: false,
             };
             let opts = EngineOptions { threads: 2, ctx_size: Some(128), isa: Isa::detect(), stream: Some(stream) };
             let mut eng = Engine::load(&pkg, opts).expect("load");

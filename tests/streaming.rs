@@ -29,7 +29,16 @@ fn run(eng: &mut Engine, prompt: &[u32], forced: &[u32]) -> Result<Vec<f32>, Eng
 }
 
 fn stream(budget: u64, prefetch: bool, policy: PolicyKind, io: IoMode) -> StreamConfig {
-    StreamConfig { budget_bytes: Some(budget), policy, prefetch, io_workers: 2, io: Some(io), verify: true }
+    StreamConfig {
+        budget_bytes: Some(budget),
+        policy,
+        prefetch,
+        io_workers: 2,
+        io: Some(io),
+        verify: true,
+        auto: false,
+        force: false,
+    }
 }
 
 #[test]

@@ -74,29 +74,37 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     }
     let ctx = prompts.iter().chain(&gens).copied().max().unwrap_or(1) + depths.iter().copied().max().unwrap_or(0) + 1;
 
-    let budgets_mib: Vec<Option<f64>> = match &a.cache_mb {
-        Some(l) => l
-            .split(',')
-            .map(|x| match x.trim().parse::<f64>() {
-                Ok(v) if v > 0.0 => Ok(Some(v)),
-                _ => bail!("--cache-mb: '{x}' is not a positive number of MiB"),
-            })
-            .collect::<Result<_>>()?,
+    let budgets_mib: Vec<Option<run::CacheMb>> = match &a.cache_mb {
+        Some(l) => l.split(',').map(|x| run::parse_cache_mb(x).map(Some)).collect::<Result<_>>()?,
         None => vec![None],
     };
     let prefetches: Vec<bool> =
         a.prefetch.split(',').map(|x| run::parse_on_off("--prefetch", x.trim())).collect::<Result<_>>()?;
     let path = model_arg::resolve(a.model.as_deref(), &a.quant)?;
     let trace = trace_out::begin(&a.trace);
-    // the pool starts at the smallest budget, which also decides O_DIRECT by default
-    let smallest =
-        budgets_mib.iter().flatten().copied().fold(None, |m: Option<f64>, b| Some(m.map_or(b, |m| m.min(b))));
-    let stream = run::stream_config(&a.experts, smallest, prefetches[0])?;
+    // the pool starts at the smallest budget, which also decides O_DIRECT by default (auto
+    // when the list has no number)
+    let smallest = budgets_mib
+        .iter()
+        .filter_map(|b| match b {
+            Some(run::CacheMb::Mib(m)) => Some(*m),
+            _ => None,
+        })
+        .fold(None, |m: Option<f64>, b| Some(m.map_or(b, |m| m.min(b))));
+    let first = match (smallest, budgets_mib.contains(&Some(run::CacheMb::Auto))) {
+        (Some(m), _) => Some(m.to_string()),
+        (None, true) => Some("auto".to_string()),
+        (None, false) => None,
+    };
+    let stream = run::stream_config(&a.experts, first.as_deref(), prefetches[0])?;
     let stream = (!a.experts.no_stream).then_some(stream);
     let opts = EngineOptions { threads: threads[0], ctx_size: Some(ctx), isa: isa_from_env()?, stream };
     let mut engine = Engine::load(&path, opts)?;
     for w in &engine.warnings {
         eprintln!("warning: {w}");
+    }
+    if let Some(s) = &engine.sizing {
+        eprintln!("moescope bench: memory: {s}");
     }
     // the experts' checksums are checked in the background after loading: not in any test
     let waited = engine.wait_experts_verified();
@@ -174,7 +182,17 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             if probing && disk_probing { Some(probe_disk(&engine, a.experts.io_workers, "")?) } else { None };
         let mut held = Vec::new();
         for budget in &budgets_mib {
-            let budget_bytes = budget.map_or(default_budget, |m| (m * (1u64 << 20) as f64) as u64);
+            let budget_bytes = match budget {
+                None => default_budget,
+                Some(run::CacheMb::Auto) => engine.auto_pool_bytes().unwrap_or(default_budget),
+                Some(run::CacheMb::Mib(m)) => {
+                    let b = (m * (1u64 << 20) as f64) as u64;
+                    if let Some(w) = engine.check_pool(b, a.experts.force).map_err(anyhow::Error::msg)? {
+                        eprintln!("warning: {w}");
+                    }
+                    b
+                }
+            };
             for &prefetch in &prefetches {
                 if let Some(ex) = &engine.experts {
                     ex.cache.set_budget(budget_bytes);
@@ -273,7 +291,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             "threads": threads,
             "isa": engine.exec.isa.name(),
             "settings": {"n_prompt": prompts, "n_gen": gens, "n_depth": depths, "repetitions": a.repetitions, "warmup": a.warmup,
-                         "cache_mib": budgets_mib, "prefetch": prefetches, "cold": cold},
+                         "cache_mib": a.cache_mb, "prefetch": prefetches, "cold": cold},
         }))?;
     }
     Ok(())

@@ -58,7 +58,10 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     let mb = |b: u64| format!("{:.2} MB", b as f64 / 1e6);
     println!("{}  ({}, format v{}, {})", a.file.display(), m.name, pkg.header.version, mb(pkg.file_size()));
     if let Some(s) = &m.synthetic {
-        println!("SYNTHETIC     shape {}, seed {}: {} (the text is noise; sizes and speed are real)", s.shape, s.seed, s.weights);
+        println!(
+            "SYNTHETIC     shape {}, seed {}: {} (the text is noise; sizes and speed are real)",
+            s.shape, s.seed, s.weights
+        );
     }
     println!(
         "architecture  {} ({}), {} layers ({} MoE), hidden {}, vocab {}",

@@ -90,11 +90,20 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
         prefetch: run::parse_on_off("--prefetch", &a.prefetch)?,
         ..StreamConfig::default()
     };
-    if a.cache_mb.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
-        bail!("--cache-mb must be a positive number of MiB");
-    }
-    let stream = StreamConfig { budget_bytes: a.cache_mb.map(|mb| (mb * (1u64 << 20) as f64) as u64), ..stream };
+    let cache = a.cache_mb.as_deref().map(run::parse_cache_mb).transpose()?;
+    let stream = StreamConfig {
+        budget_bytes: match cache {
+            Some(run::CacheMb::Mib(mb)) => Some((mb * (1u64 << 20) as f64) as u64),
+            _ => None,
+        },
+        auto: cache == Some(run::CacheMb::Auto),
+        force: a.force,
+        ..stream
+    };
     let mut eng = Engine::load(&path, opts(Some(stream))?).with_context(|| format!("loading {}", path.display()))?;
+    if let Some(s) = &eng.sizing {
+        eprintln!("moescope perplexity: memory: {s}");
+    }
     if let Some(line) = experts_report::start_cache_aware(&mut eng, a.aware.cache_aware_routing)? {
         eprintln!("moescope perplexity: {line}");
     }

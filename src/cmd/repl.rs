@@ -68,6 +68,9 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
         };
         let _ = writeln!(out);
         drop(out);
+        if let Some(n) = engine.resize_auto_pool() {
+            eprintln!("moescope: {n}");
+        }
         match res {
             Ok(turn) => eprintln!("{}", stats_line(&turn.stats, cfg.sampler.seed)),
             Err(e @ (EngineError::PromptTooLong { .. } | EngineError::Template(_))) => {

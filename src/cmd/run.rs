@@ -49,11 +49,26 @@ pub fn parse_on_off(flag: &str, v: &str) -> Result<bool> {
     }
 }
 
-/// The streaming settings from the command line.
-pub fn stream_config(e: &ExpertArgs, cache_mb: Option<f64>, prefetch: bool) -> Result<StreamConfig> {
-    if cache_mb.is_some_and(|m| !(m > 0.0 && m.is_finite())) {
-        bail!("--cache-mb must be a positive number of MiB");
+/// `--cache-mb`: a number of MiB or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum CacheMb {
+    Auto,
+    Mib(f64),
+}
+
+pub fn parse_cache_mb(v: &str) -> Result<CacheMb> {
+    match v.trim() {
+        "auto" => Ok(CacheMb::Auto),
+        x => match x.parse::<f64>() {
+            Ok(m) if m > 0.0 && m.is_finite() => Ok(CacheMb::Mib(m)),
+            _ => bail!("--cache-mb: '{x}' is not a positive number of MiB or auto"),
+        },
     }
+}
+
+/// The streaming settings from the command line.
+pub fn stream_config(e: &ExpertArgs, cache_mb: Option<&str>, prefetch: bool) -> Result<StreamConfig> {
+    let cache = cache_mb.map(parse_cache_mb).transpose()?;
     if e.io_workers == 0 {
         bail!("--io-workers must be at least 1");
     }
@@ -64,7 +79,12 @@ pub fn stream_config(e: &ExpertArgs, cache_mb: Option<f64>, prefetch: bool) -> R
         Some(o) => bail!("--io: '{o}' (expected direct or buffered)"),
     };
     Ok(StreamConfig {
-        budget_bytes: cache_mb.map(|mb| (mb * (1u64 << 20) as f64) as u64),
+        budget_bytes: match cache {
+            Some(CacheMb::Mib(mb)) => Some((mb * (1u64 << 20) as f64) as u64),
+            _ => None,
+        },
+        auto: cache == Some(CacheMb::Auto),
+        force: e.force,
         policy: PolicyKind::parse(&e.policy).map_err(anyhow::Error::msg)?,
         prefetch,
         io_workers: e.io_workers,
@@ -144,7 +164,7 @@ impl RunConfig {
                 stream: if a.experts.no_stream {
                     None
                 } else {
-                    Some(stream_config(&a.experts, a.cache_mb, parse_on_off("--prefetch", &a.prefetch)?)?)
+                    Some(stream_config(&a.experts, a.cache_mb.as_deref(), parse_on_off("--prefetch", &a.prefetch)?)?)
                 },
             },
             json: a.json,
@@ -159,6 +179,9 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let mut engine = Engine::load(&cfg.model, cfg.engine)?;
     for w in &engine.warnings {
         eprintln!("warning: {w}");
+    }
+    if let Some(s) = &engine.sizing {
+        eprintln!("moescope: memory: {s}");
     }
     if let Some(line) = experts_report::start_route_replay(&mut engine, a.experts.route_from.as_deref())? {
         eprintln!("moescope: {line}");

@@ -5,6 +5,7 @@
 pub mod chat_template;
 pub mod sampler;
 pub mod session;
+pub mod sizing;
 pub mod tokenizer;
 
 use std::path::Path;
@@ -78,6 +79,10 @@ pub struct Engine {
     pub experts: Option<Arc<Experts>>,
     /// Said once at load (an O_DIRECT fallback, say).
     pub warnings: Vec<String>,
+    /// How `auto` sized the pool (and the context), in one line; None when it did not.
+    pub sizing: Option<String>,
+    /// The pool is auto-sized: [`Engine::resize_auto_pool`] re-checks it between replies.
+    auto_pool: bool,
     /// Resident bytes of everything but weights and buffers, measured at load.
     runtime_bytes: u64,
     pub exec: Exec,
@@ -211,8 +216,10 @@ impl Engine {
         // there is no pool and experts are read through the mapping (nothing would ever be
         // evicted, and the first tokens would wait on O_DIRECT reads), unless the package asks
         // for a pool of its own (the demo).
-        let fits = pkg.file_size() <= crate::sysinfo::available_memory_bytes() / 2;
+        let allowance = sizing::allowance();
+        let fits = pkg.file_size() <= allowance.bytes / 2;
         let mut opts = opts;
+        let (sizing_line, auto_pool) = plan_memory(&pkg, &mut opts, &allowance, fits, &mut warnings)?;
         // the experts served from memory, copied with the dense weights (not with --no-stream,
         // which reads them through the mapping)
         let mut experts_in_memory = false;
@@ -287,6 +294,8 @@ impl Engine {
             model,
             experts,
             warnings,
+            sizing: sizing_line,
+            auto_pool,
             runtime_bytes,
             exec,
             kv,
@@ -296,6 +305,41 @@ impl Engine {
             template,
             verifier,
         })
+    }
+
+    /// The pool `auto` would size now, from the memory the process may use and the plan's
+    /// measured parts at this context (None without streamed experts).
+    pub fn auto_pool_bytes(&self) -> Option<u64> {
+        let ex = self.experts.as_ref()?;
+        let plan = self.memory_plan();
+        let fixed = |_: usize| plan.total - plan.experts;
+        let pool = sizing::largest_pool(&fixed, self.kv.capacity(), &sizing::allowance(), self.package().sizes().blob);
+        Some(pool.min(ex.total_bytes))
+    }
+
+    /// Check a pool of `bytes` against the memory the process may use, as at load: Err when its
+    /// plan does not fit (unless `force`, which gives a warning instead).
+    pub fn check_pool(&self, bytes: u64, force: bool) -> Result<Option<String>, String> {
+        let plan = self.memory_plan();
+        let fixed = |_: usize| plan.total - plan.experts;
+        let blob = self.package().sizes().blob;
+        sizing::check_explicit(&fixed, self.kv.capacity(), bytes, &sizing::allowance(), blob, force)
+    }
+
+    /// Between replies: size an `auto` pool again from the memory the process may use now
+    /// (MemAvailable moves with other programs; a cgroup's limit may be changed), growing or
+    /// shrinking it when that moves it by more than 5%. Outputs never depend on the pool. Returns
+    /// what changed, in words.
+    pub fn resize_auto_pool(&self) -> Option<String> {
+        let ex = self.experts.as_ref().filter(|_| self.auto_pool)?;
+        let pool = self.auto_pool_bytes()?;
+        let now = ex.cache.budget_bytes();
+        let min = self.package().sizes().blob * self.model.cfg.num_experts_per_tok as u64;
+        if pool < min || (pool as f64 - now as f64).abs() <= 0.05 * now as f64 {
+            return None;
+        }
+        ex.cache.set_budget(pool);
+        Some(format!("expert pool {} -> {} MiB (auto, re-checked after the reply)", now >> 20, pool >> 20))
     }
 
     /// What the engine expects to use: dense weights, the expert pool, the KV cache at full
@@ -531,4 +575,47 @@ impl Engine {
 
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// Before anything is loaded: check an explicit pool against the memory the process may use
+/// (refused unless `--force`), or size an `auto` one (the default when the package does not fit
+/// in half of it), choosing a shorter context when the default would leave no useful pool.
+/// Returns the auto sizing's line and whether the pool is auto-sized.
+fn plan_memory(
+    pkg: &Package,
+    opts: &mut EngineOptions,
+    a: &sizing::Allowance,
+    fits: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(Option<String>, bool), EngineError> {
+    let Some(sc) = opts.stream.as_mut() else { return Ok((None, false)) };
+    let Some(ex) = pkg.meta.experts.as_ref() else { return Ok((None, false)) };
+    let cfg = &pkg.meta.model;
+    let sizes = pkg.sizes();
+    // code, tokenizer and metadata: ~10x the metadata's JSON (measured: 179 MiB for the Qwen3
+    // tokenizer's 12 MB), measured again after load for the plan `memory_plan` reports
+    let runtime = (64 << 20) + 10 * pkg.header.meta_len;
+    let buffers = RunState::new(cfg, PREFILL_CHUNK).bytes() + 4 * cfg.vocab_size as u64;
+    let fixed = |ctx: usize| sizes.dense + KvCache::bytes_at_capacity(cfg, ctx) + buffers + runtime;
+    let default_ctx = cfg.max_position_embeddings.min(8192);
+    let ctx = opts.ctx_size.unwrap_or(default_ctx);
+    let useful = (ex.layers.len() * cfg.num_experts_per_tok) as u64;
+    match sc.budget_bytes {
+        Some(b) => {
+            if let Some(w) =
+                sizing::check_explicit(&fixed, ctx, b, a, sizes.blob, sc.force).map_err(EngineError::Setup)?
+            {
+                warnings.push(w);
+            }
+            Ok((None, false))
+        }
+        None if sc.auto || (!fits && pkg.meta.default_pool_fraction.is_none()) => {
+            let s = sizing::auto(&fixed, opts.ctx_size, default_ctx, a, sizes.blob, useful, sizes.experts)
+                .map_err(EngineError::Setup)?;
+            sc.budget_bytes = Some(s.pool_bytes);
+            opts.ctx_size = Some(s.ctx);
+            Ok((Some(s.line), true))
+        }
+        None => Ok((None, false)),
+    }
 }

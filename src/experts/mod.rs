@@ -27,9 +27,15 @@ use crate::package::{Package, PackageError, TensorId};
 /// How experts are streamed.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamConfig {
-    /// Pool size; None = every expert if that fits in half of the available memory, else half
-    /// of the available memory.
+    /// Pool size; None = no pool when the package fits in half of the memory the process may
+    /// use (experts copied with the dense weights), else the pool `auto` sizes
+    /// (`engine::sizing`).
     pub budget_bytes: Option<u64>,
+    /// `--cache-mb auto`: a pool sized from the memory allowance even when the package fits.
+    pub auto: bool,
+    /// Run an explicit budget whose memory plan exceeds the allowance (with a warning) instead
+    /// of refusing it.
+    pub force: bool,
     pub policy: PolicyKind,
     pub prefetch: bool,
     pub io_workers: usize,
@@ -47,6 +53,8 @@ impl Default for StreamConfig {
             io_workers: DEFAULT_IO_WORKERS,
             io: None,
             verify: true,
+            auto: false,
+            force: false,
         }
     }
 }

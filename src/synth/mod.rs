@@ -43,10 +43,7 @@ impl SynthSpec {
         }
         if let Some(e) = self.experts {
             if e < c.num_experts_per_tok {
-                return Err(format!(
-                    "--experts {e}: fewer than the {} experts each token uses",
-                    c.num_experts_per_tok
-                ));
+                return Err(format!("--experts {e}: fewer than the {} experts each token uses", c.num_experts_per_tok));
             }
             c.num_experts = e;
         }
@@ -109,11 +106,7 @@ pub fn synthesize(
     let origin = Origin {
         name: &name,
         ignored: vec![],
-        synthetic: Some(Synthetic {
-            shape: spec.shape.name.into(),
-            seed: spec.seed,
-            weights: weights::description(),
-        }),
+        synthetic: Some(Synthetic { shape: spec.shape.name.into(), seed: spec.seed, weights: weights::description() }),
     };
     let opts = ConvertOptions { progress, cancel, verb: "synthesizing", ..ConvertOptions::new(spec.quant) };
     let src = weights::SynthSource::new(&cfg, spec.seed);

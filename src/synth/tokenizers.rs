@@ -12,8 +12,14 @@ use crate::package::TokenizerInfo;
 #[cfg(feature = "embedded-tokenizers")]
 fn embedded(f: TokFamily) -> Option<(&'static [u8], &'static str)> {
     Some(match f {
-        TokFamily::Qwen3 => (include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json.gz"), include_str!("../../assets/tokenizers/qwen3/tokenizer_config.json")),
-        TokFamily::Qwen35 => (include_bytes!("../../assets/tokenizers/qwen3.5/tokenizer.json.gz"), include_str!("../../assets/tokenizers/qwen3.5/chat_template.jinja")),
+        TokFamily::Qwen3 => (
+            include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json.gz"),
+            include_str!("../../assets/tokenizers/qwen3/tokenizer_config.json"),
+        ),
+        TokFamily::Qwen35 => (
+            include_bytes!("../../assets/tokenizers/qwen3.5/tokenizer.json.gz"),
+            include_str!("../../assets/tokenizers/qwen3.5/chat_template.jinja"),
+        ),
     })
 }
 

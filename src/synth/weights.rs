@@ -229,7 +229,8 @@ impl TensorSource for SynthSource {
 fn normal_cdf(z: f64) -> f64 {
     let x = z.abs() / std::f64::consts::SQRT_2;
     let t = 1.0 / (1.0 + 0.327_591_1 * x);
-    let poly = t * (0.254_829_592 + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    let poly =
+        t * (0.254_829_592 + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
     let erf = 1.0 - poly * (-x * x).exp();
     if z >= 0.0 { 0.5 * (1.0 + erf) } else { 0.5 * (1.0 - erf) }
 }
@@ -244,7 +245,8 @@ pub fn code_table(std: f64, lo: i32, hi: i32) -> [i32; 256] {
     };
     // largest remainder, so the counts sum to 256 exactly
     let exact: Vec<(i32, f64)> = (lo..=hi).map(|q| (q, mass(q) * 256.0)).collect();
-    let mut counts: Vec<(i32, usize, f64)> = exact.iter().map(|&(q, m)| (q, m.floor() as usize, m - m.floor())).collect();
+    let mut counts: Vec<(i32, usize, f64)> =
+        exact.iter().map(|&(q, m)| (q, m.floor() as usize, m - m.floor())).collect();
     let short = 256 - counts.iter().map(|c| c.1).sum::<usize>();
     let mut by_rest: Vec<usize> = (0..counts.len()).collect();
     by_rest.sort_by(|&a, &b| counts[b].2.total_cmp(&counts[a].2).then(a.cmp(&b)));

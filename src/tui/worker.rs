@@ -156,7 +156,7 @@ pub fn model_info(engine: &Engine) -> ModelInfo {
         isa: engine.exec.isa.name().into(),
         io: engine.experts.as_ref().map_or("mapped".into(), |e| e.io.name().into()),
         has_template: engine.template.is_some(),
-        warnings: engine.warnings.clone(),
+        warnings: engine.sizing.iter().map(|s| format!("memory: {s}")).chain(engine.warnings.iter().cloned()).collect(),
         knobs: knobs(engine),
         steering: match (engine.model.route_replay(), engine.model.cache_aware_routing()) {
             (Some(r), _) => {
@@ -240,6 +240,10 @@ fn run(loaded: &mut Loaded, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
                 last_user = Some(text.clone());
                 let mut ctx = Reply { engine, session: &mut session, sampler: &mut sampler, data: &data };
                 ctx.reply(&settings, &text, &mut obs, &send, cancel);
+                if let Some(n) = engine.resize_auto_pool() {
+                    send(EngineEvent::Notice(n));
+                    send(EngineEvent::Knobs(knobs(engine)));
+                }
             }
         }
     }

@@ -1,0 +1,254 @@
+//! How much memory a run may use, and how it is split before anything is loaded: the dense
+//! weights, the KV cache (and a hybrid's recurrent state) at the context, the forward pass's
+//! buffers and the runtime are fixed; the expert pool gets what is left less headroom for the page
+//! cache and the kernel. An explicit pool that does not fit is refused with the largest that
+//! does (the kernel's OOM killer gives no message at all); `auto` picks that largest pool, and a
+//! shorter context when the default one would leave no useful pool.
+
+use std::path::{Path, PathBuf};
+
+/// What the process may use, and where the figure comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Allowance {
+    pub bytes: u64,
+    /// In words: "the memory cgroup's limit (/sys/fs/cgroup/memory/x)" or "MemAvailable".
+    pub source: String,
+    /// A cgroup limit counts the page cache (its share of the package's reads) as this
+    /// process's; MemAvailable already leaves it out.
+    pub cgroup: bool,
+}
+
+/// The cgroup directory that limits this process: `$MOESCOPE_CGROUP_DIR` when set (tests point
+/// it at a folder holding a limit file), else the memory controller's (v1) or the unified
+/// hierarchy's (v2) entry of /proc/self/cgroup.
+fn cgroup_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("MOESCOPE_CGROUP_DIR") {
+        return Some(PathBuf::from(d));
+    }
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mut v2 = None;
+    for line in cg.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if ctrl.split(',').any(|c| c == "memory") {
+            return Some(PathBuf::from(format!("/sys/fs/cgroup/memory{path}")));
+        }
+        if ctrl.is_empty() {
+            v2 = Some(PathBuf::from(format!("/sys/fs/cgroup{path}")));
+        }
+    }
+    v2
+}
+
+/// The limit set on cgroup `dir` (v1 `memory.limit_in_bytes` or v2 `memory.max`), None when
+/// unlimited or unreadable.
+pub fn cgroup_limit(dir: &Path) -> Option<u64> {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().map(|s| s.trim().to_string());
+    let v = read("memory.max").or_else(|| read("memory.limit_in_bytes"))?;
+    // v2 says "max"; v1's "no limit" is a huge number
+    v.parse::<u64>().ok().filter(|&b| b < (1 << 60))
+}
+
+/// What this process may use now.
+pub fn allowance() -> Allowance {
+    if let Some(dir) = cgroup_dir()
+        && let Some(limit) = cgroup_limit(&dir)
+    {
+        return Allowance {
+            bytes: limit,
+            source: format!("the memory cgroup's limit ({})", dir.display()),
+            cgroup: true,
+        };
+    }
+    // what is free now, plus what this process already holds
+    let avail = crate::sysinfo::available_memory_bytes() + crate::sysinfo::current_rss_bytes();
+    Allowance { bytes: avail, source: "MemAvailable".into(), cgroup: false }
+}
+
+/// Memory kept free of the plan: the page cache's share (a cgroup charges the pages the
+/// process's reads cache) and the kernel's, 4% and at least 256 MiB.
+pub fn headroom(a: &Allowance) -> u64 {
+    (a.bytes / 25).max(256 << 20)
+}
+
+/// The parts of the plan that do not depend on the pool, at a context of `ctx` positions.
+pub trait FixedCost {
+    fn fixed(&self, ctx: usize) -> u64;
+}
+
+impl<F: Fn(usize) -> u64> FixedCost for F {
+    fn fixed(&self, ctx: usize) -> u64 {
+        self(ctx)
+    }
+}
+
+/// The pool and context chosen, and why, in one line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sizing {
+    pub pool_bytes: u64,
+    pub ctx: usize,
+    pub line: String,
+}
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// Whole MiB, rounded down (a pool named as fitting must fit when asked for).
+fn mib(b: u64) -> String {
+    format!("{} MiB", b >> 20)
+}
+
+/// The shortest context `auto` goes down to.
+pub const MIN_AUTO_CTX: usize = 2048;
+
+/// The largest pool that fits beside `fixed` at `ctx`, in whole blobs (0 if none fits).
+pub fn largest_pool(fixed: &dyn FixedCost, ctx: usize, a: &Allowance, blob: u64) -> u64 {
+    let room = a.bytes.saturating_sub(fixed.fixed(ctx) + headroom(a));
+    room / blob.max(1) * blob
+}
+
+/// `--cache-mb auto`: the largest pool that fits, at most all experts (`all`). With no context
+/// asked for (`ctx` None), the default `default_ctx` is halved, down to [`MIN_AUTO_CTX`], while the
+/// pool would hold fewer than `useful` blobs (one token's routes: layers x top-k).
+pub fn auto(
+    fixed: &dyn FixedCost,
+    ctx: Option<usize>,
+    default_ctx: usize,
+    a: &Allowance,
+    blob: u64,
+    useful: u64,
+    all: u64,
+) -> Result<Sizing, String> {
+    let mut c = ctx.unwrap_or(default_ctx);
+    let mut pool = largest_pool(fixed, c, a, blob);
+    let mut shortened = false;
+    while ctx.is_none() && pool < useful * blob && c / 2 >= MIN_AUTO_CTX {
+        c /= 2;
+        pool = largest_pool(fixed, c, a, blob);
+        shortened = true;
+    }
+    let pool = pool.min(all.div_ceil(blob) * blob);
+    let rest = fixed.fixed(c);
+    if pool < blob * useful.min(8).max(1) {
+        return Err(format!(
+            "--cache-mb auto: {} may use {}, and the dense weights, KV at context {c}, buffers and runtime take {} plus {} headroom: no room for an expert pool (raise the limit, or lower --ctx-size)",
+            a.source,
+            mib(a.bytes),
+            mib(rest),
+            mib(headroom(a))
+        ));
+    }
+    let line = format!(
+        "pool {} ({:.0}% of the experts) = {} from {} less {} for dense weights, KV, buffers and runtime at context {c}{} less {} headroom",
+        mib(pool),
+        100.0 * pool as f64 / all.max(1) as f64,
+        mib(a.bytes),
+        a.source,
+        mib(rest),
+        if shortened {
+            format!(" (shortened from {default_ctx} so the pool holds a token's {useful} experts)")
+        } else {
+            String::new()
+        },
+        mib(headroom(a)),
+    );
+    Ok(Sizing { pool_bytes: pool, ctx: c, line })
+}
+
+/// An explicit pool of `pool` bytes: refused (unless `force`) when the plan exceeds the
+/// allowance; with `force`, a warning.
+pub fn check_explicit(
+    fixed: &dyn FixedCost,
+    ctx: usize,
+    pool: u64,
+    a: &Allowance,
+    blob: u64,
+    force: bool,
+) -> Result<Option<String>, String> {
+    let plan = fixed.fixed(ctx) + pool + headroom(a);
+    if plan <= a.bytes {
+        return Ok(None);
+    }
+    let fits = largest_pool(fixed, ctx, a, blob);
+    let msg = format!(
+        "--cache-mb {:.0}: the memory plan ({} pool + {} dense+KV+buffers+runtime at context {ctx} + {} headroom = {}) exceeds the {} that {} allows; the largest pool that fits is {} ({})",
+        pool as f64 / MIB,
+        mib(pool),
+        mib(fixed.fixed(ctx)),
+        mib(headroom(a)),
+        mib(plan),
+        mib(a.bytes),
+        a.source,
+        mib(fits),
+        if fits > 0 { "or --cache-mb auto" } else { "lower --ctx-size" },
+    );
+    if force {
+        Ok(Some(format!("{msg}; running anyway (--force)")))
+    } else {
+        Err(format!("{msg}; --force runs it anyway"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn cap(bytes: u64) -> Allowance {
+        Allowance { bytes, source: "test".into(), cgroup: true }
+    }
+
+    #[test]
+    fn auto_takes_what_is_left_and_shortens_the_context_only_when_it_must() {
+        let blob = 3 << 20;
+        // 1 GiB fixed + 1 MiB per 16 positions of context
+        let fixed = |ctx: usize| GIB + (ctx as u64) * (1 << 16);
+        let all = 6144 * blob;
+        // 8 GiB: 8192 positions cost 512 MiB; 8 GiB - 1.5 GiB - 327 MiB headroom
+        let s = auto(&fixed, None, 8192, &cap(8 * GIB), blob, 384, all).unwrap();
+        assert_eq!(s.ctx, 8192);
+        let want = (8 * GIB - GIB - 512 * (1 << 20) - 8 * GIB / 25) / blob * blob;
+        assert_eq!(s.pool_bytes, want);
+        // 2.5 GiB: at 8192 the pool would hold 213 blobs < 384, so the context halves to 4096
+        // (pool 298 blobs < 384) and 2048 (341 < 384), and stops there
+        let s = auto(&fixed, None, 8192, &cap(5 * GIB / 2), blob, 384, all).unwrap();
+        assert_eq!(s.ctx, 2048);
+        assert!(s.line.contains("shortened from 8192"), "{}", s.line);
+        // an explicit context is kept
+        let s = auto(&fixed, Some(8192), 8192, &cap(5 * GIB / 2), blob, 384, all).unwrap();
+        assert_eq!(s.ctx, 8192);
+        // never more than all experts
+        let s = auto(&fixed, None, 8192, &cap(100 * GIB), blob, 384, all).unwrap();
+        assert_eq!(s.pool_bytes, all);
+        // nothing left
+        assert!(auto(&fixed, None, 8192, &cap(GIB), blob, 384, all).is_err());
+    }
+
+    #[test]
+    fn explicit_pools_past_the_allowance_are_refused_with_the_largest_that_fits() {
+        let blob = 1 << 20;
+        let fixed = |_: usize| GIB;
+        let a = cap(4 * GIB);
+        // 4 GiB - 1 GiB - 256 MiB headroom = 2816 MiB
+        assert_eq!(check_explicit(&fixed, 4096, 2816 << 20, &a, blob, false), Ok(None));
+        let e = check_explicit(&fixed, 4096, 2817 << 20, &a, blob, false).unwrap_err();
+        assert!(e.contains("largest pool that fits is 2816 MiB") && e.contains("--force"), "{e}");
+        let w = check_explicit(&fixed, 4096, 3000 << 20, &a, blob, true).unwrap();
+        assert!(w.is_some_and(|w| w.contains("running anyway")));
+    }
+
+    #[test]
+    fn cgroup_limits_are_read_from_either_version() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(cgroup_limit(d.path()), None);
+        std::fs::write(d.path().join("memory.limit_in_bytes"), "4294967296\n").unwrap();
+        assert_eq!(cgroup_limit(d.path()), Some(4 * GIB));
+        // v1 without a limit
+        std::fs::write(d.path().join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        assert_eq!(cgroup_limit(d.path()), None);
+        std::fs::write(d.path().join("memory.max"), "max\n").unwrap();
+        assert_eq!(cgroup_limit(d.path()), None);
+        std::fs::write(d.path().join("memory.max"), "1073741824\n").unwrap();
+        assert_eq!(cgroup_limit(d.path()), Some(GIB));
+    }
+}

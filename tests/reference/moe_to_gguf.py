@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""A llama.cpp GGUF holding the same weights as a synthetic Qwen3-MoE package.
+
+usage: moe_to_gguf.py PACKAGE.moe OUT.gguf
+
+For packages `moescope synth --quant q4g32` writes (qwen3_moe architecture). Its int4 matrices
+are llama.cpp's Q4_0 values exactly: codes in [-8, 7] biased by 8, value j of a group of 32 in the
+low nibble of byte j and value j + 16 in the high one, one scale per 32 values, and synth draws
+every scale as an exact f16. So attention and experts become Q4_0 blocks byte for byte (after
+undoing moescope's 4-row interleave), the q8 embedding (group 128, f16-exact scales) becomes
+Q8_0 blocks with each scale repeated over its four 32-blocks, and norms and routers stay F32:
+both engines compute the same layers and route the same tokens the same way. The output layer
+(moescope stores it as its own int6 layout) is written as random valid Q6_K blocks of the same
+scale, as a Q4_0 file made by llama-quantize keeps it in Q6_K: the logits differ, routing
+does not. Every converted tensor is checked (all scales exact in f16) before it is written.
+
+Needs numpy and gguf (gguf-py), e.g. the oracle venv.
+"""
+import json
+import struct
+import sys
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as T
+
+HEADER = 4096
+
+
+def read_package(path):
+    with open(path, "rb") as f:
+        head = f.read(HEADER)
+    if head[:8] != b"MOESCOPE":
+        sys.exit(f"{path}: not a moescope package")
+    fields = struct.unpack_from("<8Q", head, 16)
+    meta_off, meta_len = fields[1], fields[2]
+    with open(path, "rb") as f:
+        f.seek(meta_off)
+        meta = json.loads(f.read(meta_len).decode().rstrip())
+    return meta, np.memmap(path, dtype=np.uint8, mode="r")
+
+
+def deinterleave(vals, rows, cols, layout):
+    """Row-major bytes of a q4 [rows, cols] matrix (moescope interleaves rows in blocks of 4,
+    128-value chunks of 64 bytes)."""
+    rb = cols // 2
+    if layout.endswith("_x4"):
+        return vals.reshape(rows // 4, cols // 128, 4, 64).transpose(0, 2, 1, 3).reshape(rows, rb)
+    return vals.reshape(rows, rb)
+
+
+def f16_exact(scales, what):
+    h = scales.astype(np.float16)
+    if not np.array_equal(h.astype(np.float32), scales):
+        sys.exit(f"{what}: scales are not exact f16 values (not a synth package?)")
+    return h
+
+
+def q4_0_blocks(mm, base, shape, scales_off, layout, group, what):
+    rows, cols = shape
+    if group != 32:
+        sys.exit(f"{what}: q4 group {group}; Q4_0 needs 32 (synth --quant q4g32)")
+    nb = cols // 32
+    vals = np.asarray(mm[base:base + rows * cols // 2])
+    vals = deinterleave(vals, rows, cols, layout)
+    sc = np.frombuffer(mm[scales_off:scales_off + rows * nb * 4].tobytes(), dtype=np.float32).reshape(rows, nb)
+    out = np.empty((rows, nb, 18), dtype=np.uint8)
+    out[:, :, 0:2] = f16_exact(sc, what).view(np.uint8).reshape(rows, nb, 2)
+    out[:, :, 2:] = vals.reshape(rows, nb, 16)
+    return out.reshape(rows, nb * 18)
+
+
+def q8_0_blocks(mm, t):
+    rows, cols = t["shape"]
+    g = t["group"]
+    if g % 32:
+        sys.exit(f"{t['name']}: q8 group {g} is not a multiple of 32")
+    q = np.asarray(mm[t["offset"]:t["offset"] + rows * cols]).reshape(rows, cols // 32, 32)
+    so = t["scales_offset"]
+    sc = np.frombuffer(mm[so:so + rows * (cols // g) * 4].tobytes(), dtype=np.float32).reshape(rows, cols // g)
+    sc = np.repeat(f16_exact(sc, t["name"]), g // 32, axis=1)
+    out = np.empty((rows, cols // 32, 34), dtype=np.uint8)
+    out[:, :, 0:2] = sc.view(np.uint8).reshape(rows, cols // 32, 2)
+    out[:, :, 2:] = q
+    return out.reshape(rows, cols // 32 * 34)
+
+
+def f32(mm, t):
+    n = int(np.prod(t["shape"]))
+    return np.frombuffer(mm[t["offset"]:t["offset"] + 4 * n].tobytes(), dtype=np.float32).reshape(t["shape"])
+
+
+def random_q6_k(rows, cols, std, seed):
+    """Valid Q6_K blocks (ql[128], qh[64], int8 scales[16], f16 d) of weights ~ std."""
+    rng = np.random.default_rng(seed)
+    nb = cols // 256
+    out = np.empty((rows, nb, 210), dtype=np.uint8)
+    out[:, :, 0:192] = rng.integers(0, 256, size=(rows, nb, 192), dtype=np.uint8)
+    # codes q - 32 uniform in [-32, 31] have std ~18.5; sub-block scales ~ 16
+    out[:, :, 192:208] = rng.integers(12, 20, size=(rows, nb, 16), dtype=np.int8).view(np.uint8)
+    d = np.full((rows, nb), std / (18.5 * 16), dtype=np.float16)
+    out[:, :, 208:210] = d.view(np.uint8).reshape(rows, nb, 2)
+    return out.reshape(rows, nb * 210)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    src, dst = sys.argv[1], sys.argv[2]
+    meta, mm = read_package(src)
+    c = meta["model"]
+    if c["arch"] != "qwen3_moe":
+        sys.exit(f"{src}: architecture {c['arch']}; this script writes qwen3moe GGUFs only")
+    if c["tie_word_embeddings"]:
+        sys.exit(f"{src}: tied embeddings are not handled")
+    tensors = {t["name"]: t for t in meta["tensors"]}
+    L, H, E = c["num_hidden_layers"], c["hidden_size"], c["num_experts"]
+
+    w = gguf.GGUFWriter(dst, "qwen3moe")
+    w.add_name(meta["name"] + " (synthetic)" if meta.get("synthetic") else meta["name"])
+    w.add_block_count(L)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+
+    tok = meta["tokenizer"]
+    if tok.get("tokenizer_json"):
+        tj = json.loads(tok["tokenizer_json"])
+        vocab = dict(tj["model"]["vocab"])
+        special = {}
+        for a in tj.get("added_tokens", []):
+            vocab[a["content"]] = a["id"]
+            special[a["id"]] = a.get("special", False)
+        n = c["vocab_size"]
+        tokens, types = [f"[PAD{i}]" for i in range(n)], [gguf.TokenType.UNUSED] * n
+        for s, i in vocab.items():
+            if i < n:
+                tokens[i] = s
+                types[i] = gguf.TokenType.NORMAL
+        for i, sp in special.items():
+            if i < n:
+                types[i] = gguf.TokenType.CONTROL if sp else gguf.TokenType.USER_DEFINED
+        merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(tokens)
+        w.add_token_types(types)
+        w.add_token_merges(merges)
+        eos = vocab.get(tok.get("eos_token") or "<|im_end|>")
+        if eos is not None:
+            w.add_eos_token_id(eos)
+        pad = vocab.get(tok.get("pad_token") or "<|endoftext|>")
+        if pad is not None:
+            w.add_pad_token_id(pad)
+            w.add_bos_token_id(pad)
+        w.add_add_bos_token(False)
+        if tok.get("chat_template"):
+            w.add_chat_template(tok["chat_template"])
+
+    # (gguf name, type, byte shape, how to make it), in data-section order
+    plan = []
+
+    def dense_q4(name):
+        t = tensors[name]
+        r, cc = t["shape"]
+        make = lambda: q4_0_blocks(mm, t["offset"], t["shape"], t["scales_offset"], t["layout"], t["group"], name)
+        return T.Q4_0, (r, cc // 32 * 18), make
+
+    def dense_f32(name):
+        return T.F32, tuple(tensors[name]["shape"]), lambda: f32(mm, tensors[name])
+
+    ex = meta["experts"]
+    parts = {p["name"]: p for p in ex["parts"]}
+
+    def experts(l, part):
+        p = parts[part]
+        li = ex["layers"].index(l)
+        r, cc = p["shape"]
+
+        def make():
+            blocks = []
+            for e in range(E):
+                off = ex["table"][li * E + e][0]
+                blocks.append(q4_0_blocks(mm, off + p["offset"], p["shape"], off + p["scales_offset"], p["layout"],
+                                          p["group"], f"layer {l} expert {e} {part}"))
+            return np.stack(blocks)
+        return T.Q4_0, (E, r, cc // 32 * 18), make
+
+    V = c["vocab_size"]
+    emb = tensors["model.embed_tokens.weight"]
+    plan.append(("token_embd.weight", T.Q8_0, (V, H // 32 * 34), lambda: q8_0_blocks(mm, emb)))
+    for l in range(L):
+        P = f"model.layers.{l}."
+        for name, made in [
+            ("attn_norm", dense_f32(P + "input_layernorm.weight")),
+            ("attn_q", dense_q4(P + "self_attn.q_proj.weight")),
+            ("attn_k", dense_q4(P + "self_attn.k_proj.weight")),
+            ("attn_v", dense_q4(P + "self_attn.v_proj.weight")),
+            ("attn_output", dense_q4(P + "self_attn.o_proj.weight")),
+            ("attn_q_norm", dense_f32(P + "self_attn.q_norm.weight")),
+            ("attn_k_norm", dense_f32(P + "self_attn.k_norm.weight")),
+            ("ffn_norm", dense_f32(P + "post_attention_layernorm.weight")),
+            ("ffn_gate_inp", dense_f32(P + "mlp.gate.weight")),
+            ("ffn_gate_exps", experts(l, "gate_proj")),
+            ("ffn_up_exps", experts(l, "up_proj")),
+            ("ffn_down_exps", experts(l, "down_proj")),
+        ]:
+            plan.append((f"blk.{l}.{name}.weight", *made))
+    plan.append(("output_norm.weight", *dense_f32("model.norm.weight")))
+    plan.append(("output.weight", T.Q6_K, (V, H // 256 * 210), lambda: random_q6_k(V, H, 0.02, 0)))
+
+    for name, qt, bs, _ in plan:
+        f = qt == T.F32
+        w.add_tensor_info(name, bs, np.dtype(np.float32 if f else np.uint8), int(np.prod(bs)) * (4 if f else 1),
+                          raw_dtype=None if f else qt)
+    w.write_header_to_file(dst)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, qt, bs, make in plan:
+        arr = make()
+        assert arr.shape == tuple(bs), (name, arr.shape, bs)
+        w.write_tensor_data(np.ascontiguousarray(arr))
+        if name.endswith("ffn_down_exps.weight"):
+            print(f"\r{name}", end="", file=sys.stderr, flush=True)
+    w.close()
+    print(f"\nwrote {dst}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
