@@ -29,6 +29,9 @@ pub enum Command {
     /// text is noise, its size, reads and memory are the real model's.
     #[command(after_help = synth_shapes_help())]
     Synth(SynthArgs),
+    /// Expected prefill and decode speed on this machine within a memory budget, and what binds
+    /// them (disk, memory bandwidth, compute), before downloading a model.
+    Plan(PlanArgs),
     /// Print a package's configuration, quantization and layout.
     Inspect(InspectArgs),
     /// Measure prompt processing and generation speed (llama-bench's conventions).
@@ -306,6 +309,42 @@ fn synth_shapes_help() -> String {
         ));
     }
     s
+}
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// A .moe package.
+    #[arg(short = 'm', long, conflicts_with_all = ["shape", "config"])]
+    pub model: Option<std::path::PathBuf>,
+    /// A model shape by name (as `synth` lists them).
+    #[arg(long, conflicts_with = "config")]
+    pub shape: Option<String>,
+    /// A HuggingFace config.json (or the folder holding it): what a user has before downloading.
+    #[arg(long)]
+    pub config: Option<std::path::PathBuf>,
+    /// Quantization of --shape / --config: q4, q4g32, q8, bf16.
+    #[arg(long, default_value = "q4")]
+    pub quant: String,
+    /// Memory the run may use (8G, 512M; default: this process's cgroup limit, else
+    /// MemAvailable).
+    #[arg(long)]
+    pub mem: Option<String>,
+    /// Compute threads (default: all cores).
+    #[arg(short = 't', long)]
+    pub threads: Option<usize>,
+    /// Context length (default: as `run` chooses it).
+    #[arg(short = 'c', long)]
+    pub ctx_size: Option<usize>,
+    /// A routing trace (`--routing-out`, traces/*.jsonl.gz) for the cache's hit rate (default:
+    /// uniform random routing, the worst case).
+    #[arg(long, value_name = "TRACE")]
+    pub trace: Option<std::path::PathBuf>,
+    /// Use the last probe's figures (saved in the cache folder) instead of probing again.
+    #[arg(long)]
+    pub reuse_probes: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Args, Debug)]

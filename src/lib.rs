@@ -9,6 +9,7 @@ pub mod demo;
 pub mod engine;
 pub mod exec;
 pub mod experts;
+pub mod forecast;
 pub mod model;
 pub mod model_config;
 pub mod npy;

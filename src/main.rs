@@ -28,6 +28,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Chat(a)) => cmd::chat::run(a),
         Some(cli::Command::Convert(a)) => cmd::convert::run(a),
         Some(cli::Command::Synth(a)) => cmd::synth::run(a),
+        Some(cli::Command::Plan(a)) => cmd::plan::run(a),
         Some(cli::Command::Inspect(a)) => cmd::inspect::run(a),
         Some(cli::Command::Bench(a)) => cmd::bench::run(a),
         Some(cli::Command::Sim(a)) => cmd::sim::run(a),

@@ -9,6 +9,7 @@ pub mod inspect;
 pub mod interrupt;
 pub mod model_arg;
 pub mod perplexity;
+pub mod plan;
 pub mod repl;
 pub mod run;
 pub mod sim;

@@ -128,7 +128,7 @@ pub fn auto(
     }
     let pool = pool.min(all.div_ceil(blob) * blob);
     let rest = fixed.fixed(c);
-    if pool < blob * useful.min(8).max(1) {
+    if pool < blob * useful.clamp(1, 8) {
         return Err(format!(
             "--cache-mb auto: {} may use {}, and the dense weights, KV at context {c}, buffers and runtime take {} plus {} headroom: no room for an expert pool (raise the limit, or lower --ctx-size)",
             a.source,

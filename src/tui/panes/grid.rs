@@ -140,9 +140,14 @@ mod tests {
 
     #[test]
     fn binning_covers_every_expert_and_layer_and_fits() {
-        for &(l, e, w, h) in
-            &[(4, 16, 80, 10), (48, 128, 90, 20), (94, 512, 60, 12), (94, 512, 200, 40), (8, 128, 40, 4)]
-        {
+        for &(l, e, w, h) in &[
+            (4, 16, 80, 10),
+            (48, 128, 90, 20),
+            (60, 512, 90, 20),
+            (94, 512, 60, 12),
+            (94, 512, 200, 40),
+            (8, 128, 40, 4),
+        ] {
             for half in [true, false] {
                 let b = Binning::fit(l, e, w, h, half);
                 assert!(b.cols * b.cw <= (w - LABEL) as usize, "{l}x{e} in {w}x{h}: {b:?}");
