@@ -263,6 +263,7 @@ fn big_info(expected_memory: u64) -> ModelInfo {
         io: "direct".into(),
         has_template: true,
         warnings: vec![],
+        sizing: None,
         knobs: Knobs { streaming: true, prefetch: true, budget_bytes: (48 * 64) << 20, policy: "foresight".into() },
         steering: None,
     }

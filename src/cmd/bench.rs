@@ -163,8 +163,33 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let cold = a.cold;
     // the disk's side of the roofline when experts stream, probed beside the memory's
     let disk_probing = engine.experts.is_some();
-    // the probe's buffer: 2 GiB (past any cache), less where memory is short
-    let probe_bytes = (2usize << 30).min(sysinfo::available_memory_bytes() as usize / 4);
+    // the probe's buffer: 2 GiB (past any cache), less where memory is short; beside the memory
+    // plan's largest pool (the pool's buffers are still being allocated now, so what is free now
+    // overstates it: a probe sized from that was OOM-killed with the pool under a cgroup limit)
+    let allowance = moescope::engine::sizing::allowance();
+    let largest_pool = budgets_mib
+        .iter()
+        .map(|b| match b {
+            Some(run::CacheMb::Mib(m)) => (m * (1u64 << 20) as f64) as u64,
+            Some(run::CacheMb::Auto) => engine.auto_pool_bytes().unwrap_or(default_budget),
+            None => default_budget,
+        })
+        .max()
+        .unwrap_or(0);
+    let plan = engine.memory_plan();
+    let room = allowance
+        .bytes
+        .saturating_sub(plan.total - plan.experts + largest_pool + moescope::engine::sizing::headroom(&allowance));
+    let probe_bytes = (2usize << 30).min(sysinfo::available_memory_bytes() as usize / 4).min(room as usize);
+    if a.roofline && probe_bytes < (256 << 20) {
+        bail!(
+            "--roofline: its memory probe needs 256 MiB beside the largest pool ({} MiB) under {}, which leaves {} MiB: give a pool at least {} MiB smaller",
+            largest_pool >> 20,
+            allowance.source,
+            room >> 20,
+            ((256u64 << 20).saturating_sub(room) >> 20) + 1
+        );
+    }
     // per thread count: (threads, every probe of its decode tests)
     let mut probes: Vec<(usize, Vec<f64>)> = Vec::new();
     let probing = a.roofline && tests.iter().any(|t| matches!(t, Test::Gen(_)));

@@ -266,9 +266,12 @@ impl Engine {
             }
             _ => None,
         };
-        // what the process holds besides the weights' copy (counted as dense and experts)
-        let runtime_bytes =
-            crate::sysinfo::current_rss_bytes().saturating_sub(pkg.resident_bytes().max(pkg.sizes().dense));
+        // what the process holds besides the weights' copy (counted as dense and experts) and
+        // the pool's buffers the allocator thread has made so far (counted as the pool)
+        let pooled = experts.as_ref().map_or(0, |e| e.cache.allocated_bytes());
+        let runtime_bytes = crate::sysinfo::current_rss_bytes()
+            .saturating_sub(pkg.resident_bytes().max(pkg.sizes().dense))
+            .saturating_sub(pooled);
         // experts through the mapping: checked ahead of their first use (the store checks each
         // read of streamed ones), when the package fits in memory (a larger one, mapped with
         // --no-stream, would be read whole from disk and churn the page cache); if the thread

@@ -200,6 +200,9 @@ impl App {
         match e {
             EngineEvent::Ready(info) => {
                 self.knobs = Some(info.knobs.clone());
+                if let Some(s) = &info.sizing {
+                    self.push(Role::Info, format!("memory: {s}"));
+                }
                 for w in &info.warnings {
                     self.push(Role::Info, format!("warning: {w}"));
                 }

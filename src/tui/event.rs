@@ -92,6 +92,8 @@ pub struct ModelInfo {
     pub has_template: bool,
     /// What the engine warned about at load.
     pub warnings: Vec<String>,
+    /// How `auto` sized the pool and context, in one line (None when it did not).
+    pub sizing: Option<String>,
     pub knobs: Knobs,
     /// How routing is steered when it is not the model's own (a replayed trace, cache-aware
     /// routing), for the status line.

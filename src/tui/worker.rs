@@ -156,7 +156,8 @@ pub fn model_info(engine: &Engine) -> ModelInfo {
         isa: engine.exec.isa.name().into(),
         io: engine.experts.as_ref().map_or("mapped".into(), |e| e.io.name().into()),
         has_template: engine.template.is_some(),
-        warnings: engine.sizing.iter().map(|s| format!("memory: {s}")).chain(engine.warnings.iter().cloned()).collect(),
+        warnings: engine.warnings.clone(),
+        sizing: engine.sizing.clone(),
         knobs: knobs(engine),
         steering: match (engine.model.route_replay(), engine.model.cache_aware_routing()) {
             (Some(r), _) => {
