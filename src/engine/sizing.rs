@@ -7,6 +7,10 @@
 
 use std::path::{Path, PathBuf};
 
+use super::{EngineError, EngineOptions, PREFILL_CHUNK};
+use crate::model::{KvCache, RunState};
+use crate::package::Package;
+
 /// What the process may use, and where the figure comes from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Allowance {
@@ -185,6 +189,47 @@ pub fn check_explicit(
         Ok(Some(format!("{msg}; running anyway (--force)")))
     } else {
         Err(format!("{msg}; --force runs it anyway"))
+    }
+}
+
+/// Before anything is loaded: check an explicit pool against the memory the process may use
+/// (refused unless `--force`), or size an `auto` one (the default when the package does not fit
+/// in half of it), choosing a shorter context when the default would leave no useful pool.
+/// Returns the auto sizing's line and whether the pool is auto-sized.
+pub(super) fn plan_memory(
+    pkg: &Package,
+    opts: &mut EngineOptions,
+    a: &Allowance,
+    fits: bool,
+    warnings: &mut Vec<String>,
+) -> Result<(Option<String>, bool), EngineError> {
+    let Some(sc) = opts.stream.as_mut() else { return Ok((None, false)) };
+    let Some(ex) = pkg.meta.experts.as_ref() else { return Ok((None, false)) };
+    let cfg = &pkg.meta.model;
+    let sizes = pkg.sizes();
+    // code, tokenizer and metadata: ~10x the metadata's JSON (measured: 179 MiB for the Qwen3
+    // tokenizer's 12 MB), measured again after load for the plan `memory_plan` reports
+    let runtime = (64 << 20) + 10 * pkg.header.meta_len;
+    let buffers = RunState::new(cfg, PREFILL_CHUNK).bytes() + 4 * cfg.vocab_size as u64;
+    let fixed = |ctx: usize| sizes.dense + KvCache::bytes_at_capacity(cfg, ctx) + buffers + runtime;
+    let default_ctx = cfg.max_position_embeddings.min(8192);
+    let ctx = opts.ctx_size.unwrap_or(default_ctx);
+    let useful = (ex.layers.len() * cfg.num_experts_per_tok) as u64;
+    match sc.budget_bytes {
+        Some(b) => {
+            if let Some(w) = check_explicit(&fixed, ctx, b, a, sizes.blob, sc.force).map_err(EngineError::Setup)? {
+                warnings.push(w);
+            }
+            Ok((None, false))
+        }
+        None if sc.auto || (!fits && pkg.meta.default_pool_fraction.is_none()) => {
+            let s = auto(&fixed, opts.ctx_size, default_ctx, a, sizes.blob, useful, sizes.experts)
+                .map_err(EngineError::Setup)?;
+            sc.budget_bytes = Some(s.pool_bytes);
+            opts.ctx_size = Some(s.ctx);
+            Ok((Some(s.line), true))
+        }
+        None => Ok((None, false)),
     }
 }
 
