@@ -254,8 +254,8 @@ mod tests {
         assert_eq!(s.ctx, 8192);
         let want = (8 * GIB - GIB - 512 * (1 << 20) - 8 * GIB / 25) / blob * blob;
         assert_eq!(s.pool_bytes, want);
-        // 2.5 GiB: at 8192 the pool would hold 213 blobs < 384, so the context halves to 4096
-        // (pool 298 blobs < 384) and 2048 (341 < 384), and stops there
+        // 2.5 GiB less 256 MiB headroom: at 8192 the pool would hold (2560 - 1536 - 256) / 3 =
+        // 256 blobs < 384, so the context halves to 4096 (341 < 384), then 2048 (384), the floor
         let s = auto(&fixed, None, 8192, &cap(5 * GIB / 2), blob, 384, all).unwrap();
         assert_eq!(s.ctx, 2048);
         assert!(s.line.contains("shortened from 8192"), "{}", s.line);
