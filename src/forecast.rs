@@ -26,7 +26,6 @@ use crate::engine::sizing::{self, Allowance};
 use crate::experts::PolicyKind;
 use crate::experts::routing_log::{Header, Record};
 use crate::experts::sim::{self, SimPolicy};
-use crate::model::KvCache;
 use crate::model_config::ModelConfig;
 use crate::package::Package;
 use crate::package::layout::{DENSE_ALIGN, EXPERT_ALIGN, align_up};
@@ -133,14 +132,6 @@ impl ModelSizes {
             meta_bytes: meta,
         }
     }
-
-    /// Everything but the pool at a context of `ctx`: dense weights, KV and recurrent state,
-    /// the forward pass's buffers and the runtime (as `Engine::load` plans it).
-    pub fn fixed_bytes(&self, ctx: usize) -> u64 {
-        let c = &self.cfg;
-        let buffers = crate::model::RunState::new(c, crate::engine::PREFILL_CHUNK).bytes() + 4 * c.vocab_size as u64;
-        self.dense_bytes + KvCache::bytes_at_capacity(c, ctx) + buffers + (64 << 20) + 10 * self.meta_bytes
-    }
 }
 
 /// This machine's figures.
@@ -217,7 +208,7 @@ pub fn forecast(
     let c = &s.cfg;
     let all = s.experts_bytes();
     let default_ctx = c.max_position_embeddings.min(8192);
-    let fixed = |x: usize| s.fixed_bytes(x);
+    let fixed = sizing::fixed_before_load(c, s.dense_bytes, s.meta_bytes);
     // as Engine::load: no pool when the model fits in half the allowance
     let fits = s.dense_bytes + all <= a.bytes / 2;
     let (pool, ctx) = if fits {

@@ -146,28 +146,44 @@ pub fn available_memory_bytes() -> u64 {
     system.min(cgroup_room().unwrap_or(u64::MAX))
 }
 
+/// What this process's memory cgroup still allows (limit less usage), None without a limit.
 fn cgroup_room() -> Option<u64> {
+    let dir = memory_cgroup_dir()?;
+    let limit = cgroup_limit(&dir)?;
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let used = read("memory.current").or_else(|| read("memory.usage_in_bytes")).unwrap_or(0);
+    Some(limit.saturating_sub(used))
+}
+
+/// The limit set on cgroup `dir` (v1 `memory.limit_in_bytes` or v2 `memory.max`), None when
+/// unlimited or unreadable.
+pub fn cgroup_limit(dir: &std::path::Path) -> Option<u64> {
+    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().map(|s| s.trim().to_string());
+    let v = read("memory.max").or_else(|| read("memory.limit_in_bytes"))?;
+    // v2 says "max"; v1's "no limit" is a huge number
+    v.parse::<u64>().ok().filter(|&b| b < (1 << 60))
+}
+
+/// The cgroup directory that limits this process's memory: `$MOESCOPE_CGROUP_DIR` when set
+/// (tests point it at a folder holding a limit file), else the memory controller's (v1) or the
+/// unified hierarchy's (v2) entry of /proc/self/cgroup.
+pub fn memory_cgroup_dir() -> Option<std::path::PathBuf> {
+    if let Some(d) = std::env::var_os("MOESCOPE_CGROUP_DIR") {
+        return Some(d.into());
+    }
     let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let read = |p: String| std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<u64>().ok());
+    let mut v2 = None;
     for line in cg.lines() {
         let mut parts = line.splitn(3, ':');
         let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
         if ctrl.split(',').any(|c| c == "memory") {
-            let base = format!("/sys/fs/cgroup/memory{path}");
-            let limit = read(format!("{base}/memory.limit_in_bytes"))?;
-            let used = read(format!("{base}/memory.usage_in_bytes")).unwrap_or(0);
-            // "no limit" is a huge number
-            return (limit < (1 << 60)).then(|| limit.saturating_sub(used));
+            return Some(format!("/sys/fs/cgroup/memory{path}").into());
         }
         if ctrl.is_empty() {
-            let base = format!("/sys/fs/cgroup{path}");
-            if let Some(limit) = read(format!("{base}/memory.max")) {
-                let used = read(format!("{base}/memory.current")).unwrap_or(0);
-                return Some(limit.saturating_sub(used));
-            }
+            v2 = Some(format!("/sys/fs/cgroup{path}").into());
         }
     }
-    None
+    v2
 }
 
 /// Bytes free to an unprivileged writer on the file system holding `dir` (None when unknown).

@@ -5,10 +5,9 @@
 //! does (the kernel's OOM killer gives no message at all); `auto` picks that largest pool, and a
 //! shorter context when the default one would leave no useful pool.
 
-use std::path::{Path, PathBuf};
-
 use super::{EngineError, EngineOptions, PREFILL_CHUNK};
 use crate::model::{KvCache, RunState};
+use crate::model_config::ModelConfig;
 use crate::package::Package;
 
 /// What the process may use, and where the figure comes from.
@@ -22,40 +21,11 @@ pub struct Allowance {
     pub cgroup: bool,
 }
 
-/// The cgroup directory that limits this process: `$MOESCOPE_CGROUP_DIR` when set (tests point
-/// it at a folder holding a limit file), else the memory controller's (v1) or the unified
-/// hierarchy's (v2) entry of /proc/self/cgroup.
-fn cgroup_dir() -> Option<PathBuf> {
-    if let Some(d) = std::env::var_os("MOESCOPE_CGROUP_DIR") {
-        return Some(PathBuf::from(d));
-    }
-    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let mut v2 = None;
-    for line in cg.lines() {
-        let mut parts = line.splitn(3, ':');
-        let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
-        if ctrl.split(',').any(|c| c == "memory") {
-            return Some(PathBuf::from(format!("/sys/fs/cgroup/memory{path}")));
-        }
-        if ctrl.is_empty() {
-            v2 = Some(PathBuf::from(format!("/sys/fs/cgroup{path}")));
-        }
-    }
-    v2
-}
-
-/// The limit set on cgroup `dir` (v1 `memory.limit_in_bytes` or v2 `memory.max`), None when
-/// unlimited or unreadable.
-pub fn cgroup_limit(dir: &Path) -> Option<u64> {
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok().map(|s| s.trim().to_string());
-    let v = read("memory.max").or_else(|| read("memory.limit_in_bytes"))?;
-    // v2 says "max"; v1's "no limit" is a huge number
-    v.parse::<u64>().ok().filter(|&b| b < (1 << 60))
-}
+pub use crate::sysinfo::cgroup_limit;
 
 /// What this process may use now.
 pub fn allowance() -> Allowance {
-    if let Some(dir) = cgroup_dir()
+    if let Some(dir) = crate::sysinfo::memory_cgroup_dir()
         && let Some(limit) = cgroup_limit(&dir)
     {
         return Allowance {
@@ -192,6 +162,17 @@ pub fn check_explicit(
     }
 }
 
+/// The plan's parts that do not depend on the pool, before loading, as a function of the
+/// context: `dense` bytes of dense weights, the KV cache (and recurrent state), the forward pass's
+/// buffers and the runtime: code, tokenizer and metadata, ~10x the metadata's `meta_len` bytes of
+/// JSON (measured: 179 MiB for the Qwen3 tokenizer's 12 MB; measured again after load for the
+/// plan `Engine::memory_plan` reports).
+pub fn fixed_before_load(cfg: &ModelConfig, dense: u64, meta_len: u64) -> impl Fn(usize) -> u64 + '_ {
+    let runtime = (64 << 20) + 10 * meta_len;
+    let buffers = RunState::new(cfg, PREFILL_CHUNK).bytes() + 4 * cfg.vocab_size as u64;
+    move |ctx| dense + KvCache::bytes_at_capacity(cfg, ctx) + buffers + runtime
+}
+
 /// Before anything is loaded: check an explicit pool against the memory the process may use
 /// (refused unless `--force`), or size an `auto` one (the default when the package does not fit
 /// in half of it), choosing a shorter context when the default would leave no useful pool.
@@ -207,11 +188,7 @@ pub(super) fn plan_memory(
     let Some(ex) = pkg.meta.experts.as_ref() else { return Ok((None, false)) };
     let cfg = &pkg.meta.model;
     let sizes = pkg.sizes();
-    // code, tokenizer and metadata: ~10x the metadata's JSON (measured: 179 MiB for the Qwen3
-    // tokenizer's 12 MB), measured again after load for the plan `memory_plan` reports
-    let runtime = (64 << 20) + 10 * pkg.header.meta_len;
-    let buffers = RunState::new(cfg, PREFILL_CHUNK).bytes() + 4 * cfg.vocab_size as u64;
-    let fixed = |ctx: usize| sizes.dense + KvCache::bytes_at_capacity(cfg, ctx) + buffers + runtime;
+    let fixed = fixed_before_load(cfg, sizes.dense, pkg.header.meta_len);
     let default_ctx = cfg.max_position_embeddings.min(8192);
     let ctx = opts.ctx_size.unwrap_or(default_ctx);
     let useful = (ex.layers.len() * cfg.num_experts_per_tok) as u64;
