@@ -3,6 +3,7 @@
 pub mod error;
 pub mod layout;
 pub mod reader;
+mod sink;
 pub mod writer;
 
 pub use error::PackageError;

@@ -3,14 +3,15 @@
 //! renamed into place. The magic is the last thing written, so even a partial file copied by
 //! hand is never taken for a package.
 
-use std::fs::{self, File};
-use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::fs;
+use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use xxhash_rust::xxh3::Xxh3;
 
 use super::error::PackageError;
 use super::layout::*;
+use super::sink::Sink;
 
 /// Fill in every offset of `meta` (dense tensors in the order given, then the expert blobs)
 /// and return the header they imply. Checksums are left as placeholders of final width.
@@ -88,7 +89,7 @@ struct Current {
 pub struct PackageWriter {
     final_path: PathBuf,
     tmp_path: PathBuf,
-    file: Option<BufWriter<File>>,
+    file: Option<Sink>,
     pos: u64,
     meta: Meta,
     header: Header,
@@ -104,11 +105,11 @@ impl PackageWriter {
         let tmp_path = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
         // name the target in the message: the temporary name means nothing to the user
         let io = |source| PackageError::Io { path: path.to_path_buf(), error: source };
-        let file = File::create(&tmp_path).map_err(io)?;
+        let file = Sink::create(&tmp_path).map_err(io)?;
         let mut w = PackageWriter {
             final_path: path.to_path_buf(),
             tmp_path: tmp_path.clone(),
-            file: Some(BufWriter::with_capacity(1 << 20, file)),
+            file: Some(file),
             pos: 0,
             meta,
             header,
@@ -262,9 +263,7 @@ impl PackageWriter {
         self.header.meta_xxh3 = xxhash_rust::xxh3::xxh3_64(&json);
         let header = self.header.encode();
         let mut f = match self.file.take() {
-            Some(w) => {
-                w.into_inner().map_err(|e| PackageError::Io { path: self.tmp_path.clone(), error: e.into_error() })?
-            }
+            Some(w) => w.finish().map_err(|e| PackageError::Io { path: self.tmp_path.clone(), error: e })?,
             None => return Ok(()),
         };
         let io = |source| PackageError::Io { path: self.tmp_path.clone(), error: source };
