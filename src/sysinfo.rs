@@ -304,6 +304,28 @@ fn set_scheduling(policy: libc::c_int) {
     }
 }
 
+/// Run `f` while `threads` threads read memory in a loop (a 256 MiB buffer each pass), as
+/// decode's compute threads do: what the disk gives then is what decode can get (on 2 cores an
+/// idle-machine disk probe read up to twice what decode got).
+pub fn under_memory_load<T>(threads: usize, f: impl FnOnce() -> T) -> T {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some(buf) = ReadBuffer::new(256 << 20) else { return f() };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            let (buf, stop) = (&buf, &stop);
+            s.spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::hint::black_box(buf.probe(1, 1));
+                }
+            });
+        }
+        let r = f();
+        stop.store(true, Ordering::Relaxed);
+        r
+    })
+}
+
 #[cfg(test)]
 mod time_tests {
     use super::UtcTime;

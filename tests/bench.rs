@@ -201,7 +201,8 @@ fn roofline_share_is_each_repetitions_weight_rate_over_the_probes_around_it() {
 
 /// `--roofline` with streamed experts: the disk's side too. Each streamed decode row carries the
 /// probed expert-read bandwidth (the mean of a probe before and one after the thread count's
-/// tests) and the share of it the run's reads used (t/s x MB per token / MB/s).
+/// tests) and the share of it the run's reads used (t/s x MB per token / MB/s); the same against
+/// the disk probed while threads stream memory.
 #[test]
 fn roofline_gives_the_disk_share_when_experts_stream() {
     let (d, p) = convert("wide", "q4");
@@ -225,6 +226,15 @@ fn roofline_gives_the_disk_share_when_experts_stream() {
     assert!((bw - (dp[0] + dp[1]) / 2.0).abs() <= 1e-9 * bw, "{e}");
     let want = 100.0 * rows[0]["avg_ts"].as_f64().unwrap() * mbt / bw;
     assert!((pct - want).abs() <= 1e-9 * want.max(1.0), "{pct} vs {want}");
+    // and against a third probe, beside threads streaming memory as decode's do
+    let (bl, pl) = (
+        e["disk_read_mbps_loaded"].as_f64().expect("disk_read_mbps_loaded"),
+        e["disk_loaded_roofline_pct"].as_f64().expect("disk_loaded_roofline_pct"),
+    );
+    assert!(bl > 0.0, "{e}");
+    let want = 100.0 * rows[0]["avg_ts"].as_f64().unwrap() * mbt / bl;
+    assert!((pl - want).abs() <= 1e-9 * want.max(1.0), "{pl} vs {want}");
+    assert!(stderr(&o).contains("while 1 thread(s) stream memory"), "{}", stderr(&o));
     // the share of decode time with a read in flight: a pool this small reads every token
     let busy = e["io_busy_pct"].as_f64().expect("io_busy_pct");
     assert!(busy > 0.0 && busy <= 100.0 + 1e-6, "{e}");

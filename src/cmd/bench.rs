@@ -196,7 +196,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let probing = a.roofline && decoding && mem_room;
     // the disk's side of the roofline when experts stream, probed around each thread count's tests
     let disk_probing = a.roofline && decoding && engine.experts.is_some();
-    let mut disk_probes: Vec<(usize, f64, [f64; 2])> = Vec::new();
+    let mut disk_probes: Vec<(usize, f64, [f64; 2], f64)> = Vec::new();
     if disk_probing {
         // the pool's buffers are allocated on idle cores after loading: not beside the disk probe
         if let Some(ex) = &engine.experts {
@@ -272,8 +272,11 @@ pub fn run(a: &BenchArgs) -> Result<()> {
         }
         if let Some(db) = disk_before {
             let da = probe_disk(&engine, a.experts.io_workers, " after the tests")?;
+            // and as decode's reads meet it: beside t threads streaming memory
+            let when = format!(" while {t} thread(s) stream memory");
+            let dl = sysinfo::under_memory_load(t, || probe_disk(&engine, a.experts.io_workers, &when))?;
             let bps = (db + da) / 2.0;
-            disk_probes.push((t, bps, [db, da]));
+            disk_probes.push((t, bps, [db, da], dl));
             for mut row in held {
                 if let (Some(e), true) = (row.experts.as_mut(), row.decode_latency.is_some()) {
                     // the share of the disk's bandwidth this run's reads kept busy: t/s over
@@ -282,6 +285,8 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                     e["disk_read_mbps"] = json!(bps / 1e6);
                     e["disk_read_mbps_probes"] = json!([db / 1e6, da / 1e6]);
                     e["disk_roofline_pct"] = json!(100.0 * row.avg_ts * mbt * 1e6 / bps);
+                    e["disk_read_mbps_loaded"] = json!(dl / 1e6);
+                    e["disk_loaded_roofline_pct"] = json!(100.0 * row.avg_ts * mbt * 1e6 / dl);
                 }
                 print_row(&mut stdout, out, &row)?;
                 rows.push(row);
@@ -309,11 +314,12 @@ pub fn run(a: &BenchArgs) -> Result<()> {
                         p.len()
                     )
                 })
-                .chain(disk_probes.iter().map(|(t, d, [db, da])| format!(
-                    " | expert reads {:.0} MB/s at {t}T (probed {:.0} before, {:.0} after): disk roofline = that / SSD MB per token",
+                .chain(disk_probes.iter().map(|(t, d, [db, da], dl)| format!(
+                    " | expert reads {:.0} MB/s at {t}T (probed {:.0} before, {:.0} after): disk roofline = that / SSD MB per token; {:.0} MB/s while {t} thread(s) stream memory as decode's do (JSON: disk_loaded_roofline_pct)",
                     d / 1e6,
                     db / 1e6,
-                    da / 1e6
+                    da / 1e6,
+                    dl / 1e6
                 )))
                 .collect::<String>()
         )?,

@@ -131,7 +131,7 @@ fn probes(a: &PlanArgs, pkg: Option<&Package>, sizes: &ModelSizes, threads: usiz
     // the disk as decode sees it: while `threads` threads stream memory as the compute threads
     // do (on 2 cores an idle-machine probe read twice what decode got: the I/O threads share the
     // cores with compute)
-    let disk_bps = under_load(threads, || -> Result<f64> {
+    let disk_bps = moescope::sysinfo::under_memory_load(threads, || -> Result<f64> {
         Ok(match pkg {
             Some(p) => {
                 let (store, _) = ExpertStore::open(p, IoMode::Direct, false)?;
@@ -148,26 +148,6 @@ fn probes(a: &PlanArgs, pkg: Option<&Package>, sizes: &ModelSizes, threads: usiz
         let _ = std::fs::write(&p, serde_json::to_vec(&pr)?);
     }
     Ok(pr)
-}
-
-/// Run `f` while `threads` threads read memory in a loop (a 256 MiB buffer each pass).
-fn under_load<T>(threads: usize, f: impl FnOnce() -> T) -> T {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let Some(buf) = moescope::sysinfo::ReadBuffer::new(256 << 20) else { return f() };
-    let stop = AtomicBool::new(false);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            let (buf, stop) = (&buf, &stop);
-            s.spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::hint::black_box(buf.probe(1, 1));
-                }
-            });
-        }
-        let r = f();
-        stop.store(true, Ordering::Relaxed);
-        r
-    })
 }
 
 /// Random blob-sized O_DIRECT reads of a 1 GiB scratch file in the cache folder (written,
