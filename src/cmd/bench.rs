@@ -12,21 +12,20 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use moescope::engine::sampler::Rng;
 use moescope::engine::{Engine, EngineOptions};
 use moescope::model::Logits;
-use moescope::sysinfo::{self, ReadProbe};
+use moescope::sysinfo;
 use moescope::trace::{self, hist::Latency};
 use serde_json::json;
 
+use super::bench_probes::{Prober, print_probe, probe_disk};
 use super::bench_report::{self as report, Format, Row};
 use super::{experts_report, model_arg, run, run::isa_from_env, trace_out};
 use crate::cli::BenchArgs;
-use moescope::experts::IoMode;
 use moescope::experts::routing_log::RoutingLog;
 use moescope::experts::stats::LayerStats;
-use moescope::experts::store::{ExpertStore, probe_read_bandwidth};
 
 fn parse_list(flag: &str, s: &str) -> Result<Vec<usize>> {
     let v: Vec<usize> = s
@@ -350,83 +349,6 @@ fn print_row(stdout: &mut impl Write, out: Format, row: &Row) -> Result<()> {
     }
     stdout.flush()?;
     Ok(())
-}
-
-/// One memory probe's line: the bandwidth that counts, then both ways it was read.
-fn print_probe(p: &ReadProbe, threads: usize, when: &str) {
-    eprintln!(
-        "moescope bench: read bandwidth {:.1} GB/s at {threads} thread(s) {when} (plain {:.1}, prefetching {:.1})",
-        p.best(),
-        p.plain,
-        p.prefetched
-    );
-}
-
-/// The O_DIRECT read bandwidth of random expert blobs, bytes/s: as many threads as the pool's
-/// I/O workers, without checksums, for 2 s (the disk roofline's denominator).
-fn probe_disk(engine: &Engine, workers: usize, when: &str) -> Result<f64> {
-    let (store, _) = ExpertStore::open(engine.package(), IoMode::Direct, false)?;
-    let bps = probe_read_bandwidth(&store, workers, 2.0);
-    eprintln!(
-        "moescope bench: expert reads {:.0} MB/s{when} ({workers} threads, {}, random blobs)",
-        bps / 1e6,
-        store.mode().name()
-    );
-    Ok(bps)
-}
-
-/// The memory probe: a child process (this binary's hidden `read-bandwidth --serve`) that fills
-/// its buffer once and probes it whenever asked, so the buffer never counts in this process's
-/// peak RSS and a probe between two repetitions costs only its passes.
-struct Prober {
-    child: std::process::Child,
-    stdin: Option<std::process::ChildStdin>,
-    stdout: std::io::BufReader<std::process::ChildStdout>,
-}
-
-impl Prober {
-    fn start(mib: usize) -> Result<Prober> {
-        use std::process::Stdio;
-        let exe = std::env::current_exe().context("--roofline: locating this executable")?;
-        let mut child = std::process::Command::new(&exe)
-            .args(["read-bandwidth", "--serve", "--mib", &mib.to_string()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("--roofline: running {}", exe.display()))?;
-        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            bail!("--roofline: the bandwidth probe's pipes did not open");
-        };
-        Ok(Prober { child, stdin: Some(stdin), stdout: std::io::BufReader::new(stdout) })
-    }
-
-    /// The read bandwidth now at `threads` threads.
-    fn probe(&mut self, threads: usize) -> Result<ReadProbe> {
-        use std::io::BufRead;
-        let mut line = String::new();
-        let sent = match self.stdin.as_mut() {
-            Some(i) => writeln!(i, "{threads}").and_then(|_| i.flush()).is_ok(),
-            None => false,
-        };
-        if sent {
-            self.stdout.read_line(&mut line).context("--roofline: reading the bandwidth probe")?;
-        }
-        // "best plain prefetched", GB/s
-        let v: Vec<f64> = line.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-        match v[..] {
-            [best, plain, prefetched] if best > 0.0 => Ok(ReadProbe { plain, prefetched }),
-            _ => bail!("--roofline: the bandwidth probe failed: '{}'", line.trim()),
-        }
-    }
-}
-
-impl Drop for Prober {
-    fn drop(&mut self) {
-        // end of input ends the child; it frees its buffer on the way out
-        drop(self.stdin.take());
-        let _ = self.child.wait();
-    }
 }
 
 /// Each repetition's share of its roofline, in percent: its weight GB/s (`ts` tokens a second,

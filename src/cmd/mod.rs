@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod bench;
+pub mod bench_probes;
 pub mod bench_report;
 pub mod chat;
 pub mod convert;
