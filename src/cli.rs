@@ -408,7 +408,7 @@ pub struct BenchArgs {
 }
 
 fn default_threads() -> String {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).to_string()
+    moescope::sysinfo::physical_cores().to_string()
 }
 
 #[derive(Args, Debug)]

@@ -1,6 +1,7 @@
 //! Facts about the machine and the process, for trace metadata and benchmark reports.
 
 use serde_json::{Value, json};
+use std::path::Path;
 
 /// The CPU's model name (from /proc/cpuinfo on Linux).
 pub fn cpu_model() -> String {
@@ -17,6 +18,41 @@ pub fn cpu_model() -> String {
 
 pub fn logical_cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The default number of compute threads: the physical cores among the CPUs this process may
+/// run on (SMT siblings share one core's units and caches, so a second decode thread on a core
+/// mostly waits on the first), at most the logical CPUs it may use (a cgroup's CPU quota
+/// lowers that); the logical CPUs where the topology cannot be read.
+pub fn physical_cores() -> usize {
+    let logical = logical_cores();
+    physical_cores_in(Path::new("/sys/devices/system/cpu"), &allowed_cpus()).map_or(logical, |p| p.clamp(1, logical))
+}
+
+/// The CPUs in this process's affinity mask (empty where it cannot be read).
+fn allowed_cpus() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } == 0 {
+            // SAFETY: CPU_ISSET reads the set filled above, for indices below its size
+            return (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+        }
+    }
+    Vec::new()
+}
+
+/// Distinct (package, core) pairs among `cpus`, read from `root/cpuN/topology/`; None when
+/// `cpus` is empty or a CPU's topology cannot be read.
+fn physical_cores_in(root: &Path, cpus: &[usize]) -> Option<usize> {
+    let mut cores = std::collections::HashSet::new();
+    for c in cpus {
+        let dir = root.join(format!("cpu{c}/topology"));
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok()?.trim().parse::<i64>().ok();
+        cores.insert((read("physical_package_id")?, read("core_id")?));
+    }
+    (!cores.is_empty()).then_some(cores.len())
 }
 
 /// Memory read bandwidth now, in GB/s, read two ways: each of `threads` threads summing its
@@ -327,7 +363,36 @@ pub fn under_memory_load<T>(threads: usize, f: impl FnOnce() -> T) -> T {
 }
 
 #[cfg(test)]
+mod core_tests {
+    use super::*;
+
+    /// 2 packages x 2 cores x 2 SMT threads (cpu0-7), core ids repeating across packages.
+    #[test]
+    fn physical_cores_count_distinct_package_and_core_pairs() {
+        let root = tempfile::tempdir().unwrap();
+        for cpu in 0..8 {
+            let d = root.path().join(format!("cpu{cpu}/topology"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("physical_package_id"), format!("{}\n", cpu / 4)).unwrap();
+            std::fs::write(d.join("core_id"), format!("{}\n", cpu % 4 / 2)).unwrap();
+        }
+        let all: Vec<usize> = (0..8).collect();
+        assert_eq!(physical_cores_in(root.path(), &all), Some(4));
+        // siblings 0 and 1 are one core; 0 and 2 two
+        assert_eq!(physical_cores_in(root.path(), &[0, 1]), Some(1));
+        assert_eq!(physical_cores_in(root.path(), &[0, 2, 4]), Some(3));
+        // a CPU without topology, or none allowed: unknown
+        assert_eq!(physical_cores_in(root.path(), &[0, 9]), None);
+        assert_eq!(physical_cores_in(root.path(), &[]), None);
+        // here: at least one, never more than the logical CPUs
+        let p = physical_cores();
+        assert!(p >= 1 && p <= logical_cores(), "{p}");
+    }
+}
+
+#[cfg(test)]
 mod time_tests {
+
     use super::UtcTime;
 
     #[test]

@@ -74,7 +74,7 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     let threads = match a.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(t) => t,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        None => moescope::sysinfo::physical_cores(),
     };
     let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let text = String::from_utf8(bytes)

@@ -142,7 +142,7 @@ impl RunConfig {
         let threads = match a.threads {
             Some(0) => bail!("--threads must be at least 1"),
             Some(t) => t,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            None => moescope::sysinfo::physical_cores(),
         };
         if a.ctx_size == Some(0) {
             bail!("--ctx-size must be positive");
