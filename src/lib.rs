@@ -3,6 +3,7 @@
 //! The library holds the engine; the `moescope` binary (src/main.rs, src/cmd/) is a thin
 //! command-line layer over it. ARCHITECTURE.md at the top of the repository is the code map.
 
+pub mod aligned_buf;
 pub mod cache_dir;
 pub mod convert;
 pub mod demo;

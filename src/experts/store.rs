@@ -10,94 +10,7 @@ use std::path::{Path, PathBuf};
 use crate::package::layout::{EXPERT_ALIGN, parse_hex64};
 use crate::package::{Package, PackageError};
 
-/// A buffer of whole pages (so 4096-byte aligned, as O_DIRECT requires), mapped straight from
-/// the kernel rather than the allocator: the pool's memory is then exactly its buffers, given
-/// back when they go (malloc would keep multi-MB chunks freed on I/O threads in its arenas, and
-/// the process would grow past its budget). Pages become resident when a read fills them.
-pub struct AlignedBuf {
-    ptr: *mut u8,
-    len: usize,
-}
-
-// SAFETY: the buffer is plain owned memory; shared references only read it.
-unsafe impl Send for AlignedBuf {}
-unsafe impl Sync for AlignedBuf {}
-
-/// Transparent huge page size on x86-64 (and most aarch64 kernels).
-const HUGE_PAGE: usize = 2 << 20;
-
-impl AlignedBuf {
-    /// A buffer of `len` bytes rounded up to whole pages. One of 2 MiB or more starts on a
-    /// 2 MiB boundary with its whole 2 MiB pieces advised as transparent huge pages (the kernel
-    /// gives them where it can): the compute threads stream each expert once per use, and over
-    /// 4 KiB pages they miss the TLB every page (measured in the commit that added this). The
-    /// DMA of an O_DIRECT read pins fewer pages too.
-    pub fn new(len: usize) -> AlignedBuf {
-        let len = len.max(1).div_ceil(EXPERT_ALIGN as usize) * EXPERT_ALIGN as usize;
-        // room to move the start to a 2 MiB boundary; the slack is unmapped below
-        let slack = if len >= HUGE_PAGE { HUGE_PAGE } else { 0 };
-        // SAFETY: an anonymous private mapping with no address hint.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len + slack,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            let layout = std::alloc::Layout::from_size_align(len, EXPERT_ALIGN as usize)
-                .unwrap_or(std::alloc::Layout::new::<u8>());
-            std::alloc::handle_alloc_error(layout);
-        }
-        let (p, a) = (ptr as usize, (ptr as usize).next_multiple_of(HUGE_PAGE));
-        let a = if slack == 0 { p } else { a };
-        // SAFETY: [p, p + len + slack) is the mapping just made; the pieces unmapped lie in it
-        // before a and after a + len, and [a, a + len) stays mapped for the buffer's life
-        unsafe {
-            if a > p {
-                libc::munmap(ptr, a - p);
-            }
-            if p + slack > a {
-                libc::munmap((a + len) as *mut libc::c_void, p + slack - a);
-            }
-            if slack > 0 {
-                libc::madvise(a as *mut libc::c_void, len / HUGE_PAGE * HUGE_PAGE, libc::MADV_HUGEPAGE);
-            }
-        }
-        AlignedBuf { ptr: a as *mut u8, len }
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr is valid for len bytes for the buffer's lifetime. Bytes not yet written
-        // by a read are never handed out (a slot is Ready only after a full read).
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, and &mut self gives exclusive access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `new` with this length.
-        unsafe {
-            libc::munmap(self.ptr.cast(), self.len);
-        }
-    }
-}
+pub use crate::aligned_buf::AlignedBuf;
 
 /// How expert blobs are read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -307,27 +220,4 @@ pub fn probe_read_bandwidth(store: &ExpertStore, threads: usize, secs: f64) -> f
         }
     });
     bytes.load(Ordering::Relaxed) as f64 / t0.elapsed().as_secs_f64()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{AlignedBuf, HUGE_PAGE};
-
-    #[test]
-    fn buffers_are_page_aligned_and_large_ones_start_on_a_huge_page() {
-        for len in [1, 4096, 5000, HUGE_PAGE - 4096, HUGE_PAGE, 2_506_752, 3 * HUGE_PAGE + 8192] {
-            let mut b = AlignedBuf::new(len);
-            let p = b.as_slice().as_ptr() as usize;
-            assert_eq!(p % 4096, 0, "{len} bytes");
-            assert!(b.len() >= len && b.len().is_multiple_of(4096), "{len} bytes: {}", b.len());
-            if len >= HUGE_PAGE {
-                assert_eq!(p % HUGE_PAGE, 0, "{len} bytes start on a 2 MiB boundary");
-            }
-            // every byte is mapped and writable (the trimmed slack took none of the buffer)
-            let n = b.len();
-            b.as_mut_slice()[0] = 1;
-            b.as_mut_slice()[n - 1] = 2;
-            assert_eq!((b.as_slice()[0], b.as_slice()[n - 1]), (1, 2));
-        }
-    }
 }

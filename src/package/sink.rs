@@ -13,7 +13,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 
-use crate::experts::store::AlignedBuf;
+use crate::aligned_buf::AlignedBuf;
 
 /// Bytes gathered before one write: large enough that the disk sees few requests, small
 /// enough to stay out of the memory plan's way.
