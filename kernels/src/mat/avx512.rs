@@ -14,7 +14,10 @@
 //! q4 layout (`q4_lohi32`, groups of at least 32): a 64-byte load covers 128 values in four
 //! 32-value blocks; the low nibbles hold values 0-15, 32-47, 64-79, 96-111 of them and the high
 //! nibbles 16-31, 48-63, 80-95, 112-127. The activation row is permuted once per call into that
-//! order (`permute_q4_act`), so one AND and one shift feed two `vpdpbusd`.
+//! order (`permute_q4_act`), so one AND and one shift feed two `vpdpbusd`. The layout is the
+//! same for groups of 32 and 64 (ggml's Q4_0 is groups of 32): then a chunk holds 4 or 2
+//! groups, and int32 lane `l` of a chunk's products belongs to its group `l * groups / 16`, so
+//! the lanes are scaled by a vector of the groups' scales, each repeated over its lanes.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -23,9 +26,9 @@ use crate::act::{QuantAct, QuantRow};
 use crate::quant::{ROW_BLOCK, interleaved_offset};
 
 /// Whether these kernels take a quantized matrix with groups of `group` (q4: whole 128-value
-/// chunks per group; q8: whole 64-byte vectors per group).
+/// chunks per group, or 2 or 4 groups per chunk; q8: whole 64-byte vectors per group).
 pub fn supports_q4(group: usize) -> bool {
-    group.is_multiple_of(128)
+    group.is_multiple_of(128) || group == 32 || group == 64
 }
 
 pub fn supports_q8(group: usize) -> bool {
@@ -63,7 +66,8 @@ pub unsafe fn q_matmul(
     let row_bytes = if six { cols / 128 * 96 } else { cols / 2 };
     // decode over interleaved rows reads one stream: prefetch along it where that pays
     let pf = if x4 && n == 1 { crate::prefetch::distance() } else { 0 };
-    let m = QMat { q, wd: scales, cols, row_bytes, ng: cols / a.group, cpg: a.group / 128, a, ap, pf };
+    let (cpg, gpc) = (a.group / 128, 128 / a.group.min(128));
+    let m = QMat { q, wd: scales, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
     // SAFETY (all four): the caller's guarantees
     unsafe {
         match (six, x4) {
@@ -101,9 +105,11 @@ struct QMat<'a> {
     cols: usize,
     /// bytes of one weight row
     row_bytes: usize,
-    /// groups per row, 128-value chunks per group
+    /// groups per row, 128-value chunks per group (0 when groups are smaller), groups per chunk
+    /// (1 when groups are whole chunks)
     ng: usize,
     cpg: usize,
+    gpc: usize,
     a: &'a QuantAct,
     ap: &'a [i8],
     /// software prefetch distance in bytes, 0: none ([`crate::prefetch`])
@@ -129,19 +135,11 @@ unsafe fn tiles<const R: usize, const T: usize, const SIX: bool, const IL: usize
         let aligned = IL == 1 || r.is_multiple_of(R.min(IL));
         let got: &[[f32; T]] = if aligned && rows.end - r >= R {
             // SAFETY: rows r..r + R and tokens t0..t0 + T exist
-            if m.cpg == 1 {
-                unsafe { q_tile::<R, T, true, SIX, IL>(m, r, t0, &mut res) }
-            } else {
-                unsafe { q_tile::<R, T, false, SIX, IL>(m, r, t0, &mut res) }
-            };
+            unsafe { tile::<R, T, SIX, IL>(m, r, t0, &mut res) };
             &res
         } else {
             // SAFETY: as above, for one row
-            if m.cpg == 1 {
-                unsafe { q_tile::<1, T, true, SIX, IL>(m, r, t0, &mut one) }
-            } else {
-                unsafe { q_tile::<1, T, false, SIX, IL>(m, r, t0, &mut one) }
-            };
+            unsafe { tile::<1, T, SIX, IL>(m, r, t0, &mut one) };
             &one
         };
         for (i, row) in got.iter().enumerate() {
@@ -153,17 +151,35 @@ unsafe fn tiles<const R: usize, const T: usize, const SIX: bool, const IL: usize
     }
 }
 
+/// Rows `r0..r0 + R` times tokens `t0..t0 + T`, by the tile kernel for the matrix's group.
+///
+/// # Safety
+/// As [`q_tile`]'s.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile<const R: usize, const T: usize, const SIX: bool, const IL: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    t0: usize,
+    out: &mut [[f32; T]; R],
+) {
+    // SAFETY (all): the caller's guarantees; q6 groups are whole chunks (the format's rule)
+    unsafe {
+        match (m.gpc, m.cpg) {
+            (4, _) if !SIX => q4_tile_sub::<R, T, 4, IL>(m, r0, t0, out),
+            (2, _) if !SIX => q4_tile_sub::<R, T, 2, IL>(m, r0, t0, out),
+            (_, 1) => q_tile::<R, T, true, SIX, IL>(m, r0, t0, out),
+            _ => q_tile::<R, T, false, SIX, IL>(m, r0, t0, out),
+        }
+    }
+}
+
 /// Rows `r0..r0 + R` times tokens `t0..t0 + T`. Per (row, token): int32 lanes per group (low
 /// and high nibbles in separate accumulators: two chains), then one FMA per group into a float
 /// accumulator with the group's weight x activation scale; at the end the 16 lanes are summed
 /// and the bias term added: the values are stored as `n = q + bias` (q4: 8, q6: 32), so the dot
 /// product is `sum_g s_g (sum n a - bias sum a)`, and the second part is
-/// `sum_g wd_g (-bias sum_g a as_g)`, done in f32 over the groups.
-///
-/// q6 (`SIX`): a chunk's 32 high bytes, loaded into both halves of a register, give the high
-/// bits of the low-nibble lanes shifted left by 4 (lanes 0-31, field 0) and 2 (lanes 32-63, field
-/// 1), and those of the high-nibble lanes by 0 and -2 (fields 2 and 3); masked with 0x30 and
-/// ORed in. 16-bit shifts move bits across bytes only into bits the mask drops.
+/// `sum_g wd_g (-bias sum_g a as_g)`, done in f32 over the groups (q6: [`chunk_nibbles`]).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bool, const IL: usize>(
@@ -172,18 +188,11 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     t0: usize,
     out: &mut [[f32; T]; R],
 ) {
-    let (cols, ng) = (m.cols, m.ng);
+    let ng = m.ng;
     if T == 1 && IL > 1 {
         // decode: the scales of the rows a few blocks on
         crate::prefetch::scales_ahead(m.wd, r0, R, ng);
     }
-    let mask = _mm512_set1_epi8(0x0F);
-    let hmask = _mm512_set1_epi8(0x30);
-    // per 16-bit lane: 4 for the low 256 bits, 2 for the high (left shifts of the low-nibble
-    // lanes' fields); 0 and 2 (right shifts of the high-nibble lanes' fields)
-    let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
-    let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
-    let chunk_bytes = if SIX { 96 } else { 64 };
     // group gi's products, folded into `acc` with the group's scales
     let group = |gi: usize, sc: &[[[f32; 16]; T]; R], acc: &mut [[__m512; T]; R]| {
         let mut lo = [[_mm512_setzero_si512(); T]; R];
@@ -192,55 +201,8 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
         let cpg = if G128 { 1 } else { m.cpg };
         for ch in 0..cpg {
             let ci = gi * cpg + ch;
-            let c = ci * 128;
-            let mut wl = [_mm512_setzero_si512(); R];
-            let mut wh = [_mm512_setzero_si512(); R];
-            for i in 0..R {
-                // SAFETY: row r0 + i has row_bytes bytes and chunk ci is inside it (interleaved: in its block)
-                let r = r0 + i;
-                let off = if IL == 1 {
-                    r * m.row_bytes + ci * chunk_bytes
-                } else {
-                    interleaved_offset(r, ci, m.row_bytes, chunk_bytes)
-                };
-                let p = unsafe { m.q.as_ptr().add(off) };
-                if m.pf != 0 {
-                    crate::prefetch::line(p, m.pf);
-                    if SIX {
-                        // a q6 chunk is 96 bytes: one line and a half
-                        crate::prefetch::line(p, m.pf + 64);
-                    }
-                }
-                let w = unsafe { _mm512_loadu_si512(p as *const _) };
-                wl[i] = _mm512_and_si512(w, mask);
-                wh[i] = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
-                if SIX {
-                    // SAFETY: the chunk's high bytes follow its 64 low-nibble bytes
-                    let h = unsafe { _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(64) as *const _)) };
-                    wl[i] = _mm512_or_si512(wl[i], _mm512_and_si512(_mm512_sllv_epi16(h, shl), hmask));
-                    wh[i] = _mm512_or_si512(wh[i], _mm512_and_si512(_mm512_srlv_epi16(h, shr), hmask));
-                }
-            }
-            for t in 0..T {
-                let base = (t0 + t) * cols + c;
-                // SAFETY: token t0 + t's permuted row holds cols bytes
-                let (al, ah) = unsafe {
-                    (
-                        _mm512_loadu_si512(m.ap.as_ptr().add(base) as *const _),
-                        _mm512_loadu_si512(m.ap.as_ptr().add(base + 64) as *const _),
-                    )
-                };
-                for i in 0..R {
-                    if R * T >= 4 {
-                        // chains enough: one accumulator per product leaves registers for a
-                        // bigger tile (integer sums: the result is the same)
-                        lo[i][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[i][t], wl[i], al), wh[i], ah);
-                    } else {
-                        lo[i][t] = _mm512_dpbusd_epi32(lo[i][t], wl[i], al);
-                        hi[i][t] = _mm512_dpbusd_epi32(hi[i][t], wh[i], ah);
-                    }
-                }
-            }
+            // SAFETY: the caller's guarantees
+            unsafe { chunk_dots::<R, T, SIX, IL>(m, r0, t0, ci, &mut lo, &mut hi) };
         }
         for i in 0..R {
             for t in 0..T {
@@ -258,24 +220,199 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     let mut sc = [[[0f32; 16]; T]; R];
     for gb in (0..ng).step_by(16) {
         let k = (ng - gb).min(16);
-        let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
-        for i in 0..R {
-            // SAFETY: groups gb..gb + k of row r0 + i and of each token exist; masked lanes are
-            // not read
-            let w = unsafe { _mm512_maskz_loadu_ps(mask, m.wd.as_ptr().add((r0 + i) * ng + gb)) };
-            for t in 0..T {
-                let a = unsafe { _mm512_maskz_loadu_ps(mask, m.a.scales.as_ptr().add((t0 + t) * ng + gb)) };
-                // SAFETY: 16 floats into a 16-float array
-                unsafe { _mm512_storeu_ps(sc[i][t].as_mut_ptr(), _mm512_mul_ps(w, a)) };
-            }
-        }
+        // SAFETY: the caller's guarantees
+        unsafe { scale_products(m, r0, t0, gb, &mut sc) };
         for gi in gb..gb + k {
             group(gi, &sc, &mut f);
         }
     }
-    // the bias term, 16 groups at a time: sum_g wd_g * (-bias * sum_g a * as_g), added to the
-    // float lanes before the one reduction (a scalar loop over the groups was one long chain:
-    // 17% of decode at 1 thread); `sum_g a * as_g` comes made per token (`scaled_sums`)
+    // SAFETY: the caller's guarantees
+    unsafe { finish::<R, T, SIX>(m, r0, t0, &mut f, out) }
+}
+
+/// [`q_tile`] for groups smaller than a chunk (q4 only): `GPC` (4 or 2) groups per 128-value
+/// chunk. A chunk's int32 lane `l` holds products of its group `l * GPC / 16` (low and high
+/// nibbles of a 16-byte block are values of one 32-value block), so one FMA per chunk scales
+/// all of them, with the groups' scales spread over their lanes by one permute. Per (row,
+/// token) the same operations in the same order whatever the tile.
+///
+/// # Safety
+/// As [`q_tile`]'s; `m.gpc == GPC`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q4_tile_sub<const R: usize, const T: usize, const GPC: usize, const IL: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    t0: usize,
+    out: &mut [[f32; T]; R],
+) {
+    let ng = m.ng;
+    if T == 1 && IL > 1 {
+        crate::prefetch::scales_ahead(m.wd, r0, R, ng);
+    }
+    // lane l of a chunk: its group's place among the chunk's groups
+    let lane_group = _mm512_srli_epi32::<4>(_mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(GPC as i32),
+    ));
+    let mut f = [[_mm512_setzero_ps(); T]; R];
+    let mut sc = [[[0f32; 16]; T]; R];
+    let chunks = m.cols / 128;
+    // 16 groups of scales at a time: 16 / GPC chunks
+    for cb in (0..chunks).step_by(16 / GPC) {
+        // SAFETY: the caller's guarantees
+        unsafe { scale_products(m, r0, t0, cb * GPC, &mut sc) };
+        for ci in cb..chunks.min(cb + 16 / GPC) {
+            let mut lo = [[_mm512_setzero_si512(); T]; R];
+            let mut hi = [[_mm512_setzero_si512(); T]; R];
+            // SAFETY: the caller's guarantees
+            unsafe { chunk_dots::<R, T, false, IL>(m, r0, t0, ci, &mut lo, &mut hi) };
+            let idx = _mm512_add_epi32(lane_group, _mm512_set1_epi32(((ci - cb) * GPC) as i32));
+            for i in 0..R {
+                for t in 0..T {
+                    let v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i][t], hi[i][t]));
+                    // SAFETY: 16 floats
+                    let s = _mm512_permutexvar_ps(idx, unsafe { _mm512_loadu_ps(sc[i][t].as_ptr()) });
+                    f[i][t] = _mm512_fmadd_ps(v, s, f[i][t]);
+                }
+            }
+        }
+    }
+    // SAFETY: the caller's guarantees
+    unsafe { finish::<R, T, false>(m, r0, t0, &mut f, out) }
+}
+
+/// The int32 lanes of chunk `ci` for rows `r0..r0 + R` and tokens `t0..t0 + T`, added to `lo`
+/// and `hi` (low- and high-nibble products; with enough products in the tile, both into `lo`:
+/// integer sums, the same result).
+///
+/// # Safety
+/// As [`q_tile`]'s; chunk `ci` exists.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool, const IL: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    t0: usize,
+    ci: usize,
+    lo: &mut [[__m512i; T]; R],
+    hi: &mut [[__m512i; T]; R],
+) {
+    let (mut wl, mut wh) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+    for i in 0..R {
+        // SAFETY: row r0 + i exists and chunk ci is inside it
+        (wl[i], wh[i]) = unsafe { chunk_nibbles::<SIX, IL>(m, r0 + i, ci) };
+    }
+    for t in 0..T {
+        let base = (t0 + t) * m.cols + ci * 128;
+        // SAFETY: token t0 + t's permuted row holds cols bytes
+        let (al, ah) = unsafe {
+            (
+                _mm512_loadu_si512(m.ap.as_ptr().add(base) as *const _),
+                _mm512_loadu_si512(m.ap.as_ptr().add(base + 64) as *const _),
+            )
+        };
+        for i in 0..R {
+            if R * T >= 4 {
+                // chains enough: one accumulator per product leaves registers for a bigger tile
+                lo[i][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[i][t], wl[i], al), wh[i], ah);
+            } else {
+                lo[i][t] = _mm512_dpbusd_epi32(lo[i][t], wl[i], al);
+                hi[i][t] = _mm512_dpbusd_epi32(hi[i][t], wh[i], ah);
+            }
+        }
+    }
+}
+
+/// Groups `gb..gb + 16` (fewer at the row's end) of each (row, token): weight scale times
+/// activation scale, into `sc`.
+///
+/// # Safety
+/// AVX-512 F; rows `r0..r0 + R`, tokens `t0..t0 + T` and group `gb` exist.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn scale_products<const R: usize, const T: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    t0: usize,
+    gb: usize,
+    sc: &mut [[[f32; 16]; T]; R],
+) {
+    let ng = m.ng;
+    let k = (ng - gb).min(16);
+    let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
+    for (i, sc) in sc.iter_mut().enumerate() {
+        // SAFETY: groups gb..gb + k of row r0 + i and of each token exist; masked lanes are not
+        // read
+        let w = unsafe { _mm512_maskz_loadu_ps(mask, m.wd.as_ptr().add((r0 + i) * ng + gb)) };
+        for (t, sc) in sc.iter_mut().enumerate() {
+            let a = unsafe { _mm512_maskz_loadu_ps(mask, m.a.scales.as_ptr().add((t0 + t) * ng + gb)) };
+            // SAFETY: 16 floats into a 16-float array
+            unsafe { _mm512_storeu_ps(sc.as_mut_ptr(), _mm512_mul_ps(w, a)) };
+        }
+    }
+}
+
+/// Row `r`'s 128-value chunk `ci` as unsigned bytes for `vpdpbusd`: the low-nibble lanes and the
+/// high-nibble lanes (in the permuted activation order), q6 (`SIX`) with its high bits ORed in.
+/// With `m.pf`, the line `m.pf` bytes on is prefetched.
+///
+/// q6: a chunk's 32 high bytes, loaded into both halves of a register, give the high bits of the
+/// low-nibble lanes shifted left by 4 (lanes 0-31, field 0) and 2 (lanes 32-63, field 1), and
+/// those of the high-nibble lanes by 0 and -2 (fields 2 and 3); masked with 0x30 and ORed in.
+/// 16-bit shifts move bits across bytes only into bits the mask drops.
+///
+/// # Safety
+/// AVX-512 F and BW; row `r` of `m.q` exists and chunk `ci` is inside it.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn chunk_nibbles<const SIX: bool, const IL: usize>(m: &QMat<'_>, r: usize, ci: usize) -> (__m512i, __m512i) {
+    let mask = _mm512_set1_epi8(0x0F);
+    let chunk_bytes = if SIX { 96 } else { 64 };
+    let off =
+        if IL == 1 { r * m.row_bytes + ci * chunk_bytes } else { interleaved_offset(r, ci, m.row_bytes, chunk_bytes) };
+    // SAFETY: the caller's guarantee (interleaved: the chunk lies in its block)
+    let p = unsafe { m.q.as_ptr().add(off) };
+    if m.pf != 0 {
+        crate::prefetch::line(p, m.pf);
+        if SIX {
+            // a q6 chunk is 96 bytes: one line and a half
+            crate::prefetch::line(p, m.pf + 64);
+        }
+    }
+    let w = unsafe { _mm512_loadu_si512(p as *const _) };
+    let (mut wl, mut wh) = (_mm512_and_si512(w, mask), _mm512_and_si512(_mm512_srli_epi16(w, 4), mask));
+    if SIX {
+        let hmask = _mm512_set1_epi8(0x30);
+        // per 16-bit lane: 4 for the low 256 bits, 2 for the high (left shifts of the low-nibble
+        // lanes' fields); 0 and 2 (right shifts of the high-nibble lanes' fields)
+        let shl = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+        let shr = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+        // SAFETY: the chunk's high bytes follow its 64 low-nibble bytes
+        let h = unsafe { _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(64) as *const _)) };
+        wl = _mm512_or_si512(wl, _mm512_and_si512(_mm512_sllv_epi16(h, shl), hmask));
+        wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srlv_epi16(h, shr), hmask));
+    }
+    (wl, wh)
+}
+
+/// The groups of 16 float lanes per (row, token), `f`, to the tile's products: the bias term,
+/// 16 groups at a time (`sum_g wd_g * (-bias * sum_g a * as_g)`, added to the float lanes
+/// before the one reduction; a scalar loop over the groups was one long chain: 17% of decode at
+/// 1 thread; `sum_g a * as_g` comes made per token, `scaled_sums`), then the lanes summed.
+///
+/// # Safety
+/// AVX-512 F; rows `r0..r0 + R` and tokens `t0..t0 + T` exist.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn finish<const R: usize, const T: usize, const SIX: bool>(
+    m: &QMat<'_>,
+    r0: usize,
+    t0: usize,
+    f: &mut [[__m512; T]; R],
+    out: &mut [[f32; T]; R],
+) {
+    let ng = m.ng;
     let nbias = _mm512_set1_ps(if SIX { -32.0 } else { -8.0 });
     for t in 0..T {
         let ss = &m.a.scaled_sums[(t0 + t) * ng..(t0 + t + 1) * ng];
@@ -299,7 +436,7 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
             o[0] = s[i];
         }
     } else {
-        for (o, f) in out.iter_mut().zip(&f) {
+        for (o, f) in out.iter_mut().zip(f.iter()) {
             for (o, &f) in o.iter_mut().zip(f) {
                 *o = hsum(f);
             }

@@ -395,7 +395,9 @@ mod tests {
         // (tiles of 4 tokens and their remainders), q4 and q8 groups the vector kernels take and
         // some they do not
         let mut r = uniform(17);
-        for (cols, group) in [(128, 128), (256, 128), (512, 256), (384, 128), (192, 64), (96, 32)] {
+        for (cols, group) in
+            [(128, 128), (256, 128), (512, 256), (384, 128), (192, 64), (96, 32), (256, 32), (2304, 32), (384, 64)]
+        {
             for (rows, n) in [(1, 1), (2, 5), (3, 1), (4, 4), (5, 9), (7, 2), (9, 1), (9, 6)] {
                 let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
                 let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
@@ -490,7 +492,9 @@ mod tests {
         // (thread chunks start anywhere, not only at a block), one token and tiles of several,
         // must give exactly what the row-major matrix gives at that tier
         let mut r = uniform(23);
-        for (cols, group) in [(128, 128), (384, 128), (768, 128), (256, 64), (512, 256)] {
+        for (cols, group) in
+            [(128, 128), (384, 128), (768, 128), (256, 64), (512, 256), (512, 32), (2304, 32), (640, 64)]
+        {
             for rows in [4, 8, 20] {
                 let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
                 let ng = cols / group;
