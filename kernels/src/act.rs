@@ -29,36 +29,64 @@ impl QuantAct {
     /// Quantize `n` rows of `x` (`[n, cols]`) with groups of `group` values, with the code of
     /// tier `isa` at most (`MOESCOPE_ISA` caps this as it caps the products).
     pub fn quantize(&mut self, x: &[f32], cols: usize, group: usize, isa: Isa) {
-        debug_assert!(cols.is_multiple_of(group) && x.len().is_multiple_of(cols));
-        let ng = x.len() / group;
+        let n = x.len().checked_div(cols).unwrap_or(0);
+        self.prepare(n, cols, group, isa);
+        for mut part in self.parts(n.max(1)) {
+            part.quantize(x);
+        }
+    }
+
+    /// Size the buffers for `n` rows of `cols` values in groups of `group`, quantized with the
+    /// code of tier `isa` at most; then [`parts`](Self::parts) fill them (several threads may
+    /// quantize a prompt's rows at once, the same bits as [`quantize`](Self::quantize)).
+    pub fn prepare(&mut self, n: usize, cols: usize, group: usize, isa: Isa) {
+        debug_assert!(cols.is_multiple_of(group));
+        let ng = n * cols / group;
         self.cols = cols;
         self.group = group;
-        self.q.resize(x.len(), 0);
+        self.q.resize(n * cols, 0);
         self.scales.resize(ng, 0.0);
         self.sums.resize(ng, 0);
+        self.scaled_sums.resize(ng, 0.0);
         #[cfg(target_arch = "x86_64")]
         let wide = isa >= Isa::Avx512 && group.is_multiple_of(16) && avx512_available();
         #[cfg(not(target_arch = "x86_64"))]
         let wide = false;
         self.tier = if wide { Isa::Avx512 } else { Isa::Scalar };
-        for (gi, xs) in x.chunks_exact(group).enumerate() {
-            let qs = &mut self.q[gi * group..(gi + 1) * group];
-            // SAFETY: AVX-512 F and BW were detected; the group is whole 16-float vectors
-            #[cfg(target_arch = "x86_64")]
-            if wide {
-                (self.scales[gi], self.sums[gi]) = unsafe { quantize_group_avx512(xs, qs) };
-                continue;
-            }
-            (self.scales[gi], self.sums[gi]) = quantize_group(xs, qs);
-        }
-        self.scaled_sums.clear();
-        self.scaled_sums.extend(self.sums.iter().zip(&self.scales).map(|(&s, &d)| s as f32 * d));
-        self.permuted.clear();
         // only the AVX-512 q4/q6 kernels read it
-        #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx512 && cols.is_multiple_of(128) {
-            permute_q4_act(&self.q, &mut self.permuted);
-        }
+        let permute = cfg!(target_arch = "x86_64") && isa >= Isa::Avx512 && cols.is_multiple_of(128);
+        self.permuted.resize(if permute { n * cols } else { 0 }, 0);
+    }
+
+    /// The prepared rows in parts of `rows` rows (the last may hold fewer), each with its own
+    /// slices of every buffer.
+    pub fn parts(&mut self, rows: usize) -> Vec<QuantPart<'_>> {
+        let (cols, group, wide) = (self.cols, self.group, self.tier == Isa::Avx512);
+        let (vals, groups) = (rows.max(1) * cols, rows.max(1) * cols / group);
+        let permuted: Box<dyn Iterator<Item = &mut [i8]>> = if self.permuted.is_empty() {
+            Box::new(std::iter::repeat_with(|| &mut [][..]))
+        } else {
+            Box::new(self.permuted.chunks_mut(vals))
+        };
+        self.q
+            .chunks_mut(vals)
+            .zip(self.scales.chunks_mut(groups))
+            .zip(self.sums.chunks_mut(groups))
+            .zip(self.scaled_sums.chunks_mut(groups))
+            .zip(permuted)
+            .enumerate()
+            .map(|(i, ((((q, scales), sums), scaled_sums), permuted))| QuantPart {
+                first: i * rows.max(1),
+                cols,
+                group,
+                wide,
+                q,
+                scales,
+                sums,
+                scaled_sums,
+                permuted,
+            })
+            .collect()
     }
 
     /// Room for `values` activations (groups of 32 at the smallest) without growing later.
@@ -95,6 +123,45 @@ impl QuantAct {
     }
 }
 
+/// Consecutive rows of a prepared [`QuantAct`], from row `first`: what one thread quantizes.
+pub struct QuantPart<'a> {
+    first: usize,
+    cols: usize,
+    group: usize,
+    /// AVX-512 code (the tier `prepare` chose)
+    wide: bool,
+    q: &'a mut [i8],
+    scales: &'a mut [f32],
+    sums: &'a mut [i32],
+    scaled_sums: &'a mut [f32],
+    /// empty when the rows are not permuted
+    permuted: &'a mut [i8],
+}
+
+impl QuantPart<'_> {
+    /// Quantize this part's rows of `x` (all the rows, `[n, cols]`).
+    pub fn quantize(&mut self, x: &[f32]) {
+        let x = &x[self.first * self.cols..][..self.q.len()];
+        let group = self.group;
+        for (gi, xs) in x.chunks_exact(group).enumerate() {
+            let qs = &mut self.q[gi * group..(gi + 1) * group];
+            // SAFETY: AVX-512 F and BW were detected; the group is whole 16-float vectors
+            #[cfg(target_arch = "x86_64")]
+            if self.wide {
+                (self.scales[gi], self.sums[gi]) = unsafe { quantize_group_avx512(xs, qs) };
+                continue;
+            }
+            (self.scales[gi], self.sums[gi]) = quantize_group(xs, qs);
+        }
+        for ((o, &s), &d) in self.scaled_sums.iter_mut().zip(self.sums.iter()).zip(self.scales.iter()) {
+            *o = s as f32 * d;
+        }
+        if !self.permuted.is_empty() {
+            permute_q4_act(self.q, self.permuted);
+        }
+    }
+}
+
 /// One quantized activation row.
 #[derive(Debug, Clone, Copy)]
 pub struct QuantRow<'a> {
@@ -108,14 +175,13 @@ pub struct QuantRow<'a> {
 /// 128 values, the first half of each 32-value block, then the second halves; see
 /// `mat/avx512.rs`).
 /// `a.len()` must be a multiple of 128.
-pub fn permute_q4_act(a: &[i8], out: &mut Vec<i8>) {
-    out.clear();
-    out.reserve(a.len());
-    for chunk in a.chunks_exact(128) {
+pub fn permute_q4_act(a: &[i8], out: &mut [i8]) {
+    debug_assert_eq!(a.len(), out.len());
+    for (chunk, o) in a.chunks_exact(128).zip(out.chunks_exact_mut(128)) {
         // low nibbles: the first half of each 32-value block; then the high nibbles
-        for half in [0usize, 16] {
+        for (k, half) in [0usize, 16].into_iter().enumerate() {
             for b in 0..4 {
-                out.extend_from_slice(&chunk[b * 32 + half..b * 32 + half + 16]);
+                o[k * 64 + b * 16..k * 64 + b * 16 + 16].copy_from_slice(&chunk[b * 32 + half..b * 32 + half + 16]);
             }
         }
     }
@@ -222,6 +288,39 @@ mod tests {
             let got = unsafe { quantize_group_avx512(xs, &mut b) };
             assert_eq!((want.0.to_bits(), want.1), (got.0.to_bits(), got.1), "{xs:?}");
             assert_eq!(a, b, "{xs:?}");
+        }
+    }
+
+    #[test]
+    fn parts_quantized_apart_are_the_whole_bits() {
+        // several threads quantize a prompt's rows in parts: every part size, every tier, the
+        // same buffers as one call
+        let (n, cols) = (7, 256);
+        let x: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.731).sin() * (1 + i % 5) as f32).collect();
+        for isa in Isa::available() {
+            for group in [32, 128] {
+                let mut whole = QuantAct::default();
+                whole.quantize(&x, cols, group, isa);
+                for rows in [1, 2, 3, 7, 9] {
+                    let mut apart = QuantAct::default();
+                    apart.prepare(n, cols, group, isa);
+                    let mut parts = apart.parts(rows);
+                    assert_eq!(parts.len(), n.div_ceil(rows));
+                    // in reverse: no part depends on another
+                    for p in parts.iter_mut().rev() {
+                        p.quantize(&x);
+                    }
+                    drop(parts);
+                    assert_eq!(
+                        (&apart.q, &apart.sums, &apart.permuted, apart.tier),
+                        (&whole.q, &whole.sums, &whole.permuted, whole.tier),
+                        "{isa} group {group}, parts of {rows}"
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&apart.scales), bits(&whole.scales));
+                    assert_eq!(bits(&apart.scaled_sums), bits(&whole.scaled_sums));
+                }
+            }
         }
     }
 

@@ -4,8 +4,9 @@
 pub mod pool;
 
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
+use moescope_kernels::act::QuantPart;
 use moescope_kernels::mat::Input;
 use moescope_kernels::ops::swiglu;
 use moescope_kernels::quant::{Format, ROW_BLOCK};
@@ -54,6 +55,15 @@ impl Chunks {
         // SAFETY: the caller's guarantee
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), n) }
     }
+
+    /// # Safety
+    /// `i` inside the buffer, and no other live slice or task touches it.
+    #[inline]
+    pub(crate) unsafe fn write(&self, i: usize, v: f32) {
+        debug_assert!(i < self.len);
+        // SAFETY: the caller's guarantee
+        unsafe { *self.ptr.add(i) = v };
+    }
 }
 
 /// What a section over several products runs on rows of product `i`: `f(i, rows, their output)`.
@@ -90,9 +100,9 @@ impl Exec {
         Ok(Exec { isa, pool, serial, min_piece_bytes: MIN_PIECE_BYTES })
     }
 
-    /// This exec with pieces of at least `bytes` of weights (tests: many small pieces).
-    #[cfg(test)]
-    fn with_min_piece_bytes(mut self, bytes: usize) -> Exec {
+    /// This exec with pieces (and per-row tasks) of at least `bytes` (tests: many small pieces,
+    /// so a tiny model's sections split as a real one's do).
+    pub fn with_min_piece_bytes(mut self, bytes: usize) -> Exec {
         self.min_piece_bytes = bytes;
         self
     }
@@ -104,6 +114,65 @@ impl Exec {
     /// This tier on the calling thread alone (itself when single-threaded).
     pub fn serial(&self) -> &Exec {
         self.serial.as_deref().unwrap_or(self)
+    }
+
+    /// The input a product of `w` reads: `x` itself for float weights, else `x` quantized (into
+    /// `qa`, with this tier's code at most) with the weight's group; a prompt's rows in parts
+    /// over the threads (each row's bits are its own: the same at any thread count).
+    fn quantized<'a>(&self, w: &Mat<'_>, x: &'a [f32], qa: &'a mut QuantAct) -> Input<'a> {
+        let Some(g) = w.quant_group() else { return Input::F32(x) };
+        let n = x.len() / w.cols.max(1);
+        if n < 2 || self.threads() == 1 {
+            qa.quantize(x, w.cols, g, self.isa);
+            return Input::Quant(qa);
+        }
+        qa.prepare(n, w.cols, g, self.isa);
+        let rows = rows_per_task(n, w.cols * 4, self.threads(), self.min_piece_bytes);
+        let parts: Vec<Mutex<QuantPart<'_>>> = qa.parts(rows).into_iter().map(Mutex::new).collect();
+        self.pool.run(parts.len(), &|i, _| {
+            let _s = trace::span("quantize");
+            parts[i].lock().unwrap_or_else(|e| e.into_inner()).quantize(x);
+        });
+        drop(parts);
+        Input::Quant(qa)
+    }
+
+    /// `f(rows, part)` over the rows of `out` (`width` values each) in parallel: per-token work
+    /// of a prompt (norms, residual adds, RoPE, routing) that would otherwise leave the other
+    /// threads idle. `f` computes each row by itself, so the split never changes a bit. `label`
+    /// names the pieces in the trace.
+    pub fn rows_mut<T: Send>(
+        &self,
+        label: &'static str,
+        out: &mut [T],
+        width: usize,
+        f: &(dyn Fn(Range<usize>, &mut [T]) + Sync),
+    ) {
+        self.rows_mut_costed(label, out, width, width * std::mem::size_of::<T>(), f);
+    }
+
+    /// [`rows_mut`](Self::rows_mut) where a row's work reads `row_bytes` (more than its output:
+    /// a token's top-k scans all its probabilities), which sizes the tasks.
+    pub fn rows_mut_costed<T: Send>(
+        &self,
+        label: &'static str,
+        out: &mut [T],
+        width: usize,
+        row_bytes: usize,
+        f: &(dyn Fn(Range<usize>, &mut [T]) + Sync),
+    ) {
+        let n = out.len() / width.max(1);
+        if n < 2 || self.threads() == 1 {
+            f(0..n, out);
+            return;
+        }
+        let rows = rows_per_task(n, row_bytes, self.threads(), self.min_piece_bytes);
+        let parts: Vec<Mutex<&mut [T]>> = out.chunks_mut(rows * width).map(Mutex::new).collect();
+        self.pool.run(parts.len(), &|i, _| {
+            let _s = trace::span(label);
+            let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());
+            f(i * rows..((i + 1) * rows).min(n), &mut part);
+        });
     }
 
     /// `f(task, participant)` for each task of `0..tasks`, in parallel over the compute threads;
@@ -167,7 +236,7 @@ impl Exec {
             }
             return;
         }
-        let input = quantized(self.isa, first, x, &mut s.qa);
+        let input = self.quantized(first, x, &mut s.qa);
         let rows: Vec<usize> = mats.iter().map(|m| m.rows).collect();
         let isa = self.isa;
         let span = product_span(label, first.format(), out.len(), first.cols, 1);
@@ -228,7 +297,7 @@ impl Exec {
             }
             return;
         }
-        let input = quantized(self.isa, first, x, &mut s.qa);
+        let input = self.quantized(first, x, &mut s.qa);
         let rows: Vec<usize> = pairs.iter().map(|(g, _)| g.rows).collect();
         let isa = self.isa;
         // the trace counts both matrices' rows: what the section streams
@@ -288,7 +357,7 @@ impl Exec {
     pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
         debug_assert_eq!(x.len(), n * w.cols);
         let Scratch { qa, t } = s;
-        let input = quantized(self.isa, w, x, qa);
+        let input = self.quantized(w, x, qa);
         self.product(label, w, input, n, out, t);
     }
 
@@ -305,13 +374,13 @@ impl Exec {
         let Some(first) = products.first() else { return };
         let (cols, group) = (first.1.cols, first.1.quant_group());
         let Scratch { qa, t } = s;
-        let input = quantized(self.isa, first.1, x, qa);
+        let input = self.quantized(first.1, x, qa);
         let mut other = QuantAct::default();
         for (label, w, out) in products.iter_mut() {
             if w.cols == cols && w.quant_group() == group {
                 self.product(label, w, input, n, out, t);
             } else {
-                let inp = quantized(self.isa, w, x, &mut other);
+                let inp = self.quantized(w, x, &mut other);
                 self.product(label, w, inp, n, out, t);
             }
         }
@@ -327,30 +396,35 @@ impl Exec {
         let flows = span.flows_out(self.threads());
         debug_assert_eq!(out.len(), n * w.rows);
         let isa = self.isa;
-        let run = |o: &mut [f32], n: usize| {
-            self.for_pieces_mut(o, n, row_bytes(w), &|rows, oc, p| {
+        if n == 1 {
+            self.for_pieces_mut(out, 1, row_bytes(w), &|rows, oc, p| {
                 let _c = trace::span(label).merge_with(key);
                 trace::flow_in(flows.map(|b| b + p as u64), key);
-                w.matmul_rows(isa, input, n, rows, oc);
-            })
-        };
-        if n == 1 {
-            run(out, 1);
-        } else {
-            // weight-row-major results (each chunk contiguous), then one transpose
-            t.resize(w.rows * n, 0.0);
-            run(t, n);
-            // in blocks of 16 rows: each token's 16 results are one cache line of `out`
-            // (column by column, every store missed the cache: 7.5% of prefill)
-            for r0 in (0..w.rows).step_by(16) {
-                let r1 = (r0 + 16).min(w.rows);
+                w.matmul_rows(isa, input, 1, rows, oc);
+            });
+            return;
+        }
+        // each piece's results weight-row-major in `t` (contiguous), then transposed by the
+        // same piece into its rows of `out` (one serial transpose after the section was 2% of
+        // prefill at 2 threads, more at 16)
+        t.resize(w.rows * n, 0.0);
+        let dst = Chunks::new(out);
+        self.for_pieces_mut(t, n, row_bytes(w), &|rows, oc, p| {
+            let _c = trace::span(label).merge_with(key);
+            trace::flow_in(flows.map(|b| b + p as u64), key);
+            w.matmul_rows(isa, input, n, rows.clone(), oc);
+            // in blocks of 16 rows: each token's 16 results are one cache line of `out` (column
+            // by column, every store missed the cache: 7.5% of prefill)
+            for r0 in (rows.start..rows.end).step_by(16) {
+                let r1 = (r0 + 16).min(rows.end);
                 for i in 0..n {
                     for r in r0..r1 {
-                        out[i * w.rows + r] = t[r * n + i];
+                        // SAFETY: (token i, row r) is inside `out` and this piece alone holds row r
+                        unsafe { dst.write(i * w.rows + r, oc[(r - rows.start) * n + i]) };
                     }
                 }
             }
-        }
+        });
     }
 }
 
@@ -371,16 +445,12 @@ fn row_bytes(w: &Mat<'_>) -> usize {
     f.data_bytes(1, w.cols) + f.scale_bytes(1, w.cols)
 }
 
-/// The input a product of `w` reads: `x` itself for float weights, else `x` quantized (into
-/// `qa`, with tier `isa`'s code at most) with the weight's group.
-fn quantized<'a>(isa: Isa, w: &Mat<'_>, x: &'a [f32], qa: &'a mut QuantAct) -> Input<'a> {
-    match w.quant_group() {
-        Some(g) => {
-            qa.quantize(x, w.cols, g, isa);
-            Input::Quant(qa)
-        }
-        None => Input::F32(x),
-    }
+/// Rows per task of a per-row section over `n` rows of `row_bytes` each: about four tasks per
+/// thread (the tasks are equal; a few per thread even out a busy core), none much under
+/// `min_bytes` ([`MIN_PIECE_BYTES`]).
+fn rows_per_task(n: usize, row_bytes: usize, threads: usize, min_bytes: usize) -> usize {
+    let least = min_bytes.div_ceil(row_bytes.max(1)).max(1);
+    n.div_ceil(4 * threads).max(least).min(n.max(1))
 }
 
 #[cfg(test)]

@@ -56,7 +56,9 @@ pub fn attend(exec: &Exec, kv: &KvCache, l: usize, shape: Heads, q: &[f32], pos0
     let out = Chunks::new(attn);
     exec.run(nkv * tiles, &|task, p| {
         let _c = task_span(p);
-        let (h, t0) = (task / tiles, task % tiles * TILE);
+        // the latest tiles first: they attend over the most positions, and a long task
+        // claimed last would leave the other threads waiting for it
+        let (h, t0) = (task % nkv, (tiles - 1 - task / nkv) * TILE);
         let t1 = (t0 + TILE).min(t_n);
         // the tile's query rows (token-major, the group's heads within a token) and their ends
         let rows = (t1 - t0) * group;

@@ -161,36 +161,53 @@ pub fn route(
     // router logits, then probabilities
     exec.matmul("router", router, hn, t_n, probs, s);
     let mut picks = vec![Pick::default(); t_n * k_n];
-    let mut top: Vec<usize> = Vec::with_capacity(e_n);
-    let mut weights = vec![0f32; k_n];
-    // cache-aware routing's candidates (allocated only when it is on)
-    let (mut wide, mut substituted) = (Vec::new(), 0);
-    for t in 0..t_n {
-        let p = &mut probs[t * e_n..(t + 1) * e_n];
-        softmax_inplace(p);
-        top_k(p, k_n, &mut top);
-        if let Steer::CacheAware { source, moe_layer, tol } = steer {
+    let mut substituted = 0;
+    if let Steer::CacheAware { source, moe_layer, tol } = steer {
+        // asks the expert source per token: one token after another
+        let (mut top, mut wide) = (Vec::with_capacity(e_n), Vec::new());
+        for (t, picks) in picks.chunks_exact_mut(k_n).enumerate() {
+            let p = &mut probs[t * e_n..(t + 1) * e_n];
+            softmax_inplace(p);
+            top_k(p, k_n, &mut top);
             substituted += prefer_resident(p, source, moe_layer, tol, &mut top, &mut wide);
+            pick(p, &top, spec.renormalize, picks);
         }
-        let sum: f32 = top.iter().map(|&e| p[e]).sum();
-        let norm = if spec.renormalize { sum } else { 1.0 };
-        for (j, &e) in top.iter().enumerate() {
-            weights[j] = p[e] / norm;
-        }
-        if let Steer::Replay(r) = steer {
-            let (e, w) = r.route(t);
-            top.clear();
-            top.extend_from_slice(e);
-            weights.copy_from_slice(w);
-        }
-        for (j, &e) in top.iter().enumerate() {
-            picks[t * k_n + j] = Pick { expert: e, weight: weights[j] };
-        }
+    } else {
+        let replay = if let Steer::Replay(r) = steer { Some(r) } else { None };
+        // each token's softmax, then its top-k: the tokens in parallel (each its own: the same
+        // bits)
+        exec.rows_mut("softmax_rows", &mut probs[..t_n * e_n], e_n, &|_, p| {
+            p.chunks_exact_mut(e_n).for_each(softmax_inplace)
+        });
+        let probs = &probs[..t_n * e_n];
+        // a token's top-k reads all its probabilities: 4 cycles or so each
+        exec.rows_mut_costed("top_k_rows", &mut picks, k_n, 16 * e_n, &|r, picks| {
+            let mut top = Vec::with_capacity(e_n);
+            for (t, picks) in r.zip(picks.chunks_exact_mut(k_n)) {
+                let p = &probs[t * e_n..(t + 1) * e_n];
+                top_k(p, k_n, &mut top);
+                pick(p, &top, spec.renormalize, picks);
+                if let Some(r) = replay {
+                    let (e, w) = r.route(t);
+                    for ((pk, &e), &w) in picks.iter_mut().zip(e).zip(w) {
+                        *pk = Pick { expert: e, weight: w };
+                    }
+                }
+            }
+        });
+    }
+    // every token's choice to the observer, in order
+    let (mut top, mut weights) = (Vec::with_capacity(k_n), Vec::with_capacity(k_n));
+    for (t, picks) in picks.chunks_exact(k_n).enumerate() {
+        top.clear();
+        top.extend(picks.iter().map(|p| p.expert));
+        weights.clear();
+        weights.extend(picks.iter().map(|p| p.weight));
         if t_n == 1 {
             span.set("experts", top.as_slice());
             span.set("weights", weights.as_slice());
         }
-        obs.routing(layer, pos0 + t, &top, &weights, p);
+        obs.routing(layer, pos0 + t, &top, &weights, &probs[t * e_n..(t + 1) * e_n]);
     }
     let mut uses: Vec<Vec<Use>> = vec![Vec::new(); e_n];
     for t in 0..t_n {
@@ -203,6 +220,16 @@ pub fn route(
         span.set("substituted", substituted);
     }
     Routing { top_k: k_n, picks, uses, used, substituted }
+}
+
+/// Token `p`'s picks from its chosen experts `top` (rank order): each expert with its probability,
+/// divided by their sum when the model renormalizes.
+fn pick(p: &[f32], top: &[usize], renormalize: bool, picks: &mut [Pick]) {
+    let sum: f32 = top.iter().map(|&e| p[e]).sum();
+    let norm = if renormalize { sum } else { 1.0 };
+    for (pk, &e) in picks.iter_mut().zip(top) {
+        *pk = Pick { expert: e, weight: p[e] / norm };
+    }
 }
 
 /// Cache-aware routing for one token: in `top` (the top-k of probabilities `p`, rank order),
@@ -274,13 +301,16 @@ pub fn routed_sum(
             Ok(())
         })?;
     }
-    for t in 0..t_n {
-        let o = &mut out[t * h..(t + 1) * h];
-        o.fill(0.0);
-        for j in 0..k_n {
-            add_inplace(o, &yk[(t * k_n + j) * h..(t * k_n + j + 1) * h]);
+    // each token's ranks summed in rank order, the tokens in parallel
+    let yk = &yk[..];
+    exec.rows_mut("sum_rows", out, h, &|r, out| {
+        for (t, o) in r.zip(out.chunks_exact_mut(h)) {
+            o.fill(0.0);
+            for j in 0..k_n {
+                add_inplace(o, &yk[(t * k_n + j) * h..(t * k_n + j + 1) * h]);
+            }
         }
-    }
+    });
     Ok(())
 }
 

@@ -320,10 +320,11 @@ impl Qwen3Moe {
         let emb = pkg.mat_by_index(self.embed);
         {
             let _e = trace::span("embed");
-            let x = &mut st.x[..t_n * h];
-            for (t, &id) in tokens.iter().enumerate() {
-                emb.dequant_row(id as usize, &mut x[t * h..(t + 1) * h]);
-            }
+            exec.rows_mut("embed_rows", &mut st.x[..t_n * h], h, &|r, x| {
+                for (t, x) in r.zip(x.chunks_exact_mut(h)) {
+                    emb.dequant_row(tokens[t] as usize, x);
+                }
+            });
         }
         obs.hidden(0, &st.x[..t_n * h]);
         // cos/sin of each position, shared by all layers
@@ -337,21 +338,15 @@ impl Qwen3Moe {
             let is_moe = matches!(layer.ffn, Ffn::Moe { .. });
             let _layer = trace::span("layer").arg("layer", l).arg("kind", if is_moe { "moe" } else { "dense" });
             // the mixer's norm, the mixer, residual add, the MLP's norm
-            let w = pkg.f32_by_index(layer.input_norm);
             let (x, hn) = (&st.x[..t_n * h], &mut st.hn[..t_n * h]);
-            for t in 0..t_n {
-                rms_norm(&x[t * h..(t + 1) * h], w, eps, &mut hn[t * h..(t + 1) * h]);
-            }
+            norm_rows(exec, x, pkg.f32_by_index(layer.input_norm), eps, hn);
             match &layer.mixer {
                 Mixer::Attention(a) => self.attention(exec, l, a, t_n, pos0, kv, st),
                 Mixer::Linear(dn) => self.linear(exec, l, dn, t_n, kv, st)?,
             }
             let (x, hn, delta) = (&mut st.x[..t_n * h], &mut st.hn[..t_n * h], &mut st.delta[..t_n * h]);
-            add_inplace(x, delta);
-            let w = pkg.f32_by_index(layer.post_norm);
-            for t in 0..t_n {
-                rms_norm(&x[t * h..(t + 1) * h], w, eps, &mut hn[t * h..(t + 1) * h]);
-            }
+            add_rows(exec, x, delta, h);
+            norm_rows(exec, x, pkg.f32_by_index(layer.post_norm), eps, hn);
             // the MLP or the MoE block into delta, residual add
             match layer.ffn {
                 Ffn::Dense { gate, up, down } => {
@@ -384,7 +379,7 @@ impl Qwen3Moe {
                 }
             }
             let (x, delta) = (&mut st.x[..t_n * h], &st.delta[..t_n * h]);
-            add_inplace(x, delta);
+            add_rows(exec, x, delta, h);
             obs.hidden(l + 1, x);
         }
         kv.set_len(pos0 + t_n);
@@ -398,9 +393,11 @@ impl Qwen3Moe {
         let x = &mut st.x[..t_n * h];
         {
             let _n = trace::span("final_norm");
-            for t in 0..t_n {
-                rms_norm_inplace(&mut x[t * h..(t + 1) * h], norm, eps);
-            }
+            exec.rows_mut("final_norm_rows", x, h, &|_, x| {
+                for x in x.chunks_exact_mut(h) {
+                    rms_norm_inplace(x, norm, eps);
+                }
+            });
         }
         obs.hidden(c.num_hidden_layers + 1, x);
         if rows.is_empty() {
@@ -462,23 +459,23 @@ impl Qwen3Moe {
         }
         let (qn, kn) = (pkg.f32_by_index(layer.q_norm), pkg.f32_by_index(layer.k_norm));
         let half = c.rotary_dim() / 2;
+        // each head of each token normed and rotated by its position (the rows in parallel)
+        let rope = Angles { cos, sin, half };
+        norm_rope_rows(exec, "q_norm_rope", q, nh * hd, hd, qn, eps, rope);
+        norm_rope_rows(exec, "k_norm_rope", k, nkv * hd, hd, kn, eps, rope);
         for t in 0..t_n {
-            let (cs, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-            for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_exact_mut(hd) {
-                rms_norm_inplace(head, qn, eps);
-                apply_rope(head, cs, sn);
-            }
-            for head in k[t * nkv * hd..(t + 1) * nkv * hd].chunks_exact_mut(hd) {
-                rms_norm_inplace(head, kn, eps);
-                apply_rope(head, cs, sn);
-            }
             kv.write(l, pos0 + t, &k[t * nkv * hd..(t + 1) * nkv * hd], &v[t * nkv * hd..(t + 1) * nkv * hd]);
         }
         let attn = &mut attn[..t_n * nh * hd];
         attention::attend(exec, kv, l, attention::Heads { nh, nkv, hd }, q, pos0, attn);
         // gated attention: each output value times sigmoid of its gate
-        for (a, &g) in attn.iter_mut().zip(gate.iter()) {
-            *a *= 1.0 / (1.0 + (-g).exp());
+        if !gate.is_empty() {
+            let gate = &gate[..];
+            exec.rows_mut("attn_gate", attn, nh * hd, &|r, a| {
+                for (a, &g) in a.iter_mut().zip(&gate[r.start * nh * hd..r.end * nh * hd]) {
+                    *a *= 1.0 / (1.0 + (-g).exp());
+                }
+            });
         }
         exec.matmul("o_proj", &pkg.mat_by_index(layer.o), attn, t_n, out, s);
     }
@@ -587,4 +584,53 @@ struct MoeAt<'a> {
     pos0: usize,
     /// What the predictor should see instead of the block's normed input (see `ExpertQuery`).
     lookahead: Option<&'a [f32]>,
+}
+
+/// `out` row by row = RMS norm of `x`'s rows with weight `w` (rows of `w.len()` values), the
+/// rows in parallel.
+fn norm_rows(exec: &Exec, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let h = w.len();
+    exec.rows_mut("norm_rows", out, h, &|r, o| {
+        for (t, o) in r.zip(o.chunks_exact_mut(h)) {
+            rms_norm(&x[t * h..(t + 1) * h], w, eps, o);
+        }
+    });
+}
+
+/// Each position's RoPE angles: `cos`, `sin` of `[T, half]`.
+#[derive(Clone, Copy)]
+struct Angles<'a> {
+    cos: &'a [f32],
+    sin: &'a [f32],
+    half: usize,
+}
+
+/// Every head (`hd` values) of every row (one token's heads, `width` values) of `x`: RMS norm
+/// with weight `w`, then RoPE at the row's position; the rows in parallel.
+#[allow(clippy::too_many_arguments)]
+fn norm_rope_rows(
+    exec: &Exec,
+    label: &'static str,
+    x: &mut [f32],
+    width: usize,
+    hd: usize,
+    w: &[f32],
+    eps: f32,
+    rope: Angles<'_>,
+) {
+    let half = rope.half;
+    exec.rows_mut(label, x, width, &|r, rows| {
+        for (t, row) in r.zip(rows.chunks_exact_mut(width)) {
+            let (cs, sn) = (&rope.cos[t * half..(t + 1) * half], &rope.sin[t * half..(t + 1) * half]);
+            for head in row.chunks_exact_mut(hd) {
+                rms_norm_inplace(head, w, eps);
+                apply_rope(head, cs, sn);
+            }
+        }
+    });
+}
+
+/// `x += d`, rows of `h` values in parallel.
+fn add_rows(exec: &Exec, x: &mut [f32], d: &[f32], h: usize) {
+    exec.rows_mut("add_rows", x, h, &|r, x| add_inplace(x, &d[r.start * h..r.end * h]));
 }
