@@ -30,7 +30,7 @@ pub fn physical_cores() -> usize {
 }
 
 /// The CPUs in this process's affinity mask (empty where it cannot be read).
-fn allowed_cpus() -> Vec<usize> {
+pub fn allowed_cpus() -> Vec<usize> {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills it
@@ -53,6 +53,48 @@ fn physical_cores_in(root: &Path, cpus: &[usize]) -> Option<usize> {
         cores.insert((read("physical_package_id")?, read("core_id")?));
     }
     (!cores.is_empty()).then_some(cores.len())
+}
+
+/// The CPUs compute threads are pinned to (`MOESCOPE_PIN=1`), in order: one CPU of each
+/// physical core among those this process may use (its first sibling), then the other
+/// siblings; the allowed CPUs in order where the topology cannot be read.
+pub fn pin_order() -> Vec<usize> {
+    pin_order_in(Path::new("/sys/devices/system/cpu"), &allowed_cpus())
+}
+
+fn pin_order_in(root: &Path, cpus: &[usize]) -> Vec<usize> {
+    let mut seen = std::collections::HashSet::new();
+    let (mut first, mut rest) = (Vec::new(), Vec::new());
+    for &c in cpus {
+        let dir = root.join(format!("cpu{c}/topology"));
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).ok()?.trim().parse::<i64>().ok();
+        match (read("physical_package_id"), read("core_id")) {
+            (Some(p), Some(core)) if !seen.insert((p, core)) => rest.push(c),
+            _ => first.push(c),
+        }
+    }
+    first.extend(rest);
+    first
+}
+
+/// Pin the calling thread to CPU `cpu` (Linux; elsewhere, or when the kernel refuses, it stays
+/// where it was: pinning is a hint for speed, never needed for a result).
+pub fn pin_to(cpu: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return;
+        }
+        // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it (cpu is
+        // below its size); sched_setaffinity reads it for the calling thread (pid 0)
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cpu;
 }
 
 /// Memory read bandwidth now, in GB/s, read two ways: each of `threads` threads summing its
@@ -387,6 +429,10 @@ mod core_tests {
         // here: at least one, never more than the logical CPUs
         let p = physical_cores();
         assert!(p >= 1 && p <= logical_cores(), "{p}");
+        // pinning: a CPU of each core first (0 and 1 are siblings, 2 and 3, ...), then the
+        // siblings; CPUs without topology keep their place among the first
+        assert_eq!(pin_order_in(root.path(), &all), vec![0, 2, 4, 6, 1, 3, 5, 7]);
+        assert_eq!(pin_order_in(root.path(), &[1, 0, 9, 3]), vec![1, 9, 3, 0]);
     }
 }
 

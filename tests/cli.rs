@@ -311,6 +311,36 @@ fn logits_are_the_same_bits_at_every_thread_count() {
 }
 
 #[test]
+fn pinned_threads_change_no_logit_and_a_bad_setting_is_refused() {
+    let (d, p) = convert("single", "q4g32");
+    let r = Reference::load("single");
+    let prompt = ids_arg(&r.ids("input_ids"));
+    let run = |pin: &str, threads: &str| {
+        let npy = d.path().join(format!("logits-pin{pin}-{threads}.npy"));
+        std::process::Command::new(env!("CARGO_BIN_EXE_moescope"))
+            .args(["run", "-m", p.to_str().unwrap(), "--prompt-ids", &prompt, "-n", "4", "--temperature", "0"])
+            .args(["--ignore-eos", "-t", threads, "--json", "--logits-out", npy.to_str().unwrap()])
+            .env("MOESCOPE_CACHE_DIR", d.path())
+            .env("MOESCOPE_PIN", pin)
+            .output()
+            .map(|o| (o, npy))
+            .expect("running moescope")
+    };
+    let bits = |npy: &std::path::Path| read_npy(npy).1.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    for threads in ["2", "3"] {
+        let (o, want) = run("0", threads);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let (o, got) = run("1", threads);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(bits(&want) == bits(&got), "logits differ with MOESCOPE_PIN=1 at {threads} threads");
+    }
+    let (o, _) = run("cores", "2");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("MOESCOPE_PIN") && err.contains("cores"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
 fn weight_prefetch_changes_no_logit_and_bad_settings_are_refused() {
     let (d, p) = convert("single", "q4");
     let r = Reference::load("single");

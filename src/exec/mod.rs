@@ -94,8 +94,18 @@ impl Scratch {
 }
 
 impl Exec {
+    /// `threads` participants on tier `isa`. `MOESCOPE_PIN=1` pins the workers one to a
+    /// physical core ([`sysinfo::pin_order`](crate::sysinfo::pin_order)); `0` or unset: the
+    /// scheduler places them.
     pub fn new(threads: usize, isa: Isa) -> Result<Exec, String> {
-        let pool = Pool::new(threads).map_err(|e| format!("starting {threads} compute threads: {e}"))?;
+        let pin = match std::env::var("MOESCOPE_PIN").as_deref() {
+            Err(_) | Ok("0") | Ok("") => Vec::new(),
+            Ok("1") => crate::sysinfo::pin_order(),
+            Ok(other) => return Err(format!("MOESCOPE_PIN: expected 0 or 1, got '{other}'")),
+        };
+        let passive = threads > crate::sysinfo::logical_cores();
+        let pool = Pool::with_options(threads, passive, &pin)
+            .map_err(|e| format!("starting {threads} compute threads: {e}"))?;
         let serial = if pool.threads() > 1 { Some(Box::new(Exec::new(1, isa)?)) } else { None };
         Ok(Exec { isa, pool, serial, min_piece_bytes: MIN_PIECE_BYTES })
     }

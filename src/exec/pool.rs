@@ -72,11 +72,13 @@ impl Pool {
     /// A pool of `threads` participants: the caller of `run` and `threads - 1` workers named
     /// `moescope-compute-{i}`.
     pub fn new(threads: usize) -> std::io::Result<Pool> {
-        Pool::with_waiting(threads, threads > crate::sysinfo::logical_cores())
+        Pool::with_options(threads, threads > crate::sysinfo::logical_cores(), &[])
     }
 
-    /// [`new`](Self::new), sleeping between sections instead of spinning when `passive`.
-    fn with_waiting(threads: usize, passive: bool) -> std::io::Result<Pool> {
+    /// [`new`](Self::new), sleeping between sections instead of spinning when `passive`, and
+    /// with worker `i` pinned to CPU `pin[i % pin.len()]` (none pinned when `pin` is empty;
+    /// the caller, participant 0, is never pinned: threads it starts later would inherit it).
+    pub fn with_options(threads: usize, passive: bool, pin: &[usize]) -> std::io::Result<Pool> {
         let shared = Arc::new(Shared {
             state: AtomicU64::new(0),
             job: UnsafeCell::new(None),
@@ -91,7 +93,13 @@ impl Pool {
         let mut workers = Vec::new();
         for i in 1..threads.max(1) {
             let sh = shared.clone();
-            let h = std::thread::Builder::new().name(format!("moescope-compute-{i}")).spawn(move || worker(&sh, i));
+            let cpu = (!pin.is_empty()).then(|| pin[i % pin.len()]);
+            let h = std::thread::Builder::new().name(format!("moescope-compute-{i}")).spawn(move || {
+                if let Some(c) = cpu {
+                    crate::sysinfo::pin_to(c);
+                }
+                worker(&sh, i)
+            });
             match h {
                 Ok(h) => workers.push(h),
                 Err(e) => {
@@ -255,7 +263,7 @@ mod tests {
     fn every_task_runs_once_per_section_whatever_the_timing() {
         // spinning, and sleeping as with more threads than CPUs
         for (threads, passive) in [1, 2, 3, 5].into_iter().flat_map(|t| [(t, false), (t, true)]) {
-            let pool = Pool::with_waiting(threads, passive).unwrap();
+            let pool = Pool::with_options(threads, passive, &[]).unwrap();
             for round in 0..2000 {
                 let tasks = 1 + round % 17;
                 let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
@@ -270,6 +278,32 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn pinned_workers_run_on_their_cpu_alone() {
+        let cpus = crate::sysinfo::allowed_cpus();
+        assert!(!cpus.is_empty(), "the affinity mask is readable");
+        let threads = cpus.len() + 2;
+        let pool = Pool::with_options(threads, true, &cpus).unwrap();
+        let seen: Vec<Mutex<Vec<usize>>> = (0..threads).map(|_| Mutex::new(Vec::new())).collect();
+        // enough tasks, slow enough, that every worker takes some
+        for _ in 0..50 {
+            pool.run(4 * threads, &|_, p| {
+                std::thread::sleep(Duration::from_micros(200));
+                *seen[p].lock().unwrap() = crate::sysinfo::allowed_cpus();
+            });
+        }
+        for (p, s) in seen.iter().enumerate().skip(1) {
+            let s = s.lock().unwrap();
+            if !s.is_empty() {
+                assert_eq!(*s, vec![cpus[p % cpus.len()]], "worker {p}");
+            }
+        }
+        assert!(seen.iter().skip(1).filter(|s| !s.lock().unwrap().is_empty()).count() >= 1, "no worker ran a task");
+        // the caller keeps its mask
+        assert_eq!(*seen[0].lock().unwrap(), cpus);
     }
 
     #[test]
