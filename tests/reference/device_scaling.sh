@@ -8,7 +8,9 @@
 #                          from llama-cpp-python 0.3.36's vendor/llama.cpp, `tar -cJf` of
 #                          CMakeLists.txt cmake ggml src include common tools vendor gguf-py
 #                          licenses LICENSE app, excluding ggml/src/ggml-{cuda,vulkan,...} and tools/ui)
-# There: llama.cpp is built twice from those sources, natively with AMX disabled (the
+#   .dev/llama-bench-noamx.xz, .dev/llama-bench-amx.xz (optional) the two llama-bench binaries
+#                          an earlier call built and returned: no build then (a call is 10 minutes)
+# There: llama.cpp is built twice from those sources (statically linked), natively with AMX disabled (the
 # comparison the issue's criteria name) and natively as is (AMX where the CPU has it); an
 # N-layer package of the Qwen3-30B-A3B shape is synthesized, and its Q4_0 GGUF written from it
 # (tests/reference/moe_to_gguf.py, with the tarball's gguf-py); then alternated rounds of
@@ -16,8 +18,10 @@
 #
 # Results in $OUT (at most 8 files come back): steps.log (lscpu, timings, every round's
 # tables), results.tgz (every run's JSON, rewritten after each round so a killed run still
-# returns what it finished), trace-t8.json.gz and trace-t16.json.gz.
-# Knobs: THREADS (1,2,4,8,16), ROUNDS (3), LAYERS (8), PROMPT (512), GEN (32).
+# returns what it finished), trace-t8.json.gz and trace-t16.json.gz, and the llama-bench
+# binaries it built (llama-bench-{noamx,amx}.xz, to carry next time).
+# Knobs: THREADS (1,2,4,8,16), ROUNDS (3), LAYERS (8), PROMPT (512), GEN (32), TRACES (1: the
+# traces and the roofline after the rounds; 0: none).
 set -uo pipefail
 : "${OUT:?OUT must name the results folder}"
 THREADS=${THREADS:-1,2,4,8,16}
@@ -25,6 +29,7 @@ ROUNDS=${ROUNDS:-3}
 LAYERS=${LAYERS:-8}
 PROMPT=${PROMPT:-512}
 GEN=${GEN:-32}
+TRACES=${TRACES:-1}
 W=/tmp/scaling
 RES=$W/res
 mkdir -p "$W" "$RES"
@@ -38,27 +43,45 @@ xz -dc .dev/moescope.xz >"$W/moescope" && chmod +x "$W/moescope" || { log "no .d
 M=$W/moescope
 export MOESCOPE_ASSETS=$PWD/assets
 
-# llama.cpp, two builds side by side (8 jobs each)
-mkdir -p "$W/llama" && tar -xJf .dev/llama-cpu.tar.xz -C "$W/llama" || { log "no .dev/llama-cpu.tar.xz"; exit 1; }
+# llama.cpp, two builds side by side (8 jobs each), unless carried
+# (with both binaries carried, the sources may stay behind: .dev/gguf-py.tar.xz, a tar of the
+# sources' gguf-py alone, then gives the GGUF writer; the tree plus both tarballs and both
+# binaries would pass 64 MiB)
+mkdir -p "$W/llama"
+if [[ -f .dev/llama-cpu.tar.xz ]]; then
+    tar -xJf .dev/llama-cpu.tar.xz -C "$W/llama" || { log "bad .dev/llama-cpu.tar.xz"; exit 1; }
+else
+    tar -xJf .dev/gguf-py.tar.xz -C "$W/llama" || { log "no .dev/llama-cpu.tar.xz nor .dev/gguf-py.tar.xz"; exit 1; }
+fi
 build() { # build DIR EXTRA_FLAGS
     cmake -S "$W/llama" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-        -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_BUILD_TOOLS=ON -DCMAKE_C_FLAGS="$2" -DCMAKE_CXX_FLAGS="$2" >"$1.log" 2>&1 &&
-        ninja -C "$1" -j 8 llama-bench >>"$1.log" 2>&1
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DCMAKE_C_FLAGS="$2" -DCMAKE_CXX_FLAGS="$2" >"$1.log" 2>&1 &&
+        ninja -C "$1" -j 8 llama-bench >>"$1.log" 2>&1 &&
+        strip "$1/bin/llama-bench" && xz -3 -T2 -c "$1/bin/llama-bench" >"$OUT/llama-bench-$(basename "$1").xz"
 }
-build "$W/noamx" "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16" &
-b1=$!
-build "$W/amx" "" &
-b2=$!
+pids=()
+for v in noamx amx; do
+    if [[ -f .dev/llama-bench-$v.xz ]]; then
+        mkdir -p "$W/$v/bin" && xz -dc ".dev/llama-bench-$v.xz" >"$W/$v/bin/llama-bench" && chmod +x "$W/$v/bin/llama-bench"
+        log "llama-bench ($v) carried"
+    else
+        flags=""
+        [[ $v == noamx ]] && flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        build "$W/$v" "$flags" &
+        pids+=($!)
+    fi
+done
 # meanwhile the package and its GGUF
 "$M" synth --shape qwen3-30b-a3b --layers "$LAYERS" -o "$W/b.moe" >>"$LOG" 2>&1 || { log "synth failed"; exit 1; }
 log "synth done"
 PYTHONPATH=$W/llama/gguf-py python3 tests/reference/moe_to_gguf.py "$W/b.moe" "$W/b.gguf" >"$W/gguf.log" 2>&1 ||
     { tail -20 "$W/gguf.log" >>"$LOG"; log "gguf failed"; exit 1; }
 log "gguf done"
-wait $b1 || { tail -30 "$W/noamx.log" >>"$LOG"; log "llama.cpp (noamx) build failed"; }
-wait $b2 || { tail -30 "$W/amx.log" >>"$LOG"; log "llama.cpp (amx) build failed"; }
-log "llama.cpp built; AMX in the native build: $(grep -c -i 'amx' "$W/amx.log")"
+for p in "${pids[@]}"; do
+    wait "$p" || log "a llama.cpp build failed: $(tail -5 "$W"/*.log | tr '\n' ' ' | tail -c 600)"
+done
+log "llama.cpp ready; AMX in the native build's log: $(grep -c -i 'amx' "$W/amx.log" 2>/dev/null || echo carried)"
 
 for r in $(seq 1 "$ROUNDS"); do
     "$M" bench -m "$W/b.moe" -p "$PROMPT" -n "$GEN" -r 3 -t "$THREADS" -o json >"$RES/r$r-ours.json" 2>"$RES/r$r-ours.err"
@@ -73,13 +96,15 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 
 # where the time goes: traces at 8 and 16 threads, and decode against the read bandwidth
-for t in 8 16; do
+for t in $( ((TRACES)) && echo 8 16); do
     "$M" bench -m "$W/b.moe" -p "$PROMPT" -n "$GEN" -r 1 -t "$t" --trace "$OUT/trace-t$t.json.gz" \
         --trace-max-events 400000 >>"$LOG" 2>&1
     log "trace t$t rc=$?"
 done
-"$M" bench -m "$W/b.moe" -p 0 -n "$GEN" -r 3 -t 8,16 --roofline >"$RES/roofline.md" 2>&1
-log "roofline rc=$?"
+if ((TRACES)); then
+    "$M" bench -m "$W/b.moe" -p 0 -n "$GEN" -r 3 -t 8,16 --roofline >"$RES/roofline.md" 2>&1
+    log "roofline rc=$?"
+fi
 save
 python3 - "$RES" >>"$LOG" 2>&1 <<'EOF'
 import json, sys, glob, os, collections
@@ -101,5 +126,5 @@ for (test, t), d in sorted(rows.items()):
     o, n, a = d.get("ours", []), d.get("noamx", []), d.get("amx", [])
     print(test, t, "|", o, "|", n, "|", a, "|", round(med(o) / med(n), 2) if n else "-")
 EOF
-cat "$RES/roofline.md" >>"$LOG"
+cat "$RES/roofline.md" >>"$LOG" 2>/dev/null
 log "end"
