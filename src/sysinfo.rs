@@ -77,6 +77,20 @@ fn pin_order_in(root: &Path, cpus: &[usize]) -> Vec<usize> {
     first
 }
 
+/// Involuntary context switches of the calling thread so far (Linux; 0 elsewhere): how often the
+/// scheduler took its core for another thread.
+pub fn involuntary_switches() -> u64 {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: a zeroed rusage is valid; getrusage fills it for the calling thread
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) } == 0 {
+            return u.ru_nivcsw.max(0) as u64;
+        }
+    }
+    0
+}
+
 /// Pin the calling thread to CPU `cpu` (Linux; elsewhere, or when the kernel refuses, it stays
 /// where it was: pinning is a hint for speed, never needed for a result).
 pub fn pin_to(cpu: usize) {

@@ -4,10 +4,11 @@
 //! most of a small expert product's time (seen in the trace). Here the caller works too (one thread: no hand-over at all), and workers
 //! spin for a while after a section before they sleep, so the next one starts at once.
 //!
-//! With more threads than the CPUs the process may use, spinning would take the cores from the
-//! threads with work: then workers sleep as soon as a section is over and the caller sleeps
-//! until the last task of its section is done (`-t 3` on 2 cores: prefill 0.85x of `-t 2` with
-//! spinning).
+//! With more threads than the CPUs the process may use, or while other processes take the cores
+//! (a worker sees itself preempted often: [`CONTENDED_PER_S`]), spinning would take the cores
+//! from the threads with work: then workers sleep as soon as a section is over and the caller
+//! sleeps until the last task of its section is done (`-t 3` on 2 cores: prefill 0.85x of `-t 2`
+//! with spinning).
 //!
 //! A section is `tasks` calls of `f(task, participant)`. The job's generation, its task count
 //! and the next unclaimed task live in one atomic word, so a claim sees all three at once and a
@@ -24,6 +25,19 @@ type JobFn = dyn Fn(usize, usize) + Sync;
 
 /// How long an idle worker spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(200);
+
+/// A worker preempted this often (involuntary context switches a second) is losing its core to
+/// other work: the pool stops spinning for [`CONTENDED_HOLD`]. Alone on its core a thread sees a
+/// few a second (timer and kernel threads); sharing it, one every scheduler slice (3-6 ms).
+const CONTENDED_PER_S: u64 = 100;
+/// How often a worker reads its preemption count, and how long a contended reading holds.
+const CONTENDED_CHECK: Duration = Duration::from_millis(50);
+const CONTENDED_HOLD: Duration = Duration::from_secs(1);
+
+/// Whether `switches` involuntary context switches in `elapsed` mean the thread is contended.
+fn contended(switches: u64, elapsed: Duration) -> bool {
+    switches * 1000 >= CONTENDED_PER_S * elapsed.as_millis().max(1) as u64
+}
 
 // state word: generation (24 bits) | task count (20 bits) | next task (20 bits)
 const FIELD: u64 = 20;
@@ -49,9 +63,21 @@ struct Shared {
     wake: Condvar,
     /// More participants than CPUs: nobody spins (see the module doc).
     passive: bool,
-    /// Passive: the caller sleeps here until the section's last task is done.
+    /// Until when (ms since `epoch`) the pool acts passive because a worker was contended.
+    contended_until: AtomicU64,
+    epoch: Instant,
+    /// The running section's caller sleeps until its last task is done (set before the
+    /// section is published, so whoever finishes the last task sees it).
+    caller_sleeps: AtomicBool,
     finished: Mutex<()>,
     finished_cv: Condvar,
+}
+
+impl Shared {
+    /// Sleep rather than spin now: more participants than CPUs, or contended lately.
+    fn passive(&self) -> bool {
+        self.passive || (self.epoch.elapsed().as_millis() as u64) < self.contended_until.load(Ordering::Relaxed)
+    }
 }
 
 // SAFETY: `job` is written only by the caller of `run` while no section is running, and read by
@@ -87,6 +113,9 @@ impl Pool {
             sleepers: Mutex::new(0),
             wake: Condvar::new(),
             passive,
+            contended_until: AtomicU64::new(0),
+            epoch: Instant::now(),
+            caller_sleeps: AtomicBool::new(false),
             finished: Mutex::new(()),
             finished_cv: Condvar::new(),
         });
@@ -141,6 +170,8 @@ impl Pool {
         // done, and `running` keeps other callers out): nobody reads `job` now
         unsafe { *sh.job.get() = Some(erased) };
         sh.done.store(0, Ordering::Relaxed);
+        let sleeps = sh.passive();
+        sh.caller_sleeps.store(sleeps, Ordering::Relaxed);
         sh.state.store(pack(gen_, tasks as u64), Ordering::Release);
         {
             let s = sh.sleepers.lock().unwrap_or_else(|p| p.into_inner());
@@ -150,7 +181,7 @@ impl Pool {
         }
         // work alongside the workers
         claim_and_run(sh, 0);
-        if sh.passive {
+        if sleeps {
             let mut f = sh.finished.lock().unwrap_or_else(|p| p.into_inner());
             while sh.done.load(Ordering::Acquire) < tasks {
                 f = sh.finished_cv.wait(f).unwrap_or_else(|p| p.into_inner());
@@ -184,7 +215,7 @@ fn claim_and_run(sh: &Shared, me: usize) -> u64 {
         // still inside `run` and `job` holds its function
         let f = unsafe { (*sh.job.get()).expect("a running section has a function") };
         f(i, me);
-        if sh.done.fetch_add(1, Ordering::Release) + 1 == tasks && sh.passive {
+        if sh.done.fetch_add(1, Ordering::Release) + 1 == tasks && sh.caller_sleeps.load(Ordering::Relaxed) {
             // the caller may be asleep: taking the lock orders this after its last check
             let _f = sh.finished.lock().unwrap_or_else(|p| p.into_inner());
             sh.finished_cv.notify_one();
@@ -195,7 +226,17 @@ fn claim_and_run(sh: &Shared, me: usize) -> u64 {
 fn worker(sh: &Shared, me: usize) {
     crate::sysinfo::batch_scheduling();
     let mut seen = unpack(sh.state.load(Ordering::Acquire)).0;
+    let (mut checked, mut switches) = (Instant::now(), crate::sysinfo::involuntary_switches());
     loop {
+        if checked.elapsed() >= CONTENDED_CHECK {
+            let now = crate::sysinfo::involuntary_switches();
+            if contended(now.saturating_sub(switches), checked.elapsed()) {
+                let until = (sh.epoch.elapsed() + CONTENDED_HOLD).as_millis() as u64;
+                sh.contended_until.fetch_max(until, Ordering::Relaxed);
+            }
+            (checked, switches) = (Instant::now(), now);
+        }
+        let passive = sh.passive();
         // spin for the next section, then sleep
         let start = Instant::now();
         let mut n = 0u32;
@@ -208,8 +249,8 @@ fn worker(sh: &Shared, me: usize) {
                 return;
             }
             n += 1;
-            if n.is_multiple_of(64) || sh.passive {
-                if sh.passive || start.elapsed() > SPIN {
+            if n.is_multiple_of(64) || passive {
+                if passive || start.elapsed() > SPIN {
                     break None;
                 }
                 // the engine's other threads (predictor, I/O workers) need a core now and then
@@ -304,6 +345,24 @@ mod tests {
         assert!(seen.iter().skip(1).filter(|s| !s.lock().unwrap().is_empty()).count() >= 1, "no worker ran a task");
         // the caller keeps its mask
         assert_eq!(*seen[0].lock().unwrap(), cpus);
+    }
+
+    #[test]
+    fn preempted_often_means_contended() {
+        let ms = Duration::from_millis;
+        // one preemption per 3-6 ms slice: sharing the core
+        assert!(contended(10, ms(50)) && contended(17, ms(50)));
+        // a few a second: alone on it
+        assert!(!contended(0, ms(50)) && !contended(4, ms(50)) && !contended(9, ms(100)));
+        assert!(contended(5, ms(50)) && !contended(4, ms(50)), "100 a second is the line");
+        assert!(contended(1, ms(0)), "no elapsed time: any switch counts");
+        // the count is this thread's own (Linux): it reads and does not go backwards
+        #[cfg(target_os = "linux")]
+        {
+            let a = crate::sysinfo::involuntary_switches();
+            std::thread::yield_now();
+            assert!(crate::sysinfo::involuntary_switches() >= a);
+        }
     }
 
     #[test]
