@@ -4,11 +4,13 @@
 //! most of a small expert product's time (seen in the trace). Here the caller works too (one thread: no hand-over at all), and workers
 //! spin for a while after a section before they sleep, so the next one starts at once.
 //!
-//! With more threads than the CPUs the process may use, or while other processes take the cores
-//! (a worker sees itself preempted often: [`CONTENDED_PER_S`]), spinning would take the cores
-//! from the threads with work: then workers sleep as soon as a section is over and the caller
-//! sleeps until the last task of its section is done (`-t 3` on 2 cores: prefill 0.85x of `-t 2`
-//! with spinning).
+//! With more threads than the CPUs the process may use, spinning would take the cores from the
+//! threads with work: then workers sleep as soon as a section is over and the caller sleeps
+//! until the last task of its section is done (`-t 3` on 2 cores: prefill 0.85x of `-t 2` with
+//! spinning). While other threads take the cores (a worker sees itself preempted often:
+//! [`CONTENDED_PER_S`]), the waiting threads give way at every turn of their spin instead of
+//! every 64th: sleeping there cost decode at 16 threads, whose hundreds of sections per token
+//! each woke the workers, and the engine's own threads preempt a worker now and then.
 //!
 //! A section is `tasks` calls of `f(task, participant)`. The job's generation, its task count
 //! and the next unclaimed task live in one atomic word, so a claim sees all three at once and a
@@ -27,7 +29,7 @@ type JobFn = dyn Fn(usize, usize) + Sync;
 const SPIN: Duration = Duration::from_micros(200);
 
 /// A worker preempted this often (involuntary context switches a second) is losing its core to
-/// other work: the pool stops spinning for [`CONTENDED_HOLD`]. Alone on its core a thread sees a
+/// other work: the pool's waiting threads yield at every turn for [`CONTENDED_HOLD`]. Alone on its core a thread sees a
 /// few a second (timer and kernel threads); sharing it, one every scheduler slice (3-6 ms).
 const CONTENDED_PER_S: u64 = 100;
 /// How often a worker reads its preemption count, and how long a contended reading holds.
@@ -61,22 +63,23 @@ struct Shared {
     stop: AtomicBool,
     sleepers: Mutex<usize>,
     wake: Condvar,
-    /// More participants than CPUs: nobody spins (see the module doc).
+    /// More participants than CPUs: nobody spins, the caller sleeps until its section's last
+    /// task is done (see the module doc).
     passive: bool,
-    /// Until when (ms since `epoch`) the pool acts passive because a worker was contended.
+    /// Until when (ms since `epoch`) the waiting threads yield at every turn: a worker was
+    /// contended.
     contended_until: AtomicU64,
     epoch: Instant,
-    /// The running section's caller sleeps until its last task is done (set before the
-    /// section is published, so whoever finishes the last task sees it).
-    caller_sleeps: AtomicBool,
     finished: Mutex<()>,
     finished_cv: Condvar,
 }
 
 impl Shared {
-    /// Sleep rather than spin now: more participants than CPUs, or contended lately.
-    fn passive(&self) -> bool {
-        self.passive || (self.epoch.elapsed().as_millis() as u64) < self.contended_until.load(Ordering::Relaxed)
+    /// How often a spinning thread yields its core now: at every turn while contended lately,
+    /// else every 64th (a worker preempted mid-task, or a predictor or I/O thread, may need it).
+    fn yield_every(&self) -> u32 {
+        let now = self.epoch.elapsed().as_millis() as u64;
+        if now < self.contended_until.load(Ordering::Relaxed) { 1 } else { 64 }
     }
 }
 
@@ -115,7 +118,6 @@ impl Pool {
             passive,
             contended_until: AtomicU64::new(0),
             epoch: Instant::now(),
-            caller_sleeps: AtomicBool::new(false),
             finished: Mutex::new(()),
             finished_cv: Condvar::new(),
         });
@@ -170,8 +172,6 @@ impl Pool {
         // done, and `running` keeps other callers out): nobody reads `job` now
         unsafe { *sh.job.get() = Some(erased) };
         sh.done.store(0, Ordering::Relaxed);
-        let sleeps = sh.passive();
-        sh.caller_sleeps.store(sleeps, Ordering::Relaxed);
         sh.state.store(pack(gen_, tasks as u64), Ordering::Release);
         {
             let s = sh.sleepers.lock().unwrap_or_else(|p| p.into_inner());
@@ -181,17 +181,17 @@ impl Pool {
         }
         // work alongside the workers
         claim_and_run(sh, 0);
-        if sleeps {
+        if sh.passive {
             let mut f = sh.finished.lock().unwrap_or_else(|p| p.into_inner());
             while sh.done.load(Ordering::Acquire) < tasks {
                 f = sh.finished_cv.wait(f).unwrap_or_else(|p| p.into_inner());
             }
             return;
         }
-        let mut spins = 0u32;
+        let (mut spins, every) = (0u32, sh.yield_every());
         while sh.done.load(Ordering::Acquire) < tasks {
             spins += 1;
-            if spins.is_multiple_of(64) {
+            if spins.is_multiple_of(every) {
                 // a worker preempted mid-task, or a predictor or I/O thread, may need this core
                 std::thread::yield_now();
             }
@@ -215,7 +215,7 @@ fn claim_and_run(sh: &Shared, me: usize) -> u64 {
         // still inside `run` and `job` holds its function
         let f = unsafe { (*sh.job.get()).expect("a running section has a function") };
         f(i, me);
-        if sh.done.fetch_add(1, Ordering::Release) + 1 == tasks && sh.caller_sleeps.load(Ordering::Relaxed) {
+        if sh.done.fetch_add(1, Ordering::Release) + 1 == tasks && sh.passive {
             // the caller may be asleep: taking the lock orders this after its last check
             let _f = sh.finished.lock().unwrap_or_else(|p| p.into_inner());
             sh.finished_cv.notify_one();
@@ -236,7 +236,7 @@ fn worker(sh: &Shared, me: usize) {
             }
             (checked, switches) = (Instant::now(), now);
         }
-        let passive = sh.passive();
+        let (passive, every) = (sh.passive, sh.yield_every());
         // spin for the next section, then sleep
         let start = Instant::now();
         let mut n = 0u32;
@@ -249,7 +249,7 @@ fn worker(sh: &Shared, me: usize) {
                 return;
             }
             n += 1;
-            if n.is_multiple_of(64) || passive {
+            if n.is_multiple_of(every) || passive {
                 if passive || start.elapsed() > SPIN {
                     break None;
                 }
