@@ -8,6 +8,7 @@ pub mod moe;
 pub mod observer;
 pub mod qwen3_moe;
 pub mod route_replay;
+mod rows;
 pub mod run_state;
 
 pub use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};

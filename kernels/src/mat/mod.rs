@@ -1,11 +1,13 @@
 //! A borrowed weight matrix in one of the storage formats, and its products with activations:
 //! the row-by-row path here (through `dot`'s scalar and AVX2 forms), the AVX-512 tiles in
-//! `avx512.rs` (q4, q6, q8) and `avx512_bf16.rs` (bf16 prefill).
+//! `avx512.rs` (q4, q6), `avx512_q8.rs` (q8) and `avx512_bf16.rs` (bf16 prefill).
 
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
+#[cfg(target_arch = "x86_64")]
+mod avx512_q8;
 
 use std::ops::Range;
 
@@ -260,12 +262,12 @@ impl Mat<'_> {
                 true
             }
             // several tokens (prefill): tiles of rows x tokens
-            (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512::supports_q8(group) && n > 1 => {
+            (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512_q8::supports_q8(group) && n > 1 => {
                 // SAFETY: as above
-                unsafe { avx512::q8_matmul(q, scales, c, a, n, rows, out) };
+                unsafe { avx512_q8::q8_matmul(q, scales, c, a, n, rows, out) };
                 true
             }
-            (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512::supports_q8(group) => {
+            (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512_q8::supports_q8(group) => {
                 for (i, r) in rows.enumerate() {
                     if n == 1 {
                         crate::prefetch::scales_ahead(scales, r, 1, c / group);
@@ -273,7 +275,7 @@ impl Mat<'_> {
                     for t in 0..n {
                         // SAFETY: as above
                         unsafe {
-                            avx512::q8_matvec(q, scales, c, a.row(t), r..r + 1, &mut out[i * n + t..i * n + t + 1])
+                            avx512_q8::q8_matvec(q, scales, c, a.row(t), r..r + 1, &mut out[i * n + t..i * n + t + 1])
                         };
                     }
                 }

@@ -1,0 +1,204 @@
+//! AVX-512 VNNI kernels for q8 weights: matrix-vector (decode) and tiles of rows x tokens
+//! (prefill). The bytes get their sign bit flipped (`w + 128`, unsigned for `vpdpbusd`) and
+//! 128 times the group's activation sum comes off exactly, in lane 0 (see `avx512.rs` for the
+//! instruction and how the groups' lanes are scaled and summed).
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use crate::act::{QuantAct, QuantRow};
+
+/// Whether these kernels take a q8 matrix with groups of `group` (whole 64-byte vectors).
+pub fn supports_q8(group: usize) -> bool {
+    group.is_multiple_of(64)
+}
+
+/// `out[i] = W[rows.start + i] · a` for q8 weights `q` (`[rows, cols]`) with `scales`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VNNI; `supports_q8(a.group)`; slices sized as above.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q8_matvec(q: &[i8], scales: &[f32], cols: usize, a: QuantRow<'_>, rows: Range<usize>, out: &mut [f32]) {
+    debug_assert!(supports_q8(a.group) && out.len() == rows.len());
+    let ng = cols / a.group;
+    for (o, r) in out.iter_mut().zip(rows) {
+        // SAFETY: as above
+        *o = unsafe { q8_row(&q[r * cols..(r + 1) * cols], &scales[r * ng..(r + 1) * ng], a) };
+    }
+}
+
+/// `out[i * n + t] = W[rows.start + i] · a[t]` for q8 weights (as [`q8_matvec`]) and all `n`
+/// activation rows of `a`: tiles of 2 rows x 2 tokens share their loads (prefill). Each (row,
+/// token) goes through the same operations in the same order as [`q8_matvec`]'s, so a
+/// prompt's products equal its tokens' one by one, bit for bit.
+///
+/// # Safety
+/// The CPU must support AVX-512 F, BW and VNNI; `supports_q8(a.group)`; `q` and `scales` hold
+/// the rows; `out.len() == rows.len() * n`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q8_matmul(
+    q: &[i8],
+    scales: &[f32],
+    cols: usize,
+    a: &QuantAct,
+    n: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    let ng = cols / a.group;
+    assert!(
+        supports_q8(a.group)
+            && q.len() >= rows.end * cols
+            && scales.len() >= rows.end * ng
+            && a.q.len() >= n * cols
+            && out.len() == rows.len() * n
+    );
+    let mut r = rows.start;
+    while r < rows.end {
+        let nr = (rows.end - r).min(2);
+        let mut t = 0;
+        while t < n {
+            let nt = (n - t).min(2);
+            let o = &mut out[(r - rows.start) * n..];
+            // SAFETY (each): rows r..r + nr and tokens t..t + nt exist, as asserted
+            unsafe {
+                match (nr, nt) {
+                    (2, 2) => q8_put::<2, 2>(q, scales, cols, a, r, t, n, o),
+                    (2, _) => q8_put::<2, 1>(q, scales, cols, a, r, t, n, o),
+                    (_, 2) => q8_put::<1, 2>(q, scales, cols, a, r, t, n, o),
+                    _ => q8_put::<1, 1>(q, scales, cols, a, r, t, n, o),
+                }
+            }
+            t += nt;
+        }
+        r += nr;
+    }
+}
+
+/// Rows `r0..r0 + R` times tokens `t0..t0 + T` of q8 weights into `out` (`[R, n]` from row
+/// `r0`): per (row, token) the operations of [`q8_row`] and [`sum_groups`], in their order.
+#[inline]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q8_put<const R: usize, const T: usize>(
+    q: &[i8],
+    wd: &[f32],
+    cols: usize,
+    a: &QuantAct,
+    r0: usize,
+    t0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    let (g, ng) = (a.group, cols / a.group);
+    let flip = _mm512_set1_epi8(-128);
+    let rows: [QuantRow<'_>; T] = std::array::from_fn(|t| a.row(t0 + t));
+    // float accumulators per (row, token): even groups into [0], odd into [1]
+    let mut f = [[[_mm512_setzero_ps(); 2]; T]; R];
+    for gi in 0..ng {
+        // the group's int32 lanes: even 64-byte chunks into e, odd into o
+        let mut e = [[_mm512_setzero_si512(); T]; R];
+        let mut o = [[_mm512_setzero_si512(); T]; R];
+        let end = (gi + 1) * g;
+        let mut c = gi * g;
+        while c < end {
+            for (half, acc) in [(0, &mut e), (64, &mut o)] {
+                let cc = c + half;
+                if cc >= end {
+                    break;
+                }
+                // SAFETY (the loads): chunk cc of each row and token is inside them (groups are
+                // whole 64-byte chunks)
+                let w: [__m512i; R] = std::array::from_fn(|i| unsafe {
+                    _mm512_xor_si512(_mm512_loadu_si512(q.as_ptr().add((r0 + i) * cols + cc) as *const _), flip)
+                });
+                for (t, row) in rows.iter().enumerate() {
+                    let x = unsafe { _mm512_loadu_si512(row.q.as_ptr().add(cc) as *const _) };
+                    for i in 0..R {
+                        acc[i][t] = _mm512_dpbusd_epi32(acc[i][t], w[i], x);
+                    }
+                }
+            }
+            c += 128;
+        }
+        for i in 0..R {
+            for (t, row) in rows.iter().enumerate() {
+                let b = _mm512_maskz_set1_epi32(1, -128 * row.sums[gi]);
+                let v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(e[i][t], o[i][t]), b));
+                let fp = &mut f[i][t][gi % 2];
+                *fp = _mm512_fmadd_ps(v, _mm512_set1_ps(wd[(r0 + i) * ng + gi] * row.scales[gi]), *fp);
+            }
+        }
+    }
+    for i in 0..R {
+        for t in 0..T {
+            out[i * n + t0 + t] = _mm512_reduce_add_ps(_mm512_add_ps(f[i][t][0], f[i][t][1]));
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q8_row(q: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+    let g = a.group;
+    let ng = wd.len();
+    let flip = _mm512_set1_epi8(-128);
+    // one 64-byte chunk at c into an accumulator: w + 128 as an unsigned byte times a
+    let chunk = |acc: __m512i, c: usize| -> __m512i {
+        // SAFETY: c + 64 <= cols (groups are whole 64-byte chunks)
+        unsafe {
+            let w = _mm512_loadu_si512(q.as_ptr().add(c) as *const _);
+            let x = _mm512_loadu_si512(a.q.as_ptr().add(c) as *const _);
+            _mm512_dpbusd_epi32(acc, _mm512_xor_si512(w, flip), x)
+        }
+    };
+    // even and odd 64-byte chunks of group gi in separate accumulators
+    let group = |gi: usize| -> (__m512i, __m512i) {
+        let (mut e, mut o) = (_mm512_setzero_si512(), _mm512_setzero_si512());
+        let end = (gi + 1) * g;
+        let mut c = gi * g;
+        while c < end {
+            e = chunk(e, c);
+            if c + 64 < end {
+                o = chunk(o, c + 64);
+            }
+            c += 128;
+        }
+        (e, o)
+    };
+    // the bias: sum ((w + 128) - 128) a = sum (w + 128) a - 128 sum a
+    // SAFETY: as above
+    unsafe { sum_groups(ng, 128, wd, a, group) }
+}
+
+/// The row's dot product from its groups' int32 lanes: `group(gi)` gives two accumulators of
+/// group gi's biased products; `bias` times the group's activation sum comes off exactly, in
+/// lane 0, then one FMA scales the group by weight scale times activation scale. Two groups at a
+/// time into separate float accumulators keep two chains in flight.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn sum_groups(
+    ng: usize,
+    bias: i32,
+    wd: &[f32],
+    a: QuantRow<'_>,
+    group: impl Fn(usize) -> (__m512i, __m512i),
+) -> f32 {
+    let fold = |gi: usize, (x, y): (__m512i, __m512i), f: __m512| -> __m512 {
+        let b = _mm512_maskz_set1_epi32(1, -bias * a.sums[gi]);
+        let v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(x, y), b));
+        _mm512_fmadd_ps(v, _mm512_set1_ps(wd[gi] * a.scales[gi]), f)
+    };
+    let (mut f0, mut f1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+    let mut gi = 0;
+    while gi + 1 < ng {
+        let (s0, s1) = (group(gi), group(gi + 1));
+        f0 = fold(gi, s0, f0);
+        f1 = fold(gi + 1, s1, f1);
+        gi += 2;
+    }
+    if gi < ng {
+        f0 = fold(gi, group(gi), f0);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
+}

@@ -1,0 +1,55 @@
+//! A prompt's per-token steps around the products, each row computed by itself and the rows
+//! split over the threads ([`Exec::rows_mut`]): the same bits at any thread count.
+
+use moescope_kernels::ops::{add_inplace, apply_rope, rms_norm, rms_norm_inplace};
+
+use crate::exec::Exec;
+
+/// `out` row by row = RMS norm of `x`'s rows with weight `w` (rows of `w.len()` values), the
+/// rows in parallel.
+pub(super) fn norm_rows(exec: &Exec, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let h = w.len();
+    exec.rows_mut("norm_rows", out, h, &|r, o| {
+        for (t, o) in r.zip(o.chunks_exact_mut(h)) {
+            rms_norm(&x[t * h..(t + 1) * h], w, eps, o);
+        }
+    });
+}
+
+/// Each position's RoPE angles: `cos`, `sin` of `[T, half]`.
+#[derive(Clone, Copy)]
+pub(super) struct Angles<'a> {
+    pub cos: &'a [f32],
+    pub sin: &'a [f32],
+    pub half: usize,
+}
+
+/// Every head (`hd` values) of every row (one token's heads, `width` values) of `x`: RMS norm
+/// with weight `w`, then RoPE at the row's position; the rows in parallel.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn norm_rope_rows(
+    exec: &Exec,
+    label: &'static str,
+    x: &mut [f32],
+    width: usize,
+    hd: usize,
+    w: &[f32],
+    eps: f32,
+    rope: Angles<'_>,
+) {
+    let half = rope.half;
+    exec.rows_mut(label, x, width, &|r, rows| {
+        for (t, row) in r.zip(rows.chunks_exact_mut(width)) {
+            let (cs, sn) = (&rope.cos[t * half..(t + 1) * half], &rope.sin[t * half..(t + 1) * half]);
+            for head in row.chunks_exact_mut(hd) {
+                rms_norm_inplace(head, w, eps);
+                apply_rope(head, cs, sn);
+            }
+        }
+    });
+}
+
+/// `x += d`, rows of `h` values in parallel.
+pub(super) fn add_rows(exec: &Exec, x: &mut [f32], d: &[f32], h: usize) {
+    exec.rows_mut("add_rows", x, h, &|r, x| add_inplace(x, &d[r.start * h..r.end * h]));
+}
