@@ -23,6 +23,8 @@ pub enum Command {
     Run(RunArgs),
     /// The workbench: chat while panes show routing, the expert cache and SSD I/O, live.
     Chat(ChatArgs),
+    /// An OpenAI-compatible HTTP server (chat and text completions, SSE streaming, metrics).
+    Serve(ServeArgs),
     /// Convert a HuggingFace checkpoint directory into a .moe package.
     Convert(ConvertArgs),
     /// Write a package of a real model's shape with seeded random weights (no download): its
@@ -118,6 +120,33 @@ pub struct ChatArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0: a free one, printed as `listening on HOST:PORT`).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require `Authorization: Bearer KEY` on every endpoint but /health.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// The model's name in /v1/models and responses (default: the package's name).
+    #[arg(long, value_name = "NAME")]
+    pub alias: Option<String>,
+    /// Requests that may wait behind the running one; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    pub queue: usize,
+    /// Serve Prometheus metrics at /metrics.
+    #[arg(long)]
+    pub metrics: bool,
+    /// Largest request body in bytes (larger: 413).
+    #[arg(long, default_value_t = 8 << 20, value_name = "BYTES")]
+    pub max_body_bytes: usize,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Args, Debug)]
 pub struct RunArgs {
     /// A .moe package, or a HuggingFace directory (converted once into the cache directory).
     /// Default: the built-in demo model.
@@ -129,9 +158,10 @@ pub struct RunArgs {
     /// Prompt as comma-separated token ids (for packages without a tokenizer).
     #[arg(long, value_name = "ID,ID,...")]
     pub prompt_ids: Option<String>,
-    /// Tokens to generate at most.
-    #[arg(short = 'n', long = "n-predict", default_value_t = 256)]
-    pub n_predict: usize,
+    /// Tokens to generate at most (default 256; `serve`: a request's default, else the context
+    /// left).
+    #[arg(short = 'n', long = "n-predict")]
+    pub n_predict: Option<usize>,
     /// Do not stop at an end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,

@@ -16,6 +16,7 @@ pub mod model_config;
 pub mod npy;
 pub mod package;
 pub mod rng;
+pub mod serve;
 pub mod synth;
 pub mod sysinfo;
 pub mod trace;

@@ -26,6 +26,7 @@ fn main() -> ExitCode {
         },
         Some(cli::Command::Run(a)) => cmd::run::run(a),
         Some(cli::Command::Chat(a)) => cmd::chat::run(a),
+        Some(cli::Command::Serve(a)) => cmd::serve::run(a),
         Some(cli::Command::Convert(a)) => cmd::convert::run(a),
         Some(cli::Command::Synth(a)) => cmd::synth::run(a),
         Some(cli::Command::Plan(a)) => cmd::plan::run(a),

@@ -33,7 +33,7 @@ fn turn(
 ) -> (Result<moescope::engine::session::Turn, EngineError>, Seen) {
     let mut sampler = Sampler::new(SamplerParams { temperature: 0.0, ..Default::default() });
     let cancel = AtomicBool::new(false);
-    let req = GenRequest { max_tokens, stop_at_eos: true, cancel: &cancel };
+    let req = GenRequest { max_tokens, stop_at_eos: true, cancel: &cancel, progress: None };
     let mut seen = Seen::default();
     let res = session.turn(engine, &mut sampler, req, user, &mut NoObserver, &mut |ev| match ev {
         TurnEvent::Prompt { tokens, cached } => seen.prompt = Some((tokens, cached)),

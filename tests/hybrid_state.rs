@@ -18,7 +18,7 @@ use moescope_kernels::Isa;
 fn turn(eng: &mut Engine, prompt: &[u32], n: usize) -> (GenStats, Vec<Vec<f32>>) {
     let mut sampler = Sampler::new(SamplerParams { temperature: 0.0, ..Default::default() });
     let cancel = AtomicBool::new(false);
-    let req = GenRequest { max_tokens: n, stop_at_eos: false, cancel: &cancel };
+    let req = GenRequest { max_tokens: n, stop_at_eos: false, cancel: &cancel, progress: None };
     let mut steps = vec![];
     let stats = eng
         .generate(prompt, &mut sampler, req, &mut NoObserver, &mut |_, l| {

@@ -63,7 +63,7 @@ pub fn run(a: &ChatArgs) -> Result<()> {
         "package": cfg.model.display().to_string(),
         "threads": cfg.engine.threads,
         "settings": {
-            "n_predict": r.n_predict, "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
+            "n_predict": cfg.max_tokens, "temperature": r.temperature, "top_k": r.top_k, "top_p": r.top_p,
             "min_p": r.min_p, "repeat_penalty": r.repeat_penalty, "seed": cfg.sampler.seed,
             "cache_mb": r.cache_mb, "prefetch": r.prefetch, "policy": r.experts.policy,
             "route_from": r.experts.route_from,

@@ -13,6 +13,7 @@ pub mod perplexity;
 pub mod plan;
 pub mod repl;
 pub mod run;
+pub mod serve;
 pub mod sim;
 pub mod synth;
 pub mod trace_out;

@@ -19,6 +19,9 @@ use super::interrupt::{self, Interruptible};
 use super::{experts_report, model_arg, trace_out};
 use crate::cli::{ExpertArgs, RunArgs};
 
+/// Tokens `run` and `chat` generate at most when `-n` is not given.
+pub const DEFAULT_N_PREDICT: usize = 256;
+
 /// The prompt, as given.
 pub enum Prompt {
     Text(String),
@@ -151,7 +154,7 @@ impl RunConfig {
         Ok(RunConfig {
             model,
             prompt,
-            max_tokens: a.n_predict,
+            max_tokens: a.n_predict.unwrap_or(DEFAULT_N_PREDICT),
             ignore_eos: a.ignore_eos,
             sampler,
             chat: a.chat,
@@ -234,7 +237,7 @@ pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::
         "route_from": engine.model.route_replay().map(|r| r.name()),
         "cache_aware_routing": engine.model.cache_aware_routing(),
         "settings": {
-            "n_predict": a.n_predict, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
+            "n_predict": cfg.max_tokens, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
             "min_p": a.min_p, "repeat_penalty": a.repeat_penalty, "seed": cfg.sampler.seed, "chat": a.chat,
             "ignore_eos": a.ignore_eos,
         },
@@ -279,7 +282,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
     let mut write_err: Option<std::io::Error> = None;
     let stats = {
         let _g = Interruptible::start();
-        let req = GenRequest { max_tokens: cfg.max_tokens, stop_at_eos: !cfg.ignore_eos, cancel: &interrupt::STOP };
+        let req = GenRequest { max_tokens: cfg.max_tokens, stop_at_eos: !cfg.ignore_eos, cancel: &interrupt::STOP, progress: None };
         engine.generate(&ids, &mut sampler, req, log, &mut |id, logits| {
             if keep_logits {
                 logits_rows.extend_from_slice(logits);

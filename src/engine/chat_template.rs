@@ -51,17 +51,33 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, String> {
+        let messages = serde_json::to_value(messages).map_err(|e| e.to_string())?;
+        self.render_json(&messages, None, add_generation_prompt, enable_thinking)
+    }
+
+    /// [`render`](Self::render) for messages as OpenAI's API gives them (any fields: an
+    /// assistant's `tool_calls`, a tool reply's `tool_call_id`), and the request's `tools`
+    /// (passed only when given: templates test `if tools`).
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, String> {
         let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
-        let base = minijinja::context! {
+        let mut ctx = minijinja::context! {
             messages => minijinja::value::Serde(messages),
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
         };
-        let ctx = match enable_thinking {
-            Some(t) => minijinja::context! { enable_thinking => t, ..base },
-            None => base,
-        };
+        if let Some(t) = enable_thinking {
+            ctx = minijinja::context! { enable_thinking => t, ..ctx };
+        }
+        if let Some(t) = tools {
+            ctx = minijinja::context! { tools => minijinja::value::Serde(t), ..ctx };
+        }
         tmpl.render(ctx).map_err(|e| format!("chat template: {e}"))
     }
 }

@@ -202,7 +202,12 @@ impl Reuse {
 pub struct GenRequest<'a> {
     pub max_tokens: usize,
     pub stop_at_eos: bool,
+    /// Checked between prompt chunks and after every token: set, generation stops (a prompt cut
+    /// short leaves its evaluated chunks in the cache, where a later prompt can reuse them).
     pub cancel: &'a AtomicBool,
+    /// Told the number of prompt tokens each prompt chunk evaluated, as it finishes (a server's
+    /// counters).
+    pub progress: Option<&'a (dyn Fn(usize) + Sync)>,
 }
 
 impl Engine {
@@ -484,6 +489,23 @@ impl Engine {
         Ok(out)
     }
 
+    /// Evaluate a prompt's uncached part chunk by chunk, telling `req.progress` after each and
+    /// stopping between chunks when `req.cancel` is set (None then). The last chunk's logits.
+    fn prefill(&mut self, ids: &[u32], req: &GenRequest<'_>, obs: &mut dyn Observer) -> Result<Option<Vec<f32>>, EngineError> {
+        let mut logits = Vec::new();
+        for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
+            if req.cancel.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            let last = (i + 1) * PREFILL_CHUNK >= ids.len();
+            logits = self.eval(chunk, if last { Logits::Last } else { Logits::None }, obs)?;
+            if let Some(p) = req.progress {
+                p(chunk.len());
+            }
+        }
+        Ok(Some(logits))
+    }
+
     /// Generate after `prompt` (reusing the cached prefix). `on_token(id, logits)` sees each
     /// sampled id with the raw logits that chose it, and returns false to stop.
     ///
@@ -506,15 +528,17 @@ impl Engine {
             return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.kv.capacity() });
         }
         let t0 = Instant::now();
-        let (cached, reuse, mut logits) = {
+        let (cached, reuse, logits) = {
             let mut span = trace::span("prefill").arg("prompt_tokens", prompt.len());
             let (cached, reuse) = self.reuse_prefix_how(prompt);
             span.set("cached_tokens", cached);
             span.set("reuse", reuse.name());
-            let logits = self.eval(&prompt[cached..], Logits::Last, obs)?;
-            // a turn boundary: where a later prompt that rewrites this turn's reply (an old
-            // <think> dropped by the template) can take a hybrid model's state back to
-            self.kv.snapshot();
+            let logits = self.prefill(&prompt[cached..], &req, obs)?;
+            if logits.is_some() {
+                // a turn boundary: where a later prompt that rewrites this turn's reply (an old
+                // <think> dropped by the template) can take a hybrid model's state back to
+                self.kv.snapshot();
+            }
             (cached, reuse, logits)
         };
         let mut stats = GenStats {
@@ -528,6 +552,10 @@ impl Engine {
             decode_steps: 0,
             token_ms: Vec::new(),
             stop: Stop::Length,
+        };
+        let Some(mut logits) = logits else {
+            stats.stop = Stop::Cancelled;
+            return Ok(stats);
         };
         if req.max_tokens == 0 {
             return Ok(stats);

@@ -55,8 +55,19 @@ impl SamplerParams {
     }
 }
 
+/// What OpenAI's API adds to the sampler: a bias per token id, and penalties that lower a logit
+/// by `presence` once a token has appeared and by `frequency` for each time it has (both over
+/// the last `repeat_last_n` tokens, as llama.cpp counts them).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Adjustments {
+    pub logit_bias: Vec<(u32, f32)>,
+    pub presence: f32,
+    pub frequency: f32,
+}
+
 pub struct Sampler {
     pub params: SamplerParams,
+    adjust: Adjustments,
     rng: Rng,
     /// (id, logit) scratch, reused across tokens.
     cand: Vec<(u32, f32)>,
@@ -64,7 +75,12 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn new(params: SamplerParams) -> Sampler {
-        Sampler { params, rng: Rng::new(params.seed), cand: Vec::new() }
+        Sampler { params, adjust: Adjustments::default(), rng: Rng::new(params.seed), cand: Vec::new() }
+    }
+
+    pub fn with_adjustments(mut self, adjust: Adjustments) -> Sampler {
+        self.adjust = adjust;
+        self
     }
 
     /// The next token, given the raw logits and the tokens so far (for the penalty).
@@ -72,6 +88,7 @@ impl Sampler {
         let p = self.params;
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+        self.apply_adjustments(history);
         if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
             let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
             let mut seen: Vec<u32> = recent.to_vec();
@@ -119,6 +136,28 @@ impl Sampler {
             }
         }
         self.cand[keep - 1].0
+    }
+}
+
+impl Sampler {
+    /// Logit bias, then presence and frequency penalties, on the raw logits in `cand`.
+    fn apply_adjustments(&mut self, history: &[u32]) {
+        let a = &self.adjust;
+        for &(id, b) in &a.logit_bias {
+            if let Some(c) = self.cand.get_mut(id as usize) {
+                c.1 += b;
+            }
+        }
+        if (a.presence == 0.0 && a.frequency == 0.0) || self.params.repeat_last_n == 0 {
+            return;
+        }
+        let mut recent: Vec<u32> = history[history.len().saturating_sub(self.params.repeat_last_n)..].to_vec();
+        recent.sort_unstable();
+        for run in recent.chunk_by(|x, y| x == y) {
+            if let Some(c) = self.cand.get_mut(run[0] as usize) {
+                c.1 -= a.presence + a.frequency * run.len() as f32;
+            }
+        }
     }
 }
 
@@ -203,5 +242,21 @@ mod tests {
         assert_eq!(s.sample(&[2.0, 1.5], &[0]), 1);
         // a negative logit is pushed further down
         assert_eq!(s.sample(&[-1.0, -1.5], &[0]), 1);
+    }
+
+    #[test]
+    fn bias_and_penalties_move_greedy_choice() {
+        let adj = |logit_bias, presence, frequency| Adjustments { logit_bias, presence, frequency };
+        // +1 on token 1 beats token 0 by 0.5
+        let mut s = Sampler::new(params(0.0)).with_adjustments(adj(vec![(1, 1.0), (99, 5.0)], 0.0, 0.0));
+        assert_eq!(s.sample(&[2.0, 1.5], &[]), 1);
+        // presence 0.4 once: 2.0 - 0.4 = 1.6 > 1.5; frequency 0.2 twice on top: 1.2 < 1.5
+        let mut s = Sampler::new(params(0.0)).with_adjustments(adj(vec![], 0.4, 0.0));
+        assert_eq!(s.sample(&[2.0, 1.5], &[0, 0]), 0);
+        let mut s = Sampler::new(params(0.0)).with_adjustments(adj(vec![], 0.4, 0.2));
+        assert_eq!(s.sample(&[2.0, 1.5], &[0, 0]), 1);
+        // only the last repeat_last_n tokens count
+        let mut s = Sampler::new(SamplerParams { repeat_last_n: 1, ..params(0.0) }).with_adjustments(adj(vec![], 0.4, 0.2));
+        assert_eq!(s.sample(&[2.0, 1.5], &[0, 1]), 0);
     }
 }

@@ -1,0 +1,244 @@
+//! `moescope serve`: an OpenAI-compatible HTTP server. axum and tokio take the connections; the
+//! engine runs on its own OS thread and takes requests from one bounded FIFO queue, one at a
+//! time, reusing the KV cache's longest common prefix between them (llama-server's
+//! `cache_prompt`, mollm's one-engine design).
+//!
+//! ```text
+//! client -> axum handler: parse, template, tokenize, context check -> Job -> queue (bounded)
+//!        <- JSON or SSE chunks <- Event (Started, Text*, Done | Error) <- engine thread
+//! ```
+
+pub mod api;
+pub mod http;
+pub mod metrics;
+pub mod reply;
+pub mod text;
+pub mod tools;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use serde_json::Value;
+
+use crate::engine::Engine;
+use crate::engine::chat_template::ChatTemplate;
+use crate::engine::tokenizer::Tok;
+use crate::experts::Experts;
+use api::{ApiError, Defaults};
+use metrics::Metrics;
+use worker::Job;
+
+/// What the HTTP side knows of the loaded model.
+pub struct Loaded {
+    /// The model's name in responses (`--alias`, else the package's name).
+    pub id: String,
+    pub tok: Arc<Tok>,
+    pub template: Option<Arc<ChatTemplate>>,
+    pub ctx: usize,
+    pub vocab: usize,
+    /// `/v1/models`' entry.
+    pub card: Value,
+    pub experts: Option<Arc<Experts>>,
+}
+
+/// State shared by the handlers and the engine thread.
+pub struct Server {
+    pub loaded: OnceLock<Loaded>,
+    pub metrics: Metrics,
+    pub metrics_on: bool,
+    pub api_key: Option<String>,
+    pub defaults: Defaults,
+    pub next_id: AtomicU64,
+    /// Start time (unix seconds): response ids are unique across restarts.
+    pub started: u64,
+    jobs: Sender<Job>,
+    /// The running request's cancel flag (a shutdown sets it).
+    current: Mutex<Option<Arc<AtomicBool>>>,
+    stopping: AtomicBool,
+}
+
+impl Server {
+    /// Queue a request, or refuse it when the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        match self.jobs.try_send(job) {
+            Ok(()) => {
+                Metrics::add(&self.metrics.requests, 1);
+                self.metrics.queued.store(self.jobs.len() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(TrySendError::Full(_)) => {
+                Metrics::add(&self.metrics.rejected_full, 1);
+                let n = self.jobs.capacity().unwrap_or(0);
+                Err(ApiError::new(503, "unavailable_error", format!("the server is busy: {n} requests are waiting; retry later")))
+            }
+            Err(TrySendError::Disconnected(_)) => Err(ApiError::new(503, "unavailable_error", "the server is shutting down")),
+        }
+    }
+
+    pub fn queue_depth(&self) -> usize {
+        self.jobs.len()
+    }
+}
+
+pub struct ServeOptions {
+    pub host: String,
+    pub port: u16,
+    pub api_key: Option<String>,
+    pub alias: Option<String>,
+    /// Requests that may wait behind the running one.
+    pub queue: usize,
+    pub metrics: bool,
+    pub body_limit: usize,
+    pub defaults: Defaults,
+}
+
+/// Loads the engine on the engine thread (the server answers `/health` with 503 meanwhile).
+pub type Loader = Box<dyn FnOnce() -> Result<Engine, String> + Send>;
+
+/// Serve until Ctrl+C or SIGTERM. `on_listen` is told the bound address (port 0 picks one).
+pub fn run(opts: ServeOptions, load: Loader, on_listen: impl FnOnce(SocketAddr)) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("moescope-http")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the HTTP runtime: {e}"))?;
+    let addr = format!("{}:{}", opts.host, opts.port);
+    let listener = rt.block_on(tokio::net::TcpListener::bind(&addr)).map_err(|e| format!("binding {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| format!("{addr}: {e}"))?;
+    let (tx, rx) = crossbeam_channel::bounded(opts.queue.max(1));
+    let server = Arc::new(Server {
+        loaded: OnceLock::new(),
+        metrics: Metrics::default(),
+        metrics_on: opts.metrics,
+        api_key: opts.api_key.clone(),
+        defaults: opts.defaults.clone(),
+        next_id: AtomicU64::new(0),
+        started: http::unix_now(),
+        jobs: tx,
+        current: Mutex::new(None),
+        stopping: AtomicBool::new(false),
+    });
+    on_listen(local);
+    let (fail_tx, fail_rx) = tokio::sync::oneshot::channel::<String>();
+    let engine = {
+        let (s, alias) = (server.clone(), opts.alias.clone());
+        std::thread::Builder::new()
+            .name("moescope-engine".into())
+            .spawn(move || engine_thread(s, load, alias, rx, fail_tx))
+            .map_err(|e| format!("starting the engine thread: {e}"))?
+    };
+    let app = http::router(server.clone(), opts.body_limit);
+    let res = rt.block_on(async move {
+        let failed = std::sync::Arc::new(tokio::sync::Mutex::new(None));
+        let f2 = failed.clone();
+        let stop = async move {
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                msg = fail_rx => if let Ok(m) = msg { *f2.lock().await = Some(m) },
+            }
+        };
+        let serve = axum::serve(listener, app).with_graceful_shutdown(stop);
+        let r = serve.await.map_err(|e| format!("serving {local}: {e}"));
+        let failed = failed.lock().await.take();
+        match failed {
+            Some(m) => Err(m),
+            None => r,
+        }
+    });
+    server.stopping.store(true, Ordering::Relaxed);
+    if let Ok(Some(c)) = server.current.lock().map(|c| c.clone()) {
+        c.store(true, Ordering::Relaxed);
+    }
+    drop(rt);
+    let _ = engine.join();
+    res
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => t,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn engine_thread(
+    s: Arc<Server>,
+    load: Loader,
+    alias: Option<String>,
+    rx: Receiver<Job>,
+    fail: tokio::sync::oneshot::Sender<String>,
+) {
+    crate::trace::recorder::set_thread_name("engine");
+    let mut engine = match load() {
+        Ok(e) => e,
+        Err(m) => {
+            let _ = fail.send(m);
+            return;
+        }
+    };
+    let Some(tok) = engine.tok.clone() else {
+        let _ = fail.send("this package has no tokenizer, so it cannot be served".into());
+        return;
+    };
+    let id = alias.unwrap_or_else(|| engine.package().meta.display_name());
+    let mut card = model_card(&engine);
+    card["id"] = id.clone().into();
+    let _ = s.loaded.set(Loaded {
+        id,
+        vocab: tok.vocab_size().max(engine.model.cfg.vocab_size),
+        tok,
+        template: engine.template.clone(),
+        ctx: engine.kv.capacity(),
+        card,
+        experts: engine.experts.clone(),
+    });
+    let mut obs = crate::model::NoObserver;
+    while !s.stopping.load(Ordering::Relaxed) {
+        let job = match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(j) => j,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        s.metrics.queued.store(rx.len() as u64, Ordering::Relaxed);
+        if let Ok(mut c) = s.current.lock() {
+            *c = Some(job.cancel.clone());
+        }
+        s.metrics.processing.store(1, Ordering::Relaxed);
+        worker::run_job(&mut engine, job, &s.metrics, &mut obs);
+        s.metrics.processing.store(0, Ordering::Relaxed);
+        if let Ok(mut c) = s.current.lock() {
+            *c = None;
+        }
+        engine.resize_auto_pool();
+    }
+}
+
+/// `/v1/models`' entry (llama-server's `meta`, plus the experts and the package's format).
+fn model_card(e: &Engine) -> Value {
+    let p = e.package();
+    let c = &e.model.cfg;
+    serde_json::json!({
+        "id": "", "object": "model", "created": http::unix_now(), "owned_by": "moescope",
+        "meta": {
+            "n_vocab": c.vocab_size, "n_ctx_train": c.max_position_embeddings, "n_ctx": e.kv.capacity(),
+            "n_embd": c.hidden_size, "n_layer": c.num_hidden_layers, "size": p.file_size(),
+            "n_experts": c.num_experts, "n_experts_used": c.num_experts_per_tok, "quant": p.meta.quant.mode,
+            "expert_pool_bytes": e.experts.as_ref().map(|x| x.cache.budget_bytes()),
+        },
+    })
+}

@@ -1,0 +1,273 @@
+//! The engine's events as OpenAI's response objects: whole (`chat.completion`,
+//! `text_completion`) or as the stream's chunks in the order clients rely on: the role chunk,
+//! content (or tool call) deltas, a chunk with `finish_reason` and an empty delta, the usage
+//! chunk when asked, and `[DONE]` after everything, errors included.
+
+use serde_json::{Value, json};
+
+use super::tools::{Piece, ToolCall, ToolSplitter, split_reply};
+use super::worker::{Event, Finish, TokenLogprob, Usage};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Chat,
+    Completion,
+}
+
+/// What every chunk of one response shares, and what the request asked for.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    pub kind: Kind,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    /// Parse `<tool_call>` blocks out of the reply.
+    pub tools: bool,
+    pub include_usage: bool,
+    /// A trailing assistant message the reply continues: tool calls in it count, its text is
+    /// not sent again.
+    pub prefill: Option<String>,
+}
+
+/// The SSE payload of `[DONE]`.
+pub const DONE: &str = "[DONE]";
+
+/// Streamed responses: each engine event to the `data:` payloads it gives.
+pub struct Chunks {
+    shape: Shape,
+    split: Option<ToolSplitter>,
+    calls: usize,
+    ended: bool,
+}
+
+impl Chunks {
+    pub fn new(shape: Shape) -> Chunks {
+        let split = shape.tools.then(ToolSplitter::default);
+        Chunks { shape, split, calls: 0, ended: false }
+    }
+
+    /// True once `[DONE]` has been given.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    pub fn on(&mut self, ev: Event) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.ended {
+            return out;
+        }
+        match ev {
+            Event::Started { .. } => {
+                if self.shape.kind == Kind::Chat {
+                    out.push(self.chunk(json!({"role": "assistant", "content": null}), None, None));
+                }
+                if let (Some(sp), Some(p)) = (self.split.as_mut(), self.shape.prefill.clone()) {
+                    let calls: Vec<Piece> = sp.push(&p).into_iter().filter(|p| matches!(p, Piece::Call(_))).collect();
+                    self.pieces(calls, Vec::new(), &mut out);
+                }
+            }
+            Event::Text { text, logprobs } => {
+                let pieces = match self.split.as_mut() {
+                    Some(sp) => sp.push(&text),
+                    None => vec![Piece::Text(text)],
+                };
+                self.pieces(pieces, logprobs, &mut out);
+            }
+            Event::Done { finish, usage } => {
+                if let Some(sp) = self.split.as_mut() {
+                    let rest = sp.finish();
+                    self.pieces(rest, Vec::new(), &mut out);
+                }
+                let reason = finish_reason(finish, self.calls);
+                out.push(match self.shape.kind {
+                    Kind::Chat => self.chunk(json!({}), None, Some(reason)),
+                    Kind::Completion => self.text_chunk("", None, Some(reason)),
+                });
+                if self.shape.include_usage {
+                    let mut u = self.base();
+                    u["choices"] = json!([]);
+                    u["usage"] = usage_json(&usage);
+                    out.push(u.to_string());
+                }
+                out.push(DONE.into());
+                self.ended = true;
+            }
+            Event::Error { message } => out.extend(self.error(&message)),
+        }
+        out
+    }
+
+    /// The engine's channel closed without an end (it stopped): an error, then `[DONE]`.
+    pub fn error(&mut self, message: &str) -> Vec<String> {
+        if self.ended {
+            return Vec::new();
+        }
+        self.ended = true;
+        vec![json!({"error": {"message": message, "type": "server_error", "code": 500}}).to_string(), DONE.into()]
+    }
+
+    fn pieces(&mut self, pieces: Vec<Piece>, mut logprobs: Vec<TokenLogprob>, out: &mut Vec<String>) {
+        for p in pieces {
+            let lp = std::mem::take(&mut logprobs);
+            let lp = (!lp.is_empty()).then_some(lp);
+            out.push(match (p, self.shape.kind) {
+                (Piece::Text(t), Kind::Chat) => self.chunk(json!({"content": t}), lp.as_deref(), None),
+                (Piece::Text(t), Kind::Completion) => self.text_chunk(&t, lp.as_deref(), None),
+                (Piece::Call(c), _) => {
+                    let call = tool_call_json(&c, self.calls, &self.shape.id);
+                    self.calls += 1;
+                    self.chunk(json!({"tool_calls": [call]}), lp.as_deref(), None)
+                }
+            });
+        }
+        // tokens whose text is still held back: their numbers go out on their own
+        if !logprobs.is_empty() {
+            out.push(match self.shape.kind {
+                Kind::Chat => self.chunk(json!({"content": ""}), Some(&logprobs), None),
+                Kind::Completion => self.text_chunk("", Some(&logprobs), None),
+            });
+        }
+    }
+
+    fn base(&self) -> Value {
+        let object = match self.shape.kind {
+            Kind::Chat => "chat.completion.chunk",
+            Kind::Completion => "text_completion",
+        };
+        json!({"id": self.shape.id, "object": object, "created": self.shape.created, "model": self.shape.model})
+    }
+
+    fn chunk(&self, delta: Value, lp: Option<&[TokenLogprob]>, finish: Option<&str>) -> String {
+        let mut c = self.base();
+        c["choices"] = json!([{"index": 0, "delta": delta, "logprobs": lp.map(chat_logprobs), "finish_reason": finish}]);
+        c.to_string()
+    }
+
+    fn text_chunk(&self, text: &str, lp: Option<&[TokenLogprob]>, finish: Option<&str>) -> String {
+        let mut c = self.base();
+        c["choices"] = json!([{"index": 0, "text": text, "logprobs": lp.map(|l| legacy_logprobs(l, 0)), "finish_reason": finish}]);
+        c.to_string()
+    }
+}
+
+fn finish_reason(f: Finish, calls: usize) -> &'static str {
+    if calls > 0 && f == Finish::Stop { "tool_calls" } else { f.name() }
+}
+
+fn tool_call_json(c: &ToolCall, index: usize, id: &str) -> Value {
+    let call_id = format!("call_{}_{index}", id.rsplit('-').next().unwrap_or(id));
+    json!({"index": index, "id": call_id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}})
+}
+
+pub fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+    })
+}
+
+/// llama-server's `timings`.
+pub fn timings_json(u: &Usage) -> Value {
+    let per_s = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1000.0 / ms } else { 0.0 };
+    let prompt_n = u.prompt_tokens - u.cached_tokens;
+    json!({
+        "cache_n": u.cached_tokens,
+        "prompt_n": prompt_n,
+        "prompt_ms": u.prompt_ms,
+        "prompt_per_second": per_s(prompt_n, u.prompt_ms),
+        "predicted_n": u.completion_tokens,
+        "predicted_ms": u.predicted_ms,
+        "predicted_per_second": per_s(u.decode_steps, u.predicted_ms),
+    })
+}
+
+fn chat_logprobs(l: &[TokenLogprob]) -> Value {
+    let one = |t: &str, lp: f32| json!({"token": t, "logprob": lp, "bytes": t.as_bytes()});
+    let content: Vec<Value> = l
+        .iter()
+        .map(|t| {
+            let mut v = one(&t.token, t.logprob);
+            v["top_logprobs"] = t.top.iter().map(|(s, lp)| one(s, *lp)).collect();
+            v
+        })
+        .collect();
+    json!({"content": content})
+}
+
+/// The legacy endpoint's form; `offset` is where the first token's text starts in the reply.
+fn legacy_logprobs(l: &[TokenLogprob], offset: usize) -> Value {
+    let mut at = offset;
+    let offsets: Vec<usize> = l
+        .iter()
+        .map(|t| {
+            let o = at;
+            at += t.token.len();
+            o
+        })
+        .collect();
+    json!({
+        "tokens": l.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": l.iter().map(|t| t.logprob).collect::<Vec<_>>(),
+        "top_logprobs": l.iter().map(|t| t.top.iter().map(|(s, lp)| (s.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+/// A whole reply gathered from the events.
+#[derive(Debug, Default)]
+pub struct Whole {
+    pub text: String,
+    pub logprobs: Vec<TokenLogprob>,
+    pub end: Option<(Finish, Usage)>,
+}
+
+impl Whole {
+    /// Add an event; Err with the engine's message for an error.
+    pub fn add(&mut self, ev: Event) -> Result<(), String> {
+        match ev {
+            Event::Started { .. } => {}
+            Event::Text { text, logprobs } => {
+                self.text.push_str(&text);
+                self.logprobs.extend(logprobs);
+            }
+            Event::Done { finish, usage } => self.end = Some((finish, usage)),
+            Event::Error { message } => return Err(message),
+        }
+        Ok(())
+    }
+
+    /// The response object; `want_logprobs` as the request asked.
+    pub fn response(&self, shape: &Shape, want_logprobs: bool) -> Value {
+        let (finish, usage) = self.end.unwrap_or((Finish::Stop, Usage::default()));
+        let lp = want_logprobs.then_some(self.logprobs.as_slice());
+        let (object, choice) = match shape.kind {
+            Kind::Chat => {
+                let (content, calls) = self.chat_content(shape);
+                let mut message = json!({"role": "assistant", "content": content});
+                if !calls.is_empty() {
+                    let calls: Vec<Value> = calls.iter().enumerate().map(|(i, c)| tool_call_json(c, i, &shape.id)).collect();
+                    message["tool_calls"] = Value::Array(calls);
+                }
+                let choice = json!({"index": 0, "message": message, "logprobs": lp.map(chat_logprobs), "finish_reason": finish_reason(finish, calls.len())});
+                ("chat.completion", choice)
+            }
+            Kind::Completion => (
+                "text_completion",
+                json!({"index": 0, "text": self.text, "logprobs": lp.map(|l| legacy_logprobs(l, 0)), "finish_reason": finish.name()}),
+            ),
+        };
+        json!({
+            "id": shape.id, "object": object, "created": shape.created, "model": shape.model,
+            "choices": [choice], "usage": usage_json(&usage), "timings": timings_json(&usage),
+        })
+    }
+
+    fn chat_content(&self, shape: &Shape) -> (Option<String>, Vec<ToolCall>) {
+        if !shape.tools {
+            return (Some(self.text.clone()), Vec::new());
+        }
+        split_reply(shape.prefill.as_deref(), &self.text)
+    }
+}
