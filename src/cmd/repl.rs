@@ -58,7 +58,12 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
         let mut out = std::io::stdout().lock();
         let res = {
             let _g = Interruptible::start();
-            let req = GenRequest { max_tokens: cfg.max_tokens, stop_at_eos: !cfg.ignore_eos, cancel: &interrupt::STOP, progress: None };
+            let req = GenRequest {
+                max_tokens: cfg.max_tokens,
+                stop_at_eos: !cfg.ignore_eos,
+                cancel: &interrupt::STOP,
+                progress: None,
+            };
             session.turn(&mut engine, &mut sampler, req, msg, &mut log, &mut |ev| {
                 if let TurnEvent::Token { piece: Some(p), .. } | TurnEvent::Tail(p) = ev {
                     let _ = out.write_all(p.as_bytes());

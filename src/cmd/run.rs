@@ -282,7 +282,12 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
     let mut write_err: Option<std::io::Error> = None;
     let stats = {
         let _g = Interruptible::start();
-        let req = GenRequest { max_tokens: cfg.max_tokens, stop_at_eos: !cfg.ignore_eos, cancel: &interrupt::STOP, progress: None };
+        let req = GenRequest {
+            max_tokens: cfg.max_tokens,
+            stop_at_eos: !cfg.ignore_eos,
+            cancel: &interrupt::STOP,
+            progress: None,
+        };
         engine.generate(&ids, &mut sampler, req, log, &mut |id, logits| {
             if keep_logits {
                 logits_rows.extend_from_slice(logits);

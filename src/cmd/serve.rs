@@ -16,7 +16,9 @@ use crate::cli::ServeArgs;
 pub fn run(a: &ServeArgs) -> Result<()> {
     let r = &a.run;
     if r.prompt.is_some() || r.prompt_ids.is_some() || r.json || r.logits_out.is_some() || r.chat {
-        bail!("serve takes its prompts from requests: --prompt, --prompt-ids, --chat, --json and --logits-out belong to `moescope run`");
+        bail!(
+            "serve takes its prompts from requests: --prompt, --prompt-ids, --chat, --json and --logits-out belong to `moescope run`"
+        );
     }
     if r.system.is_some() {
         bail!("serve: --system does not apply (a request's messages carry their own system message)");
@@ -86,7 +88,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     })
     .map_err(anyhow::Error::msg)?;
     if let Some(t) = trace {
-        t.finish(json!({"command": "serve", "package": cfg.model.display().to_string(), "threads": cfg.engine.threads}))?;
+        t.finish(
+            json!({"command": "serve", "package": cfg.model.display().to_string(), "threads": cfg.engine.threads}),
+        )?;
     }
     Ok(())
 }

@@ -491,7 +491,12 @@ impl Engine {
 
     /// Evaluate a prompt's uncached part chunk by chunk, telling `req.progress` after each and
     /// stopping between chunks when `req.cancel` is set (None then). The last chunk's logits.
-    fn prefill(&mut self, ids: &[u32], req: &GenRequest<'_>, obs: &mut dyn Observer) -> Result<Option<Vec<f32>>, EngineError> {
+    fn prefill(
+        &mut self,
+        ids: &[u32],
+        req: &GenRequest<'_>,
+        obs: &mut dyn Observer,
+    ) -> Result<Option<Vec<f32>>, EngineError> {
         let mut logits = Vec::new();
         for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
             if req.cancel.load(Ordering::Relaxed) {

@@ -256,7 +256,8 @@ mod tests {
         let mut s = Sampler::new(params(0.0)).with_adjustments(adj(vec![], 0.4, 0.2));
         assert_eq!(s.sample(&[2.0, 1.5], &[0, 0]), 1);
         // only the last repeat_last_n tokens count
-        let mut s = Sampler::new(SamplerParams { repeat_last_n: 1, ..params(0.0) }).with_adjustments(adj(vec![], 0.4, 0.2));
+        let mut s =
+            Sampler::new(SamplerParams { repeat_last_n: 1, ..params(0.0) }).with_adjustments(adj(vec![], 0.4, 0.2));
         assert_eq!(s.sample(&[2.0, 1.5], &[0, 1]), 0);
     }
 }

@@ -71,7 +71,12 @@ pub struct GenParams {
 pub enum Prompt {
     /// Messages for the chat template (normalized: `content` a string, `developer` as `system`);
     /// `prefill` is a trailing assistant message the reply continues.
-    Chat { messages: Value, tools: Option<Value>, enable_thinking: Option<bool>, prefill: Option<String> },
+    Chat {
+        messages: Value,
+        tools: Option<Value>,
+        enable_thinking: Option<bool>,
+        prefill: Option<String>,
+    },
     Text(String),
     Ids(Vec<u32>),
 }
@@ -92,10 +97,14 @@ impl<'a> Fields<'a> {
         self.0.get(k).filter(|v| !v.is_null())
     }
     fn num(&self, k: &str) -> Res<Option<f64>> {
-        self.get(k).map(|v| v.as_f64().ok_or_else(|| ApiError::invalid(k, format!("'{k}' must be a number")))).transpose()
+        self.get(k)
+            .map(|v| v.as_f64().ok_or_else(|| ApiError::invalid(k, format!("'{k}' must be a number"))))
+            .transpose()
     }
     fn bool(&self, k: &str) -> Res<Option<bool>> {
-        self.get(k).map(|v| v.as_bool().ok_or_else(|| ApiError::invalid(k, format!("'{k}' must be a boolean")))).transpose()
+        self.get(k)
+            .map(|v| v.as_bool().ok_or_else(|| ApiError::invalid(k, format!("'{k}' must be a boolean"))))
+            .transpose()
     }
     fn uint(&self, k: &str) -> Res<Option<u64>> {
         self.get(k)
@@ -104,7 +113,9 @@ impl<'a> Fields<'a> {
     }
     fn in_range(&self, k: &str, lo: f64, hi: f64) -> Res<Option<f32>> {
         match self.num(k)? {
-            Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid(k, format!("'{k}' must be in [{lo}, {hi}], got {x}"))),
+            Some(x) if !(lo..=hi).contains(&x) => {
+                Err(ApiError::invalid(k, format!("'{k}' must be in [{lo}, {hi}], got {x}")))
+            }
             x => Ok(x.map(|x| x as f32)),
         }
     }
@@ -145,7 +156,11 @@ fn gen_params(f: &Fields, d: &Defaults, chat: bool) -> Res<GenParams> {
     }
     s.seed = match f.get("seed") {
         // OpenAI's seed is any integer: a negative one keeps its bits
-        Some(v) => v.as_i64().map(|x| x as u64).or(v.as_u64()).ok_or_else(|| ApiError::invalid("seed", "'seed' must be an integer"))?,
+        Some(v) => v
+            .as_i64()
+            .map(|x| x as u64)
+            .or(v.as_u64())
+            .ok_or_else(|| ApiError::invalid("seed", "'seed' must be an integer"))?,
         None => d.seed.unwrap_or_else(fresh_seed),
     };
     let adjust = Adjustments {
@@ -161,7 +176,9 @@ fn gen_params(f: &Fields, d: &Defaults, chat: bool) -> Res<GenParams> {
     let logprobs = if chat {
         let top = f.uint("top_logprobs")?;
         match (f.bool("logprobs")?.unwrap_or(false), top) {
-            (_, Some(t)) if t > 20 => return Err(ApiError::invalid("top_logprobs", "'top_logprobs' must be at most 20")),
+            (_, Some(t)) if t > 20 => {
+                return Err(ApiError::invalid("top_logprobs", "'top_logprobs' must be at most 20"));
+            }
             (false, Some(_)) => return Err(ApiError::invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true")),
             (true, t) => Some(t.unwrap_or(0) as usize),
             (false, None) => None,
@@ -190,12 +207,18 @@ fn fresh_seed() -> u64 {
 
 fn logit_bias(f: &Fields) -> Res<Vec<(u32, f32)>> {
     let Some(v) = f.get("logit_bias") else { return Ok(Vec::new()) };
-    let o = v.as_object().ok_or_else(|| ApiError::invalid("logit_bias", "'logit_bias' must be an object of token id -> bias"))?;
+    let o = v
+        .as_object()
+        .ok_or_else(|| ApiError::invalid("logit_bias", "'logit_bias' must be an object of token id -> bias"))?;
     let mut out = Vec::with_capacity(o.len());
     for (k, b) in o {
-        let id = k.parse::<u32>().map_err(|_| ApiError::invalid("logit_bias", format!("logit_bias: '{k}' is not a token id")))?;
+        let id = k
+            .parse::<u32>()
+            .map_err(|_| ApiError::invalid("logit_bias", format!("logit_bias: '{k}' is not a token id")))?;
         let b = b.as_f64().filter(|b| (-100.0..=100.0).contains(b));
-        let b = b.ok_or_else(|| ApiError::invalid("logit_bias", format!("logit_bias: the bias of {k} must be a number in [-100, 100]")))?;
+        let b = b.ok_or_else(|| {
+            ApiError::invalid("logit_bias", format!("logit_bias: the bias of {k} must be a number in [-100, 100]"))
+        })?;
         out.push((id, b as f32));
     }
     Ok(out)
@@ -207,7 +230,11 @@ fn stop(f: &Fields) -> Res<Vec<String>> {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => a
             .iter()
-            .map(|x| x.as_str().map(str::to_string).ok_or_else(|| ApiError::invalid("stop", "'stop' must be a string or a list of strings")))
+            .map(|x| {
+                x.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| ApiError::invalid("stop", "'stop' must be a string or a list of strings"))
+            })
             .collect::<Res<_>>()?,
         Some(_) => return Err(ApiError::invalid("stop", "'stop' must be a string or a list of strings")),
     };
@@ -243,7 +270,9 @@ pub fn parse_chat(body: &Value, d: &Defaults) -> Res<Request> {
     let params = gen_params(&f, d, true)?;
     let (stream, include_usage) = stream_fields(&f)?;
     let msgs = f.get("messages").and_then(Value::as_array);
-    let msgs = msgs.filter(|m| !m.is_empty()).ok_or_else(|| ApiError::invalid("messages", "'messages' must be a non-empty array"))?;
+    let msgs = msgs
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::invalid("messages", "'messages' must be a non-empty array"))?;
     let mut messages: Vec<Value> = msgs.iter().enumerate().map(|(i, m)| message(i, m)).collect::<Res<_>>()?;
     // a trailing assistant message is the start of the reply
     let prefill = match messages.last() {
@@ -262,7 +291,10 @@ pub fn parse_chat(body: &Value, d: &Defaults) -> Res<Request> {
         (Some(Value::Array(t)), None | Some("auto")) if !t.is_empty() => Some(Value::Array(t.clone())),
         (Some(Value::Array(t)), None | Some("auto")) if t.is_empty() => None,
         (Some(Value::Array(_)), _) => {
-            return Err(ApiError::invalid("tool_choice", "'tool_choice' may be auto or none (no grammar forces a call)"));
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "'tool_choice' may be auto or none (no grammar forces a call)",
+            ));
         }
         (Some(_), _) => return Err(ApiError::invalid("tools", "'tools' must be an array")),
     };
@@ -286,11 +318,19 @@ pub fn parse_chat(body: &Value, d: &Defaults) -> Res<Request> {
 fn message(i: usize, m: &Value) -> Res<Value> {
     let param = format!("messages[{i}]");
     let o = m.as_object().ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
-    let role = o.get("role").and_then(Value::as_str).ok_or_else(|| ApiError::invalid(&param, format!("{param}.role is missing")))?;
+    let role = o
+        .get("role")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid(&param, format!("{param}.role is missing")))?;
     let role = match role {
         "developer" => "system",
         r @ ("system" | "user" | "assistant" | "tool") => r,
-        r => return Err(ApiError::invalid(&param, format!("{param}.role '{r}' is not one of system, developer, user, assistant, tool"))),
+        r => {
+            return Err(ApiError::invalid(
+                &param,
+                format!("{param}.role '{r}' is not one of system, developer, user, assistant, tool"),
+            ));
+        }
     };
     let content = match o.get("content") {
         None | Some(Value::Null) => String::new(),
@@ -301,14 +341,19 @@ fn message(i: usize, m: &Value) -> Res<Value> {
                 match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
                     (Some("text"), Some(t)) => text.push_str(t),
                     (Some(t), _) if t != "text" => {
-                        return Err(ApiError::invalid(&param, format!("{param}: content of type '{t}' is not supported (text only)")));
+                        return Err(ApiError::invalid(
+                            &param,
+                            format!("{param}: content of type '{t}' is not supported (text only)"),
+                        ));
                     }
                     _ => return Err(ApiError::invalid(&param, format!("{param}: a content part needs type and text"))),
                 }
             }
             text
         }
-        Some(_) => return Err(ApiError::invalid(&param, format!("{param}.content must be a string or a list of parts"))),
+        Some(_) => {
+            return Err(ApiError::invalid(&param, format!("{param}.content must be a string or a list of parts")));
+        }
     };
     let mut out = o.clone();
     out.insert("role".into(), role.into());
@@ -333,10 +378,12 @@ pub fn parse_completion(body: &Value, d: &Defaults) -> Res<Request> {
     let bad = || ApiError::invalid("prompt", "'prompt' must be a string, a list of one string, or a list of token ids");
     let prompt = match f.get("prompt").ok_or_else(bad)? {
         Value::String(s) => Prompt::Text(s.clone()),
-        Value::Array(a) if a.len() == 1 && a[0].is_string() => Prompt::Text(a[0].as_str().unwrap_or_default().to_string()),
-        Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            Prompt::Ids(a.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad)).collect::<Res<_>>()?)
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => {
+            Prompt::Text(a[0].as_str().unwrap_or_default().to_string())
         }
+        Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => Prompt::Ids(
+            a.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad)).collect::<Res<_>>()?,
+        ),
         Value::Array(a) if a.len() > 1 && a.iter().all(Value::is_string) => {
             return Err(ApiError::invalid("prompt", "one prompt per request (a list of prompts is a batch)"));
         }
@@ -374,7 +421,10 @@ mod tests {
         assert_eq!((tools, *enable_thinking, prefill.as_deref()), (&None, Some(false), Some("Sure:")));
         let g = &r.params;
         assert_eq!((g.sampler.temperature, g.sampler.top_p, g.sampler.top_k, g.sampler.seed), (0.0, 0.5, 3, u64::MAX));
-        assert_eq!((g.max_tokens, g.stop.clone(), g.logprobs, g.ignore_eos), (Some(9), vec!["\n\n".into()], Some(2), true));
+        assert_eq!(
+            (g.max_tokens, g.stop.clone(), g.logprobs, g.ignore_eos),
+            (Some(9), vec!["\n\n".into()], Some(2), true)
+        );
         assert_eq!((g.adjust.presence, g.adjust.logit_bias.clone()), (0.5, vec![(12, -100.0)]));
         assert!(r.stream && r.include_usage);
     }
@@ -384,7 +434,10 @@ mod tests {
         let m = json!([{"role": "user", "content": "hi"}]);
         let param = |b: Value| chat(b).unwrap_err().param;
         assert_eq!(param(json!({"messages": m, "n": 2})).as_deref(), Some("n"));
-        assert_eq!(param(json!({"messages": m, "response_format": {"type": "json_object"}})).as_deref(), Some("response_format"));
+        assert_eq!(
+            param(json!({"messages": m, "response_format": {"type": "json_object"}})).as_deref(),
+            Some("response_format")
+        );
         assert_eq!(param(json!({"messages": m, "temperature": "hot"})).as_deref(), Some("temperature"));
         assert_eq!(param(json!({"messages": m, "stop": ["a", "b", "c", "d", "e"]})).as_deref(), Some("stop"));
         assert_eq!(param(json!({"messages": m, "top_logprobs": 3})).as_deref(), Some("top_logprobs"));

@@ -142,7 +142,10 @@ async fn generate(s: &Arc<Server>, body: Result<Bytes, BytesRejection>, kind: Ki
         Kind::Completion => api::parse_completion(&body, &s.defaults)?,
     };
     if let Some(&(id, _)) = req.params.adjust.logit_bias.iter().find(|(id, _)| *id as usize >= m.vocab) {
-        return Err(ApiError::invalid("logit_bias", format!("logit_bias: token {id} is past the vocabulary ({})", m.vocab)));
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("logit_bias: token {id} is past the vocabulary ({})", m.vocab),
+        ));
     }
     let (ids, prefill, tools) = prompt_ids(m, &req.prompt)?;
     if ids.len() >= m.ctx {
@@ -170,7 +173,8 @@ async fn generate(s: &Arc<Server>, body: Result<Bytes, BytesRejection>, kind: Ki
     let want_logprobs = req.params.logprobs.is_some();
     let (tx, rx) = unbounded_channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    let job = Job { id, prompt: ids, params: req.params, events: tx, cancel: cancel.clone(), queued_at: Instant::now() };
+    let job =
+        Job { id, prompt: ids, params: req.params, events: tx, cancel: cancel.clone(), queued_at: Instant::now() };
     s.submit(job)?;
     let guard = CancelOnDrop(cancel);
     if req.stream {
@@ -223,8 +227,13 @@ fn render(m: &Loaded, p: &Prompt) -> Result<String, ApiError> {
     let Prompt::Chat { messages, tools, enable_thinking, prefill } = p else {
         return Err(ApiError::invalid("messages", "not a chat prompt"));
     };
-    let t = m.template.as_ref().ok_or_else(|| ApiError::invalid("messages", "this model has no chat template: use /v1/completions"))?;
-    let mut text = t.render_json(messages, tools.as_ref(), true, *enable_thinking).map_err(|e| ApiError::invalid("messages", e))?;
+    let t = m
+        .template
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template: use /v1/completions"))?;
+    let mut text = t
+        .render_json(messages, tools.as_ref(), true, *enable_thinking)
+        .map_err(|e| ApiError::invalid("messages", e))?;
     text.push_str(prefill.as_deref().unwrap_or(""));
     Ok(text)
 }
@@ -233,7 +242,10 @@ async fn tokenize(State(s): State<Arc<Server>>, body: Result<Bytes, BytesRejecti
     let run = || -> Result<Value, ApiError> {
         let m = loaded(&s)?;
         let b = json_body(body)?;
-        let text = b.get("content").and_then(Value::as_str).ok_or_else(|| ApiError::invalid("content", "'content' must be a string"))?;
+        let text = b
+            .get("content")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::invalid("content", "'content' must be a string"))?;
         let ids = m.tok.encode(text).map_err(|e| ApiError::new(500, "server_error", e))?;
         Ok(json!({"tokens": ids}))
     };
@@ -245,7 +257,13 @@ async fn detokenize(State(s): State<Arc<Server>>, body: Result<Bytes, BytesRejec
         let m = loaded(&s)?;
         let b = json_body(body)?;
         let bad = || ApiError::invalid("tokens", "'tokens' must be a list of token ids");
-        let ids: Vec<u32> = b.get("tokens").and_then(Value::as_array).ok_or_else(bad)?.iter().map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad)).collect::<Result<_, _>>()?;
+        let ids: Vec<u32> = b
+            .get("tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(bad)?
+            .iter()
+            .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad))
+            .collect::<Result<_, _>>()?;
         if ids.iter().any(|&i| i as usize >= m.vocab) {
             return Err(bad());
         }

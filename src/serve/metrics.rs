@@ -44,19 +44,51 @@ impl Metrics {
         line(&mut o, "llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", dt);
         line(&mut o, "llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time.", ds);
         line(&mut o, "llamacpp:n_decode_total", "counter", "Total number of forward passes.", g(&self.decodes));
-        line(&mut o, "llamacpp:n_busy_slots_per_decode", "counter", "Average number of busy slots per forward pass.", 1.0);
+        line(
+            &mut o,
+            "llamacpp:n_busy_slots_per_decode",
+            "counter",
+            "Average number of busy slots per forward pass.",
+            1.0,
+        );
         line(&mut o, "llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", rate(pt, ps));
-        line(&mut o, "llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", rate(dt, ds));
+        line(
+            &mut o,
+            "llamacpp:predicted_tokens_seconds",
+            "gauge",
+            "Average generation throughput in tokens/s.",
+            rate(dt, ds),
+        );
         line(&mut o, "llamacpp:requests_processing", "gauge", "Number of requests processing.", g(&self.processing));
         line(&mut o, "llamacpp:requests_deferred", "gauge", "Number of requests deferred.", g(&self.queued));
         line(&mut o, "llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", g(&self.tokens_max));
-        let m = |o: &mut String, name: &str, kind: &str, help: &str, v: f64| line(o, &format!("moescope_{name}"), kind, help, v);
+        let m = |o: &mut String, name: &str, kind: &str, help: &str, v: f64| {
+            line(o, &format!("moescope_{name}"), kind, help, v)
+        };
         m(&mut o, "requests_total", "counter", "Requests accepted into the queue.", g(&self.requests));
-        m(&mut o, "requests_rejected_total", "counter", "Requests refused because the queue was full.", g(&self.rejected_full));
-        m(&mut o, "requests_cancelled_total", "counter", "Requests whose client went away before the end.", g(&self.cancelled));
+        m(
+            &mut o,
+            "requests_rejected_total",
+            "counter",
+            "Requests refused because the queue was full.",
+            g(&self.rejected_full),
+        );
+        m(
+            &mut o,
+            "requests_cancelled_total",
+            "counter",
+            "Requests whose client went away before the end.",
+            g(&self.cancelled),
+        );
         m(&mut o, "requests_failed_total", "counter", "Requests that ended in an engine error.", g(&self.errors));
         m(&mut o, "queue_depth", "gauge", "Requests waiting for the engine.", g(&self.queued));
-        m(&mut o, "prompt_cached_tokens_total", "counter", "Prompt tokens reused from the KV cache.", g(&self.cached_tokens));
+        m(
+            &mut o,
+            "prompt_cached_tokens_total",
+            "counter",
+            "Prompt tokens reused from the KV cache.",
+            g(&self.cached_tokens),
+        );
         if let Some(ex) = experts {
             let s = ex.cache.total_stats();
             let c = |o: &mut String, name: &str, help: &str, v: u64| m(o, name, "counter", help, v as f64);
@@ -70,7 +102,13 @@ impl Metrics {
             c(&mut o, "prefetch_useful_bytes_total", "Prefetched bytes a layer then used.", s.prefetch_useful_bytes);
             c(&mut o, "prefetch_wasted_bytes_total", "Prefetched bytes evicted unused.", s.prefetch_wasted_bytes);
             let snap = ex.cache.snapshot();
-            m(&mut o, "pool_resident_bytes", "gauge", "Bytes of experts in the pool.", snap.residency.resident_bytes as f64);
+            m(
+                &mut o,
+                "pool_resident_bytes",
+                "gauge",
+                "Bytes of experts in the pool.",
+                snap.residency.resident_bytes as f64,
+            );
             m(&mut o, "pool_budget_bytes", "gauge", "The pool's byte budget.", snap.residency.budget_bytes as f64);
         }
         o

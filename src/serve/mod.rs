@@ -73,9 +73,15 @@ impl Server {
             Err(TrySendError::Full(_)) => {
                 Metrics::add(&self.metrics.rejected_full, 1);
                 let n = self.jobs.capacity().unwrap_or(0);
-                Err(ApiError::new(503, "unavailable_error", format!("the server is busy: {n} requests are waiting; retry later")))
+                Err(ApiError::new(
+                    503,
+                    "unavailable_error",
+                    format!("the server is busy: {n} requests are waiting; retry later"),
+                ))
             }
-            Err(TrySendError::Disconnected(_)) => Err(ApiError::new(503, "unavailable_error", "the server is shutting down")),
+            Err(TrySendError::Disconnected(_)) => {
+                Err(ApiError::new(503, "unavailable_error", "the server is shutting down"))
+            }
         }
     }
 

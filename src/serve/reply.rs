@@ -139,13 +139,15 @@ impl Chunks {
 
     fn chunk(&self, delta: Value, lp: Option<&[TokenLogprob]>, finish: Option<&str>) -> String {
         let mut c = self.base();
-        c["choices"] = json!([{"index": 0, "delta": delta, "logprobs": lp.map(chat_logprobs), "finish_reason": finish}]);
+        c["choices"] =
+            json!([{"index": 0, "delta": delta, "logprobs": lp.map(chat_logprobs), "finish_reason": finish}]);
         c.to_string()
     }
 
     fn text_chunk(&self, text: &str, lp: Option<&[TokenLogprob]>, finish: Option<&str>) -> String {
         let mut c = self.base();
-        c["choices"] = json!([{"index": 0, "text": text, "logprobs": lp.map(|l| legacy_logprobs(l, 0)), "finish_reason": finish}]);
+        c["choices"] =
+            json!([{"index": 0, "text": text, "logprobs": lp.map(|l| legacy_logprobs(l, 0)), "finish_reason": finish}]);
         c.to_string()
     }
 }
@@ -247,7 +249,8 @@ impl Whole {
                 let (content, calls) = self.chat_content(shape);
                 let mut message = json!({"role": "assistant", "content": content});
                 if !calls.is_empty() {
-                    let calls: Vec<Value> = calls.iter().enumerate().map(|(i, c)| tool_call_json(c, i, &shape.id)).collect();
+                    let calls: Vec<Value> =
+                        calls.iter().enumerate().map(|(i, c)| tool_call_json(c, i, &shape.id)).collect();
                     message["tool_calls"] = Value::Array(calls);
                 }
                 let choice = json!({"index": 0, "message": message, "logprobs": lp.map(chat_logprobs), "finish_reason": finish_reason(finish, calls.len())});

@@ -58,7 +58,10 @@ impl ToolSplitter {
                 // keep what may be the start of "<tool_call>"
                 let keep = (1..OPEN.len().min(self.buf.len() + 1))
                     .rev()
-                    .find(|&k| self.buf.is_char_boundary(self.buf.len() - k) && OPEN.starts_with(&self.buf[self.buf.len() - k..]))
+                    .find(|&k| {
+                        self.buf.is_char_boundary(self.buf.len() - k)
+                            && OPEN.starts_with(&self.buf[self.buf.len() - k..])
+                    })
                     .unwrap_or(0);
                 let now: String = self.buf.drain(..self.buf.len() - keep).collect();
                 self.text(&now, &mut out);
@@ -174,7 +177,10 @@ mod tests {
             p.extend(sp.finish());
             p
         };
-        assert_eq!(whole, [Piece::Text("Let me check.".into()), call("get_weather", r#"{"city":"Paris"}"#), call("now", "{}")]);
+        assert_eq!(
+            whole,
+            [Piece::Text("Let me check.".into()), call("get_weather", r#"{"city":"Paris"}"#), call("now", "{}")]
+        );
         for n in 1..12 {
             let mut sp = ToolSplitter::default();
             let mut got = Vec::new();

@@ -68,12 +68,23 @@ pub struct Usage {
 /// or `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    Started { prompt_tokens: usize, cached_tokens: usize },
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
     /// Text that no stop string can claim any more, with the log-probabilities of the tokens
     /// it came from (when asked).
-    Text { text: String, logprobs: Vec<TokenLogprob> },
-    Done { finish: Finish, usage: Usage },
-    Error { message: String },
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        finish: Finish,
+        usage: Usage,
+    },
+    Error {
+        message: String,
+    },
 }
 
 /// Run one request to its end. Its events go to `job.events`; a client that went away (the

@@ -304,7 +304,8 @@ impl Reply<'_> {
         let mut last = Instant::now();
         let mut last_full: Option<Instant> = None;
         let (mut started, mut tail) = (false, None);
-        let req = GenRequest { max_tokens: settings.max_tokens, stop_at_eos: !settings.ignore_eos, cancel, progress: None };
+        let req =
+            GenRequest { max_tokens: settings.max_tokens, stop_at_eos: !settings.ignore_eos, cancel, progress: None };
         let res = self.session.turn(self.engine, self.sampler, req, text, obs, &mut |ev| match ev {
             TurnEvent::Prompt { tokens, cached } => {
                 started = true;

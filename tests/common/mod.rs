@@ -2,6 +2,7 @@
 //! converted into temporary folders, and the real binary.
 #![allow(dead_code)]
 
+pub mod server;
 pub mod trace_check;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,285 @@
+//! `moescope serve` over raw TCP on the built-in demo: the SSE framing and chunk order, errors
+//! (bad JSON, oversize body, wrong key, context overflow, an engine error after the stream
+//! began), the full queue, cancellation when the client hangs up, and prefix reuse.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::Duration;
+
+use common::server::Server;
+use serde_json::{Value, json};
+
+fn chat_body(text: &str, extra: Value) -> Value {
+    let mut b = json!({"model": "any", "messages": [{"role": "user", "content": text}]});
+    if let (Value::Object(o), Value::Object(e)) = (&mut b, extra) {
+        o.extend(e);
+    }
+    b
+}
+
+fn demo_package(cache: &Path) -> PathBuf {
+    moescope::demo::ensure_package(cache).expect("demo package").0
+}
+
+fn parse(events: &[String]) -> Vec<Value> {
+    events.iter().filter(|d| *d != "[DONE]").map(|d| serde_json::from_str(d).expect("a JSON chunk")).collect()
+}
+
+#[test]
+fn stream_chunks_come_in_order_and_match_the_whole_reply() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Server::start(&["-t", "1"], d.path());
+    let body = chat_body(
+        "What is a trait?",
+        json!({"max_tokens": 24, "seed": 42, "temperature": 0.8, "logprobs": true, "top_logprobs": 2}),
+    );
+    let whole = s.post("/v1/chat/completions", &body);
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let whole = whole.json();
+    assert_eq!(whole["object"], "chat.completion");
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    sb["stream_options"] = json!({"include_usage": true});
+    let mut sse = s.stream("/v1/chat/completions", &sb);
+    assert_eq!(sse.status, 200);
+    assert!(sse.headers["content-type"].starts_with("text/event-stream"), "{:?}", sse.headers);
+    assert!(!sse.headers.contains_key("content-length"));
+    let events = sse.all();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    assert_eq!(events.iter().filter(|e| *e == "[DONE]").count(), 1);
+    let chunks = parse(&events);
+    let n = chunks.len();
+    // 1: the role chunk, exactly; then content; then an empty delta with the finish reason;
+    // then the usage chunk with no choices
+    assert_eq!(chunks[0]["choices"][0]["delta"], json!({"role": "assistant", "content": null}));
+    assert_eq!(chunks[0]["choices"][0]["finish_reason"], Value::Null);
+    let fin = &chunks[n - 2]["choices"][0];
+    assert_eq!((fin["delta"].clone(), fin["finish_reason"].clone()), (json!({}), json!("length")));
+    assert_eq!(chunks[n - 1]["choices"], json!([]));
+    let usage = &chunks[n - 1]["usage"];
+    assert_eq!(usage["completion_tokens"], 24);
+    assert_eq!(usage["total_tokens"], usage["prompt_tokens"].as_u64().unwrap() + 24);
+    for c in &chunks {
+        assert_eq!((c["id"].clone(), c["object"].clone()), (chunks[0]["id"].clone(), json!("chat.completion.chunk")));
+        assert_eq!(c["created"], chunks[0]["created"]);
+    }
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    for c in &chunks[1..n - 2] {
+        let ch = &c["choices"][0];
+        assert_eq!(ch["finish_reason"], Value::Null);
+        text.push_str(ch["delta"]["content"].as_str().expect("content"));
+        logprobs.extend(ch["logprobs"]["content"].as_array().cloned().unwrap_or_default());
+    }
+    // the same seed gives the same reply, streamed or not, and the same numbers
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(message["content"].as_str(), Some(text.as_str()));
+    assert_eq!(whole["choices"][0]["logprobs"]["content"], Value::Array(logprobs.clone()));
+    assert_eq!(logprobs.len(), 24);
+    for lp in &logprobs {
+        let top = lp["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 2);
+        assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+        assert!(lp["logprob"].as_f64().unwrap() <= 0.0);
+    }
+    // the second request found the first one's prompt in the cache
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], usage["prompt_tokens"].as_u64().unwrap() - 1);
+}
+
+#[test]
+fn bad_requests_get_openai_errors() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Server::start(&["-t", "1", "-c", "64", "--max-body-bytes", "4096", "--api-key", "sesame"], d.path());
+    let key = [("Authorization", "Bearer sesame")];
+    let err = |status: u16, r: &common::server::Response| {
+        assert_eq!(r.status, status, "{}", r.text());
+        let e = r.json();
+        assert!(e["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{e}");
+        assert!(e["error"]["type"].is_string(), "{e}");
+        e
+    };
+    // /health needs no key; everything else does
+    assert_eq!(s.request("GET", "/health", &[], b"").status, 200);
+    err(401, &s.request("GET", "/v1/models", &[], b""));
+    err(401, &s.request("GET", "/v1/models", &[("Authorization", "Bearer sesamf")], b""));
+    assert_eq!(s.request("GET", "/v1/models", &key, b"").json()["data"][0]["owned_by"], "moescope");
+    let post = |b: &[u8]| s.request("POST", "/v1/chat/completions", &key, b);
+    err(400, &post(b"{\"messages\": [}"));
+    let e = err(400, &post(chat_body("hi", json!({"n": 2})).to_string().as_bytes()));
+    assert_eq!(e["error"]["param"], "n");
+    let big = chat_body(&"x".repeat(5000), json!({}));
+    err(413, &post(big.to_string().as_bytes()));
+    let long = chat_body(&"the trait ".repeat(40), json!({}));
+    let e = err(400, &post(long.to_string().as_bytes()));
+    assert_eq!(e["error"]["code"], "context_length_exceeded");
+    err(404, &s.request("GET", "/v1/nothing", &key, b""));
+    // the server still answers
+    let ok = post(chat_body("hi", json!({"max_tokens": 2})).to_string().as_bytes());
+    assert_eq!(ok.status, 200, "{}", ok.text());
+}
+
+/// The expert that a one-token prompt first needs at decode pass 3 or later (greedy): damaged,
+/// the reply fails after its first chunks.
+fn expert_first_needed_late(pkg: &Path, cache: &Path, prompt: u32) -> (usize, usize) {
+    let log = cache.join("routes.jsonl");
+    let o = common::moescope(
+        &[
+            "run",
+            "-m",
+            pkg.to_str().unwrap(),
+            "--prompt-ids",
+            &prompt.to_string(),
+            "-n",
+            "40",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--routing-out",
+            log.to_str().unwrap(),
+        ],
+        cache,
+    );
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for l in text.lines().skip(1) {
+        let r: Value = serde_json::from_str(l).unwrap();
+        let (p, layer) = (r["p"].as_u64().unwrap(), r["l"].as_u64().unwrap() as usize);
+        for e in r["e"].as_array().unwrap() {
+            let e = e.as_u64().unwrap() as usize;
+            if seen.insert((layer, e)) && p >= 3 {
+                return (layer, e);
+            }
+        }
+    }
+    panic!("every expert was needed in the first passes");
+}
+
+#[test]
+fn an_engine_error_mid_stream_ends_with_done() {
+    let d = tempfile::tempdir().unwrap();
+    let good = demo_package(d.path());
+    let pkg = d.path().join("damaged.moe");
+    std::fs::copy(&good, &pkg).unwrap();
+    let (layer, e) = expert_first_needed_late(&pkg, d.path(), 7);
+    let o = common::moescope(&["inspect", "--json", pkg.to_str().unwrap()], d.path());
+    let m: Value = serde_json::from_str(&common::stdout(&o)).unwrap();
+    let (start, blob) = (
+        m["regions"]["experts"]["offset"].as_u64().unwrap(),
+        m["regions"]["experts"]["bytes_per_expert"].as_u64().unwrap(),
+    );
+    let experts = m["config"]["num_experts"].as_u64().unwrap();
+    let at = start + (layer as u64 * experts + e as u64) * blob + 100;
+    let mut b = std::fs::read(&pkg).unwrap();
+    b[at as usize] ^= 0x10;
+    std::fs::write(&pkg, b).unwrap();
+    let s = Server::start(&["-m", pkg.to_str().unwrap(), "-t", "1", "--cache-mb", "1", "--prefetch", "off"], d.path());
+    let body = json!({"prompt": [7], "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stream": true});
+    let events = s.stream("/v1/completions", &body).all();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+    let chunks = parse(&events);
+    let err = chunks.last().unwrap();
+    let msg = err["error"]["message"].as_str().unwrap_or_else(|| panic!("no error chunk: {events:?}"));
+    assert!(msg.contains("checksum") && msg.contains(&format!("layer {layer}, expert {e}")), "{msg}");
+    let texts = chunks.iter().filter(|c| c["choices"][0]["text"].is_string()).count();
+    assert!(texts >= 2, "the error should come after the first chunks: {events:?}");
+    // the next request works (the damaged expert is not needed by this one's first pass)
+    let ok = s.post("/v1/completions", &json!({"prompt": [7], "max_tokens": 1, "temperature": 0}));
+    assert_eq!(ok.status, 200, "{}", ok.text());
+}
+
+#[test]
+fn a_full_queue_answers_503() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Server::start(&["-t", "1", "--queue", "1", "--metrics"], d.path());
+    let long = json!({"prompt": "fn main", "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let mut first = s.stream("/v1/completions", &long);
+    assert!(first.next_data().is_some());
+    // the second waits in the queue
+    let port = s.port;
+    let second = thread::spawn(move || {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let b = json!({"prompt": "fn", "max_tokens": 2}).to_string();
+        use std::io::{Read, Write};
+        write!(
+            c,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{b}",
+            b.len()
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    });
+    s.wait_metrics(30, "one request waiting", |m| m["llamacpp:requests_deferred"] == 1.0);
+    let third = s.post("/v1/completions", &json!({"prompt": "fn", "max_tokens": 2}));
+    assert_eq!(third.status, 503, "{}", third.text());
+    assert_eq!(third.headers.get("retry-after").map(String::as_str), Some("1"));
+    assert_eq!(third.json()["error"]["type"], "unavailable_error");
+    // hanging up frees the engine for the waiting request
+    first.hang_up();
+    let out = second.join().unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(s.metrics()["moescope_requests_rejected_total"], 1.0);
+}
+
+#[test]
+fn hanging_up_stops_the_engine_mid_prefill_and_mid_decode() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Server::start(&["-t", "1", "--metrics", "--cache-mb", "1"], d.path());
+    let key = |m: &std::collections::HashMap<String, f64>, k: &str| m[&format!("llamacpp:{k}")];
+    let idle = |s: &Server| s.wait_metrics(30, "the engine idle", |m| key(m, "requests_processing") == 0.0);
+    // a prompt of 16 chunks: hang up once the first chunk is in
+    let ids: Vec<u32> = (0..4000u32).map(|i| (i * 7919) % 4000 + 50).collect();
+    let m0 = s.metrics();
+    let sse = s.stream("/v1/completions", &json!({"prompt": ids, "max_tokens": 4, "stream": true}));
+    let at = s.wait_metrics(60, "a prompt chunk", |m| {
+        key(m, "prompt_tokens_total") >= key(&m0, "prompt_tokens_total") + 256.0
+    });
+    sse.hang_up();
+    let end = idle(&s);
+    let grew = key(&end, "prompt_tokens_total") - key(&at, "prompt_tokens_total");
+    assert!(grew <= 256.0, "the prompt went on for {grew} tokens after the hang-up");
+    assert!(key(&end, "prompt_tokens_total") < key(&m0, "prompt_tokens_total") + 4000.0 - 256.0);
+    assert_eq!(key(&end, "tokens_predicted_total"), key(&m0, "tokens_predicted_total"));
+    // a long reply: hang up after a few tokens
+    let mut sse = s.stream(
+        "/v1/completions",
+        &json!({"prompt": "fn main", "max_tokens": 3000, "ignore_eos": true, "stream": true}),
+    );
+    for _ in 0..5 {
+        sse.next_data().expect("a chunk");
+    }
+    let at = s.metrics();
+    sse.hang_up();
+    let end = idle(&s);
+    let grew = key(&end, "tokens_predicted_total") - key(&at, "tokens_predicted_total");
+    // the tokens made before the server saw the hang-up (it learns at its next write), and one
+    assert!(grew <= 3.0, "{grew} tokens after the hang-up");
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.metrics()["llamacpp:tokens_predicted_total"], key(&end, "tokens_predicted_total"));
+    assert_eq!(end["moescope_requests_cancelled_total"], 2.0);
+}
+
+#[test]
+fn a_reused_prefix_gives_the_same_numbers_as_a_fresh_prefill() {
+    let d = tempfile::tempdir().unwrap();
+    // a prompt over two chunks; the second request shares all but its last 100 tokens
+    let a: Vec<u32> = (0..600u32).map(|i| (i * 31) % 4000 + 60).collect();
+    let mut b = a[..500].to_vec();
+    b.extend((0..100u32).map(|i| (i * 17) % 4000 + 70));
+    let req = |ids: &[u32]| json!({"prompt": ids, "max_tokens": 3, "temperature": 0, "logprobs": 5});
+    let warm = Server::start(&["-t", "2"], d.path());
+    assert_eq!(warm.post("/v1/completions", &req(&a)).status, 200);
+    let reused = warm.post("/v1/completions", &req(&b)).json();
+    assert_eq!(reused["usage"]["prompt_tokens_details"]["cached_tokens"], 500);
+    drop(warm);
+    let fresh = Server::start(&["-t", "1"], d.path()).post("/v1/completions", &req(&b)).json();
+    assert_eq!(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    // bit for bit: the same logprobs (printed as the shortest text that reads back to the same
+    // f32) and the same tokens
+    assert_eq!(reused["choices"][0]["logprobs"], fresh["choices"][0]["logprobs"]);
+    assert_eq!(reused["choices"][0]["text"], fresh["choices"][0]["text"]);
+}
