@@ -142,6 +142,11 @@ pub struct ServeArgs {
     /// Largest request body in bytes (larger: 413).
     #[arg(long, default_value_t = 8 << 20, value_name = "BYTES")]
     pub max_body_bytes: usize,
+    /// Watch the serving engine in the workbench: routing, cache, SSD I/O and a requests pane
+    /// (queue, running request, tok/s); `t` exports the trace with the requests on a track of
+    /// their own, `q` stops the server.
+    #[arg(long)]
+    pub workbench: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }

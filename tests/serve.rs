@@ -283,3 +283,54 @@ fn a_reused_prefix_gives_the_same_numbers_as_a_fresh_prefill() {
     assert_eq!(reused["choices"][0]["logprobs"], fresh["choices"][0]["logprobs"]);
     assert_eq!(reused["choices"][0]["text"], fresh["choices"][0]["text"]);
 }
+
+#[test]
+fn ctrl_c_ends_streams_with_done_and_writes_the_trace() {
+    let d = tempfile::tempdir().unwrap();
+    let trace = d.path().join("serve.json");
+    let mut s = Server::start(&["-t", "1", "--trace", trace.to_str().unwrap()], d.path());
+    assert_eq!(s.post("/v1/completions", &json!({"prompt": "fn main", "max_tokens": 4})).status, 200);
+    let mut long = s.stream(
+        "/v1/completions",
+        &json!({"prompt": "fn main", "max_tokens": 3000, "ignore_eos": true, "stream": true}),
+    );
+    long.next_data().expect("a first chunk");
+    let t0 = std::time::Instant::now();
+    let (status, log) = s.interrupt();
+    assert!(status.success(), "{status:?}: {log}");
+    // the running request was cancelled, not served to its end
+    let rest = long.all();
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert_eq!(rest.last().map(String::as_str), Some("[DONE]"), "{rest:?}");
+    let err: Value = serde_json::from_str(&rest[rest.len() - 2]).unwrap();
+    assert!(err["error"]["message"].as_str().unwrap().contains("stopping"), "{err}");
+    assert!(rest.len() < 3000, "{} chunks", rest.len());
+    let doc: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let sum = common::trace_check::check(&doc);
+    // a request slice per request on the engine's track (its prefill and decode inside) and on
+    // the requests' own track
+    for track in ["engine", "requests"] {
+        let tid = sum.thread_names.iter().find(|(_, n)| n.as_str() == track).map(|(t, _)| *t);
+        let tid = tid.unwrap_or_else(|| panic!("no {track} track: {:?}", sum.thread_names));
+        let n = sum.x_events.iter().filter(|(t, name, _)| *t == tid && name == "request").count();
+        assert_eq!(n, 2, "request slices on {track}");
+    }
+}
+
+#[test]
+fn bad_serve_arguments_are_one_line_errors() {
+    let d = tempfile::tempdir().unwrap();
+    let run = |args: &[&str]| common::moescope(args, d.path());
+    common::assert_clean_failure(&run(&["serve", "--prompt", "hi"]), &["serve takes its prompts from requests"]);
+    common::assert_clean_failure(&run(&["serve", "--queue", "0"]), &["--queue"]);
+    // the tests' stdin and stdout are not a terminal
+    common::assert_clean_failure(&run(&["serve", "--workbench"]), &["needs a terminal"]);
+    // a port in use: the bind fails, naming the address
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    common::assert_clean_failure(&run(&["serve", "--port", &port]), &["binding 127.0.0.1:", &port]);
+    // a model that cannot load: the server stops with its error
+    let junk = d.path().join("junk.moe");
+    std::fs::write(&junk, b"hello").unwrap();
+    common::assert_clean_failure(&run(&["serve", "--port", "0", "-m", junk.to_str().unwrap()]), &["not a moescope package"]);
+}

@@ -52,18 +52,15 @@ fn decoded(s: &str) -> Option<usize> {
     s[i + "decoding · ".len()..].split_whitespace().next()?.parse().ok()
 }
 
-#[test]
-fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
-    let dir = tempfile::tempdir().unwrap();
+/// The binary with `args` in a pseudo-terminal, its working folder `dir`.
+fn spawn(args: &[&str], dir: &std::path::Path) -> Pty {
     let pair = native_pty_system()
         .openpty(PtySize { rows: ROWS, cols: COLS, pixel_width: 0, pixel_height: 0 })
         .expect("a pseudo-terminal");
     let mut cmd = CommandBuilder::new(env!("CARGO_BIN_EXE_moescope"));
-    // long replies, so there is time to stop one
-    // a small recorder cap, so the session overflows it and the ring keeps the newest events
-    cmd.args(["chat", "-n", "3500", "--ignore-eos", "--temperature", "0", "-t", "1", "--trace-max-events", "4000"]);
-    cmd.cwd(dir.path());
-    cmd.env("MOESCOPE_CACHE_DIR", dir.path().join("cache"));
+    cmd.args(args);
+    cmd.cwd(dir);
+    cmd.env("MOESCOPE_CACHE_DIR", dir.join("cache"));
     cmd.env("TERM", "xterm-256color");
     cmd.env_remove("NO_COLOR");
     let child = pair.slave.spawn_command(cmd).expect("spawn moescope");
@@ -81,7 +78,33 @@ fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
         }
     });
     let writer = pair.master.take_writer().unwrap();
-    let mut p = Pty { screen, writer, child };
+    Pty { screen, writer, child }
+}
+
+impl Pty {
+    /// Wait for the process to end (after `q`); its exit status.
+    fn exit(&mut self) -> portable_pty::ExitStatus {
+        let end = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            if Instant::now() > end {
+                self.child.kill().ok();
+                panic!("moescope did not quit on q:\n{}", self.text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    // long replies, so there is time to stop one
+    // a small recorder cap, so the session overflows it and the ring keeps the newest events
+    let args = ["chat", "-n", "3500", "--ignore-eos", "--temperature", "0", "-t", "1", "--trace-max-events", "4000"];
+    let mut p = spawn(&args, dir.path());
 
     // drawn at once (the model loads behind it), then ready
     p.wait_for("the workbench", 5, |s| s.contains("Chat") && s.contains("INPUT"));
@@ -135,16 +158,64 @@ fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
     p.send("\x1b");
     p.wait_for("command mode", 5, |s| s.contains(" CMD "));
     p.send("q");
-    let end = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(st) = p.child.try_wait().unwrap() {
-            break st;
-        }
-        if Instant::now() > end {
-            p.child.kill().ok();
-            panic!("moescope did not quit on q:\n{}", p.text());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = p.exit();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+/// `serve --workbench`: while a client streams and another waits, the requests pane shows the
+/// running request with its tokens and tok/s and the queue's depth; `t` writes a trace with the
+/// requests on a track of their own; `q` stops the server.
+#[test]
+fn serve_workbench_shows_requests_and_exports_them() {
+    use common::server::Client;
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = spawn(&["serve", "--workbench", "--port", "0", "-t", "1", "--queue", "4"], dir.path());
+    let s = p.wait_for("the requests pane", 60, |s| s.contains("Requests") && s.contains("idle"));
+    let port: u16 = s
+        .split("listening on 127.0.0.1:")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|x| x.parse().ok())
+        .unwrap_or_else(|| panic!("no port on the screen:\n{s}"));
+    let c = Client { port };
+    let short = serde_json::json!({"prompt": "fn main", "max_tokens": 4});
+    assert_eq!(c.post("/v1/completions", &short).status, 200);
+    p.wait_for("a request served", 10, |s| s.contains("1 served") && s.contains("cmpl-"));
+    let long = serde_json::json!({"prompt": "fn main", "max_tokens": 3000, "ignore_eos": true, "stream": true});
+    let mut sse = c.stream("/v1/completions", &long);
+    sse.next_data().expect("a first chunk");
+    let waiting = std::thread::spawn(move || Client { port }.post("/v1/completions", &short).status);
+    let s = p.wait_for("the running request and the queue", 30, |s| {
+        s.contains("queue 1 waiting")
+            && s.contains("active cmpl-")
+            && s.contains("tok/s")
+            && decoded(s).is_some_and(|n| n > 20)
+    });
+    let rate: f64 = s
+        .split(" tok · ")
+        .nth(1)
+        .and_then(|r| r.split(" tok/s").next())
+        .and_then(|x| x.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no tok/s on the screen:\n{s}"));
+    assert!(rate > 0.0, "{s}");
+    p.send("t");
+    p.wait_for("the trace path", 20, |s| s.contains("trace written: traces/moescope-"));
+    sse.hang_up();
+    assert_eq!(waiting.join().unwrap(), 200);
+    p.wait_for("all done", 20, |s| {
+        s.contains("2 served") && s.contains("1 cancelled") && s.contains("queue 0 waiting")
+    });
+    let traces: Vec<_> = std::fs::read_dir(dir.path().join("traces")).unwrap().map(|e| e.unwrap().path()).collect();
+    let doc: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&traces[0]).unwrap()).expect("the trace is JSON");
+    let sum = common::trace_check::check(&doc);
+    let track = sum.thread_names.iter().find(|(_, n)| n.as_str() == "requests").map(|(t, _)| *t);
+    let track = track.unwrap_or_else(|| panic!("no requests track: {:?}", sum.thread_names));
+    let on_track: Vec<_> = sum.x_events.iter().filter(|(tid, name, _)| *tid == track && name == "request").collect();
+    assert_eq!(on_track.len(), 1, "the finished request (the running one ends later): {on_track:?}");
+    assert_eq!(on_track[0].2["outcome"], "length");
+    assert!(sum.slices.keys().any(|k| k == "decode"), "engine slices: {:?}", sum.slices.keys());
+    p.send("q");
+    let status = p.exit();
     assert!(status.success(), "exit status {status:?}");
 }

@@ -2,11 +2,19 @@
 //! streaming and trace options; its sampling options are the defaults of requests that leave
 //! them out.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use moescope::engine::Engine;
 use moescope::serve::{self, ServeOptions, api::Defaults};
+use moescope::trace::recorder;
+use moescope::tui::{
+    self,
+    event::{EngineEvent, Event, RequestEvent},
+    theme::Theme,
+};
 use serde_json::json;
 
 use super::run::RunConfig;
@@ -29,12 +37,29 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     if a.queue == 0 {
         bail!("--queue must be at least 1");
     }
+    if a.workbench && (!std::io::stdin().is_terminal() || !std::io::stdout().is_terminal()) {
+        bail!("serve --workbench needs a terminal (stdin and stdout)");
+    }
     let cfg = RunConfig::from_args(r)?;
-    let trace = trace_out::begin(&r.trace);
+    // the workbench records from the start, so `t` can export the session so far
+    let trace = if a.workbench && r.trace.trace_max_events > 0 {
+        recorder::start_ring(r.trace.trace_max_events);
+        recorder::set_thread_name("ui");
+        r.trace.trace.clone().map(trace_out::TraceOut::to)
+    } else {
+        trace_out::begin(&r.trace)
+    };
     let (model, engine_opts) = (cfg.model.clone(), cfg.engine);
     let (route_from, aware) = (r.experts.route_from.clone(), r.experts.aware.cache_aware_routing);
+    // under the workbench, the terminal is the workbench's: the loader says nothing
+    let quiet = a.workbench;
     let load: serve::Loader = Box::new(move || {
         let mut engine = Engine::load(&model, engine_opts).map_err(|e| format!("{}: {e}", model.display()))?;
+        if quiet {
+            experts_report::start_route_replay(&mut engine, route_from.as_deref()).map_err(|e| format!("{e:#}"))?;
+            experts_report::start_cache_aware(&mut engine, aware).map_err(|e| format!("{e:#}"))?;
+            return Ok(engine);
+        }
         for w in &engine.warnings {
             eprintln!("warning: {w}");
         }
@@ -77,20 +102,84 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             max_tokens: r.n_predict,
             enable_thinking: cfg.enable_thinking,
         },
+        watch: None,
+        on_queue: None,
+        shutdown: None,
     };
     if opts.host != "127.0.0.1" && opts.host != "localhost" && opts.host != "::1" && opts.api_key.is_none() {
         eprintln!("warning: serving on {} without --api-key: anyone who can reach it can use it", opts.host);
     }
-    serve::run(opts, load, |addr| {
+    let meta = json!({"command": "serve", "package": cfg.model.display().to_string(), "threads": cfg.engine.threads});
+    let say = |addr: std::net::SocketAddr| {
         // the one line on stdout: scripts and tests read the port from it
         println!("listening on {addr}");
         let _ = std::io::stdout().flush();
-    })
-    .map_err(anyhow::Error::msg)?;
+    };
+    if a.workbench {
+        with_workbench(opts, load, &cfg, meta.clone(), say)?;
+    } else {
+        serve::run(opts, load, say).map_err(anyhow::Error::msg)?;
+    }
     if let Some(t) = trace {
-        t.finish(
-            json!({"command": "serve", "package": cfg.model.display().to_string(), "threads": cfg.engine.threads}),
-        )?;
+        t.finish(meta)?;
     }
     Ok(())
+}
+
+/// The server on a thread of its own, the workbench on this one; quitting the workbench stops
+/// the server.
+fn with_workbench(
+    mut opts: ServeOptions,
+    load: serve::Loader,
+    cfg: &RunConfig,
+    meta: serde_json::Value,
+    say: impl FnOnce(std::net::SocketAddr) + Send + 'static,
+) -> Result<()> {
+    let (ev_tx, ev_rx) = crossbeam_channel::unbounded::<Event>();
+    let (cmd_tx, cmd_rx) = crossbeam_channel::unbounded();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    opts.watch = Some(tui::serving::watch(ev_tx.clone(), cmd_rx));
+    let q = ev_tx.clone();
+    opts.on_queue = Some(Arc::new(move |waiting| {
+        let _ = q.send(Event::Engine(EngineEvent::Request(RequestEvent::Queued { waiting })));
+    }));
+    opts.shutdown = Some(stop_rx);
+    // a model that does not load: the workbench says why
+    let failed = ev_tx.clone();
+    let load: serve::Loader = Box::new(move || {
+        load().inspect_err(|e| {
+            let _ = failed.send(Event::Engine(EngineEvent::LoadFailed(e.clone())));
+        })
+    });
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let server = std::thread::Builder::new().name("moescope-serve".into()).spawn(move || {
+        serve::run(opts, load, move |addr| {
+            say(addr);
+            let _ = addr_tx.send(addr);
+        })
+    })?;
+    let Ok(addr) = addr_rx.recv() else {
+        return match server.join() {
+            Ok(r) => r.map_err(anyhow::Error::msg),
+            Err(_) => bail!("the server thread failed"),
+        };
+    };
+    let label =
+        cfg.model.file_name().map_or_else(|| cfg.model.display().to_string(), |n| n.to_string_lossy().into_owned());
+    let options = tui::Options {
+        theme: Theme::detect(),
+        trace_dir: PathBuf::from(super::chat::TRACE_DIR),
+        trace_meta: meta,
+        model_label: label,
+        mouse: false,
+        fps: tui::DEFAULT_FPS,
+    };
+    let ui = tui::run_serving(options, ev_tx, ev_rx, cmd_tx, addr.to_string());
+    let _ = stop_tx.send(());
+    let served = server.join();
+    ui?;
+    match served {
+        Ok(r) => r.map_err(anyhow::Error::msg),
+        Err(_) => bail!("the server thread failed"),
+    }
 }

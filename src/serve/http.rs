@@ -191,7 +191,11 @@ async fn generate(s: &Arc<Server>, body: Result<Bytes, BytesRejection>, kind: Ki
     }
     drop(guard);
     if whole.end.is_none() {
-        return Err(ApiError::new(500, "server_error", "the engine stopped before the reply ended"));
+        return Err(ApiError::new(
+            503,
+            "unavailable_error",
+            "the request ended before its reply: the server is stopping",
+        ));
     }
     Ok(axum::Json(whole.response(&shape, want_logprobs)).into_response())
 }
@@ -312,7 +316,7 @@ impl Stream for ChunkStream {
                     self.pending.extend(out);
                 }
                 Poll::Ready(None) => {
-                    let out = self.chunks.error("the engine stopped before the reply ended");
+                    let out = self.chunks.error("the request ended before its reply: the server is stopping");
                     self.pending.extend(out);
                 }
                 Poll::Pending => return Poll::Pending,

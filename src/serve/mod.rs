@@ -24,10 +24,11 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use serde_json::Value;
 
-use crate::engine::Engine;
 use crate::engine::chat_template::ChatTemplate;
 use crate::engine::tokenizer::Tok;
+use crate::engine::{Engine, GenStats};
 use crate::experts::Experts;
+use crate::model::{NoObserver, Observer};
 use api::{ApiError, Defaults};
 use metrics::Metrics;
 use worker::Job;
@@ -59,6 +60,7 @@ pub struct Server {
     /// The running request's cancel flag (a shutdown sets it).
     current: Mutex<Option<Arc<AtomicBool>>>,
     stopping: AtomicBool,
+    on_queue: Option<QueueHook>,
 }
 
 impl Server {
@@ -67,7 +69,11 @@ impl Server {
         match self.jobs.try_send(job) {
             Ok(()) => {
                 Metrics::add(&self.metrics.requests, 1);
-                self.metrics.queued.store(self.jobs.len() as u64, Ordering::Relaxed);
+                let n = self.jobs.len();
+                self.metrics.queued.store(n as u64, Ordering::Relaxed);
+                if let Some(h) = &self.on_queue {
+                    h(n);
+                }
                 Ok(())
             }
             Err(TrySendError::Full(_)) => {
@@ -85,10 +91,39 @@ impl Server {
         }
     }
 
+    /// Stop taking requests and cancel the running one.
+    fn stop(&self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        if let Ok(Some(c)) = self.current.lock().map(|c| c.clone()) {
+            c.store(true, Ordering::Relaxed);
+        }
+    }
+
     pub fn queue_depth(&self) -> usize {
         self.jobs.len()
     }
 }
+
+/// Someone watching the engine thread serve (the workbench): built on the engine thread once
+/// the model is loaded, told about each request as it runs, and given the engine between
+/// requests (to apply what the user changed).
+pub trait Watch {
+    /// What sees every forward pass (routing for the heatmap) and what is told each sampled
+    /// token, while a request runs.
+    fn passes(&mut self) -> (&mut dyn Observer, &mut dyn FnMut(u32));
+    /// A request begins: its prompt, how much of it the cache holds, and how many still wait.
+    fn started(&mut self, id: &str, prompt_tokens: usize, cached: usize, waiting: usize);
+    /// The request ended: `outcome` is stop, length, cancelled or an error's text.
+    fn finished(&mut self, id: &str, outcome: &str, stats: Option<&GenStats>, waiting: usize);
+    /// Between requests, and while the engine waits for one.
+    fn between(&mut self, engine: &mut Engine);
+}
+
+/// Builds the watch on the engine thread.
+pub type WatchStart = Box<dyn FnOnce(&Engine) -> Box<dyn Watch> + Send>;
+
+/// Told the queue's depth each time a request joins it.
+pub type QueueHook = Arc<dyn Fn(usize) + Send + Sync>;
 
 pub struct ServeOptions {
     pub host: String,
@@ -100,13 +135,17 @@ pub struct ServeOptions {
     pub metrics: bool,
     pub body_limit: usize,
     pub defaults: Defaults,
+    pub watch: Option<WatchStart>,
+    pub on_queue: Option<QueueHook>,
+    /// Stops the server when it fires (or its sender is dropped), as Ctrl+C does.
+    pub shutdown: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 /// Loads the engine on the engine thread (the server answers `/health` with 503 meanwhile).
 pub type Loader = Box<dyn FnOnce() -> Result<Engine, String> + Send>;
 
 /// Serve until Ctrl+C or SIGTERM. `on_listen` is told the bound address (port 0 picks one).
-pub fn run(opts: ServeOptions, load: Loader, on_listen: impl FnOnce(SocketAddr)) -> Result<(), String> {
+pub fn run(mut opts: ServeOptions, load: Loader, on_listen: impl FnOnce(SocketAddr)) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("moescope-http")
@@ -128,25 +167,40 @@ pub fn run(opts: ServeOptions, load: Loader, on_listen: impl FnOnce(SocketAddr))
         jobs: tx,
         current: Mutex::new(None),
         stopping: AtomicBool::new(false),
+        on_queue: opts.on_queue.clone(),
     });
     on_listen(local);
     let (fail_tx, fail_rx) = tokio::sync::oneshot::channel::<String>();
+    let outside = opts.shutdown.take();
     let engine = {
-        let (s, alias) = (server.clone(), opts.alias.clone());
+        let (s, alias, watch) = (server.clone(), opts.alias.clone(), opts.watch.take());
         std::thread::Builder::new()
             .name("moescope-engine".into())
-            .spawn(move || engine_thread(s, load, alias, rx, fail_tx))
+            .spawn(move || engine_thread(s, load, alias, watch, rx, fail_tx))
             .map_err(|e| format!("starting the engine thread: {e}"))?
     };
     let app = http::router(server.clone(), opts.body_limit);
+    let s_async = server.clone();
     let res = rt.block_on(async move {
         let failed = std::sync::Arc::new(tokio::sync::Mutex::new(None));
-        let f2 = failed.clone();
+        let (f2, s2) = (failed.clone(), s_async);
         let stop = async move {
+            let outside = async move {
+                match outside {
+                    Some(rx) => {
+                        let _ = rx.await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = shutdown_signal() => {}
+                _ = outside => {}
                 msg = fail_rx => if let Ok(m) = msg { *f2.lock().await = Some(m) },
             }
+            // the running request stops at its next chunk or token, the waiting ones are
+            // dropped: their streams end with an error and [DONE], and the connections close
+            s2.stop();
         };
         let serve = axum::serve(listener, app).with_graceful_shutdown(stop);
         let r = serve.await.map_err(|e| format!("serving {local}: {e}"));
@@ -156,10 +210,7 @@ pub fn run(opts: ServeOptions, load: Loader, on_listen: impl FnOnce(SocketAddr))
             None => r,
         }
     });
-    server.stopping.store(true, Ordering::Relaxed);
-    if let Ok(Some(c)) = server.current.lock().map(|c| c.clone()) {
-        c.store(true, Ordering::Relaxed);
-    }
+    server.stop();
     drop(rt);
     let _ = engine.join();
     res
@@ -186,6 +237,7 @@ fn engine_thread(
     s: Arc<Server>,
     load: Loader,
     alias: Option<String>,
+    watch: Option<WatchStart>,
     rx: Receiver<Job>,
     fail: tokio::sync::oneshot::Sender<String>,
 ) {
@@ -213,9 +265,12 @@ fn engine_thread(
         card,
         experts: engine.experts.clone(),
     });
-    let mut obs = crate::model::NoObserver;
+    let mut watch = watch.map(|w| w(&engine));
     while !s.stopping.load(Ordering::Relaxed) {
-        let job = match rx.recv_timeout(Duration::from_millis(200)) {
+        if let Some(w) = watch.as_mut() {
+            w.between(&mut engine);
+        }
+        let job = match rx.recv_timeout(Duration::from_millis(if watch.is_some() { 50 } else { 200 })) {
             Ok(j) => j,
             Err(RecvTimeoutError::Timeout) => continue,
             Err(RecvTimeoutError::Disconnected) => break,
@@ -224,8 +279,16 @@ fn engine_thread(
         if let Ok(mut c) = s.current.lock() {
             *c = Some(job.cancel.clone());
         }
+        if s.stopping.load(Ordering::Relaxed) {
+            job.cancel.store(true, Ordering::Relaxed);
+        }
         s.metrics.processing.store(1, Ordering::Relaxed);
-        worker::run_job(&mut engine, job, &s.metrics, &mut obs);
+        let mut quiet = Quiet { obs: NoObserver, token: |_| {} };
+        let w: &mut dyn Watch = match watch.as_mut() {
+            Some(w) => w.as_mut(),
+            None => &mut quiet,
+        };
+        worker::run_job(&mut engine, job, &s.metrics, w, &|| rx.len());
         s.metrics.processing.store(0, Ordering::Relaxed);
         if let Ok(mut c) = s.current.lock() {
             *c = None;
@@ -247,4 +310,19 @@ fn model_card(e: &Engine) -> Value {
             "expert_pool_bytes": e.experts.as_ref().map(|x| x.cache.budget_bytes()),
         },
     })
+}
+
+/// No one watching: a server without the workbench.
+struct Quiet {
+    obs: NoObserver,
+    token: fn(u32),
+}
+
+impl Watch for Quiet {
+    fn passes(&mut self) -> (&mut dyn Observer, &mut dyn FnMut(u32)) {
+        (&mut self.obs, &mut self.token)
+    }
+    fn started(&mut self, _: &str, _: usize, _: usize, _: usize) {}
+    fn finished(&mut self, _: &str, _: &str, _: Option<&GenStats>, _: usize) {}
+    fn between(&mut self, _: &mut Engine) {}
 }

@@ -97,7 +97,8 @@ impl Chunks {
         out
     }
 
-    /// The engine's channel closed without an end (it stopped): an error, then `[DONE]`.
+    /// An error chunk, then `[DONE]` (the engine failed, or its channel closed without an end:
+    /// the server is stopping).
     pub fn error(&mut self, message: &str) -> Vec<String> {
         if self.ended {
             return Vec::new();

@@ -8,13 +8,14 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::Watch;
 use super::api::GenParams;
 use super::metrics::Metrics;
 use super::text::StopText;
+use crate::engine::GenStats;
 use crate::engine::sampler::Sampler;
 use crate::engine::tokenizer::{StreamDecoder, Tok};
 use crate::engine::{Engine, GenRequest, Stop};
-use crate::model::Observer;
 use crate::trace;
 
 /// One request for the engine.
@@ -89,19 +90,54 @@ pub enum Event {
 
 /// Run one request to its end. Its events go to `job.events`; a client that went away (the
 /// channel closed, or the cancel flag) stops it within a prompt chunk or a token.
-pub fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics, obs: &mut dyn Observer) {
+pub fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics, watch: &mut dyn Watch, waiting: &dyn Fn() -> usize) {
+    let start = trace::recorder::now_ticks();
+    let cached = engine.cached_prefix_len(&job.prompt);
+    watch.started(&job.id, job.prompt.len(), cached, waiting());
+    let (outcome, stats) = run(engine, &job, cached, metrics, watch);
+    watch.finished(&job.id, &outcome, stats.as_ref(), waiting());
+    // the requests' own track: one slice per request, as the engine ran it
+    trace::recorder::track_slice("requests", "request", start, {
+        let mut a: trace::recorder::Args = vec![
+            ("id", job.id.as_str().into()),
+            ("prompt_tokens", job.prompt.len().into()),
+            ("cached_tokens", cached.into()),
+            ("queued_ms", (start_ms(&job) as f64).into()),
+            ("outcome", outcome.as_str().into()),
+        ];
+        if let Some(s) = &stats {
+            a.push(("completion_tokens", s.generated.len().into()));
+            a.push(("decode_tok_s", s.decode_tps().into()));
+        }
+        a
+    });
+}
+
+/// How long the job waited in the queue, ms.
+fn start_ms(job: &Job) -> u128 {
+    job.queued_at.elapsed().as_millis()
+}
+
+/// The request through the engine; its outcome in a word (or the error's text) and its stats.
+fn run(
+    engine: &mut Engine,
+    job: &Job,
+    cached: usize,
+    metrics: &Metrics,
+    watch: &mut dyn Watch,
+) -> (String, Option<GenStats>) {
     let _span = trace::span("request").arg("id", job.id.as_str()).arg("prompt_tokens", job.prompt.len());
     let Some(tok) = engine.tok.clone() else {
-        let _ = job.events.send(Event::Error { message: "this model has no tokenizer".into() });
-        return;
+        let message = "this model has no tokenizer".to_string();
+        let _ = job.events.send(Event::Error { message: message.clone() });
+        return (message, None);
     };
-    let cached = engine.cached_prefix_len(&job.prompt);
     if job.events.send(Event::Started { prompt_tokens: job.prompt.len(), cached_tokens: cached }).is_err() {
         Metrics::add(&metrics.cancelled, 1);
-        return;
+        return ("cancelled".into(), None);
     }
     let mut sampler = Sampler::new(job.params.sampler).with_adjustments(job.params.adjust.clone());
-    let mut reply = Reply::new(&tok, &job, engine.eos_ids().to_vec());
+    let mut reply = Reply::new(&tok, job, engine.eos_ids().to_vec());
     let left = engine.kv.capacity().saturating_sub(job.prompt.len());
     let progress = |n: usize| {
         Metrics::add(&metrics.prompt_tokens, n as u64);
@@ -113,8 +149,10 @@ pub fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics, obs: &mut dyn O
         cancel: &job.cancel,
         progress: Some(&progress),
     };
+    let (obs, on_token) = watch.passes();
     let res = engine.generate(&job.prompt, &mut sampler, req, obs, &mut |id, logits| {
         Metrics::add(&metrics.predicted_tokens, 1);
+        on_token(id);
         reply.token(id, logits) && !job.cancel.load(Ordering::Relaxed)
     });
     let stats = match res {
@@ -123,8 +161,9 @@ pub fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics, obs: &mut dyn O
             // the cache's state is unknown after a failed pass
             engine.reset();
             Metrics::add(&metrics.errors, 1);
-            let _ = job.events.send(Event::Error { message: e.to_string() });
-            return;
+            let message = e.to_string();
+            let _ = job.events.send(Event::Error { message: message.clone() });
+            return (message, None);
         }
     };
     // decode steps after the first token (which came with the prompt's last pass)
@@ -138,7 +177,7 @@ pub fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics, obs: &mut dyn O
         (false, Stop::Length | Stop::ContextFull) => Finish::Length,
         (false, Stop::Cancelled) => {
             Metrics::add(&metrics.cancelled, 1);
-            return;
+            return ("cancelled".into(), Some(stats));
         }
     };
     reply.finish();
@@ -151,6 +190,7 @@ pub fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics, obs: &mut dyn O
         decode_steps: stats.decode_steps,
     };
     let _ = job.events.send(Event::Done { finish, usage });
+    (finish.name().into(), Some(stats))
 }
 
 /// A reply as it is decoded: text through the stop strings, log-probabilities kept until the

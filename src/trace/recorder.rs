@@ -480,6 +480,41 @@ pub fn instant(name: &'static str, args: Args) {
     }
 }
 
+/// Named tracks that are not threads (the server's requests), each one buffer any thread may
+/// add to.
+static TRACKS: Mutex<Vec<(&'static str, SharedBuf)>> = Mutex::new(Vec::new());
+
+/// A track's buffer, shared by the registry and whoever records on it.
+type SharedBuf = Arc<Mutex<ThreadBuf>>;
+
+/// Record a slice from `start` (a [`now_ticks`] reading) to now on the named track `track`
+/// rather than the calling thread's. Slices of one track must not overlap (a track is drawn as
+/// one row): one engine's requests, one after another.
+pub fn track_slice(track: &'static str, name: &'static str, start: u64, args: Args) {
+    if !enabled() {
+        return;
+    }
+    let end = now_ticks();
+    let buf = {
+        let mut tracks = TRACKS.lock().unwrap_or_else(|p| p.into_inner());
+        match tracks.iter().find(|(n, _)| *n == track) {
+            Some((_, b)) => b.clone(),
+            None => {
+                let tid = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+                let b =
+                    Arc::new(Mutex::new(ThreadBuf { tid, name: track.to_string(), events: Vec::new(), merge: None }));
+                REGISTRY.lock().unwrap_or_else(|p| p.into_inner()).push(b.clone());
+                tracks.push((track, b.clone()));
+                b
+            }
+        }
+    };
+    let mut b = buf.lock().unwrap_or_else(|p| p.into_inner());
+    if admit(&mut b, 1) {
+        b.events.push(Event::Slice { name, ts: start.min(end), dur: end.saturating_sub(start), args });
+    }
+}
+
 /// A fresh id for a parallel section (the merge key of its chunks).
 pub fn next_id() -> u64 {
     NEXT_ID.fetch_add(1, Ordering::Relaxed)

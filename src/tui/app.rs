@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use ratatui::text::Line;
 
-use super::event::{Cmd, DoneInfo, EngineEvent, Event, Knobs, ModelInfo};
+use super::event::{Cmd, DoneInfo, EngineEvent, Event, Knobs, ModelInfo, RequestEvent};
 use super::input::Input;
 use super::keys::Action;
+use super::serving::Serving;
 use super::store::Store;
 use crate::experts::policy::PolicyKind;
 
@@ -114,6 +115,8 @@ pub struct App {
     pub model_label: String,
     /// The most the conversation can scroll up, as the last draw found it.
     pub scroll_max: std::cell::Cell<usize>,
+    /// `serve --workbench`: the server's requests, shown in place of the chat.
+    pub serving: Option<Serving>,
 }
 
 impl Default for App {
@@ -145,7 +148,13 @@ impl App {
             quit: false,
             model_label: String::new(),
             scroll_max: std::cell::Cell::new(usize::MAX),
+            serving: None,
         }
+    }
+
+    /// The workbench watching a server listening on `addr`: no chat, a requests pane.
+    pub fn serving(addr: String) -> App {
+        App { serving: Some(Serving::new(addr)), mode: Mode::Commands, ..App::new() }
     }
 
     pub fn busy(&self) -> bool {
@@ -171,6 +180,7 @@ impl App {
     pub fn on_event(&mut self, ev: Event) -> Vec<Outcome> {
         match ev {
             Event::Key(k) => self.on_key(k),
+            Event::Paste(_) if self.serving.is_some() => vec![],
             Event::Paste(s) => {
                 self.mode = Mode::Input;
                 self.input.insert(&s);
@@ -214,13 +224,17 @@ impl App {
                 self.phase = Phase::Failed;
             }
             EngineEvent::Prefill { done, total } => self.phase = Phase::Prefill { done, total },
+            EngineEvent::Request(r) => self.on_request(r),
             EngineEvent::Token { piece, .. } => {
+                if let Some(sv) = &mut self.serving {
+                    sv.token();
+                }
                 if let Phase::Decoding { tokens } = &mut self.phase {
                     *tokens += 1;
                 } else {
                     self.phase = Phase::Decoding { tokens: 1 };
                 }
-                if let Some(p) = piece {
+                if let Some(p) = piece.filter(|_| self.serving.is_none()) {
                     match self.messages.last_mut() {
                         Some(m) if m.role == Role::Assistant => {
                             m.text.push_str(&p);
@@ -269,6 +283,22 @@ impl App {
         }
     }
 
+    fn on_request(&mut self, r: RequestEvent) {
+        let Some(sv) = &mut self.serving else { return };
+        match &r {
+            RequestEvent::Started { .. } => self.phase = Phase::Prefill { done: 0, total: 0 },
+            RequestEvent::Finished { outcome, id, .. } => {
+                self.store.reply_done();
+                self.phase = Phase::Idle;
+                if !matches!(outcome.as_str(), "stop" | "length" | "cancelled") {
+                    self.messages.push(Msg::new(Role::Error, format!("{id}: {outcome}")));
+                }
+            }
+            RequestEvent::Queued { .. } => {}
+        }
+        sv.on(r);
+    }
+
     /// Problems in words, for the status line.
     pub fn warnings(&self) -> Vec<&'static str> {
         let mut w = Vec::new();
@@ -309,7 +339,7 @@ impl App {
         }
         // anywhere
         if ctrl && k.code == KeyCode::Char('c') {
-            if self.busy() {
+            if self.busy() && self.serving.is_none() {
                 self.note("stopping the reply");
                 return vec![Outcome::Cancel];
             }
@@ -337,7 +367,7 @@ impl App {
             }
             KeyCode::Esc => {
                 self.mode = Mode::Commands;
-                if self.busy() {
+                if self.busy() && self.serving.is_none() {
                     self.note("stopping the reply");
                     return vec![Outcome::Cancel];
                 }
@@ -390,6 +420,7 @@ impl App {
             return vec![];
         };
         match a {
+            Action::EnterInput if self.serving.is_some() => self.note("serving: requests come over HTTP (q quits)"),
             Action::EnterInput => self.mode = Mode::Input,
             Action::TogglePrefetch => {
                 if let Some(kn) = &self.knobs {

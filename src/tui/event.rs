@@ -71,6 +71,32 @@ pub enum EngineEvent {
     Notice(String),
     /// Knob values after a change.
     Knobs(Knobs),
+    /// `serve --workbench`: what happens to the server's requests.
+    Request(RequestEvent),
+}
+
+/// The server's requests, for the requests pane.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RequestEvent {
+    /// A request joined the queue; `waiting` now wait.
+    Queued {
+        waiting: usize,
+    },
+    Started {
+        id: String,
+        prompt_tokens: usize,
+        cached: usize,
+        waiting: usize,
+    },
+    /// `outcome`: stop, length, cancelled, or an error's text.
+    Finished {
+        id: String,
+        outcome: String,
+        tokens: usize,
+        ttft_ms: f64,
+        decode_tps: f64,
+        waiting: usize,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -12,6 +12,7 @@ pub mod export;
 pub mod input;
 pub mod keys;
 pub mod panes;
+pub mod serving;
 pub mod store;
 pub mod term;
 pub mod theme;
@@ -22,10 +23,10 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use app::{App, Outcome, Role};
-use event::{Event, Machine};
+use event::{Cmd, Event, Machine};
 use theme::Theme;
 use worker::{ChatSettings, Loaded, Loader, Worker};
 
@@ -57,15 +58,61 @@ pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Resu
     // sets it for every command; a library caller gets it here)
     crate::sysinfo::batch_scheduling();
     let worker = Worker::start(load, settings, tx);
-    let frame = Duration::from_secs_f64(1.0 / opts.fps.clamp(1, 120) as f64);
     let mut app = App::new();
     app.model_label = opts.model_label.clone();
+    event_loop(&mut guard, &rx, &mut app, &opts, &mut |o| match o {
+        Outcome::Send(c) => {
+            let _ = worker.tx.send(c);
+        }
+        Outcome::Cancel => worker.cancel.store(true, Ordering::SeqCst),
+        _ => {}
+    })?;
+    drop(guard);
+    if app.phase == app::Phase::Loading {
+        // do not wait for a load to finish just to quit
+        return Ok(None);
+    }
+    Ok(worker.stop())
+}
+
+/// The workbench watching a server (`serve --workbench`) listening on `addr`: the engine's
+/// events come on `rx` (from [`serving::watch`]), the knobs the user turns go out on `cmds`.
+/// Returns when the user quits.
+pub fn run_serving(
+    opts: Options,
+    tx: Sender<Event>,
+    rx: Receiver<Event>,
+    cmds: Sender<Cmd>,
+    addr: String,
+) -> std::io::Result<()> {
+    let mut guard = term::enter(opts.mouse)?;
+    spawn_input(tx.clone());
+    spawn_machine(tx);
+    let mut app = App::serving(addr);
+    app.model_label = opts.model_label.clone();
+    event_loop(&mut guard, &rx, &mut app, &opts, &mut |o| {
+        if let Outcome::Send(c) = o {
+            let _ = cmds.send(c);
+        }
+    })
+}
+
+/// Draw and apply events until the user quits; what the loop cannot do itself (commands for
+/// the engine, cancelling) goes to `outside`.
+fn event_loop(
+    guard: &mut term::Guard,
+    rx: &Receiver<Event>,
+    app: &mut App,
+    opts: &Options,
+    outside: &mut dyn FnMut(Outcome),
+) -> std::io::Result<()> {
+    let frame = Duration::from_secs_f64(1.0 / opts.fps.clamp(1, 120) as f64);
     let mut last_draw: Option<Instant> = None;
     let mut last_tick = Instant::now();
     let mut dirty = true;
     loop {
         if dirty && last_draw.is_none_or(|t| t.elapsed() >= frame) {
-            guard.term.draw(|f| ui::draw(f, &app, &opts.theme))?;
+            guard.term.draw(|f| ui::draw(f, app, &opts.theme))?;
             last_draw = Some(Instant::now());
             dirty = false;
         }
@@ -95,10 +142,6 @@ pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Resu
         }
         for o in outcomes {
             match o {
-                Outcome::Send(c) => {
-                    let _ = worker.tx.send(c);
-                }
-                Outcome::Cancel => worker.cancel.store(true, Ordering::SeqCst),
                 Outcome::ExportTrace => match export::trace(&opts.trace_dir, opts.trace_meta.clone()) {
                     Ok(msg) => app.report(Role::Info, msg),
                     Err(e) => app.report(Role::Error, format!("trace export failed: {e}")),
@@ -108,18 +151,14 @@ pub fn run(load: Loader, settings: ChatSettings, opts: Options) -> std::io::Resu
                     Err(e) => app.report(Role::Error, format!("/save {}: {e}", p.display())),
                 },
                 Outcome::Quit => app.quit = true,
+                other => outside(other),
             }
         }
         if app.quit {
             break;
         }
     }
-    drop(guard);
-    if app.phase == app::Phase::Loading {
-        // do not wait for a load to finish just to quit
-        return Ok(None);
-    }
-    Ok(worker.stop())
+    Ok(())
 }
 
 /// How often the process's footprint is read.

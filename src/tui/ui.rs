@@ -11,7 +11,7 @@ use ratatui::widgets::{Block, Clear, Paragraph};
 
 use super::app::{App, PANES, Pane};
 use super::keys::{COMMANDS, KEYMAP, Where};
-use super::panes::{cache, chat, io, routing, status};
+use super::panes::{cache, chat, io, requests, routing, status};
 use super::theme::Theme;
 
 /// The smallest screen that shows every pane at once.
@@ -51,6 +51,7 @@ pub fn draw(f: &mut Frame, app: &App, th: &Theme) {
 fn draw_pane(f: &mut Frame, area: Rect, app: &App, th: &Theme, pane: Pane, expanded: bool) {
     let focused = app.focus == pane && app.mode == super::app::Mode::Commands;
     match pane {
+        Pane::Chat if app.serving.is_some() => requests::draw(f, area, app, th, focused),
         Pane::Chat => {
             let ih = chat::input_height(app, area.height / 3);
             let [c, i] = Layout::vertical([Constraint::Min(1), Constraint::Length(ih)]).areas(area);
@@ -59,7 +60,7 @@ fn draw_pane(f: &mut Frame, area: Rect, app: &App, th: &Theme, pane: Pane, expan
         }
         other => {
             let small = !rich(f.area()) || expanded;
-            let (body, input) = if small && area.height > 8 {
+            let (body, input) = if small && area.height > 8 && app.serving.is_none() {
                 let [b, i] = Layout::vertical([Constraint::Min(1), Constraint::Length(3)]).areas(area);
                 (b, Some(i))
             } else {

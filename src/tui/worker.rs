@@ -46,19 +46,19 @@ pub struct ChatSettings {
 /// Collects routing per pass for the heatmap, and reports prompt progress. It and the token
 /// callback both live on the worker's thread and share its data through a `RefCell`, never
 /// borrowed across a call of the other.
-struct Tap {
+pub(crate) struct Tap {
     shared: Rc<RefCell<TapData>>,
     ui: Sender<Event>,
     moe_layers: Vec<usize>,
 }
 
 #[derive(Default)]
-struct TapData {
+pub(crate) struct TapData {
     counts: Vec<Vec<u32>>,
     last: Vec<Vec<usize>>,
-    prefill_total: usize,
-    prefill_base: usize,
-    last_report: Option<Instant>,
+    pub(crate) prefill_total: usize,
+    pub(crate) prefill_base: usize,
+    pub(crate) last_report: Option<Instant>,
 }
 
 impl Observer for Tap {
@@ -126,8 +126,13 @@ impl Worker {
     }
 }
 
-fn knobs(engine: &Engine) -> Knobs {
-    match &engine.experts {
+pub(crate) fn knobs(engine: &Engine) -> Knobs {
+    knobs_of(engine.experts.as_deref())
+}
+
+/// The knobs of a pool (all off without one).
+pub(crate) fn knobs_of(experts: Option<&Experts>) -> Knobs {
+    match experts {
         Some(ex) => Knobs {
             streaming: true,
             prefetch: ex.cache.prefetch_on(),
@@ -175,14 +180,7 @@ fn run(loaded: &mut Loaded, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
     let send = |e: EngineEvent| {
         let _ = ui.send(Event::Engine(e));
     };
-    let moe_layers = engine.model.cfg.moe_layers();
-    let e_n = engine.model.cfg.num_experts;
-    let data = Rc::new(RefCell::new(TapData {
-        counts: vec![vec![0; e_n]; moe_layers.len()],
-        last: vec![Vec::new(); moe_layers.len()],
-        ..Default::default()
-    }));
-    let mut tap = Tap { shared: data.clone(), ui: ui.clone(), moe_layers: moe_layers.clone() };
+    let (mut tap, data) = tap(engine, &ui);
     let mut obs = Tee(routing_log, &mut tap);
     send(EngineEvent::Ready(Box::new(model_info(engine))));
     // the pool as loading left it, before any message
@@ -248,6 +246,18 @@ fn run(loaded: &mut Loaded, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
             }
         }
     }
+}
+
+/// The routing tap for `engine`'s MoE layers, and the data it shares with the token callback.
+pub(crate) fn tap(engine: &Engine, ui: &Sender<Event>) -> (Tap, Rc<RefCell<TapData>>) {
+    let moe_layers = engine.model.cfg.moe_layers();
+    let e_n = engine.model.cfg.num_experts;
+    let data = Rc::new(RefCell::new(TapData {
+        counts: vec![vec![0; e_n]; moe_layers.len()],
+        last: vec![Vec::new(); moe_layers.len()],
+        ..Default::default()
+    }));
+    (Tap { shared: data.clone(), ui: ui.clone(), moe_layers }, data)
 }
 
 fn apply_setting(s: &mut ChatSettings, k: &str, v: &str) -> Result<String, String> {
@@ -368,7 +378,13 @@ impl Reply<'_> {
 
 /// Drain the tap's counts and read the pool: its counters always, its whole picture (and the
 /// predictor's accuracy) when `full`.
-fn step(data: &Rc<RefCell<TapData>>, experts: Option<&Experts>, token: usize, step_ms: f64, full: bool) -> Step {
+pub(crate) fn step(
+    data: &Rc<RefCell<TapData>>,
+    experts: Option<&Experts>,
+    token: usize,
+    step_ms: f64,
+    full: bool,
+) -> Step {
     let (counts, last) = {
         let mut d = data.borrow_mut();
         let counts = d.counts.clone();

@@ -8,6 +8,7 @@ use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -17,6 +18,20 @@ pub struct Server {
     pub port: u16,
     /// What the server printed on stderr so far.
     pub log: Arc<Mutex<String>>,
+    client: Client,
+}
+
+/// Requests to a server on 127.0.0.1 at `port`.
+#[derive(Debug, Clone, Copy)]
+pub struct Client {
+    pub port: u16,
+}
+
+impl std::ops::Deref for Server {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
 }
 
 impl Server {
@@ -46,7 +61,7 @@ impl Server {
             .strip_prefix("listening on 127.0.0.1:")
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no port in {line:?}; log: {}", log.lock().unwrap()));
-        let s = Server { child, port, log };
+        let s = Server { child, port, log, client: Client { port } };
         let t0 = Instant::now();
         loop {
             if let Ok(r) = s.try_request("GET", "/health", &[], b"")
@@ -60,6 +75,22 @@ impl Server {
         s
     }
 
+    /// Send SIGINT (Ctrl+C) and wait for the exit, with what it printed on stderr.
+    pub fn interrupt(&mut self) -> (std::process::ExitStatus, String) {
+        // SAFETY: kill(2) on our own child's pid
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().expect("waiting for the server");
+        // the stderr reader ends with the pipe
+        thread::sleep(Duration::from_millis(100));
+        (status, self.log.lock().unwrap().clone())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Client {
     pub fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(("127.0.0.1", self.port)).expect("connecting");
         s.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
@@ -140,10 +171,6 @@ impl Server {
             assert!(t0.elapsed() < Duration::from_secs(secs), "waited {secs} s for {what}: {m:?}");
             std::thread::sleep(Duration::from_millis(2));
         }
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
     }
 }
 

@@ -4,6 +4,7 @@ pub mod cache;
 pub mod chat;
 pub mod grid;
 pub mod io;
+pub mod requests;
 pub mod routing;
 pub mod status;
 
