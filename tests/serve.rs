@@ -241,6 +241,7 @@ fn hanging_up_stops_the_engine_mid_prefill_and_mid_decode() {
     sse.hang_up();
     let end = idle(&s);
     let grew = key(&end, "prompt_tokens_total") - key(&at, "prompt_tokens_total");
+    eprintln!("prompt tokens after the hang-up: {grew}");
     assert!(grew <= 256.0, "the prompt went on for {grew} tokens after the hang-up");
     assert!(key(&end, "prompt_tokens_total") < key(&m0, "prompt_tokens_total") + 4000.0 - 256.0);
     assert_eq!(key(&end, "tokens_predicted_total"), key(&m0, "tokens_predicted_total"));
@@ -256,6 +257,7 @@ fn hanging_up_stops_the_engine_mid_prefill_and_mid_decode() {
     sse.hang_up();
     let end = idle(&s);
     let grew = key(&end, "tokens_predicted_total") - key(&at, "tokens_predicted_total");
+    eprintln!("tokens after the hang-up: {grew}");
     // the tokens made before the server saw the hang-up (it learns at its next write), and one
     assert!(grew <= 3.0, "{grew} tokens after the hang-up");
     thread::sleep(Duration::from_millis(300));
@@ -332,5 +334,57 @@ fn bad_serve_arguments_are_one_line_errors() {
     // a model that cannot load: the server stops with its error
     let junk = d.path().join("junk.moe");
     std::fs::write(&junk, b"hello").unwrap();
-    common::assert_clean_failure(&run(&["serve", "--port", "0", "-m", junk.to_str().unwrap()]), &["not a moescope package"]);
+    common::assert_clean_failure(
+        &run(&["serve", "--port", "0", "-m", junk.to_str().unwrap()]),
+        &["not a moescope package"],
+    );
+}
+
+#[test]
+fn logit_bias_tokenize_and_templates_over_http() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Server::start(&["-t", "1"], d.path());
+    let ids = s.post("/tokenize", &json!({"content": "impl Trait for Type"})).json()["tokens"].clone();
+    let text = s.post("/detokenize", &json!({"tokens": ids})).json()["content"].clone();
+    assert_eq!(text, "impl Trait for Type");
+    // +100 on one token: greedy picks it every time, whatever the model prefers
+    let forced = ids[1].as_u64().unwrap();
+    let body = json!({"prompt": "fn", "max_tokens": 3, "temperature": 0, "ignore_eos": true, "logit_bias": {forced.to_string(): 100}});
+    let r = s.post("/v1/completions", &body).json();
+    let piece = s.post("/detokenize", &json!({"tokens": [forced]})).json()["content"].as_str().unwrap().to_string();
+    assert_eq!(r["choices"][0]["text"].as_str().unwrap(), piece.repeat(3), "{r}");
+    // presence and frequency penalties, checked against the model's own numbers: token a (in
+    // the prompt) and z (not), each forced alone by +100 to read its raw log-probability
+    let prompt: Vec<u64> = ids.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+    let (a, z) = (prompt[0], (0..4000u64).find(|t| !prompt.contains(t) && *t > 100).unwrap());
+    let first = |bias: Value, extra: Value| {
+        let mut b = json!({"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1, "logit_bias": bias, "repeat_last_n": 64});
+        if let (Value::Object(o), Value::Object(e)) = (&mut b, extra) {
+            o.extend(e);
+        }
+        let r = s.post("/v1/completions", &b).json();
+        let lp = r["choices"][0]["logprobs"]["token_logprobs"][0].as_f64().unwrap_or_else(|| panic!("{r}"));
+        let tok = s.post("/tokenize", &json!({"content": r["choices"][0]["logprobs"]["tokens"][0]})).json();
+        (lp, tok["tokens"].clone(), r)
+    };
+    let (lp_a, _, _) = first(json!({a.to_string(): 100}), json!({}));
+    let (lp_z, _, _) = first(json!({z.to_string(): 100}), json!({}));
+    // a leads z by 1 after the biases; a penalty of 2 on a (it is in the prompt) turns that round
+    let bias = json!({a.to_string(): 60, z.to_string(): 60.0 + (lp_a - lp_z) - 1.0});
+    let pick =
+        |extra: Value| first(bias.clone(), extra).2["choices"][0]["logprobs"]["token_logprobs"][0].as_f64().unwrap();
+    assert_eq!(pick(json!({})), lp_a);
+    assert_eq!(pick(json!({"presence_penalty": 2.0})), lp_z);
+    assert_eq!(pick(json!({"frequency_penalty": 2.0})), lp_z);
+    assert_eq!(pick(json!({"presence_penalty": 0.5})), lp_a);
+    // the chat template, with tools listed
+    let tools = json!([{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]);
+    let p = s.post("/apply-template", &json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools})).json();
+    let p = p["prompt"].as_str().unwrap();
+    assert!(
+        p.contains("<tools>") && p.contains("\"name\": \"lookup\"") && p.ends_with("<|im_start|>assistant\n"),
+        "{p}"
+    );
+    let bad = s.post("/v1/completions", &json!({"prompt": [999999]}));
+    assert_eq!(bad.status, 400, "{}", bad.text());
 }
