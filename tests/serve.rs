@@ -65,14 +65,20 @@ fn stream_chunks_come_in_order_and_match_the_whole_reply() {
         assert_eq!((c["id"].clone(), c["object"].clone()), (chunks[0]["id"].clone(), json!("chat.completion.chunk")));
         assert_eq!(c["created"], chunks[0]["created"]);
     }
-    let mut text = String::new();
+    let (mut text, mut reasoning) = (String::new(), String::new());
     let mut logprobs = Vec::new();
     for c in &chunks[1..n - 2] {
         let ch = &c["choices"][0];
         assert_eq!(ch["finish_reason"], Value::Null);
-        text.push_str(ch["delta"]["content"].as_str().expect("content"));
+        // each delta is content or reasoning (a leading <think> block)
+        match (ch["delta"]["content"].as_str(), ch["delta"]["reasoning_content"].as_str()) {
+            (Some(t), None) => text.push_str(t),
+            (None, Some(r)) => reasoning.push_str(r),
+            _ => panic!("a delta with neither or both: {c}"),
+        }
         logprobs.extend(ch["logprobs"]["content"].as_array().cloned().unwrap_or_default());
     }
+    assert_eq!(whole["choices"][0]["message"]["reasoning_content"].as_str().unwrap_or(""), reasoning.trim());
     // the same seed gives the same reply, streamed or not, and the same numbers
     let message = &whole["choices"][0]["message"];
     assert_eq!(message["content"].as_str(), Some(text.as_str()));
@@ -387,4 +393,60 @@ fn logit_bias_tokenize_and_templates_over_http() {
     );
     let bad = s.post("/v1/completions", &json!({"prompt": [999999]}));
     assert_eq!(bad.status, 400, "{}", bad.text());
+}
+
+/// The text `reasoning_format: none` gives after `prefill`, split by hand: what a leading
+/// `<think>` block holds (trimmed) and what follows it.
+fn split_by_hand(full: &str) -> (String, String) {
+    match full.trim_start().strip_prefix("<think>") {
+        Some(rest) => match rest.find("</think>") {
+            Some(i) => (rest[..i].trim().to_string(), rest[i + "</think>".len()..].trim_start().to_string()),
+            None => (rest.trim().to_string(), String::new()),
+        },
+        None => (String::new(), full.to_string()),
+    }
+}
+
+#[test]
+fn reasoning_comes_back_as_reasoning_content() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Server::start(&["-t", "1"], d.path());
+    // the demo closes its thinking at once ("<think>\n\n</think>\n\n"); with the block opened
+    // by a prefill and "</think>" forbidden, it reasons until the token limit
+    let close = s.post("/tokenize", &json!({"content": "</think>"})).json()["tokens"].clone();
+    assert_eq!(close.as_array().unwrap().len(), 1, "</think> is one token: {close}");
+    let no_close = json!({close[0].to_string(): -100});
+    let cases = [
+        ("What is a trait?", None, json!({})),
+        ("Explain lifetimes.", Some("<think>\n"), no_close),
+        ("What does cargo do?", None, json!({})),
+    ];
+    let (mut reasoned, mut closed) = (false, false);
+    for (question, prefill, bias) in cases {
+        let mut messages = vec![json!({"role": "user", "content": question})];
+        if let Some(p) = prefill {
+            messages.push(json!({"role": "assistant", "content": p}));
+        }
+        let body =
+            json!({"messages": messages, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "logit_bias": bias});
+        let mut raw_body = body.clone();
+        raw_body["reasoning_format"] = json!("none");
+        let raw = s.post("/v1/chat/completions", &raw_body).json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let (want_r, want_c) = split_by_hand(&format!("{}{raw}", prefill.unwrap_or("")));
+        let m = s.post("/v1/chat/completions", &body).json()["choices"][0]["message"].clone();
+        assert_eq!(m["reasoning_content"].as_str().unwrap_or(""), want_r, "{raw:?}");
+        assert_eq!(m["content"].as_str().unwrap(), want_c, "{raw:?}");
+        let mut sb = body.clone();
+        sb["stream"] = json!(true);
+        let chunks = parse(&s.stream("/v1/chat/completions", &sb).all());
+        let delta =
+            |k: &str| -> String { chunks.iter().filter_map(|c| c["choices"][0]["delta"][k].as_str()).collect() };
+        assert_eq!((delta("reasoning_content").trim().to_string(), delta("content")), (want_r.clone(), want_c));
+        reasoned |= !want_r.is_empty();
+        closed |= raw.contains("</think>");
+    }
+    assert!(reasoned && closed, "the cases should cover reasoning and a closed block");
 }

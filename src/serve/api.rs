@@ -87,6 +87,9 @@ pub struct Request {
     pub params: GenParams,
     pub stream: bool,
     pub include_usage: bool,
+    /// A leading `<think>` block comes back as `reasoning_content` (llama-server's
+    /// `reasoning_format` deepseek, the default; `none` keeps it in the content).
+    pub reasoning: bool,
 }
 
 /// Fields of one JSON object, read with errors naming the field.
@@ -305,11 +308,19 @@ pub fn parse_chat(body: &Value, d: &Defaults) -> Res<Request> {
             .or(d.enable_thinking),
         None => d.enable_thinking,
     };
+    let reasoning = match f.get("reasoning_format").map(|v| v.as_str()) {
+        None | Some(Some("deepseek" | "auto")) => true,
+        Some(Some("none")) => false,
+        Some(_) => {
+            return Err(ApiError::invalid("reasoning_format", "'reasoning_format' may be deepseek, auto or none"));
+        }
+    };
     Ok(Request {
         prompt: Prompt::Chat { messages: Value::Array(messages), tools, enable_thinking, prefill },
         params,
         stream,
         include_usage,
+        reasoning,
     })
 }
 
@@ -389,7 +400,7 @@ pub fn parse_completion(body: &Value, d: &Defaults) -> Res<Request> {
         }
         _ => return Err(bad()),
     };
-    Ok(Request { prompt, params, stream, include_usage })
+    Ok(Request { prompt, params, stream, include_usage, reasoning: false })
 }
 
 #[cfg(test)]

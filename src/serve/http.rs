@@ -167,6 +167,7 @@ async fn generate(s: &Arc<Server>, body: Result<Bytes, BytesRejection>, kind: Ki
         created: unix_now(),
         model: m.id.clone(),
         tools,
+        think: req.reasoning,
         include_usage: req.include_usage,
         prefill,
     };

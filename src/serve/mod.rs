@@ -13,6 +13,7 @@ pub mod http;
 pub mod metrics;
 pub mod reply;
 pub mod text;
+pub mod think;
 pub mod tools;
 pub mod worker;
 

@@ -5,6 +5,7 @@
 
 use serde_json::{Value, json};
 
+use super::think::{Part, ThinkSplitter, split_reasoning};
 use super::tools::{Piece, ToolCall, ToolSplitter, split_reply};
 use super::worker::{Event, Finish, TokenLogprob, Usage};
 
@@ -23,6 +24,8 @@ pub struct Shape {
     pub model: String,
     /// Parse `<tool_call>` blocks out of the reply.
     pub tools: bool,
+    /// Send a leading `<think>` block as `reasoning_content` (chat only).
+    pub think: bool,
     pub include_usage: bool,
     /// A trailing assistant message the reply continues: tool calls in it count, its text is
     /// not sent again.
@@ -35,6 +38,7 @@ pub const DONE: &str = "[DONE]";
 /// Streamed responses: each engine event to the `data:` payloads it gives.
 pub struct Chunks {
     shape: Shape,
+    think: Option<ThinkSplitter>,
     split: Option<ToolSplitter>,
     calls: usize,
     ended: bool,
@@ -43,7 +47,8 @@ pub struct Chunks {
 impl Chunks {
     pub fn new(shape: Shape) -> Chunks {
         let split = shape.tools.then(ToolSplitter::default);
-        Chunks { shape, split, calls: 0, ended: false }
+        let think = (shape.think && shape.kind == Kind::Chat).then(ThinkSplitter::default);
+        Chunks { shape, think, split, calls: 0, ended: false }
     }
 
     /// True once `[DONE]` has been given.
@@ -61,23 +66,21 @@ impl Chunks {
                 if self.shape.kind == Kind::Chat {
                     out.push(self.chunk(json!({"role": "assistant", "content": null}), None, None));
                 }
-                if let (Some(sp), Some(p)) = (self.split.as_mut(), self.shape.prefill.clone()) {
-                    let calls: Vec<Piece> = sp.push(&p).into_iter().filter(|p| matches!(p, Piece::Call(_))).collect();
+                // the prefill is the client's own text: only the state it leaves (inside a
+                // <think> block) and the tool calls in it count
+                if let Some(p) = self.shape.prefill.clone() {
+                    let calls: Vec<Piece> =
+                        self.split_text(&p, false).into_iter().filter(|p| matches!(p, Piece::Call(_))).collect();
                     self.pieces(calls, Vec::new(), &mut out);
                 }
             }
             Event::Text { text, logprobs } => {
-                let pieces = match self.split.as_mut() {
-                    Some(sp) => sp.push(&text),
-                    None => vec![Piece::Text(text)],
-                };
+                let pieces = self.split_text(&text, false);
                 self.pieces(pieces, logprobs, &mut out);
             }
             Event::Done { finish, usage } => {
-                if let Some(sp) = self.split.as_mut() {
-                    let rest = sp.finish();
-                    self.pieces(rest, Vec::new(), &mut out);
-                }
+                let rest = self.split_text("", true);
+                self.pieces(rest, Vec::new(), &mut out);
                 let reason = finish_reason(finish, self.calls);
                 out.push(match self.shape.kind {
                     Kind::Chat => self.chunk(json!({}), None, Some(reason)),
@@ -107,6 +110,33 @@ impl Chunks {
         vec![json!({"error": {"message": message, "type": "server_error", "code": 500}}).to_string(), DONE.into()]
     }
 
+    /// Text through the reasoning and tool splitters (`end`: flush what they hold).
+    fn split_text(&mut self, text: &str, end: bool) -> Vec<Piece> {
+        let parts = match self.think.as_mut() {
+            Some(t) => {
+                let mut p = t.push(text);
+                if end {
+                    p.extend(t.finish());
+                }
+                p
+            }
+            None => vec![Part::Content(text.to_string())],
+        };
+        let mut out = Vec::new();
+        for p in parts {
+            match (p, self.split.as_mut()) {
+                (Part::Reasoning(r), _) => out.push(Piece::Reasoning(r)),
+                (Part::Content(c), Some(sp)) => out.extend(sp.push(&c)),
+                (Part::Content(c), None) if !c.is_empty() => out.push(Piece::Text(c)),
+                (Part::Content(_), None) => {}
+            }
+        }
+        if end && let Some(sp) = self.split.as_mut() {
+            out.extend(sp.finish());
+        }
+        out
+    }
+
     fn pieces(&mut self, pieces: Vec<Piece>, mut logprobs: Vec<TokenLogprob>, out: &mut Vec<String>) {
         for p in pieces {
             let lp = std::mem::take(&mut logprobs);
@@ -114,6 +144,7 @@ impl Chunks {
             out.push(match (p, self.shape.kind) {
                 (Piece::Text(t), Kind::Chat) => self.chunk(json!({"content": t}), lp.as_deref(), None),
                 (Piece::Text(t), Kind::Completion) => self.text_chunk(&t, lp.as_deref(), None),
+                (Piece::Reasoning(r), _) => self.chunk(json!({"reasoning_content": r}), lp.as_deref(), None),
                 (Piece::Call(c), _) => {
                     let call = tool_call_json(&c, self.calls, &self.shape.id);
                     self.calls += 1;
@@ -247,8 +278,11 @@ impl Whole {
         let lp = want_logprobs.then_some(self.logprobs.as_slice());
         let (object, choice) = match shape.kind {
             Kind::Chat => {
-                let (content, calls) = self.chat_content(shape);
+                let (reasoning, content, calls) = self.chat_content(shape);
                 let mut message = json!({"role": "assistant", "content": content});
+                if let Some(r) = reasoning {
+                    message["reasoning_content"] = r.into();
+                }
                 if !calls.is_empty() {
                     let calls: Vec<Value> =
                         calls.iter().enumerate().map(|(i, c)| tool_call_json(c, i, &shape.id)).collect();
@@ -268,10 +302,19 @@ impl Whole {
         })
     }
 
-    fn chat_content(&self, shape: &Shape) -> (Option<String>, Vec<ToolCall>) {
+    /// The reply's reasoning, content and tool calls.
+    fn chat_content(&self, shape: &Shape) -> (Option<String>, Option<String>, Vec<ToolCall>) {
+        let (reasoning, prefill, text) = match shape.think {
+            true => {
+                let s = split_reasoning(shape.prefill.as_deref(), &self.text);
+                (s.reasoning, Some(s.prefill), s.content)
+            }
+            false => (None, shape.prefill.clone(), self.text.clone()),
+        };
         if !shape.tools {
-            return (Some(self.text.clone()), Vec::new());
+            return (reasoning, Some(text), Vec::new());
         }
-        split_reply(shape.prefill.as_deref(), &self.text)
+        let (content, calls) = split_reply(prefill.as_deref(), &text);
+        (reasoning, content, calls)
     }
 }

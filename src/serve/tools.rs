@@ -16,9 +16,12 @@ pub struct ToolCall {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
+/// A part of a reply as the client gets it: content, a tool call, or reasoning (the last made
+/// by `think.rs`, never by the tool splitter).
 pub enum Piece {
     Text(String),
     Call(ToolCall),
+    Reasoning(String),
 }
 
 #[derive(Debug, Default)]
@@ -51,7 +54,8 @@ impl ToolSplitter {
                     None => self.text(&format!("{OPEN}{body}{CLOSE}"), &mut out),
                 }
             } else if let Some(at) = self.buf.find(OPEN) {
-                let before: String = self.buf.drain(..at + OPEN.len()).take(at).collect();
+                let before = self.buf[..at].to_string();
+                self.buf.drain(..at + OPEN.len());
                 self.text(&before, &mut out);
                 self.inside = true;
             } else {
@@ -128,7 +132,7 @@ pub fn split_reply(prefill: Option<&str>, text: &str) -> (Option<String>, Vec<To
     let mut content = String::new();
     for p in pieces {
         match p {
-            Piece::Text(t) => content.push_str(&t),
+            Piece::Text(t) | Piece::Reasoning(t) => content.push_str(&t),
             Piece::Call(c) => calls.push(c),
         }
     }
@@ -149,12 +153,12 @@ mod tests {
         Piece::Call(ToolCall { name: name.into(), arguments: args.into() })
     }
 
-    const REPLY: &str = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n";
+    const REPLY: &str = "Let me check é.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n";
 
     #[test]
     fn whole_reply() {
         let (content, calls) = split_reply(None, REPLY);
-        assert_eq!(content.as_deref(), Some("Let me check."));
+        assert_eq!(content.as_deref(), Some("Let me check é."));
         assert_eq!(calls.len(), 2);
         assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("get_weather", r#"{"city":"Paris"}"#));
         assert_eq!(calls[1].arguments, "{}");
@@ -179,7 +183,7 @@ mod tests {
         };
         assert_eq!(
             whole,
-            [Piece::Text("Let me check.".into()), call("get_weather", r#"{"city":"Paris"}"#), call("now", "{}")]
+            [Piece::Text("Let me check é.".into()), call("get_weather", r#"{"city":"Paris"}"#), call("now", "{}")]
         );
         for n in 1..12 {
             let mut sp = ToolSplitter::default();
