@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
+use moescope::convert::gguf::{self, Value};
 use moescope::model::LayerKind;
 use moescope::package::{OpenOptions, Package};
 use serde_json::json;
@@ -10,6 +11,9 @@ use serde_json::json;
 use crate::cli::InspectArgs;
 
 pub fn run(a: &InspectArgs) -> Result<()> {
+    if gguf::is_gguf(&a.file) {
+        return inspect_gguf(a);
+    }
     let pkg = Package::open_with(&a.file, OpenOptions { verify_dense: true })?;
     let m = &pkg.meta;
     let moescope::package::PackageSizes { dense, experts, blob } = pkg.sizes();
@@ -143,6 +147,62 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         for p in &e.parts {
             println!("  {:<10} {:?} {:?} group {:?}: {} bytes", p.name, p.dtype, p.shape, p.group, p.length);
         }
+    }
+    Ok(())
+}
+
+/// A GGUF file, read without converting: its metadata (long arrays summed up) and tensors, by
+/// type and one by one.
+fn inspect_gguf(a: &InspectArgs) -> Result<()> {
+    let g = gguf::open(&a.file)?;
+    let mut by_type: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    for t in &g.tensors {
+        let e = by_type.entry(t.ty.name).or_default();
+        e.0 += 1;
+        e.1 += t.bytes;
+    }
+    // a tokenizer's 150k tokens are not for the terminal
+    let short = |v: &Value| match v {
+        Value::Array(ty, items) if items.len() > 16 => json!(format!("[{} {ty} values]", items.len())),
+        v => v.to_json(),
+    };
+    if a.json {
+        let v = json!({
+            "file": a.file.display().to_string(),
+            "file_bytes": g.file_size,
+            "format": "gguf",
+            "version": g.version,
+            "architecture": g.architecture(),
+            "alignment": g.alignment,
+            "data_offset": g.data_start,
+            "metadata": g.metadata.iter().map(|(k, v)| (k.clone(), short(v))).collect::<serde_json::Map<_, _>>(),
+            "tensors": g.tensors.iter().map(|t| json!({"name": t.name, "type": t.ty.name, "ne": t.ne, "offset": t.offset, "bytes": t.bytes})).collect::<Vec<_>>(),
+            "by_type": by_type.iter().map(|(k, (n, b))| (k.to_string(), json!({"tensors": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
+        });
+        println!("{v}");
+        return Ok(());
+    }
+    let mb = |b: u64| format!("{:.2} MB", b as f64 / 1e6);
+    println!(
+        "{}  (GGUF v{}, {}, {}, {} tensors)",
+        a.file.display(),
+        g.version,
+        g.architecture().unwrap_or("no architecture"),
+        mb(g.file_size),
+        g.tensors.len()
+    );
+    println!("metadata:");
+    for (k, v) in &g.metadata {
+        println!("  {k} = {}", short(v));
+    }
+    println!("tensors by type:");
+    for (t, (n, b)) in &by_type {
+        println!("  {t:<8} {n:>6} tensors  {}", mb(*b));
+    }
+    // the first layer's and the rest's (every layer has the same tensors; --json lists all)
+    println!("tensors (blk.0 and outside the layers):");
+    for t in g.tensors.iter().filter(|t| !t.name.starts_with("blk.") || t.name.starts_with("blk.0.")) {
+        println!("  {:<36} {:<8} {:?}  {}", t.name, t.ty.name, t.ne, mb(t.bytes));
     }
     Ok(())
 }

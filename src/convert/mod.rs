@@ -2,6 +2,7 @@
 //! chunk), so peak memory is a few tensors whatever the model size.
 
 pub mod error;
+pub mod gguf;
 pub mod hf_config;
 pub mod hybrid;
 pub mod plan;
