@@ -92,6 +92,7 @@ pub enum Event {
 /// channel closed, or the cancel flag) stops it within a prompt chunk or a token.
 pub fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics, watch: &mut dyn Watch, waiting: &dyn Fn() -> usize) {
     let start = trace::recorder::now_ticks();
+    let queued_ms = job.queued_at.elapsed().as_secs_f64() * 1000.0;
     let cached = engine.cached_prefix_len(&job.prompt);
     watch.started(&job.id, job.prompt.len(), cached, waiting());
     let (outcome, stats) = run(engine, &job, cached, metrics, watch);
@@ -102,7 +103,7 @@ pub fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics, watch: &mut dyn
             ("id", job.id.as_str().into()),
             ("prompt_tokens", job.prompt.len().into()),
             ("cached_tokens", cached.into()),
-            ("queued_ms", (start_ms(&job) as f64).into()),
+            ("queued_ms", queued_ms.into()),
             ("outcome", outcome.as_str().into()),
         ];
         if let Some(s) = &stats {
@@ -111,11 +112,6 @@ pub fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics, watch: &mut dyn
         }
         a
     });
-}
-
-/// How long the job waited in the queue, ms.
-fn start_ms(job: &Job) -> u128 {
-    job.queued_at.elapsed().as_millis()
 }
 
 /// The request through the engine; its outcome in a word (or the error's text) and its stats.
