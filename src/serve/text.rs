@@ -33,7 +33,8 @@ impl StopText {
             self.held.clear();
             return Released { text, stopped: true };
         }
-        let keep = self.partial_suffix();
+        let stops: Vec<&str> = self.stops.iter().map(String::as_str).collect();
+        let keep = held_back(&self.held, &stops);
         let text = self.held[..self.held.len() - keep].to_string();
         self.held.drain(..self.held.len() - keep);
         Released { text, stopped: false }
@@ -43,17 +44,18 @@ impl StopText {
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)
     }
+}
 
-    /// Bytes at the end of `held` that are the start of some stop string (the longest such).
-    fn partial_suffix(&self) -> usize {
-        let h = &self.held;
-        let longest = self.stops.iter().map(|s| s.len()).max().unwrap_or(0);
-        let from = h.len().saturating_sub(longest.saturating_sub(1));
-        (from..h.len())
-            .filter(|&i| h.is_char_boundary(i))
-            .find(|&i| self.stops.iter().any(|s| s.starts_with(&h[i..])))
-            .map_or(0, |i| h.len() - i)
-    }
+/// Bytes at the end of `s` that may still grow into one of `pats`: the longest suffix, on a
+/// character boundary, that is the start of one of them (a whole one is found before this is
+/// asked). The stop strings, the tool-call and the thinking tags all hold text back by it.
+pub fn held_back(s: &str, pats: &[&str]) -> usize {
+    let longest = pats.iter().map(|p| p.len()).max().unwrap_or(0);
+    let from = s.len().saturating_sub(longest.saturating_sub(1));
+    (from..s.len())
+        .filter(|&i| s.is_char_boundary(i))
+        .find(|&i| pats.iter().any(|p| p.starts_with(&s[i..])))
+        .map_or(0, |i| s.len() - i)
 }
 
 #[cfg(test)]

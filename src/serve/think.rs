@@ -3,6 +3,8 @@
 //! text after it as `content`. Only a reply that begins with the block (after whitespace) is
 //! split; streamed, text that may still be `<think>` or `</think>` is held back.
 
+use super::text::held_back;
+
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
@@ -57,7 +59,7 @@ impl ThinkSplitter {
                         self.state = State::AfterThinking;
                     }
                     None => {
-                        let keep = partial_suffix(&self.buf, CLOSE);
+                        let keep = held_back(&self.buf, &[CLOSE]);
                         let r: String = self.buf.drain(..self.buf.len() - keep).collect();
                         if !r.is_empty() {
                             out.push(Part::Reasoning(r));
@@ -94,14 +96,6 @@ impl ThinkSplitter {
             State::Start | State::Content => vec![Part::Content(rest)],
         }
     }
-}
-
-/// Bytes at the end of `s` that are a proper start of `pat` (the longest such).
-fn partial_suffix(s: &str, pat: &str) -> usize {
-    (1..pat.len().min(s.len() + 1))
-        .rev()
-        .find(|&k| s.is_char_boundary(s.len() - k) && pat.starts_with(&s[s.len() - k..]))
-        .unwrap_or(0)
 }
 
 /// A whole reply split: its reasoning (trimmed; None when there is none), and the content of

@@ -5,6 +5,8 @@
 
 use serde_json::Value;
 
+use super::text::held_back;
+
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
 
@@ -60,13 +62,7 @@ impl ToolSplitter {
                 self.inside = true;
             } else {
                 // keep what may be the start of "<tool_call>"
-                let keep = (1..OPEN.len().min(self.buf.len() + 1))
-                    .rev()
-                    .find(|&k| {
-                        self.buf.is_char_boundary(self.buf.len() - k)
-                            && OPEN.starts_with(&self.buf[self.buf.len() - k..])
-                    })
-                    .unwrap_or(0);
+                let keep = held_back(&self.buf, &[OPEN]);
                 let now: String = self.buf.drain(..self.buf.len() - keep).collect();
                 self.text(&now, &mut out);
                 break;
