@@ -12,6 +12,7 @@ pub mod act;
 pub mod attn;
 pub mod delta;
 pub mod dot;
+pub mod ggml;
 pub mod isa;
 pub mod mat;
 pub mod ops;

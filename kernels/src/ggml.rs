@@ -1,0 +1,265 @@
+//! ggml's block formats (llama.cpp's GGUF tensor types) and their scalar dequantizers.
+//!
+//! Each function turns whole blocks into f32 values with the same f32 operations, in the same
+//! order, as gguf-py 0.19's `gguf.quants.dequantize` (which ggml's `dequantize_row_*` agree
+//! with), so the values equal the file's bit for bit: f16 scales widen exactly, a K-quant
+//! sub-block's scale is `d * sc` rounded to f32 once, and a value is `scale * q` (minus
+//! `dmin * m` for the asymmetric types), never a fused multiply-add.
+//!
+//! | type   | values / bytes | layout                                                     |
+//! |--------|----------------|------------------------------------------------------------|
+//! | Q4_0   | 32 / 18        | f16 d, 16 bytes: value j low nibble, j + 16 high; d (q - 8) |
+//! | Q4_1   | 32 / 20        | f16 d, f16 m, nibbles as Q4_0; d q + m                     |
+//! | Q5_0   | 32 / 22        | f16 d, u32 qh (bit j: value j's 5th bit), nibbles; d (q - 16) |
+//! | Q8_0   | 32 / 34        | f16 d, 32 x i8; d q                                        |
+//! | Q4_K   | 256 / 144      | f16 d, f16 dmin, 12 bytes of 6-bit (sc, m) x 8, 128 bytes  |
+//! | Q5_K   | 256 / 176      | as Q4_K, then 32 bytes qh (bit j of byte l: sub-block j) before the nibbles |
+//! | Q6_K   | 256 / 210      | 128 bytes low nibbles, 64 bytes 2-bit highs, 16 x i8 scales, f16 d |
+
+use half::f16;
+
+/// A block format moescope reads from GGUF files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockType {
+    F32,
+    F16,
+    Bf16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q8_0,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+/// Values per K-quant super-block.
+pub const QK_K: usize = 256;
+
+impl BlockType {
+    /// Every supported type, in ggml id order.
+    pub const ALL: [BlockType; 10] = [
+        BlockType::F32,
+        BlockType::F16,
+        BlockType::Q4_0,
+        BlockType::Q4_1,
+        BlockType::Q5_0,
+        BlockType::Q8_0,
+        BlockType::Q4K,
+        BlockType::Q5K,
+        BlockType::Q6K,
+        BlockType::Bf16,
+    ];
+
+    /// The type with ggml id `id` (`GGMLQuantizationType`), if moescope reads it.
+    pub fn from_ggml_id(id: u32) -> Option<BlockType> {
+        BlockType::ALL.into_iter().find(|t| t.ggml_id() == id)
+    }
+
+    pub fn ggml_id(self) -> u32 {
+        match self {
+            BlockType::F32 => 0,
+            BlockType::F16 => 1,
+            BlockType::Q4_0 => 2,
+            BlockType::Q4_1 => 3,
+            BlockType::Q5_0 => 6,
+            BlockType::Q8_0 => 8,
+            BlockType::Q4K => 12,
+            BlockType::Q5K => 13,
+            BlockType::Q6K => 14,
+            BlockType::Bf16 => 30,
+        }
+    }
+
+    /// ggml's name of the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            BlockType::F32 => "F32",
+            BlockType::F16 => "F16",
+            BlockType::Bf16 => "BF16",
+            BlockType::Q4_0 => "Q4_0",
+            BlockType::Q4_1 => "Q4_1",
+            BlockType::Q5_0 => "Q5_0",
+            BlockType::Q8_0 => "Q8_0",
+            BlockType::Q4K => "Q4_K",
+            BlockType::Q5K => "Q5_K",
+            BlockType::Q6K => "Q6_K",
+        }
+    }
+
+    /// Values per block.
+    pub fn block(self) -> usize {
+        match self {
+            BlockType::F32 | BlockType::F16 | BlockType::Bf16 => 1,
+            BlockType::Q4_0 | BlockType::Q4_1 | BlockType::Q5_0 | BlockType::Q8_0 => 32,
+            BlockType::Q4K | BlockType::Q5K | BlockType::Q6K => QK_K,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            BlockType::F32 => 4,
+            BlockType::F16 | BlockType::Bf16 => 2,
+            BlockType::Q4_0 => 18,
+            BlockType::Q4_1 => 20,
+            BlockType::Q5_0 => 22,
+            BlockType::Q8_0 => 34,
+            BlockType::Q4K => 144,
+            BlockType::Q5K => 176,
+            BlockType::Q6K => 210,
+        }
+    }
+
+    /// Bytes of `n` values (`n` a whole number of blocks).
+    pub fn bytes_of(self, n: usize) -> usize {
+        n / self.block() * self.block_bytes()
+    }
+}
+
+#[inline]
+fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Dequantize `out.len()` values (whole blocks) from `bytes` (exactly their blocks).
+///
+/// # Panics
+/// When `out.len()` is not a whole number of blocks or `bytes` is not their size: callers
+/// check shapes against the file first.
+pub fn dequantize(t: BlockType, bytes: &[u8], out: &mut [f32]) {
+    let (qk, bb) = (t.block(), t.block_bytes());
+    assert!(out.len().is_multiple_of(qk) && bytes.len() == out.len() / qk * bb, "{}: bad block span", t.name());
+    let blocks = bytes.chunks_exact(bb).zip(out.chunks_exact_mut(qk));
+    match t {
+        BlockType::F32 => blocks.for_each(|(b, o)| o[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        BlockType::F16 => blocks.for_each(|(b, o)| o[0] = f16_at(b, 0)),
+        BlockType::Bf16 => {
+            blocks.for_each(|(b, o)| o[0] = f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16))
+        }
+        BlockType::Q4_0 => blocks.for_each(|(b, o)| q4_0(b, o)),
+        BlockType::Q4_1 => blocks.for_each(|(b, o)| q4_1(b, o)),
+        BlockType::Q5_0 => blocks.for_each(|(b, o)| q5_0(b, o)),
+        BlockType::Q8_0 => blocks.for_each(|(b, o)| q8_0(b, o)),
+        BlockType::Q4K => blocks.for_each(|(b, o)| q4_k(b, o)),
+        BlockType::Q5K => blocks.for_each(|(b, o)| q5_k(b, o)),
+        BlockType::Q6K => blocks.for_each(|(b, o)| q6_k(b, o)),
+    }
+}
+
+fn q4_0(b: &[u8], o: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for j in 0..16 {
+        o[j] = d * ((b[2 + j] & 15) as i32 - 8) as f32;
+        o[j + 16] = d * ((b[2 + j] >> 4) as i32 - 8) as f32;
+    }
+}
+
+fn q4_1(b: &[u8], o: &mut [f32]) {
+    let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+    for j in 0..16 {
+        o[j] = d * (b[4 + j] & 15) as f32 + m;
+        o[j + 16] = d * (b[4 + j] >> 4) as f32 + m;
+    }
+}
+
+fn q5_0(b: &[u8], o: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+    for j in 0..16 {
+        let lo = (b[6 + j] & 15) as u32 | ((qh >> j) & 1) << 4;
+        let hi = (b[6 + j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
+        o[j] = d * (lo as i32 - 16) as f32;
+        o[j + 16] = d * (hi as i32 - 16) as f32;
+    }
+}
+
+fn q8_0(b: &[u8], o: &mut [f32]) {
+    let d = f16_at(b, 0);
+    for j in 0..32 {
+        o[j] = b[2 + j] as i8 as f32 * d;
+    }
+}
+
+/// Sub-block `j`'s 6-bit scale and min of a Q4_K / Q5_K block's 12 scale bytes.
+pub fn k_scale_min(s: &[u8], j: usize) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        ((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+    }
+}
+
+fn q4_k(b: &[u8], o: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (scales, qs) = (&b[4..16], &b[16..144]);
+    for j in 0..8 {
+        let (sc, m) = k_scale_min(scales, j);
+        let (dl, ml) = (d * sc as f32, dmin * m as f32);
+        // sub-blocks 2g and 2g + 1 share the 32 bytes of group g: low and high nibbles
+        let (g, shift) = (j / 2, 4 * (j % 2));
+        for l in 0..32 {
+            let q = (qs[32 * g + l] >> shift) & 15;
+            o[32 * j + l] = dl * q as f32 - ml;
+        }
+    }
+}
+
+fn q5_k(b: &[u8], o: &mut [f32]) {
+    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+    let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    for j in 0..8 {
+        let (sc, m) = k_scale_min(scales, j);
+        let (dl, ml) = (d * sc as f32, dmin * m as f32);
+        let (g, shift) = (j / 2, 4 * (j % 2));
+        for l in 0..32 {
+            let q = ((qs[32 * g + l] >> shift) & 15) | ((qh[l] >> j) & 1) << 4;
+            o[32 * j + l] = dl * q as f32 - ml;
+        }
+    }
+}
+
+fn q6_k(b: &[u8], o: &mut [f32]) {
+    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = f16_at(b, 208);
+    // two halves of 128 values; in each, four runs of 32 (t = 0..3) take the low nibbles of
+    // ql[l] / ql[l + 32] (t = 0, 1) or their high nibbles (t = 2, 3) and bits 2t..2t+1 of qh[l]
+    for h in 0..2 {
+        for t in 0..4 {
+            for l in 0..32 {
+                let lo = (ql[64 * h + 32 * (t % 2) + l] >> (4 * (t / 2))) & 15;
+                let hi = (qh[32 * h + l] >> (2 * t)) & 3;
+                let i = 128 * h + 32 * t + l;
+                let dl = d * scales[i / 16] as i8 as f32;
+                o[i] = dl * ((lo | hi << 4) as i32 - 32) as f32;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_sizes_and_names_agree_with_ggml() {
+        for t in BlockType::ALL {
+            assert_eq!(BlockType::from_ggml_id(t.ggml_id()), Some(t));
+        }
+        assert_eq!(BlockType::from_ggml_id(10), None, "Q2_K is not read");
+        assert_eq!(BlockType::Q6K.bytes_of(512), 420);
+    }
+
+    #[test]
+    fn q4_0_nibble_order() {
+        // d = 1.0 (f16 0x3C00); byte j = (hi << 4) | lo with lo = j, hi = 15 - j
+        let mut b = vec![0x00, 0x3C];
+        b.extend((0..16u8).map(|j| ((15 - j) << 4) | j));
+        let mut o = [0f32; 32];
+        dequantize(BlockType::Q4_0, &b, &mut o);
+        for j in 0..16 {
+            assert_eq!(o[j], j as f32 - 8.0);
+            assert_eq!(o[j + 16], (15 - j) as f32 - 8.0);
+        }
+    }
+}
