@@ -72,9 +72,10 @@ pub struct PerplexityArgs {
     /// Compute threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// Quantization when --model is a HuggingFace directory.
-    #[arg(long, default_value = "q4")]
-    pub quant: String,
+    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32; default q4) or
+    /// a GGUF file (default: each tensor as the file holds it; a mode given requantizes).
+    #[arg(long)]
+    pub quant: Option<String>,
     /// Print one JSON object instead of a line.
     #[arg(long)]
     pub json: bool,
@@ -211,9 +212,10 @@ pub struct RunArgs {
     /// Write the raw logits that chose each generated token as float32 [N, vocab] .npy.
     #[arg(long, value_name = "FILE.npy")]
     pub logits_out: Option<PathBuf>,
-    /// Quantization when -m is a HuggingFace directory: bf16, q8, q4, q4g32.
-    #[arg(long, default_value = "q4")]
-    pub quant: String,
+    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32; default q4) or
+    /// a GGUF file (default: each tensor as the file holds it; a mode given requantizes).
+    #[arg(long)]
+    pub quant: Option<String>,
     /// Size of the expert pool in MiB, or `auto`: the memory the process may use (its cgroup's
     /// limit, else MemAvailable) less the dense weights, KV cache, buffers and headroom, with a
     /// shorter context when the default leaves no useful pool; re-checked between replies.
@@ -290,14 +292,16 @@ pub struct TraceArgs {
 
 #[derive(Args, Debug)]
 pub struct ConvertArgs {
-    /// HuggingFace model directory (config.json, *.safetensors, tokenizer files).
+    /// HuggingFace model directory (config.json, *.safetensors, tokenizer files), or a GGUF file
+    /// (the first part of a split one).
     pub hf_dir: PathBuf,
     /// Output package.
     #[arg(short = 'o', long)]
     pub output: PathBuf,
-    /// bf16, q8, q4 (int4, group 128) or q4g32 (int4, group 32).
-    #[arg(long, default_value = "q4")]
-    pub quant: String,
+    /// bf16, q8, q4 (int4, group 128) or q4g32 (int4, group 32); default q4 for a HuggingFace
+    /// directory, and for a GGUF file each tensor as the file holds it (a mode given requantizes).
+    #[arg(long)]
+    pub quant: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -417,9 +421,10 @@ pub struct BenchArgs {
     /// Output: md (a table), json (only JSON on stdout), csv.
     #[arg(short = 'o', long, default_value = "md")]
     pub output: String,
-    /// Quantization when -m is a HuggingFace directory.
-    #[arg(long, default_value = "q4")]
-    pub quant: String,
+    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32; default q4) or
+    /// a GGUF file (default: each tensor as the file holds it; a mode given requantizes).
+    #[arg(long)]
+    pub quant: Option<String>,
     /// Expert pool sizes in MiB or `auto` (comma list; default as for `run`).
     #[arg(long, value_name = "MiB,...")]
     pub cache_mb: Option<String>,

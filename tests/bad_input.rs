@@ -173,14 +173,14 @@ fn wrong_magic() {
     b[..8].copy_from_slice(b"MOEZxxxx");
     std::fs::write(&p, b).unwrap();
     assert_clean_failure(&inspect(&p, d.path()), &["not a moescope package"]);
-    // a package whose first bytes say GGUF: inspect reads it as a GGUF file, and says what is
-    // wrong with it as one; run, which takes packages, says it is not one
+    // a package whose first bytes say GGUF: inspect and run (which takes GGUF files too) read
+    // it as a GGUF file, and say what is wrong with it as one
     let mut b = std::fs::read(&p).unwrap();
     b[..8].copy_from_slice(b"GGUFxxxx");
     std::fs::write(&p, b).unwrap();
     assert_clean_failure(&inspect(&p, d.path()), &["GGUF version", "not supported"]);
     let o = moescope(&["run", "-m", p.to_str().unwrap(), "--prompt-ids", "1,2"], d.path());
-    assert_clean_failure(&o, &["not a moescope package"]);
+    assert_clean_failure(&o, &["GGUF version", "not supported"]);
     let junk = d.path().join("junk.moe");
     std::fs::write(&junk, b"hello").unwrap();
     assert_clean_failure(&inspect(&junk, d.path()), &["not a moescope package"]);

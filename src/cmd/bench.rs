@@ -79,7 +79,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     };
     let prefetches: Vec<bool> =
         a.prefetch.split(',').map(|x| run::parse_on_off("--prefetch", x.trim())).collect::<Result<_>>()?;
-    let path = model_arg::resolve(a.model.as_deref(), &a.quant)?;
+    let path = model_arg::resolve(a.model.as_deref(), a.quant.as_deref())?;
     let trace = trace_out::begin(&a.trace);
     // the pool starts at the smallest budget, which also decides O_DIRECT by default (auto
     // when the list has no number)

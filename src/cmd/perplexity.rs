@@ -79,7 +79,7 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
     let text = String::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {})", a.file.display(), e.utf8_error().valid_up_to()))?;
-    let path = model_arg::resolve(a.model.as_deref(), &a.quant)?;
+    let path = model_arg::resolve(a.model.as_deref(), a.quant.as_deref())?;
     let opts = |stream: Option<StreamConfig>| -> Result<EngineOptions> {
         Ok(EngineOptions { threads, ctx_size: Some(a.window), isa: isa_from_env()?, stream })
     };
@@ -109,7 +109,9 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     }
     let mut base = match &a.against {
         Some(b) => {
-            let bp = model_arg::resolve(Some(b), "bf16")?;
+            // a base GGUF keeps its own values; a HuggingFace base becomes bf16
+            let quant = (!moescope::convert::gguf::is_gguf(b)).then_some("bf16");
+            let bp = model_arg::resolve(Some(b), quant)?;
             let be = Engine::load(&bp, opts(None)?).with_context(|| format!("loading {}", bp.display()))?;
             if be.model.cfg.vocab_size != eng.model.cfg.vocab_size {
                 bail!(

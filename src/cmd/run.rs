@@ -150,7 +150,7 @@ impl RunConfig {
         if a.ctx_size == Some(0) {
             bail!("--ctx-size must be positive");
         }
-        let model = model_arg::resolve(a.model.as_deref(), &a.quant)?;
+        let model = model_arg::resolve(a.model.as_deref(), a.quant.as_deref())?;
         Ok(RunConfig {
             model,
             prompt,

@@ -24,6 +24,8 @@ pub enum ConvertError {
     Tensor { file: PathBuf, name: String, msg: String },
     #[error(transparent)]
     Package(#[from] PackageError),
+    #[error(transparent)]
+    Gguf(#[from] super::gguf::GgufError),
     #[error("interrupted: nothing was written")]
     Interrupted,
 }

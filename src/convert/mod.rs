@@ -3,6 +3,9 @@
 
 pub mod error;
 pub mod gguf;
+pub mod gguf_model;
+pub mod gguf_source;
+pub mod gguf_vocab;
 pub mod hf_config;
 pub mod hybrid;
 pub mod plan;
@@ -112,6 +115,40 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
 }
 
+/// Convert the GGUF file `path` (or the split model whose first part it is) into the package
+/// `out`. With [`QuantMode::File`] every tensor keeps the file's values exactly; another mode
+/// requantizes from them.
+pub fn convert_gguf(path: &Path, out: &Path, opts: ConvertOptions) -> Result<ConvertReport, ConvertError> {
+    let t0 = Instant::now();
+    let src = gguf_source::GgufSource::open(path)?;
+    let mut cfg = src.model.config()?;
+    // every tensor's type is one moescope reads, before a byte is written
+    for t in src.model.tensors() {
+        src.model.block_type(&t.name)?;
+    }
+    let mut warnings = vec![];
+    let tok = match gguf_vocab::tokenizer(&src.model)? {
+        Some(t) => t,
+        None => {
+            warnings.push(format!(
+                "{}: no tokenizer metadata: the package takes --prompt-ids only and shows token ids instead of text",
+                path.display()
+            ));
+            TokenizerInfo::default()
+        }
+    };
+    add_tokenizer_eos(&mut cfg, &tok);
+    let name = src
+        .model
+        .str_key("general.name")?
+        .map(String::from)
+        .or_else(|| path.file_stem().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into());
+    let origin = Origin { name: &name, ignored: vec![], synthetic: None };
+    let bytes = write_package(&src, &cfg, tok, origin, opts, out)?;
+    Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
+}
+
 /// The tokenizer's own end-of-sequence token (`<|im_end|>` for Qwen chat models) also stops
 /// generation, beside the ids in config.json / generation_config.json.
 pub fn add_tokenizer_eos(cfg: &mut ModelConfig, tok: &TokenizerInfo) {
@@ -154,8 +191,10 @@ impl BlobSource for EncodedBlobs<'_> {
         let (mut x, mut vals, mut scales) = (Vec::new(), Vec::new(), Vec::new());
         for (p, (tname, shape)) in plan::expert_tensors(self.cfg, l, e).iter().enumerate() {
             let f = region.parts[p].format().unwrap_or(Format::F32);
-            self.src.read_rows(tname, 0, shape[0], &mut x)?;
-            encode_rows(f, &x, shape[1], f.interleaves(shape[0], shape[1]), &mut vals, &mut scales);
+            if !self.src.encoded_rows(tname, f, 0, shape[0], &mut vals, &mut scales)? {
+                self.src.read_rows(tname, 0, shape[0], &mut x)?;
+                encode_rows(f, &x, shape[1], f.interleaves(shape[0], shape[1]), &mut vals, &mut scales);
+            }
             b.put(p, &vals, &scales);
         }
         Ok(b.buf)
@@ -231,16 +270,28 @@ pub fn write_package_with(
         scales_offset: None,
         xxh3: None,
     };
+    // the plan's format, or with QuantMode::File the one holding the source's values exactly
+    let format = |name: &str, kind: plan::Kind, cols: usize| match (opts.quant, src.exact_format(name)) {
+        (QuantMode::File, Some(f)) => f,
+        _ => opts.quant.format(kind, cols),
+    };
     let tensors: Vec<TensorEntry> = dense
         .iter()
-        .map(|t| entry(&t.name, opts.quant.format(t.kind, *t.shape.last().unwrap_or(&1)), &t.shape))
+        .map(|t| entry(&t.name, format(&t.name, t.kind, *t.shape.last().unwrap_or(&1)), &t.shape))
         .collect();
     let experts = (!moe_layers.is_empty()).then(|| {
         let parts = plan::expert_tensors(cfg, moe_layers[0], 0)
             .iter()
+            .enumerate()
             .zip(["gate_proj", "up_proj", "down_proj"])
-            .map(|((_, s), pname)| {
-                let mut e = entry(pname, opts.quant.format(plan::Kind::Linear, s[1]), s);
+            .map(|((p, (_, s)), pname)| {
+                // one format per projection for every layer: the narrowest holding them all
+                let f = moe_layers
+                    .iter()
+                    .map(|&l| format(&plan::expert_tensors(cfg, l, 0)[p].0, plan::Kind::Linear, s[1]))
+                    .reduce(gguf_source::join_formats)
+                    .unwrap_or(Format::F32);
+                let mut e = entry(pname, f, s);
                 e.xxh3 = None;
                 e
             })

@@ -43,6 +43,9 @@ pub enum QuantMode {
     Q4 {
         max_group: usize,
     },
+    /// Each tensor in the format that holds its source's values exactly (a GGUF file's types;
+    /// see `convert::gguf_source::exact_format`), none requantized.
+    File,
 }
 
 impl QuantMode {
@@ -62,6 +65,7 @@ impl QuantMode {
             QuantMode::Q8 => "q8",
             QuantMode::Q4 { max_group: 32 } => "q4g32",
             QuantMode::Q4 { .. } => "q4",
+            QuantMode::File => "file",
         }
     }
 
@@ -69,6 +73,7 @@ impl QuantMode {
         match self {
             QuantMode::Bf16 => "norms and router f32; all other weights bf16".into(),
             QuantMode::Q8 => "norms and router f32; all other weights q8 (int8, group 128 or the largest of 64/32/16 dividing the row, else one group per row)".into(),
+            QuantMode::File => "each tensor as the file holds it: F32 and BF16 as they are; Q8_0, Q5_0 as q8 and Q4_0 as q4 at group 32, Q6_K as q8 group 16 (the same codes and scales); F16, Q4_1, Q4_K and Q5_K dequantized to f32".into(),
             QuantMode::Q4 { max_group } => format!(
                 "norms and router f32; embedding q8; lm_head q6 (int6, group 128; else q8); attention, dense MLP and experts q4 (int4, group {max_group} or the largest smaller one down to 16 dividing the row, else q8)"
             ),
@@ -79,7 +84,7 @@ impl QuantMode {
     pub fn format(self, k: Kind, cols: usize) -> Format {
         let q8 = || Format::Q8 { group: pick_group(cols, 128).unwrap_or(cols) };
         match (k, self) {
-            (Kind::Norm | Kind::Router | Kind::Exact, _) => Format::F32,
+            (Kind::Norm | Kind::Router | Kind::Exact, _) | (_, QuantMode::File) => Format::F32,
             (_, QuantMode::Bf16) => Format::Bf16,
             (_, QuantMode::Q8) | (Kind::Embedding, QuantMode::Q4 { .. }) => q8(),
             (Kind::LmHead, QuantMode::Q4 { .. }) => {

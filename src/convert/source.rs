@@ -28,6 +28,12 @@ pub trait TensorSource: Sync {
         Ok(false)
     }
 
+    /// The format that holds the tensor's values exactly, for a source that stores them
+    /// quantized (a GGUF file); what [`QuantMode::File`](super::QuantMode::File) writes.
+    fn exact_format(&self, _name: &str) -> Option<moescope_kernels::Format> {
+        None
+    }
+
     /// Where the tensor comes from, for messages (a file path).
     fn origin(&self, name: &str) -> String;
 

@@ -1,0 +1,298 @@
+//! A GGUF model as the converter sees it: one file or the parts of a split one (llama.cpp's
+//! `gguf-split`: `NAME-00001-of-0000N.gguf`, metadata in the first part, `split.count` in each),
+//! every tensor found by name in whichever part holds it, and the `qwen3moe` metadata as a
+//! [`ModelConfig`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use moescope_kernels::ggml::BlockType;
+
+use super::error::ConvertError;
+use super::gguf::{self, Gguf, GgufError, TensorInfo, Value};
+use crate::model_config::{Arch, ModelConfig};
+
+/// A GGUF model in one or more parts.
+pub struct GgufModel {
+    /// The parts in order; the first holds the model's metadata.
+    pub parts: Vec<Gguf>,
+    /// Tensor name -> (part, index in that part's tensors).
+    index: HashMap<String, (usize, usize)>,
+}
+
+/// Path of part `no` (1-based) of `count`, given the first part's path
+/// (`x-00001-of-00003.gguf` -> `x-00002-of-00003.gguf`).
+fn part_path(first: &Path, no: u64, count: u64) -> Option<PathBuf> {
+    let name = first.file_name()?.to_str()?;
+    let stem = name.strip_suffix(&format!("-00001-of-{count:05}.gguf"))?;
+    Some(first.with_file_name(format!("{stem}-{no:05}-of-{count:05}.gguf")))
+}
+
+fn split_u64(g: &Gguf, key: &str) -> Result<Option<u64>, GgufError> {
+    match g.get(key) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| GgufError::Key {
+            path: g.path.clone(),
+            key: key.into(),
+            what: format!("expected a whole number, found {}", v.type_name()),
+        }),
+    }
+}
+
+impl GgufModel {
+    /// Open `path` and, when it is the first part of a split model, the other parts beside it.
+    pub fn open(path: &Path) -> Result<GgufModel, GgufError> {
+        let first = gguf::open(path)?;
+        let count = split_u64(&first, "split.count")?.unwrap_or(1);
+        let key_err =
+            |g: &Gguf, key: &str, what: String| GgufError::Key { path: g.path.clone(), key: key.into(), what };
+        if count == 0 || count > 9999 {
+            return Err(key_err(&first, "split.count", format!("{count} parts is not a valid split")));
+        }
+        if split_u64(&first, "split.no")?.unwrap_or(0) != 0 {
+            return Err(key_err(
+                &first,
+                "split.no",
+                "this is not the first part of the split model: open part 1".into(),
+            ));
+        }
+        let mut parts = vec![first];
+        for no in 1..count {
+            let p = part_path(&parts[0].path, no + 1, count).ok_or_else(|| {
+                key_err(
+                    &parts[0],
+                    "split.count",
+                    format!("{count} parts, but the file is not named NAME-00001-of-{count:05}.gguf"),
+                )
+            })?;
+            let g = gguf::open(&p)?;
+            if split_u64(&g, "split.no")? != Some(no) || split_u64(&g, "split.count")? != Some(count) {
+                return Err(key_err(&g, "split.no", format!("expected part {} of {count}", no + 1)));
+            }
+            parts.push(g);
+        }
+        let mut index = HashMap::new();
+        for (pi, g) in parts.iter().enumerate() {
+            for (ti, t) in g.tensors.iter().enumerate() {
+                if index.insert(t.name.clone(), (pi, ti)).is_some() {
+                    return Err(GgufError::Tensor {
+                        path: g.path.clone(),
+                        name: t.name.clone(),
+                        what: "appears in two parts of the split model".into(),
+                    });
+                }
+            }
+        }
+        if let Some(n) = split_u64(&parts[0], "split.tensors.count")?
+            && n != index.len() as u64
+        {
+            return Err(key_err(
+                &parts[0],
+                "split.tensors.count",
+                format!("says {n} tensors; the parts hold {}", index.len()),
+            ));
+        }
+        Ok(GgufModel { parts, index })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.parts[0].path
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.parts[0].get(key)
+    }
+
+    /// A tensor's entry and the file that holds it.
+    pub fn tensor(&self, name: &str) -> Option<(&Path, &TensorInfo)> {
+        self.index.get(name).map(|&(p, t)| (self.parts[p].path.as_path(), &self.parts[p].tensors[t]))
+    }
+
+    pub fn tensors(&self) -> impl Iterator<Item = &TensorInfo> {
+        self.parts.iter().flat_map(|g| g.tensors.iter())
+    }
+
+    pub fn config_err(&self, key: &str, msg: impl Into<String>) -> ConvertError {
+        ConvertError::Config { path: self.path().to_path_buf(), key: key.into(), msg: msg.into() }
+    }
+
+    pub fn str_key(&self, key: &str) -> Result<Option<&str>, ConvertError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.config_err(key, format!("expected a string, found {}", v.type_name()))),
+        }
+    }
+
+    pub fn u64_key(&self, key: &str) -> Result<Option<u64>, ConvertError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| self.config_err(key, format!("expected a whole number, found {}", v.type_name()))),
+        }
+    }
+
+    fn f64_key(&self, key: &str) -> Result<Option<f64>, ConvertError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.config_err(key, format!("expected a number, found {}", v.type_name()))),
+        }
+    }
+
+    fn usize_req(&self, key: &str) -> Result<usize, ConvertError> {
+        let v = self.u64_key(key)?.ok_or_else(|| self.config_err(key, "missing"))?;
+        usize::try_from(v)
+            .ok()
+            .filter(|&v| v < 1 << 32)
+            .ok_or_else(|| self.config_err(key, format!("{v} is out of range")))
+    }
+
+    /// `ne` of a tensor the model must have.
+    fn ne(&self, name: &str) -> Result<&[u64], ConvertError> {
+        self.tensor(name)
+            .map(|(_, t)| t.ne.as_slice())
+            .ok_or_else(|| ConvertError::MissingTensor { dir: self.path().to_path_buf(), name: name.into() })
+    }
+
+    /// The model's configuration from the `qwen3moe` metadata (llama.cpp's `qwen3moe.cpp` reads
+    /// the same keys). Every layer is MoE, the top-k weights are renormalised (llama.cpp always
+    /// does for this architecture), and the output layer is the embedding when `output.weight`
+    /// is absent.
+    pub fn config(&self) -> Result<ModelConfig, ConvertError> {
+        let arch =
+            self.str_key("general.architecture")?.ok_or_else(|| self.config_err("general.architecture", "missing"))?;
+        match arch {
+            "qwen3moe" => {}
+            "qwen3next" | "qwen35moe" => {
+                return Err(self.config_err(
+                    "general.architecture",
+                    format!("'{arch}' GGUF files are not supported yet (qwen3moe is)"),
+                ));
+            }
+            other => {
+                return Err(ConvertError::Architecture {
+                    path: self.path().to_path_buf(),
+                    found: other.into(),
+                    supported: "qwen3moe GGUF files".into(),
+                });
+            }
+        }
+        let k = |s: &str| format!("{arch}.{s}");
+        let hidden = self.usize_req(&k("embedding_length"))?;
+        let heads = self.usize_req(&k("attention.head_count"))?;
+        let head_dim = match self.u64_key(&k("attention.key_length"))? {
+            Some(d) => d as usize,
+            None if heads > 0 => hidden / heads,
+            None => return Err(self.config_err(&k("attention.head_count"), "is 0")),
+        };
+        if let Some(v) = self.u64_key(&k("attention.value_length"))?
+            && v as usize != head_dim
+        {
+            return Err(
+                self.config_err(&k("attention.value_length"), format!("{v} differs from the key length {head_dim}"))
+            );
+        }
+        if let Some(r) = self.u64_key(&k("rope.dimension_count"))?
+            && r as usize != head_dim
+        {
+            return Err(self.config_err(
+                &k("rope.dimension_count"),
+                format!("partial RoPE ({r} of {head_dim} dims) is not supported for qwen3moe"),
+            ));
+        }
+        if let Some(t) = self.str_key(&k("rope.scaling.type"))?
+            && t != "none"
+        {
+            return Err(self.config_err(&k("rope.scaling.type"), format!("RoPE scaling '{t}' is not supported yet")));
+        }
+        let embd = self.ne("token_embd.weight")?;
+        if embd.len() != 2 || embd[0] as usize != hidden {
+            return Err(self.tensor_err(
+                "token_embd.weight",
+                format!("dimensions {embd:?} do not match embedding_length {hidden}"),
+            ));
+        }
+        let vocab = embd[1] as usize;
+        let experts = self.usize_req(&k("expert_count"))?;
+        let moe_i = match self.u64_key(&k("expert_feed_forward_length"))? {
+            Some(i) => i as usize,
+            None => self.ne("blk.0.ffn_gate_exps.weight").map(|ne| ne.get(1).copied().unwrap_or(0) as usize)?,
+        };
+        let token = |key: &str| -> Result<Option<u32>, ConvertError> {
+            match self.u64_key(key)? {
+                Some(id) if (id as usize) < vocab => Ok(Some(id as u32)),
+                Some(id) => Err(self.config_err(key, format!("token {id} is outside the vocabulary of {vocab}"))),
+                None => Ok(None),
+            }
+        };
+        let mut eos = vec![];
+        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+            if let Some(id) = token(key)?
+                && !eos.contains(&id)
+            {
+                eos.push(id);
+            }
+        }
+        let cfg = ModelConfig {
+            arch: Arch::Qwen3Moe,
+            vocab_size: vocab,
+            hidden_size: hidden,
+            num_hidden_layers: self.usize_req(&k("block_count"))?,
+            num_attention_heads: heads,
+            num_key_value_heads: self.u64_key(&k("attention.head_count_kv"))?.map_or(heads, |v| v as usize),
+            head_dim,
+            intermediate_size: self.u64_key(&k("feed_forward_length"))?.unwrap_or(0) as usize,
+            moe_intermediate_size: moe_i,
+            num_experts: experts,
+            num_experts_per_tok: self.usize_req(&k("expert_used_count"))?,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![],
+            rms_norm_eps: self.f64_key(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
+            rope_theta: self.f64_key(&k("rope.freq_base"))?.unwrap_or(10000.0),
+            max_position_embeddings: self.u64_key(&k("context_length"))?.unwrap_or(32768) as usize,
+            tie_word_embeddings: self.tensor("output.weight").is_none(),
+            bos_token_id: token("tokenizer.ggml.bos_token_id")?,
+            eos_token_ids: eos,
+            hybrid: None,
+        };
+        cfg.validate().map_err(|msg| self.config_err(arch, msg))?;
+        Ok(cfg)
+    }
+
+    pub fn tensor_err(&self, name: &str, msg: impl Into<String>) -> ConvertError {
+        let file = self.tensor(name).map_or_else(|| self.path().to_path_buf(), |(p, _)| p.to_path_buf());
+        ConvertError::Tensor { file, name: name.into(), msg: msg.into() }
+    }
+
+    /// The block type of a tensor, or an error naming it and listing what moescope reads.
+    pub fn block_type(&self, name: &str) -> Result<BlockType, ConvertError> {
+        let (_, t) = self
+            .tensor(name)
+            .ok_or_else(|| ConvertError::MissingTensor { dir: self.path().to_path_buf(), name: name.into() })?;
+        BlockType::from_ggml_id(t.ty.id).ok_or_else(|| {
+            let names: Vec<&str> = BlockType::ALL.iter().map(|t| t.name()).collect();
+            self.tensor_err(name, format!("type {} is not supported (moescope reads {})", t.ty.name, names.join(", ")))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_part_names() {
+        let p = Path::new("/m/Qwen3-30B-Q4_K_M-00001-of-00003.gguf");
+        assert_eq!(part_path(p, 3, 3), Some(PathBuf::from("/m/Qwen3-30B-Q4_K_M-00003-of-00003.gguf")));
+        assert_eq!(part_path(p, 2, 4), None, "the count must match the name");
+        assert_eq!(part_path(Path::new("/m/model.gguf"), 2, 2), None);
+    }
+}

@@ -1,0 +1,391 @@
+//! A GGUF model as a [`TensorSource`]: HuggingFace tensor names mapped to llama.cpp's, experts
+//! sliced from the 3-D slabs (`ffn_{gate,up,down}_exps`, or the fused `ffn_gate_up_exps`:
+//! expert `e` is rows `[e * R, (e + 1) * R)` of the slab's `[E * R, C]` matrix), rows
+//! dequantized exactly, and each tensor's block type relaid into a moescope format without
+//! loss where one holds it (see [`exact_format`]).
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use moescope_kernels::Format;
+use moescope_kernels::ggml::{BlockType, dequantize};
+use moescope_kernels::quant::interleave_rows;
+
+use super::error::ConvertError;
+use super::gguf_model::GgufModel;
+use super::source::TensorSource;
+
+/// Where an HF tensor's rows are: a GGUF tensor, and the first of its rows (an expert's slice).
+#[derive(Debug, Clone)]
+struct Slice {
+    gguf: String,
+    row0: usize,
+    rows: usize,
+    cols: usize,
+    ty: BlockType,
+}
+
+pub struct GgufSource {
+    pub model: GgufModel,
+    files: Vec<(PathBuf, File)>,
+    num_experts: usize,
+}
+
+/// The llama.cpp name of a per-layer HF tensor (after `model.layers.{l}.`).
+fn layer_name(rest: &str) -> Option<&'static str> {
+    Some(match rest {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_norm.weight" => "attn_q_norm.weight",
+        "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        "post_attention_layernorm.weight" => "ffn_norm.weight",
+        "mlp.gate.weight" => "ffn_gate_inp.weight",
+        "mlp.gate_proj.weight" => "ffn_gate.weight",
+        "mlp.up_proj.weight" => "ffn_up.weight",
+        "mlp.down_proj.weight" => "ffn_down.weight",
+        _ => return None,
+    })
+}
+
+/// The moescope format that holds every value of a tensor of type `t` exactly, as the kernels
+/// run it: F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at group 32 (the same codes and
+/// scales); Q5_0 as q8 group 32 (codes q - 16); Q6_K as q8 group 16 (codes q - 32, scale
+/// d * sc: an f16 times a 7-bit integer, exact in f32). F16, Q4_1, Q4_K and Q5_K (an offset per
+/// block, which a symmetric format cannot hold) run as f32 until kernels of their own exist.
+pub fn exact_format(t: BlockType) -> Format {
+    match t {
+        BlockType::Bf16 => Format::Bf16,
+        BlockType::Q8_0 | BlockType::Q5_0 => Format::Q8 { group: 32 },
+        BlockType::Q4_0 => Format::Q4 { group: 32 },
+        BlockType::Q6K => Format::Q8 { group: 16 },
+        BlockType::F32 | BlockType::F16 | BlockType::Q4_1 | BlockType::Q4K | BlockType::Q5K => Format::F32,
+    }
+}
+
+/// The narrowest format holding two exact formats' values (an expert region has one format per
+/// projection, and a GGUF's layers may differ: Q4_K_M files keep some `ffn_down_exps` in Q6_K).
+pub fn join_formats(a: Format, b: Format) -> Format {
+    match (a, b) {
+        _ if a == b => a,
+        (Format::Q8 { group: x } | Format::Q4 { group: x }, Format::Q8 { group: y } | Format::Q4 { group: y }) => {
+            Format::Q8 { group: x.min(y) }
+        }
+        _ => Format::F32,
+    }
+}
+
+/// Signed codes of a block of `t` and the scale of each run of `sub` codes, when `t` is
+/// symmetric (value = scale * code); `None` for the others.
+fn int_codes(t: BlockType, b: &[u8], codes: &mut [i8], scales: &mut Vec<f32>) -> Option<usize> {
+    let f16 = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+    match t {
+        BlockType::Q8_0 => {
+            scales.push(f16(0));
+            codes.iter_mut().zip(&b[2..34]).for_each(|(c, &q)| *c = q as i8);
+            Some(32)
+        }
+        BlockType::Q4_0 | BlockType::Q5_0 => {
+            scales.push(f16(0));
+            let (qs, qh) = if t == BlockType::Q4_0 {
+                (&b[2..18], 0u32)
+            } else {
+                (&b[6..22], u32::from_le_bytes([b[2], b[3], b[4], b[5]]))
+            };
+            let bias = if t == BlockType::Q4_0 { 8 } else { 16 };
+            for j in 0..16 {
+                let lo = (qs[j] & 15) as u32 | ((qh >> j) & 1) << 4;
+                let hi = (qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
+                codes[j] = (lo as i32 - bias) as i8;
+                codes[j + 16] = (hi as i32 - bias) as i8;
+            }
+            Some(32)
+        }
+        BlockType::Q6K => {
+            let d = f16(208);
+            for s in 0..16 {
+                scales.push(d * b[192 + s] as i8 as f32);
+            }
+            // the codes are the dequantized values over their sub-block scale
+            let mut v = [0f32; 256];
+            let mut unit = b.to_vec();
+            unit[192..208].iter_mut().for_each(|s| *s = 1);
+            unit[208..210].copy_from_slice(&half::f16::ONE.to_le_bytes());
+            dequantize(BlockType::Q6K, &unit, &mut v);
+            codes.iter_mut().zip(&v).for_each(|(c, &x)| *c = x as i8);
+            Some(16)
+        }
+        _ => None,
+    }
+}
+
+impl GgufSource {
+    pub fn open(path: &Path) -> Result<GgufSource, ConvertError> {
+        let model = GgufModel::open(path)?;
+        let mut files = vec![];
+        for g in &model.parts {
+            let f = File::open(&g.path).map_err(|error| ConvertError::Io { path: g.path.clone(), error })?;
+            files.push((g.path.clone(), f));
+        }
+        let num_experts = model.config().map_or(0, |c| c.num_experts);
+        Ok(GgufSource { model, files, num_experts })
+    }
+
+    /// Where the HF tensor `name`'s rows are, with its HF shape `[rows, cols]`.
+    fn slice(&self, name: &str) -> Option<Slice> {
+        let whole = |gguf: &str| {
+            let (_, t) = self.model.tensor(gguf)?;
+            let ty = BlockType::from_ggml_id(t.ty.id)?;
+            let cols = t.ne[0] as usize;
+            let rows = t.ne[1..].iter().product::<u64>() as usize;
+            Some(Slice { gguf: gguf.into(), row0: 0, rows, cols, ty })
+        };
+        match name {
+            "model.embed_tokens.weight" => return whole("token_embd.weight"),
+            "model.norm.weight" => return whole("output_norm.weight"),
+            "lm_head.weight" => return whole("output.weight"),
+            _ => {}
+        }
+        let rest = name.strip_prefix("model.layers.")?;
+        let (l, rest) = rest.split_once('.')?;
+        let l: usize = l.parse().ok()?;
+        if let Some(g) = layer_name(rest) {
+            return whole(&format!("blk.{l}.{g}"));
+        }
+        // mlp.experts.{e}.{gate,up,down}_proj.weight
+        let (e, proj) = rest.strip_prefix("mlp.experts.")?.split_once('.')?;
+        let e: usize = e.parse().ok()?;
+        let (ne, ex) = (self.num_experts, e);
+        if ex >= ne {
+            return None;
+        }
+        let part = |gguf: String, sub: usize, of: usize| {
+            let s = whole(&gguf)?;
+            let per = s.rows / ne;
+            let rows = per / of;
+            (s.rows.is_multiple_of(ne) && per.is_multiple_of(of)).then(|| Slice {
+                row0: ex * per + sub * rows,
+                rows,
+                ..s
+            })
+        };
+        let fused = format!("blk.{l}.ffn_gate_up_exps.weight");
+        match proj {
+            "gate_proj.weight" | "up_proj.weight" if self.model.tensor(&fused).is_some() => {
+                part(fused, usize::from(proj == "up_proj.weight"), 2)
+            }
+            "gate_proj.weight" => part(format!("blk.{l}.ffn_gate_exps.weight"), 0, 1),
+            "up_proj.weight" => part(format!("blk.{l}.ffn_up_exps.weight"), 0, 1),
+            "down_proj.weight" => part(format!("blk.{l}.ffn_down_exps.weight"), 0, 1),
+            _ => None,
+        }
+    }
+
+    fn located(&self, name: &str) -> Result<Slice, ConvertError> {
+        match self.slice(name) {
+            Some(s) => Ok(s),
+            // a tensor of a type moescope does not read names the type
+            None => Err(match self.gguf_name(name) {
+                Some(g) if self.model.tensor(&g).is_some() => match self.model.block_type(&g) {
+                    Err(e) => e,
+                    Ok(_) => self.model.tensor_err(&g, "its shape does not fit the model"),
+                },
+                _ => ConvertError::MissingTensor { dir: self.model.path().to_path_buf(), name: self.source_name(name) },
+            }),
+        }
+    }
+
+    fn gguf_name(&self, name: &str) -> Option<String> {
+        let s = self.source_name(name);
+        (s != name).then_some(s)
+    }
+
+    /// The raw blocks of rows `[r0, r0 + n)` of `s`.
+    fn raw(&self, name: &str, s: &Slice, r0: usize, n: usize) -> Result<Vec<u8>, ConvertError> {
+        if r0 + n > s.rows {
+            return Err(self.model.tensor_err(&s.gguf, format!("rows {r0}..{} of {name} out of range", r0 + n)));
+        }
+        let (path, t) = self.model.tensor(&s.gguf).ok_or_else(|| self.model.tensor_err(&s.gguf, "missing"))?;
+        let rb = s.ty.bytes_of(s.cols);
+        let mut raw = vec![0u8; n * rb];
+        let (_, f) = self
+            .files
+            .iter()
+            .find(|(p, _)| p == path)
+            .ok_or_else(|| self.model.tensor_err(&s.gguf, "file not open"))?;
+        f.read_exact_at(&mut raw, t.offset + ((s.row0 + r0) * rb) as u64)
+            .map_err(|error| ConvertError::Io { path: path.to_path_buf(), error })?;
+        Ok(raw)
+    }
+
+    /// The exact format of HF tensor `name` (see [`exact_format`]).
+    pub fn native_format(&self, name: &str) -> Result<Format, ConvertError> {
+        Ok(exact_format(self.located(name)?.ty))
+    }
+}
+
+impl TensorSource for GgufSource {
+    fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        let s = self.slice(name)?;
+        let (_, t) = self.model.tensor(&s.gguf)?;
+        Some(if t.ne.len() == 1 { vec![s.cols] } else { vec![s.rows, s.cols] })
+    }
+
+    fn read_rows(&self, name: &str, r0: usize, n: usize, out: &mut Vec<f32>) -> Result<(), ConvertError> {
+        let s = self.located(name)?;
+        let raw = self.raw(name, &s, r0, n)?;
+        out.clear();
+        out.resize(n * s.cols, 0.0);
+        dequantize(s.ty, &raw, out);
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            return Err(ConvertError::NonFinite {
+                file: self.model.tensor(&s.gguf).map_or_else(PathBuf::new, |(p, _)| p.to_path_buf()),
+                name: s.gguf.clone(),
+                row: s.row0 + r0 + i / s.cols,
+                col: i % s.cols,
+                value: out[i],
+            });
+        }
+        Ok(())
+    }
+
+    /// Rows in format `f` straight from the file's codes, when `f` holds them exactly (q8 of a
+    /// group dividing the type's sub-block, q4 group 32 of Q4_0, bf16 of BF16): bit for bit
+    /// the file's values, with no rounding of a requantization.
+    fn encoded_rows(
+        &self,
+        name: &str,
+        f: Format,
+        r0: usize,
+        n: usize,
+        vals: &mut Vec<u8>,
+        scales: &mut Vec<f32>,
+    ) -> Result<bool, ConvertError> {
+        let s = self.located(name)?;
+        let cols = s.cols;
+        vals.clear();
+        scales.clear();
+        match (f, s.ty) {
+            (Format::Bf16, BlockType::Bf16) => *vals = self.raw(name, &s, r0, n)?,
+            (Format::Q4 { group: 32 }, BlockType::Q4_0) => {
+                let raw = self.raw(name, &s, r0, n)?;
+                for b in raw.chunks_exact(18) {
+                    scales.push(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
+                    vals.extend_from_slice(&b[2..18]);
+                }
+            }
+            (Format::Q8 { group }, t) if t.block() > 1 && exact_format(t).group().is_some_and(|g| g % group == 0) => {
+                let raw = self.raw(name, &s, r0, n)?;
+                let (mut codes, mut sub_scales) = (vec![0i8; t.block()], Vec::new());
+                for b in raw.chunks_exact(t.block_bytes()) {
+                    sub_scales.clear();
+                    let Some(sub) = int_codes(t, b, &mut codes, &mut sub_scales) else { return Ok(false) };
+                    vals.extend(codes.iter().map(|&c| c as u8));
+                    for sc in &sub_scales {
+                        scales.extend(std::iter::repeat_n(*sc, sub / group));
+                    }
+                }
+            }
+            _ => return Ok(false),
+        }
+        if f.interleaves(s.rows, cols) {
+            let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(cols));
+            let mut x4 = vec![0u8; vals.len()];
+            interleave_rows(vals, rb, cb, &mut x4);
+            *vals = x4;
+        }
+        Ok(true)
+    }
+
+    fn exact_format(&self, name: &str) -> Option<Format> {
+        self.native_format(name).ok()
+    }
+
+    fn origin(&self, name: &str) -> String {
+        match self.slice(name).and_then(|s| self.model.tensor(&s.gguf).map(|(p, _)| p.display().to_string())) {
+            Some(p) => p,
+            None => self.model.path().display().to_string(),
+        }
+    }
+
+    fn source_name(&self, name: &str) -> String {
+        if let Some(s) = self.slice(name) {
+            return s.gguf;
+        }
+        match name {
+            "model.embed_tokens.weight" => "token_embd.weight".into(),
+            "model.norm.weight" => "output_norm.weight".into(),
+            "lm_head.weight" => "output.weight".into(),
+            _ => {
+                let Some((l, rest)) = name.strip_prefix("model.layers.").and_then(|r| r.split_once('.')) else {
+                    return name.into();
+                };
+                match (layer_name(rest), rest.strip_prefix("mlp.experts.").and_then(|r| r.split_once('.'))) {
+                    (Some(g), _) => format!("blk.{l}.{g}"),
+                    (None, Some((_, p))) => format!("blk.{l}.ffn_{}_exps.weight", p.trim_end_matches("_proj.weight")),
+                    _ => name.into(),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block of `t` with random bytes and f16 scales in [1/1024, 1024).
+    fn random_block(t: BlockType, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let mut next = move || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        let mut b: Vec<u8> = (0..t.block_bytes()).map(|_| next() as u8).collect();
+        let at = if t == BlockType::Q6K { 208 } else { 0 };
+        let d = half::f16::from_f32((next() % 20) as f32 / 10.0 - 1.0).to_f32().exp2()
+            * if next() % 2 == 0 { 1.0 } else { -1.0 };
+        b[at..at + 2].copy_from_slice(&half::f16::from_f32(d * 0.01).to_le_bytes());
+        b
+    }
+
+    #[test]
+    fn codes_times_scales_are_the_dequantized_values() {
+        for t in [BlockType::Q8_0, BlockType::Q4_0, BlockType::Q5_0, BlockType::Q6K] {
+            for seed in 0..50 {
+                let b = random_block(t, seed);
+                let mut want = vec![0f32; t.block()];
+                dequantize(t, &b, &mut want);
+                let (mut codes, mut scales) = (vec![0i8; t.block()], vec![]);
+                let sub = int_codes(t, &b, &mut codes, &mut scales).expect("symmetric");
+                assert_eq!(exact_format(t).group(), Some(sub), "{}", t.name());
+                for (j, w) in want.iter().enumerate() {
+                    let got = scales[j / sub] * codes[j] as f32;
+                    assert_eq!(got.to_bits(), w.to_bits(), "{} seed {seed} value {j}: {got} != {w}", t.name());
+                }
+            }
+        }
+        let mut c = vec![0i8; 256];
+        for t in [BlockType::Q4_1, BlockType::Q4K, BlockType::Q5K, BlockType::F16] {
+            assert_eq!(
+                int_codes(t, &vec![0; t.block_bytes()], &mut c, &mut vec![]),
+                None,
+                "{} has an offset",
+                t.name()
+            );
+        }
+    }
+
+    #[test]
+    fn joined_formats_hold_both() {
+        let (q4, q8, q8g16) = (Format::Q4 { group: 32 }, Format::Q8 { group: 32 }, Format::Q8 { group: 16 });
+        assert_eq!(join_formats(q4, q4), q4);
+        assert_eq!(join_formats(q4, q8), q8);
+        assert_eq!(join_formats(q8, q8g16), q8g16);
+        assert_eq!(join_formats(Format::Bf16, q8), Format::F32);
+        assert_eq!(join_formats(Format::Bf16, Format::Bf16), Format::Bf16);
+    }
+}

@@ -1,0 +1,98 @@
+//! GGUF files llama.cpp wrote (convert_hf_to_gguf.py, llama-quantize) of a tiny random
+//! Qwen3-MoE, run from the package `convert_gguf` makes of each (every tensor as the file
+//! holds it), against transformers loading the same GGUF (dequantized by gguf-py; fixture:
+//! tests/reference/make_gguf_fixtures.sh, `reference.safetensors` holds `logits_<type>` of the
+//! 40-token prompt `ids`).
+//!
+//! BF16 values are held exactly, so the logits must match to 1e-3 with greedy ids equal where
+//! the top-2 margin is at least 1e-3. Q8_0 and Q4_0 are our q8 and q4 formats at group 32 with
+//! the file's own codes and scales; the kernels then round the activations to int8, so the
+//! logits are held to the q8 (and for Q4_0 the q4) bounds of tests/reference_logits.rs. Q4_K_M
+//! mixes Q4_K (run as f32 for now) and Q6_K (q8 group 16): the q8 bounds.
+
+mod common;
+
+use common::*;
+use moescope::convert::{ConvertOptions, QuantMode, convert_gguf};
+use moescope::engine::{Engine, EngineOptions};
+use moescope::model::{Logits, NoObserver};
+use moescope_kernels::Isa;
+
+/// (max |Δlogit| in σ, mean KL in σ², least top-1 agreement): tests/reference_logits.rs's.
+fn bounds(kind: &str) -> Option<(f64, f64, f64)> {
+    match kind {
+        "exact" => None,
+        _ => Some((0.6, 1.2e-3, 0.85)),
+    }
+}
+
+fn check(file: &str, key: &str, kind: &str) {
+    let r = Reference::load("gguf/tiny");
+    let ids = r.ids("ids");
+    let want = r.f32(&format!("logits_{key}"));
+    let v = want.len() / ids.len();
+    let n = want.len() as f64;
+    let mean = want.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let sigma = (want.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pkg = dir.path().join(format!("{key}.moe"));
+    convert_gguf(&fixture("gguf/tiny").join(file), &pkg, ConvertOptions::new(QuantMode::File))
+        .unwrap_or_else(|e| panic!("converting {file}: {e}"));
+    for isa in Isa::available() {
+        let tag = format!("{file} {isa}");
+        let mut eng =
+            Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(64), isa, stream: None }).expect("load");
+        let got = eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill");
+        // the last token again, through the KV cache
+        eng.reset();
+        eng.eval(&ids[..ids.len() - 1], Logits::Last, &mut NoObserver).expect("prefill");
+        let inc = eng.eval(&ids[ids.len() - 1..], Logits::Last, &mut NoObserver).expect("decode");
+        let d_inc = max_abs_diff(&inc, &got[(ids.len() - 1) * v..]);
+        assert!(d_inc <= 1e-4, "{tag}: decode differs from the prompt's last row by {d_inc}");
+        let (mut max_abs, mut kl_sum, mut agree) = (0f32, 0f64, 0usize);
+        for (i, (a, b)) in got.chunks_exact(v).zip(want.chunks_exact(v)).enumerate() {
+            max_abs = max_abs.max(max_abs_diff(a, b));
+            kl_sum += kl(b, a);
+            agree += usize::from(argmax(a) == argmax(b));
+            let flip = bounds(kind).map_or(1e-3, |(b, _, _)| (2.0 * b * sigma) as f32);
+            if margin(b) >= flip {
+                assert_eq!(argmax(a), argmax(b), "{tag}: row {i}: top-1 differs where the margin is {}", margin(b));
+            }
+        }
+        let rows = ids.len() as f64;
+        let mean_kl = kl_sum / rows;
+        eprintln!(
+            "{tag}: sigma {sigma:.3} max|dlogit| {max_abs:.3e} ({:.3} sigma) mean KL {mean_kl:.3e} top1 agree {:.3}",
+            max_abs as f64 / sigma,
+            agree as f64 / rows
+        );
+        match bounds(kind) {
+            None => assert!(max_abs <= 1e-3, "{tag}: max |dlogit| {max_abs} > 1e-3"),
+            Some((b, kl_max, agree_min)) => {
+                assert!(max_abs as f64 <= b * sigma, "{tag}: max |dlogit| {max_abs} > {}", b * sigma);
+                assert!(mean_kl <= kl_max * sigma * sigma, "{tag}: mean KL {mean_kl}");
+                assert!(agree as f64 / rows >= agree_min, "{tag}: top-1 agreement {}", agree as f64 / rows);
+            }
+        }
+    }
+}
+
+#[test]
+fn bf16_split_in_three_parts_matches_transformers() {
+    check("split/tiny-bf16-00001-of-00003.gguf", "bf16", "exact");
+}
+
+#[test]
+fn q8_0_runs_as_q8_group_32() {
+    check("tiny-q8_0.gguf", "q8_0", "q8");
+}
+
+#[test]
+fn q4_0_runs_as_q4_group_32() {
+    check("tiny-q4_0.gguf", "q4_0", "q8");
+}
+
+#[test]
+fn q4_k_m_mixes_q4_k_and_q6_k() {
+    check("tiny-q4_k_m.gguf", "q4_k_m", "q8");
+}
