@@ -96,3 +96,25 @@ fn q4_0_runs_as_q4_group_32() {
 fn q4_k_m_mixes_q4_k_and_q6_k() {
     check("tiny-q4_k_m.gguf", "q4_k_m", "q8");
 }
+
+/// The overall error a requantizing conversion reports, in percent.
+fn requant_error(quant: QuantMode) -> Option<f64> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rep = convert_gguf(&fixture("gguf/tiny/tiny-q8_0.gguf"), &dir.path().join("x.moe"), ConvertOptions::new(quant))
+        .expect("convert");
+    let line = rep.warnings.iter().find(|w| w.contains("relative RMS weight error"))?;
+    let pct = line.split("error ").nth(1)?.split('%').next()?;
+    Some(pct.parse().expect("a percentage"))
+}
+
+#[test]
+fn requantizing_reports_its_cost() {
+    assert_eq!(requant_error(QuantMode::File), None, "the file's own values cost nothing and say nothing");
+    let q8 = requant_error(QuantMode::Q8).expect("q8 reports");
+    let q4 = requant_error(QuantMode::Q4 { max_group: 128 }).expect("q4 reports");
+    let bf16 = requant_error(QuantMode::Bf16).expect("bf16 reports");
+    // bf16 rounds 8 bits below the values' own, q8 regroups int8 codes, q4 halves the bits
+    assert!(0.0 < bf16 && bf16 < q8 && q8 < q4, "bf16 {bf16}% q8 {q8}% q4 {q4}%");
+    // the bf16 rounding of a value is at most 2^-9 of it
+    assert!(bf16 <= 100.0 / 512.0, "bf16 {bf16}%");
+}

@@ -9,6 +9,7 @@ pub mod gguf_vocab;
 pub mod hf_config;
 pub mod hybrid;
 pub mod plan;
+pub mod requant_cost;
 pub mod safetensors;
 pub mod source;
 pub mod tokenizer_files;
@@ -146,6 +147,9 @@ pub fn convert_gguf(path: &Path, out: &Path, opts: ConvertOptions) -> Result<Con
         .unwrap_or_else(|| "model".into());
     let origin = Origin { name: &name, ignored: vec![], synthetic: None };
     let bytes = write_package(&src, &cfg, tok, origin, opts, out)?;
+    if opts.quant != QuantMode::File {
+        warnings.push(requant_cost::requant_cost(&src, out)?);
+    }
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
 }
 

@@ -35,7 +35,7 @@ log "start"
     cmake -S "$W/llama" -B "$W/b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
         -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF \
         -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-        -DLLAMA_BUILD_TOOLS=ON -DCMAKE_EXE_LINKER_FLAGS="-static-libgcc -static-libstdc++" >"$W/build.log" 2>&1 &&
+        -DLLAMA_BUILD_TOOLS=ON -DCMAKE_EXE_LINKER_FLAGS=-static >"$W/build.log" 2>&1 &&
         ninja -C "$W/b" -j 12 llama-quantize llama-perplexity llama-tokenize llama-gguf-split >>"$W/build.log" 2>&1
 ) &
 BUILD=$!
