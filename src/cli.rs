@@ -87,6 +87,10 @@ pub struct PerplexityArgs {
     /// Use only the text's first N tokens.
     #[arg(long, value_name = "N")]
     pub tokens: Option<usize>,
+    /// Score as llama-perplexity does: whole windows only, each window's second half predicted
+    /// (its first half is context), for side-by-side numbers.
+    #[arg(long)]
+    pub second_half: bool,
     /// Stream the model's experts through a pool of this many MiB, or `auto` (default: as for
     /// `run`).
     #[arg(long, value_name = "MiB|auto")]

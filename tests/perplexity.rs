@@ -195,3 +195,41 @@ fn q6_output_layer_costs_about_what_q8_does() {
     );
     assert!(tu >= tt - 0.01, "top-1 {tu} vs {tt}");
 }
+
+/// `--second-half` scores as llama-perplexity does: whole windows only, each window's second
+/// half. The mean NLL is recomputed here from the engine's logits with the windows cut by hand.
+#[test]
+fn second_half_scores_whole_windows_from_their_middle() {
+    use moescope::engine::tokenizer::Tok;
+    use moescope::engine::{Engine, EngineOptions};
+    use moescope::model::{Logits, NoObserver};
+    let cache = tempfile::tempdir().expect("tempdir");
+    let (_d, pkg) = convert("demo", "bf16");
+    let w = 128;
+    let got = perplexity_with(&pkg, cache.path(), &["--window", "128", "--second-half", "--tokens", "1000"]);
+    let json = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/demo/tokenizer.json")).unwrap();
+    let ids = Tok::from_json(&json).unwrap().encode(&std::fs::read_to_string(heldout()).unwrap()).unwrap();
+    let ids = &ids[..1000];
+    let mut eng = Engine::load(
+        &pkg,
+        EngineOptions { threads: 2, ctx_size: Some(w), isa: moescope_kernels::Isa::detect(), stream: None },
+    )
+    .expect("load");
+    let v = eng.model.cfg.vocab_size;
+    let (mut sum, mut n) = (0f64, 0usize);
+    for win in ids.chunks_exact(w) {
+        eng.reset();
+        let logits = eng.eval(win, Logits::All, &mut NoObserver).expect("eval");
+        for p in w / 2..w - 1 {
+            let row = &logits[p * v..(p + 1) * v];
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;
+            let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+            sum += lse - row[win[p + 1] as usize] as f64;
+            n += 1;
+        }
+    }
+    assert_eq!(got["predicted"].as_u64(), Some(n as u64), "{got}");
+    assert_eq!(n, 1000 / w * (w / 2 - 1), "7 whole windows of 63 scored tokens; the last 104 tokens left out");
+    let nll = got["nll"].as_f64().unwrap();
+    assert!((nll - sum / n as f64).abs() < 1e-9, "{nll} vs {}", sum / n as f64);
+}

@@ -29,9 +29,10 @@ fn logsumexp(row: &[f32]) -> f64 {
     max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
 }
 
-/// Negative log-likelihoods of a window's next tokens, from its logits (`[n, vocab]`).
-fn window_nlls(logits: &[f32], ids: &[u32], vocab: usize, out: &mut Vec<f64>) {
-    for (row, &next) in logits.chunks_exact(vocab).zip(&ids[1..]) {
+/// Negative log-likelihoods of a window's next tokens from position `from` on, from its logits
+/// (`[n, vocab]`).
+fn window_nlls(logits: &[f32], ids: &[u32], vocab: usize, from: usize, out: &mut Vec<f64>) {
+    for (row, &next) in logits.chunks_exact(vocab).zip(&ids[1..]).skip(from) {
         out.push(logsumexp(row) - row[next as usize] as f64);
     }
 }
@@ -43,8 +44,14 @@ fn argmax(row: &[f32]) -> usize {
 
 /// Per position of a window (`[n, vocab]` logits, the last row predicting nothing):
 /// KL(p_base || p_model) in nats and whether both rank the same token first.
-fn window_divergence(base: &[f32], model: &[f32], vocab: usize, predicted: usize, out: &mut Vec<(f64, bool)>) {
-    for (b, m) in base.chunks_exact(vocab).zip(model.chunks_exact(vocab)).take(predicted) {
+fn window_divergence(
+    base: &[f32],
+    model: &[f32],
+    vocab: usize,
+    (from, predicted): (usize, usize),
+    out: &mut Vec<(f64, bool)>,
+) {
+    for (b, m) in base.chunks_exact(vocab).zip(model.chunks_exact(vocab)).take(predicted).skip(from) {
         let (lb, lm) = (logsumexp(b), logsumexp(m));
         let kl: f64 = b
             .iter()
@@ -142,17 +149,26 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     let mut nll = Vec::with_capacity(ids.len());
     let (mut base_nll, mut div) = (Vec::new(), Vec::new());
     let mut windows = 0;
-    for w in ids.chunks(a.window).filter(|w| w.len() >= 2) {
+    // --second-half: whole windows only, their first half context (llama-perplexity's scoring)
+    let from = if a.second_half { a.window / 2 } else { 0 };
+    for w in ids.chunks(a.window).filter(|w| w.len() >= 2 && (!a.second_half || w.len() == a.window)) {
         eng.reset();
         let logits = eng.eval(w, Logits::All, &mut NoObserver)?;
-        window_nlls(&logits, w, vocab, &mut nll);
+        window_nlls(&logits, w, vocab, from, &mut nll);
         if let Some(be) = base.as_mut() {
             be.reset();
             let bl = be.eval(w, Logits::All, &mut NoObserver)?;
-            window_nlls(&bl, w, vocab, &mut base_nll);
-            window_divergence(&bl, &logits, vocab, w.len() - 1, &mut div);
+            window_nlls(&bl, w, vocab, from, &mut base_nll);
+            window_divergence(&bl, &logits, vocab, (from, w.len() - 1), &mut div);
         }
         windows += 1;
+    }
+    if nll.is_empty() {
+        bail!(
+            "{}: shorter than one window of {} tokens: nothing to score with --second-half",
+            a.file.display(),
+            a.window
+        );
     }
     let secs = t0.elapsed().as_secs_f64();
     let n = nll.len() as f64;
@@ -171,7 +187,7 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     });
     if a.json {
         let mut j = json!({
-            "model": name, "file": a.file.display().to_string(), "window": a.window, "windows": windows,
+            "model": name, "file": a.file.display().to_string(), "window": a.window, "windows": windows, "second_half": a.second_half,
             "tokens": ids.len(), "predicted": nll.len(), "nll": mean, "nll_stderr": se, "perplexity": ppl,
             "perplexity_stderr": ppl * se, "seconds": secs, "tokens_per_second": ids.len() as f64 / secs,
             "threads": threads, "isa": eng.exec.isa.name(),
@@ -225,7 +241,7 @@ mod tests {
         let base = [0.0, 3f32.ln(), 1.0, 2.0, 9.0, 9.0];
         let model = [0.0, 0.0, 11.0, 12.0, 0.0, 0.0];
         let mut out = vec![];
-        window_divergence(&base, &model, 2, 2, &mut out);
+        window_divergence(&base, &model, 2, (0, 2), &mut out);
         assert_eq!(out.len(), 2);
         let want = 0.25 * 0.5f64.ln() + 0.75 * 1.5f64.ln();
         assert!((out[0].0 - want).abs() < 1e-7, "{} vs {want}", out[0].0);
@@ -241,7 +257,7 @@ mod tests {
         // ln(1 + 2 e^-10) for the favoured token
         let logits = [0.0, 0.0, 0.0, 10.0, 0.0, 0.0];
         let mut out = vec![];
-        window_nlls(&logits, &[7, 2, 0], 3, &mut out);
+        window_nlls(&logits, &[7, 2, 0], 3, 0, &mut out);
         assert_eq!(out.len(), 2);
         assert!((out[0] - 3f64.ln()).abs() < 1e-12);
         assert!((out[1] - (1.0 + 2.0 * (-10f64).exp()).ln()).abs() < 1e-12);
