@@ -162,8 +162,9 @@ fn main() {
                             q: unsafe { std::slice::from_raw_parts(b.as_ptr() as *const i8, bytes) },
                             scales,
                             group,
+                            mins: None,
                         },
-                        Format::Q4 { group } => MatData::Q4 { q: b, scales, group, x4 },
+                        Format::Q4 { group } => MatData::Q4 { q: b, scales, group, x4, mins: None },
                         _ => MatData::Q6 { q: b, scales, group: g, x4 },
                     };
                     Mat { rows, cols, data }

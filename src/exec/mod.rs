@@ -467,7 +467,7 @@ mod tests {
     }
 
     fn mat<'a>(rows: usize, cols: usize, (q, d): &'a (Vec<u8>, Vec<f32>)) -> Mat<'a> {
-        Mat { rows, cols, data: MatData::Q4 { q, scales: d, group: 32, x4: x4(rows, cols) } }
+        Mat { rows, cols, data: MatData::Q4 { q, scales: d, group: 32, x4: x4(rows, cols), mins: None } }
     }
 
     /// The first index where two results differ in any bit.

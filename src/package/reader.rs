@@ -414,8 +414,8 @@ fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u64) -> Mat<'
     let data = match f {
         Format::F32 => MatData::F32(bytemuck::cast_slice(data)),
         Format::Bf16 => MatData::Bf16(bytemuck::cast_slice(data)),
-        Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group },
-        Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t) },
+        Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group, mins: None },
+        Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), mins: None },
         Format::Q6 { group } => MatData::Q6 { q: data, scales: scales(), group, x4: interleaved(t) },
     };
     Mat { rows, cols, data }

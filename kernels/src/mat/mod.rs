@@ -8,6 +8,7 @@ mod avx512;
 mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q8;
+mod mins;
 
 use std::ops::Range;
 
@@ -23,19 +24,24 @@ use crate::quant::{
 pub enum MatData<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
-    /// `q`: `[rows, cols]` int8; `scales`: `[rows, cols / group]`.
+    /// `q`: `[rows, cols]` int8; `scales`: `[rows, cols / group]`. With `mins` (`[rows, cols /
+    /// group]`, asymmetric groups such as GGUF's Q5_K), value `j` of group `g` is
+    /// `scale * q - min` rather than `scale * q`.
     Q8 {
         q: &'a [i8],
         scales: &'a [f32],
         group: usize,
+        mins: Option<&'a [f32]>,
     },
     /// `q`: `[rows, cols / 2]` bytes in the `q4_lohi32` layout, rows interleaved by 4 when `x4`
-    /// (`q4_lohi32_x4`, see [`crate::quant`]); `scales` as for Q8.
+    /// (`q4_lohi32_x4`, see [`crate::quant`]); `scales` as for Q8. With `mins` (GGUF's Q4_K and
+    /// Q4_1), a value is `scale * n - min` of its unsigned nibble `n` (`q + 8`), not `scale * q`.
     Q4 {
         q: &'a [u8],
         scales: &'a [f32],
         group: usize,
         x4: bool,
+        mins: Option<&'a [f32]>,
     },
     /// `q`: `[rows, cols / 128 * 96]` bytes in the `q6_lo4hi2` layout (`_x4`: rows interleaved
     /// as for Q4); `scales` as for Q8.
@@ -112,13 +118,23 @@ impl<'a> Mat<'a> {
                     *o = bf16_to_f32(b);
                 }
             }
-            MatData::Q8 { q, scales, group } => {
-                let ng = c / group;
-                dequantize_q8_row(&q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], group, out)
+            MatData::Q8 { q, scales, group, mins } => {
+                let (ng, q) = (c / group, &q[r * c..(r + 1) * c]);
+                match mins {
+                    None => dequantize_q8_row(q, &scales[r * ng..(r + 1) * ng], group, out),
+                    Some(m) => {
+                        mins::dequant_q8_row(q, &scales[r * ng..(r + 1) * ng], &m[r * ng..(r + 1) * ng], group, out)
+                    }
+                }
             }
-            MatData::Q4 { q, scales, group, x4 } => {
+            MatData::Q4 { q, scales, group, x4, mins } => {
                 let ng = c / group;
-                self.with_q_row(q, x4, r, |q| dequantize_q4_row(q, &scales[r * ng..(r + 1) * ng], group, out))
+                self.with_q_row(q, x4, r, |q| match mins {
+                    None => dequantize_q4_row(q, &scales[r * ng..(r + 1) * ng], group, out),
+                    Some(m) => {
+                        mins::dequant_q4_row(q, &scales[r * ng..(r + 1) * ng], &m[r * ng..(r + 1) * ng], group, out)
+                    }
+                })
             }
             MatData::Q6 { q, scales, group, x4 } => {
                 let ng = c / group;
@@ -143,7 +159,7 @@ impl<'a> Mat<'a> {
                     *o = dot::dot_bf16(isa, &w[r * c..(r + 1) * c], &x[t * c..(t + 1) * c]);
                 }
             }
-            (MatData::Q8 { q, scales, group }, Input::Quant(a)) => {
+            (MatData::Q8 { q, scales, group, .. }, Input::Quant(a)) => {
                 let ng = c / group;
                 if out.len() == 1 && isa.has_avx2() {
                     crate::prefetch::scales_ahead(scales, r, 1, ng);
@@ -152,7 +168,7 @@ impl<'a> Mat<'a> {
                     *o = dot::dot_q8(isa, &q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], a.row(t));
                 }
             }
-            (MatData::Q4 { q, scales, group, x4 }, Input::Quant(a)) => {
+            (MatData::Q4 { q, scales, group, x4, .. }, Input::Quant(a)) => {
                 let wd = &scales[r * (c / group)..(r + 1) * (c / group)];
                 self.with_q_row(q, x4, r, |q| {
                     for (t, o) in out.iter_mut().enumerate() {
@@ -177,6 +193,18 @@ impl<'a> Mat<'a> {
     /// Each weight row is read from memory once for the whole batch.
     pub fn matmul_rows(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
         debug_assert_eq!(out.len(), rows.len() * n);
+        self.symmetric_products(isa, input, n, rows.clone(), out);
+        if let (
+            MatData::Q4 { scales, group, mins: Some(m), .. } | MatData::Q8 { scales, group, mins: Some(m), .. },
+            Input::Quant(a),
+        ) = (self.data, input)
+        {
+            self.add_mins(scales, m, self.cols / group, a, n, rows, out);
+        }
+    }
+
+    /// [`Mat::matmul_rows`] as if the matrix had no mins.
+    fn symmetric_products(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx512 && self.matmul_avx512(input, n, rows.clone(), out) {
             return;
@@ -195,7 +223,7 @@ impl<'a> Mat<'a> {
             }
             // interleaved rows: whole blocks through the block kernel (one stream of weights)
             (
-                MatData::Q4 { q, scales, group, x4: true } | MatData::Q6 { q, scales, group, x4: true },
+                MatData::Q4 { q, scales, group, x4: true, .. } | MatData::Q6 { q, scales, group, x4: true },
                 Input::Quant(a),
             ) => {
                 let six = matches!(self.data, MatData::Q6 { .. });
@@ -250,7 +278,7 @@ impl Mat<'_> {
     fn matmul_avx512(&self, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> bool {
         let c = self.cols;
         match (self.data, input) {
-            (MatData::Q4 { q, scales, group, x4 } | MatData::Q6 { q, scales, group, x4 }, Input::Quant(a))
+            (MatData::Q4 { q, scales, group, x4, .. } | MatData::Q6 { q, scales, group, x4 }, Input::Quant(a))
                 if avx512::supports_q4(group) && a.permuted.len() >= n * c =>
             {
                 // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles
@@ -262,12 +290,12 @@ impl Mat<'_> {
                 true
             }
             // several tokens (prefill): tiles of rows x tokens
-            (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512_q8::supports_q8(group) && n > 1 => {
+            (MatData::Q8 { q, scales, group, .. }, Input::Quant(a)) if avx512_q8::supports_q8(group) && n > 1 => {
                 // SAFETY: as above
                 unsafe { avx512_q8::q8_matmul(q, scales, c, a, n, rows, out) };
                 true
             }
-            (MatData::Q8 { q, scales, group }, Input::Quant(a)) if avx512_q8::supports_q8(group) => {
+            (MatData::Q8 { q, scales, group, .. }, Input::Quant(a)) if avx512_q8::supports_q8(group) => {
                 for (i, r) in rows.enumerate() {
                     if n == 1 {
                         crate::prefetch::scales_ahead(scales, r, 1, c / group);
@@ -327,8 +355,8 @@ mod tests {
         let mats = [
             Mat { rows, cols, data: MatData::F32(&w) },
             Mat { rows, cols, data: MatData::Bf16(&wb) },
-            Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group: 32 } },
-            Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32, x4: false } },
+            Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group: 32, mins: None } },
+            Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32, x4: false, mins: None } },
         ];
         let mut qa = QuantAct::default();
         qa.quantize(&x, cols, 32, Isa::detect());
@@ -431,8 +459,8 @@ mod tests {
                 let mut qa = QuantAct::default();
                 qa.quantize(&x, cols, group, Isa::detect());
                 let mut mats = vec![
-                    Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group } },
-                    Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group, x4: false } },
+                    Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group, mins: None } },
+                    Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group, x4: false, mins: None } },
                 ];
                 if six {
                     mats.push(Mat { rows, cols, data: MatData::Q6 { q: &q6, scales: &d6, group, x4: false } });
@@ -522,7 +550,7 @@ mod tests {
                         let data = if six {
                             MatData::Q6 { q, scales: &d, group, x4 }
                         } else {
-                            MatData::Q4 { q, scales: &d, group, x4 }
+                            MatData::Q4 { q, scales: &d, group, x4, mins: None }
                         };
                         Mat { rows, cols, data }
                     };

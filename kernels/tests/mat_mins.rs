@@ -1,0 +1,92 @@
+//! Matrices with asymmetric groups (`mins`: GGUF's Q4_K, Q5_K, Q4_1 values `scale * n - min`)
+//! through the symmetric q4 and q8 kernels plus the mins' term.
+
+use moescope_kernels::Isa;
+use moescope_kernels::act::QuantAct;
+use moescope_kernels::mat::{Input, Mat, MatData};
+use moescope_kernels::quant::{interleave_rows, q4_value, quantize_q4_row, quantize_q8_row};
+
+/// Uniform values in [-0.5, 0.5) from a 64-bit LCG.
+fn uniform(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed;
+    move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+}
+
+/// Asymmetric groups (GGUF's Q4_K / Q5_K: `scale * n - min`) on the q4 and q8 kernels plus
+/// the mins' term, at every tier, against the f64 product of the values `dequant_row` gives
+/// (themselves checked against the formula) and the quantized activations.
+#[test]
+fn mins_make_groups_asymmetric() {
+    let (rows, cols) = (8, 256);
+    let mut r = uniform(31);
+    let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+    for (group, q4) in [(32, true), (16, false), (32, false)] {
+        let ng = cols / group;
+        let mins: Vec<f32> = (0..rows * ng).map(|_| r() * 0.3).collect();
+        let (mut q4b, mut q8b, mut d) = (vec![0u8; rows * cols / 2], vec![0i8; rows * cols], vec![0f32; rows * ng]);
+        for i in 0..rows {
+            let (wr, dr) = (&w[i * cols..(i + 1) * cols], &mut d[i * ng..(i + 1) * ng]);
+            if q4 {
+                quantize_q4_row(wr, group, &mut q4b[i * cols / 2..(i + 1) * cols / 2], dr);
+            } else {
+                quantize_q8_row(wr, group, &mut q8b[i * cols..(i + 1) * cols], dr);
+            }
+        }
+        let mut x4b = vec![0u8; q4b.len()];
+        interleave_rows(&q4b, cols / 2, 64, &mut x4b);
+        let mats: Vec<Mat<'_>> = if q4 {
+            vec![
+                Mat { rows, cols, data: MatData::Q4 { q: &q4b, scales: &d, group, x4: false, mins: Some(&mins) } },
+                Mat { rows, cols, data: MatData::Q4 { q: &x4b, scales: &d, group, x4: true, mins: Some(&mins) } },
+            ]
+        } else {
+            vec![Mat { rows, cols, data: MatData::Q8 { q: &q8b, scales: &d, group, mins: Some(&mins) } }]
+        };
+        for m in mats {
+            // the values: scale * n - min, n the unsigned code
+            let mut vals = vec![0f32; rows * cols];
+            for i in 0..rows {
+                m.dequant_row(i, &mut vals[i * cols..(i + 1) * cols]);
+                for j in 0..cols {
+                    let g = i * ng + j / group;
+                    let code = if q4 {
+                        q4_value(&q4b[i * cols / 2 + j / group * group / 2..], group, j % group) + 8
+                    } else {
+                        q8b[i * cols + j] as i32
+                    };
+                    assert_eq!(vals[i * cols + j], d[g] * code as f32 - mins[g], "row {i} value {j}");
+                }
+            }
+            for n in [1, 3] {
+                let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
+                let mut qa = QuantAct::default();
+                qa.quantize(&x, cols, group, Isa::detect());
+                for isa in Isa::available() {
+                    let mut got = vec![0f32; rows * n];
+                    m.matmul_rows(isa, Input::Quant(&qa), n, 0..rows, &mut got);
+                    for i in 0..rows {
+                        for t in 0..n {
+                            let a = qa.row(t);
+                            let (mut want, mut mag) = (0f64, 0f64);
+                            for j in 0..cols {
+                                let xa = a.q[j] as f64 * a.scales[j / group] as f64;
+                                want += vals[i * cols + j] as f64 * xa;
+                                mag += (vals[i * cols + j] as f64 * xa).abs();
+                            }
+                            let g = got[i * n + t] as f64;
+                            assert!(
+                                (g - want).abs() <= 1e-5 * mag + 1e-6,
+                                "{:?} x4 {} {isa} n={n} row {i} token {t}: {g} vs {want}",
+                                m.format(),
+                                matches!(m.data, MatData::Q4 { x4: true, .. })
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
