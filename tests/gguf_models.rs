@@ -118,3 +118,23 @@ fn requantizing_reports_its_cost() {
     // the bf16 rounding of a value is at most 2^-9 of it
     assert!(bf16 <= 100.0 / 512.0, "bf16 {bf16}%");
 }
+
+/// `inspect` says how each type of a GGUF runs, the mapping README documents.
+#[test]
+fn inspect_says_how_each_type_runs() {
+    let d = tempfile::tempdir().unwrap();
+    let f = fixture("gguf/tiny/tiny-q4_k_m.gguf");
+    let o = moescope(&["inspect", f.to_str().unwrap(), "--json"], d.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let runs = |t: &str| j["by_type"][t]["runs_as"].as_str().map(String::from);
+    assert_eq!(runs("Q6_K").as_deref(), Some("q8, group 16"));
+    assert_eq!(runs("Q4_K").as_deref(), Some("f32 (dequantized)"));
+    assert_eq!(runs("F32").as_deref(), Some("f32"));
+    let f = fixture("gguf/tiny.gguf");
+    let o = moescope(&["inspect", f.to_str().unwrap(), "--json"], d.path());
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    assert_eq!(j["by_type"]["Q4_0"]["runs_as"], "q4, group 32");
+    assert_eq!(j["by_type"]["Q8_0"]["runs_as"], "q8, group 32");
+    assert_eq!(j["by_type"]["F16"]["runs_as"], "f32 (dequantized)");
+}

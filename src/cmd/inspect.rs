@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 use moescope::convert::gguf::{self, Value};
+use moescope::convert::gguf_source::runs_as;
 use moescope::model::LayerKind;
 use moescope::package::{OpenOptions, Package};
 use serde_json::json;
@@ -155,11 +156,12 @@ pub fn run(a: &InspectArgs) -> Result<()> {
 /// type and one by one.
 fn inspect_gguf(a: &InspectArgs) -> Result<()> {
     let g = gguf::open(&a.file)?;
-    let mut by_type: BTreeMap<&str, (usize, u64)> = BTreeMap::new();
+    let mut by_type: BTreeMap<&str, (usize, u64, u32)> = BTreeMap::new();
     for t in &g.tensors {
         let e = by_type.entry(t.ty.name).or_default();
         e.0 += 1;
         e.1 += t.bytes;
+        e.2 = t.ty.id;
     }
     // a tokenizer's 150k tokens are not for the terminal
     let short = |v: &Value| match v {
@@ -177,7 +179,7 @@ fn inspect_gguf(a: &InspectArgs) -> Result<()> {
             "data_offset": g.data_start,
             "metadata": g.metadata.iter().map(|(k, v)| (k.clone(), short(v))).collect::<serde_json::Map<_, _>>(),
             "tensors": g.tensors.iter().map(|t| json!({"name": t.name, "type": t.ty.name, "ne": t.ne, "offset": t.offset, "bytes": t.bytes})).collect::<Vec<_>>(),
-            "by_type": by_type.iter().map(|(k, (n, b))| (k.to_string(), json!({"tensors": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
+            "by_type": by_type.iter().map(|(k, (n, b, id))| (k.to_string(), json!({"tensors": n, "bytes": b, "runs_as": runs_as(*id)}))).collect::<serde_json::Map<_, _>>(),
         });
         println!("{v}");
         return Ok(());
@@ -195,9 +197,9 @@ fn inspect_gguf(a: &InspectArgs) -> Result<()> {
     for (k, v) in &g.metadata {
         println!("  {k} = {}", short(v));
     }
-    println!("tensors by type:");
-    for (t, (n, b)) in &by_type {
-        println!("  {t:<8} {n:>6} tensors  {}", mb(*b));
+    println!("tensors by type (and how moescope runs them, keeping the file's values):");
+    for (t, (n, b, id)) in &by_type {
+        println!("  {t:<8} {n:>6} tensors  {:>10}  {}", mb(*b), runs_as(*id));
     }
     // the first layer's and the rest's (every layer has the same tensors; --json lists all)
     println!("tensors (blk.0 and outside the layers):");

@@ -66,6 +66,21 @@ pub fn exact_format(t: BlockType) -> Format {
     }
 }
 
+/// How moescope runs tensors of ggml type `id` when it keeps the file's values, in words.
+pub fn runs_as(id: u32) -> String {
+    match BlockType::from_ggml_id(id) {
+        None => "not supported".into(),
+        Some(t) => match (t, exact_format(t)) {
+            (BlockType::F32, _) => "f32".into(),
+            (_, Format::F32) => "f32 (dequantized)".into(),
+            (_, Format::Bf16) => "bf16".into(),
+            (_, Format::Q8 { group }) => format!("q8, group {group}"),
+            (_, Format::Q4 { group }) => format!("q4, group {group}"),
+            (_, f) => format!("{f:?}"),
+        },
+    }
+}
+
 /// The narrowest format holding two exact formats' values (an expert region has one format per
 /// projection, and a GGUF's layers may differ: Q4_K_M files keep some `ffn_down_exps` in Q6_K).
 pub fn join_formats(a: Format, b: Format) -> Format {
