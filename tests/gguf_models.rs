@@ -7,8 +7,11 @@
 //! BF16 values are held exactly, so the logits must match to 1e-3 with greedy ids equal where
 //! the top-2 margin is at least 1e-3. Q8_0 and Q4_0 are our q8 and q4 formats at group 32 with
 //! the file's own codes and scales; the kernels then round the activations to int8, so the
-//! logits are held to the q8 (and for Q4_0 the q4) bounds of tests/reference_logits.rs. Q4_K_M
-//! mixes Q4_K (run as f32 for now) and Q6_K (q8 group 16): the q8 bounds.
+//! logits are held to the q8 bounds of tests/reference_logits.rs (the weights are the file's,
+//! so even Q4_0 needs no more). Q4_K_M mixes Q4_K (q4 group 32 with mins) and Q6_K (q8 group
+//! 16): its mean KL stays within q8's bound, but the activations' rounding flips a near-tied
+//! expert choice of this random model (max |Δ| 0.66σ in one row; 0.03σ while Q4_K ran as f32
+//! on f32 activations), so it is held to the q4 bounds.
 
 mod common;
 
@@ -22,7 +25,8 @@ use moescope_kernels::Isa;
 fn bounds(kind: &str) -> Option<(f64, f64, f64)> {
     match kind {
         "exact" => None,
-        _ => Some((0.6, 1.2e-3, 0.85)),
+        "q8" => Some((0.6, 1.2e-3, 0.85)),
+        _ => Some((2.5, 7e-2, 0.35)),
     }
 }
 
@@ -94,7 +98,7 @@ fn q4_0_runs_as_q4_group_32() {
 
 #[test]
 fn q4_k_m_mixes_q4_k_and_q6_k() {
-    check("tiny-q4_k_m.gguf", "q4_k_m", "q8");
+    check("tiny-q4_k_m.gguf", "q4_k_m", "q4");
 }
 
 /// The overall error a requantizing conversion reports, in percent.
@@ -129,7 +133,7 @@ fn inspect_says_how_each_type_runs() {
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
     let runs = |t: &str| j["by_type"][t]["runs_as"].as_str().map(String::from);
     assert_eq!(runs("Q6_K").as_deref(), Some("q8, group 16"));
-    assert_eq!(runs("Q4_K").as_deref(), Some("f32 (dequantized)"));
+    assert_eq!(runs("Q4_K").as_deref(), Some("q4, group 32 with mins"));
     assert_eq!(runs("F32").as_deref(), Some("f32"));
     let f = fixture("gguf/tiny.gguf");
     let o = moescope(&["inspect", f.to_str().unwrap(), "--json"], d.path());
@@ -137,4 +141,44 @@ fn inspect_says_how_each_type_runs() {
     assert_eq!(j["by_type"]["Q4_0"]["runs_as"], "q4, group 32");
     assert_eq!(j["by_type"]["Q8_0"]["runs_as"], "q8, group 32");
     assert_eq!(j["by_type"]["F16"]["runs_as"], "f32 (dequantized)");
+}
+
+/// With the file's types kept, every weight the package holds equals the file's value bit for
+/// bit (gguf-py's, by kernels/tests/ggml_blocks.rs): dense tensors and every expert.
+#[test]
+fn packages_hold_the_files_values_exactly() {
+    use moescope::convert::gguf_source::GgufSource;
+    use moescope::convert::source::TensorSource;
+    use moescope::package::Package;
+    for file in ["split/tiny-bf16-00001-of-00003.gguf", "tiny-q8_0.gguf", "tiny-q4_0.gguf", "tiny-q4_k_m.gguf"] {
+        let gguf = fixture("gguf/tiny").join(file);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pkg = dir.path().join("x.moe");
+        convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+        let (src, p) = (GgufSource::open(&gguf).expect("open"), Package::open(&pkg).expect("package"));
+        let (mut want, mut got) = (Vec::new(), Vec::new());
+        let mut check = |name: &str, m: moescope_kernels::Mat<'_>| {
+            for r in 0..m.rows {
+                src.read_rows(name, r, 1, &mut want).expect("rows");
+                got.resize(m.cols, 0.0);
+                m.dequant_row(r, &mut got);
+                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(g.to_bits(), w.to_bits(), "{file}: {name} row {r} value {j}: {g} != {w}");
+                }
+            }
+        };
+        for t in p.meta.tensors.iter().filter(|t| t.shape.len() == 2) {
+            check(&t.name, p.mat_by_index(p.require(&t.name, &t.shape, false).expect("tensor")));
+        }
+        let cfg = p.meta.model.clone();
+        for l in cfg.moe_layers() {
+            for e in 0..cfg.num_experts {
+                let x = p.expert(l, e).expect("expert");
+                let names = moescope::convert::plan::expert_tensors(&cfg, l, e);
+                for (m, (name, _)) in [x.gate, x.up, x.down].into_iter().zip(names.iter()) {
+                    check(name, m);
+                }
+            }
+        }
+    }
 }

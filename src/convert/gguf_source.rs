@@ -52,17 +52,21 @@ fn layer_name(rest: &str) -> Option<&'static str> {
 }
 
 /// The moescope format that holds every value of a tensor of type `t` exactly, as the kernels
-/// run it: F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at group 32 (the same codes and
-/// scales); Q5_0 as q8 group 32 (codes q - 16); Q6_K as q8 group 16 (codes q - 32, scale
-/// d * sc: an f16 times a 7-bit integer, exact in f32). F16, Q4_1, Q4_K and Q5_K (an offset per
-/// block, which a symmetric format cannot hold) run as f32 until kernels of their own exist.
-pub fn exact_format(t: BlockType) -> Format {
+/// run it, and whether its groups need mins (asymmetric: `scale * n - min`): F32 and BF16 as
+/// they are; Q8_0 as q8 and Q4_0 as q4 at group 32 (the same codes and scales); Q5_0 as q8
+/// group 32 (codes q - 16); Q6_K as q8 group 16 (codes q - 32, scale d * sc: an f16 times a
+/// 7-bit integer, exact in f32); Q4_K and Q4_1 as q4 group 32 with mins (the unsigned nibbles,
+/// scale d * sc and min dmin * m, or d and -m); Q5_K as q8 group 32 with mins (5-bit codes).
+/// F16 runs as f32.
+pub fn exact_format(t: BlockType) -> (Format, bool) {
     match t {
-        BlockType::Bf16 => Format::Bf16,
-        BlockType::Q8_0 | BlockType::Q5_0 => Format::Q8 { group: 32 },
-        BlockType::Q4_0 => Format::Q4 { group: 32 },
-        BlockType::Q6K => Format::Q8 { group: 16 },
-        BlockType::F32 | BlockType::F16 | BlockType::Q4_1 | BlockType::Q4K | BlockType::Q5K => Format::F32,
+        BlockType::Bf16 => (Format::Bf16, false),
+        BlockType::Q8_0 | BlockType::Q5_0 => (Format::Q8 { group: 32 }, false),
+        BlockType::Q4_0 => (Format::Q4 { group: 32 }, false),
+        BlockType::Q6K => (Format::Q8 { group: 16 }, false),
+        BlockType::Q4K | BlockType::Q4_1 => (Format::Q4 { group: 32 }, true),
+        BlockType::Q5K => (Format::Q8 { group: 32 }, true),
+        BlockType::F32 | BlockType::F16 => (Format::F32, false),
     }
 }
 
@@ -70,47 +74,55 @@ pub fn exact_format(t: BlockType) -> Format {
 pub fn runs_as(id: u32) -> String {
     match BlockType::from_ggml_id(id) {
         None => "not supported".into(),
-        Some(t) => match (t, exact_format(t)) {
-            (BlockType::F32, _) => "f32".into(),
-            (_, Format::F32) => "f32 (dequantized)".into(),
-            (_, Format::Bf16) => "bf16".into(),
-            (_, Format::Q8 { group }) => format!("q8, group {group}"),
-            (_, Format::Q4 { group }) => format!("q4, group {group}"),
-            (_, f) => format!("{f:?}"),
-        },
+        Some(t) => {
+            let (f, mins) = exact_format(t);
+            let m = if mins { " with mins" } else { "" };
+            match (t, f) {
+                (BlockType::F32, _) => "f32".into(),
+                (_, Format::F32) => "f32 (dequantized)".into(),
+                (_, Format::Bf16) => "bf16".into(),
+                (_, Format::Q8 { group }) => format!("q8, group {group}{m}"),
+                (_, Format::Q4 { group }) => format!("q4, group {group}{m}"),
+                (_, f) => format!("{f:?}"),
+            }
+        }
     }
 }
 
 /// The narrowest format holding two exact formats' values (an expert region has one format per
 /// projection, and a GGUF's layers may differ: Q4_K_M files keep some `ffn_down_exps` in Q6_K).
-pub fn join_formats(a: Format, b: Format) -> Format {
-    match (a, b) {
+pub fn join_formats(a: (Format, bool), b: (Format, bool)) -> (Format, bool) {
+    match (a.0, b.0) {
         _ if a == b => a,
+        (Format::Q4 { group: 32 }, Format::Q4 { group: 32 }) => (a.0, true),
         (Format::Q8 { group: x } | Format::Q4 { group: x }, Format::Q8 { group: y } | Format::Q4 { group: y }) => {
-            Format::Q8 { group: x.min(y) }
+            (Format::Q8 { group: x.min(y) }, a.1 || b.1)
         }
-        _ => Format::F32,
+        _ => (Format::F32, false),
     }
 }
 
-/// Signed codes of a block of `t` and the scale of each run of `sub` codes, when `t` is
-/// symmetric (value = scale * code); `None` for the others.
-fn int_codes(t: BlockType, b: &[u8], codes: &mut [i8], scales: &mut Vec<f32>) -> Option<usize> {
+/// Codes of a block of `t` with the scale and min of each run of `sub` codes (value =
+/// `scale * code - min`; the symmetric types' mins are 0 and their codes signed, the
+/// asymmetric types' codes unsigned); `None` for the float types.
+fn block_codes(t: BlockType, b: &[u8], codes: &mut [i8], scales: &mut Vec<f32>, mins: &mut Vec<f32>) -> Option<usize> {
     let f16 = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     match t {
         BlockType::Q8_0 => {
             scales.push(f16(0));
+            mins.push(0.0);
             codes.iter_mut().zip(&b[2..34]).for_each(|(c, &q)| *c = q as i8);
             Some(32)
         }
-        BlockType::Q4_0 | BlockType::Q5_0 => {
-            scales.push(f16(0));
-            let (qs, qh) = if t == BlockType::Q4_0 {
-                (&b[2..18], 0u32)
-            } else {
-                (&b[6..22], u32::from_le_bytes([b[2], b[3], b[4], b[5]]))
+        BlockType::Q4_0 | BlockType::Q5_0 | BlockType::Q4_1 => {
+            // Q4_1: d, m, then nibbles as Q4_0's; Q5_0: d, 32 high bits, nibbles
+            let (qs, qh, bias) = match t {
+                BlockType::Q4_0 => (&b[2..18], 0u32, 8),
+                BlockType::Q5_0 => (&b[6..22], u32::from_le_bytes([b[2], b[3], b[4], b[5]]), 16),
+                _ => (&b[4..20], 0u32, 0),
             };
-            let bias = if t == BlockType::Q4_0 { 8 } else { 16 };
+            scales.push(f16(0));
+            mins.push(if t == BlockType::Q4_1 { -f16(2) } else { 0.0 });
             for j in 0..16 {
                 let lo = (qs[j] & 15) as u32 | ((qh >> j) & 1) << 4;
                 let hi = (qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
@@ -119,10 +131,30 @@ fn int_codes(t: BlockType, b: &[u8], codes: &mut [i8], scales: &mut Vec<f32>) ->
             }
             Some(32)
         }
+        BlockType::Q4K | BlockType::Q5K => {
+            let (d, dmin) = (f16(0), f16(2));
+            let (sc, qh, qs) = if t == BlockType::Q4K {
+                (&b[4..16], &b[0..0], &b[16..144])
+            } else {
+                (&b[4..16], &b[16..48], &b[48..176])
+            };
+            for j in 0..8 {
+                let (s, m) = moescope_kernels::ggml::k_scale_min(sc, j);
+                scales.push(d * s as f32);
+                mins.push(dmin * m as f32);
+                let (g, shift) = (j / 2, 4 * (j % 2));
+                for l in 0..32 {
+                    let hi = if qh.is_empty() { 0 } else { ((qh[l] >> j) & 1) << 4 };
+                    codes[32 * j + l] = (((qs[32 * g + l] >> shift) & 15) | hi) as i8;
+                }
+            }
+            Some(32)
+        }
         BlockType::Q6K => {
             let d = f16(208);
             for s in 0..16 {
                 scales.push(d * b[192 + s] as i8 as f32);
+                mins.push(0.0);
             }
             // the codes are the dequantized values over their sub-block scale
             let mut v = [0f32; 256];
@@ -133,7 +165,7 @@ fn int_codes(t: BlockType, b: &[u8], codes: &mut [i8], scales: &mut Vec<f32>) ->
             codes.iter_mut().zip(&v).for_each(|(c, &x)| *c = x as i8);
             Some(16)
         }
-        _ => None,
+        BlockType::F32 | BlockType::F16 | BlockType::Bf16 => None,
     }
 }
 
@@ -236,8 +268,8 @@ impl GgufSource {
         Ok(raw)
     }
 
-    /// The exact format of HF tensor `name` (see [`exact_format`]).
-    pub fn native_format(&self, name: &str) -> Result<Format, ConvertError> {
+    /// The exact format of HF tensor `name`, and whether it needs mins (see [`exact_format`]).
+    pub fn native_format(&self, name: &str) -> Result<(Format, bool), ConvertError> {
         Ok(exact_format(self.located(name)?.ty))
     }
 }
@@ -268,8 +300,9 @@ impl TensorSource for GgufSource {
     }
 
     /// Rows in format `f` straight from the file's codes, when `f` holds them exactly (q8 of a
-    /// group dividing the type's sub-block, q4 group 32 of Q4_0, bf16 of BF16): bit for bit
-    /// the file's values, with no rounding of a requantization.
+    /// group dividing the type's sub-block, q4 group 32 of codes that fit 4 bits, bf16 of
+    /// BF16), with mins where asked for: bit for bit the file's values, with no rounding of a
+    /// requantization.
     fn encoded_rows(
         &self,
         name: &str,
@@ -278,29 +311,54 @@ impl TensorSource for GgufSource {
         n: usize,
         vals: &mut Vec<u8>,
         scales: &mut Vec<f32>,
+        mut mins: Option<&mut Vec<f32>>,
     ) -> Result<bool, ConvertError> {
         let s = self.located(name)?;
-        let cols = s.cols;
+        let (cols, t) = (s.cols, s.ty);
         vals.clear();
         scales.clear();
-        match (f, s.ty) {
-            (Format::Bf16, BlockType::Bf16) => *vals = self.raw(name, &s, r0, n)?,
-            (Format::Q4 { group: 32 }, BlockType::Q4_0) => {
+        if let Some(m) = mins.as_deref_mut() {
+            m.clear();
+        }
+        let (exact, asym) = exact_format(t);
+        match f {
+            Format::Bf16 if t == BlockType::Bf16 && mins.is_none() => *vals = self.raw(name, &s, r0, n)?,
+            // codes in [-8, 7] (Q4_0) or [0, 15] with mins (Q4_K, Q4_1; Q4_0 with mins 8 d)
+            Format::Q4 { group: 32 } if exact == f && (mins.is_some() || !asym) => {
                 let raw = self.raw(name, &s, r0, n)?;
-                for b in raw.chunks_exact(18) {
-                    scales.push(half::f16::from_le_bytes([b[0], b[1]]).to_f32());
-                    vals.extend_from_slice(&b[2..18]);
+                let (mut codes, mut sc, mut mn) = (vec![0i8; t.block()], Vec::new(), Vec::new());
+                for b in raw.chunks_exact(t.block_bytes()) {
+                    sc.clear();
+                    mn.clear();
+                    let Some(sub) = block_codes(t, b, &mut codes, &mut sc, &mut mn) else { return Ok(false) };
+                    debug_assert_eq!(sub, 32);
+                    // the stored nibble: the unsigned code, or the signed one + 8
+                    let bias = if asym { 0 } else { 8 };
+                    for (g, run) in codes.chunks_exact(32).enumerate() {
+                        let nib = |i: usize| (run[i] as i32 + bias) as u8;
+                        vals.extend((0..16).map(|i| nib(i) | nib(i + 16) << 4));
+                        scales.push(sc[g]);
+                        if let Some(m) = mins.as_deref_mut() {
+                            m.push(if asym { mn[g] } else { 8.0 * sc[g] });
+                        }
+                    }
                 }
             }
-            (Format::Q8 { group }, t) if t.block() > 1 && exact_format(t).group().is_some_and(|g| g % group == 0) => {
+            Format::Q8 { group }
+                if t.block() > 1 && exact.group().is_some_and(|g| g % group == 0) && (mins.is_some() || !asym) =>
+            {
                 let raw = self.raw(name, &s, r0, n)?;
-                let (mut codes, mut sub_scales) = (vec![0i8; t.block()], Vec::new());
+                let (mut codes, mut sc, mut mn) = (vec![0i8; t.block()], Vec::new(), Vec::new());
                 for b in raw.chunks_exact(t.block_bytes()) {
-                    sub_scales.clear();
-                    let Some(sub) = int_codes(t, b, &mut codes, &mut sub_scales) else { return Ok(false) };
+                    sc.clear();
+                    mn.clear();
+                    let Some(sub) = block_codes(t, b, &mut codes, &mut sc, &mut mn) else { return Ok(false) };
                     vals.extend(codes.iter().map(|&c| c as u8));
-                    for sc in &sub_scales {
-                        scales.extend(std::iter::repeat_n(*sc, sub / group));
+                    for (x, y) in sc.iter().zip(&mn) {
+                        scales.extend(std::iter::repeat_n(*x, sub / group));
+                        if let Some(m) = mins.as_deref_mut() {
+                            m.extend(std::iter::repeat_n(*y, sub / group));
+                        }
                     }
                 }
             }
@@ -315,7 +373,7 @@ impl TensorSource for GgufSource {
         Ok(true)
     }
 
-    fn exact_format(&self, name: &str) -> Option<Format> {
+    fn exact_format(&self, name: &str) -> Option<(Format, bool)> {
         self.native_format(name).ok()
     }
 
@@ -368,27 +426,50 @@ mod tests {
     }
 
     #[test]
-    fn codes_times_scales_are_the_dequantized_values() {
-        for t in [BlockType::Q8_0, BlockType::Q4_0, BlockType::Q5_0, BlockType::Q6K] {
+    fn codes_scales_and_mins_give_the_dequantized_values() {
+        for t in [
+            BlockType::Q8_0,
+            BlockType::Q4_0,
+            BlockType::Q5_0,
+            BlockType::Q6K,
+            BlockType::Q4_1,
+            BlockType::Q4K,
+            BlockType::Q5K,
+        ] {
             for seed in 0..50 {
-                let b = random_block(t, seed);
+                let mut b = random_block(t, seed);
+                if matches!(t, BlockType::Q4K | BlockType::Q5K) {
+                    b[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes()); // dmin
+                }
+                if t == BlockType::Q4_1 {
+                    b[2..4].copy_from_slice(&half::f16::from_f32(-0.07).to_le_bytes()); // m
+                }
                 let mut want = vec![0f32; t.block()];
                 dequantize(t, &b, &mut want);
-                let (mut codes, mut scales) = (vec![0i8; t.block()], vec![]);
-                let sub = int_codes(t, &b, &mut codes, &mut scales).expect("symmetric");
-                assert_eq!(exact_format(t).group(), Some(sub), "{}", t.name());
+                let (mut codes, mut scales, mut mins) = (vec![0i8; t.block()], vec![], vec![]);
+                let sub = block_codes(t, &b, &mut codes, &mut scales, &mut mins).expect("quantized");
+                let (f, asym) = exact_format(t);
+                assert_eq!(f.group(), Some(sub), "{}", t.name());
                 for (j, w) in want.iter().enumerate() {
-                    let got = scales[j / sub] * codes[j] as f32;
+                    // ggml's two operations: scale * code, then - min (symmetric types: min 0)
+                    let got = if asym {
+                        scales[j / sub] * codes[j] as f32 - mins[j / sub]
+                    } else {
+                        scales[j / sub] * codes[j] as f32
+                    };
                     assert_eq!(got.to_bits(), w.to_bits(), "{} seed {seed} value {j}: {got} != {w}", t.name());
+                    if !asym {
+                        assert_eq!(mins[j / sub], 0.0);
+                    }
                 }
             }
         }
         let mut c = vec![0i8; 256];
-        for t in [BlockType::Q4_1, BlockType::Q4K, BlockType::Q5K, BlockType::F16] {
+        for t in [BlockType::F16, BlockType::Bf16, BlockType::F32] {
             assert_eq!(
-                int_codes(t, &vec![0; t.block_bytes()], &mut c, &mut vec![]),
+                block_codes(t, &vec![0; t.block_bytes()], &mut c, &mut vec![], &mut vec![]),
                 None,
-                "{} has an offset",
+                "{}",
                 t.name()
             );
         }
@@ -396,11 +477,19 @@ mod tests {
 
     #[test]
     fn joined_formats_hold_both() {
-        let (q4, q8, q8g16) = (Format::Q4 { group: 32 }, Format::Q8 { group: 32 }, Format::Q8 { group: 16 });
+        let (q4, q8, q8g16) =
+            ((Format::Q4 { group: 32 }, false), (Format::Q8 { group: 32 }, false), (Format::Q8 { group: 16 }, false));
+        let q4m = (Format::Q4 { group: 32 }, true);
         assert_eq!(join_formats(q4, q4), q4);
         assert_eq!(join_formats(q4, q8), q8);
         assert_eq!(join_formats(q8, q8g16), q8g16);
-        assert_eq!(join_formats(Format::Bf16, q8), Format::F32);
-        assert_eq!(join_formats(Format::Bf16, Format::Bf16), Format::Bf16);
+        assert_eq!(join_formats(q4m, q4), q4m);
+        assert_eq!(
+            join_formats(q4m, q8g16),
+            (Format::Q8 { group: 16 }, true),
+            "Q4_K and Q6_K layers: q8 group 16 with mins"
+        );
+        assert_eq!(join_formats((Format::Bf16, false), q8), (Format::F32, false));
+        assert_eq!(join_formats((Format::Bf16, false), (Format::Bf16, false)), (Format::Bf16, false));
     }
 }

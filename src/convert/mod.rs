@@ -192,16 +192,30 @@ struct EncodedBlobs<'a> {
 impl BlobSource for EncodedBlobs<'_> {
     fn blob(&self, region: &ExpertRegion, l: usize, e: usize) -> Result<Vec<u8>, ConvertError> {
         let mut b = BlobBuilder::new(region);
-        let (mut x, mut vals, mut scales) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut x, mut vals, mut scales, mut mins) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (p, (tname, shape)) in plan::expert_tensors(self.cfg, l, e).iter().enumerate() {
-            let f = region.parts[p].format().unwrap_or(Format::F32);
-            if !self.src.encoded_rows(tname, f, 0, shape[0], &mut vals, &mut scales)? {
+            let part = &region.parts[p];
+            let f = part.format().unwrap_or(Format::F32);
+            let with_mins = part.has_mins().then_some(&mut mins);
+            if !self.src.encoded_rows(tname, f, 0, shape[0], &mut vals, &mut scales, with_mins)? {
+                if part.has_mins() {
+                    return Err(no_mins(self.src, tname));
+                }
                 self.src.read_rows(tname, 0, shape[0], &mut x)?;
                 encode_rows(f, &x, shape[1], f.interleaves(shape[0], shape[1]), &mut vals, &mut scales);
             }
-            b.put(p, &vals, &scales);
+            b.put(p, &vals, &scales, &mins);
         }
         Ok(b.buf)
+    }
+}
+
+/// A tensor planned with asymmetric groups whose source could not give them (a plan bug).
+fn no_mins(src: &dyn TensorSource, name: &str) -> ConvertError {
+    ConvertError::Tensor {
+        file: PathBuf::from(src.origin(name)),
+        name: src.source_name(name),
+        msg: "planned with mins (asymmetric groups), but the source cannot give them".into(),
     }
 }
 
@@ -257,7 +271,7 @@ pub fn write_package_with(
         }
     }
 
-    let entry = |name: &str, f: Format, shape: &[usize]| TensorEntry {
+    let entry = |name: &str, (f, mins): (Format, bool), shape: &[usize]| TensorEntry {
         name: name.into(),
         dtype: DType::of(f),
         shape: shape.to_vec(),
@@ -267,7 +281,7 @@ pub fn write_package_with(
                 [r, c] => (*r, *c),
                 _ => (1, shape.iter().product()),
             };
-            f.layout(rows, cols).into()
+            format!("{}{}", f.layout(rows, cols), if mins { crate::package::layout::MINS } else { "" })
         },
         offset: 0,
         length: 0,
@@ -277,7 +291,7 @@ pub fn write_package_with(
     // the plan's format, or with QuantMode::File the one holding the source's values exactly
     let format = |name: &str, kind: plan::Kind, cols: usize| match (opts.quant, src.exact_format(name)) {
         (QuantMode::File, Some(f)) => f,
-        _ => opts.quant.format(kind, cols),
+        _ => (opts.quant.format(kind, cols), false),
     };
     let tensors: Vec<TensorEntry> = dense
         .iter()
@@ -294,7 +308,7 @@ pub fn write_package_with(
                     .iter()
                     .map(|&l| format(&plan::expert_tensors(cfg, l, 0)[p].0, plan::Kind::Linear, s[1]))
                     .reduce(gguf_source::join_formats)
-                    .unwrap_or(Format::F32);
+                    .unwrap_or((Format::F32, false));
                 let mut e = entry(pname, f, s);
                 e.xxh3 = None;
                 e
@@ -337,10 +351,11 @@ pub fn write_package_with(
 
     // dense tensors, in row chunks of at most ~16 M values
     let mut x = Vec::new();
-    let (mut vals, mut scales) = (Vec::new(), Vec::new());
+    let (mut vals, mut scales, mut mins) = (Vec::new(), Vec::new(), Vec::new());
     for t in &dense {
         opts.check_cancel()?;
         let e = w.begin_dense()?;
+        let has_mins = e.has_mins();
         bar.set_message(t.name.clone());
         let f = e.format().unwrap_or(Format::F32);
         let (rows, cols) = e.rows_cols();
@@ -350,12 +365,18 @@ pub fn write_package_with(
         let mut r0 = 0;
         while r0 < rows {
             let n = chunk.clamp(1, rows - r0);
-            if !src.encoded_rows(&t.name, f, r0, n, &mut vals, &mut scales)? {
+            if !src.encoded_rows(&t.name, f, r0, n, &mut vals, &mut scales, has_mins.then_some(&mut mins))? {
+                if has_mins {
+                    return Err(no_mins(src, &t.name));
+                }
                 src.read_rows(&t.name, r0, n, &mut x)?;
                 encode_rows(f, &x, cols, x4, &mut vals, &mut scales);
             }
             w.write_values(&vals)?;
             w.push_scales(&scales);
+            if has_mins {
+                w.push_mins(&mins);
+            }
             bar.inc(vals.len() as u64 + scales.len() as u64 * 4);
             r0 += n;
         }

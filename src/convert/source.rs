@@ -14,8 +14,10 @@ pub trait TensorSource: Sync {
     fn read_rows(&self, name: &str, r0: usize, n: usize, out: &mut Vec<f32>) -> Result<(), ConvertError>;
 
     /// Rows `[r0, r0 + n)` already in format `f` (value bytes in the stored row order, f32
-    /// scales row-major), for a source that makes them directly (`moescope synth`); `Ok(false)`
-    /// when it cannot, and the converter quantizes [`read_rows`](Self::read_rows) instead.
+    /// scales row-major; with `mins`, asymmetric groups and their mins row-major), for a source
+    /// that makes them directly (`moescope synth`, a GGUF file); `Ok(false)` when it cannot, and
+    /// the converter quantizes [`read_rows`](Self::read_rows) instead.
+    #[allow(clippy::too_many_arguments)]
     fn encoded_rows(
         &self,
         _name: &str,
@@ -24,13 +26,15 @@ pub trait TensorSource: Sync {
         _n: usize,
         _vals: &mut Vec<u8>,
         _scales: &mut Vec<f32>,
+        _mins: Option<&mut Vec<f32>>,
     ) -> Result<bool, ConvertError> {
         Ok(false)
     }
 
-    /// The format that holds the tensor's values exactly, for a source that stores them
-    /// quantized (a GGUF file); what [`QuantMode::File`](super::QuantMode::File) writes.
-    fn exact_format(&self, _name: &str) -> Option<moescope_kernels::Format> {
+    /// The format that holds the tensor's values exactly, and whether its groups need mins,
+    /// for a source that stores them quantized (a GGUF file); what
+    /// [`QuantMode::File`](super::QuantMode::File) writes.
+    fn exact_format(&self, _name: &str) -> Option<(moescope_kernels::Format, bool)> {
         None
     }
 

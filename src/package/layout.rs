@@ -178,21 +178,37 @@ impl TensorEntry {
         self.dtype.format(self.group)
     }
 
+    /// Whether the groups are asymmetric (a value is `scale * n - min`; q4 and q8 only): the
+    /// layout then ends in [`MINS`] and the scales are followed by as many mins.
+    pub fn has_mins(&self) -> bool {
+        self.layout.ends_with(MINS)
+    }
+
+    /// The layout without the [`MINS`] mark.
+    pub fn base_layout(&self) -> &str {
+        self.layout.strip_suffix(MINS).unwrap_or(&self.layout)
+    }
+
     /// Bytes this entry must span, from its format and shape; None if inconsistent.
     pub fn expected_len(&self) -> Option<(u64, Option<u64>)> {
         let f = self.format()?;
         let (r, c) = self.rows_cols();
-        if r == 0 || c == 0 || !f.fits(c) {
+        if r == 0 || c == 0 || !f.fits(c) || (self.has_mins() && !matches!(f, Format::Q4 { .. } | Format::Q8 { .. })) {
             return None;
         }
-        Some(span(f, r, c))
+        Some(span(f, r, c, self.has_mins()))
     }
 }
 
-/// (total bytes, offset of the scales from the start) of a `[rows, cols]` tensor in format `f`.
-pub fn span(f: Format, rows: usize, cols: usize) -> (u64, Option<u64>) {
+/// The layout mark of asymmetric groups (GGUF's Q4_K, Q5_K, Q4_1 kept exactly): a reader that
+/// does not know it refuses the layout rather than read the values without their mins.
+pub const MINS: &str = "+mins";
+
+/// (total bytes, offset of the scales from the start) of a `[rows, cols]` tensor in format `f`
+/// (with `mins`, as many f32 mins after the scales).
+pub fn span(f: Format, rows: usize, cols: usize, mins: bool) -> (u64, Option<u64>) {
     let data = f.data_bytes(rows, cols) as u64;
-    let scales = f.scale_bytes(rows, cols) as u64;
+    let scales = f.scale_bytes(rows, cols) as u64 * if mins { 2 } else { 1 };
     if scales == 0 {
         (data, None)
     } else {
@@ -324,8 +340,30 @@ mod tests {
 
     #[test]
     fn spans_align_scales() {
-        assert_eq!(span(Format::Bf16, 3, 5), (30, None));
+        assert_eq!(span(Format::Bf16, 3, 5, false), (30, None));
         // q4: 2 rows x 96 -> 96 data bytes, scales at 128, 2*3*4 = 24 bytes
-        assert_eq!(span(Format::Q4 { group: 32 }, 2, 96), (128 + 24, Some(128)));
+        assert_eq!(span(Format::Q4 { group: 32 }, 2, 96, false), (128 + 24, Some(128)));
+        assert_eq!(span(Format::Q4 { group: 32 }, 2, 96, true), (128 + 48, Some(128)), "mins after the scales");
+    }
+
+    #[test]
+    fn mins_only_for_q4_and_q8() {
+        let e = |dtype, group: Option<usize>, layout: &str| TensorEntry {
+            name: "w".into(),
+            dtype,
+            shape: vec![4, 128],
+            group,
+            layout: layout.into(),
+            offset: 0,
+            length: 0,
+            scales_offset: None,
+            xxh3: None,
+        };
+        let q4 = e(DType::Q4, Some(32), "q4_lohi32_x4+mins");
+        assert!(q4.has_mins() && q4.base_layout() == "q4_lohi32_x4");
+        assert_eq!(q4.expected_len(), Some(span(Format::Q4 { group: 32 }, 4, 128, true)));
+        assert!(e(DType::Q8, Some(16), "row_major+mins").expected_len().is_some());
+        assert_eq!(e(DType::Q6, Some(128), "q6_lo4hi2_x4+mins").expected_len(), None);
+        assert_eq!(e(DType::Bf16, None, "row_major+mins").expected_len(), None);
     }
 }

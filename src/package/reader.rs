@@ -407,15 +407,15 @@ fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u64) -> Mat<'
     let f = t.format().unwrap_or(Format::F32);
     let start = (base + t.offset - origin) as usize;
     let data = &bytes[start..start + f.data_bytes(rows, cols)];
-    let scales = || {
-        let s = (base + t.scales_offset.unwrap_or(t.offset) - origin) as usize;
-        bytemuck::cast_slice::<u8, f32>(&bytes[s..s + f.scale_bytes(rows, cols)])
-    };
+    let sb = f.scale_bytes(rows, cols);
+    let s = (base + t.scales_offset.unwrap_or(t.offset) - origin) as usize;
+    let scales = || bytemuck::cast_slice::<u8, f32>(&bytes[s..s + sb]);
+    let mins = t.has_mins().then(|| bytemuck::cast_slice::<u8, f32>(&bytes[s + sb..s + 2 * sb]));
     let data = match f {
         Format::F32 => MatData::F32(bytemuck::cast_slice(data)),
         Format::Bf16 => MatData::Bf16(bytemuck::cast_slice(data)),
-        Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group, mins: None },
-        Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), mins: None },
+        Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group, mins },
+        Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), mins },
         Format::Q6 { group } => MatData::Q6 { q: data, scales: scales(), group, x4: interleaved(t) },
     };
     Mat { rows, cols, data }
@@ -424,7 +424,7 @@ fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u64) -> Mat<'
 /// Whether a (validated) entry's rows are stored interleaved.
 fn interleaved(t: &TensorEntry) -> bool {
     let (rows, cols) = t.rows_cols();
-    t.format().is_some_and(|f| f.interleaves(rows, cols) && t.layout == f.layout(rows, cols))
+    t.format().is_some_and(|f| f.interleaves(rows, cols) && t.base_layout() == f.layout(rows, cols))
 }
 
 /// Shape, format, size and alignment of one entry, within `[lo, hi)`.
@@ -452,7 +452,7 @@ fn check_entry(path: &Path, t: &TensorEntry, lo: u64, hi: u64) -> Result<(), Pac
     // the layout this version writes, or rows one after another (as earlier versions wrote)
     let (rows, cols) = t.rows_cols();
     let (want, plain) = t.format().map(|f| (f.layout(rows, cols), f.row_major_layout())).unwrap_or(("", ""));
-    if t.layout != want && t.layout != plain {
+    if t.base_layout() != want && t.base_layout() != plain {
         return Err(bad(format!("layout '{}' is not supported (expected '{want}')", t.layout)));
     }
     Ok(())
@@ -512,7 +512,7 @@ mod tests {
     fn q4_entry(shape: &[usize], layout: &str) -> TensorEntry {
         let f = Format::Q4 { group: 128 };
         let (rows, cols) = (shape[0], shape[1]);
-        let (length, so) = span(f, rows, cols);
+        let (length, so) = span(f, rows, cols, false);
         TensorEntry {
             name: "w".into(),
             dtype: DType::Q4,

@@ -66,7 +66,7 @@ fn place(entries: &mut [TensorEntry], start: u64) -> u64 {
     for t in entries {
         let f = t.format().unwrap_or(moescope_kernels::Format::F32);
         let (r, c) = t.rows_cols();
-        let (len, so) = span(f, r, c);
+        let (len, so) = span(f, r, c, t.has_mins());
         off = align_up(off, DENSE_ALIGN);
         t.offset = off;
         t.length = len;
@@ -83,6 +83,7 @@ struct Current {
     end: u64,
     hasher: Xxh3,
     scales: Vec<u8>,
+    mins: Vec<u8>,
     scales_at: Option<u64>,
 }
 
@@ -165,6 +166,7 @@ impl PackageWriter {
             end: t.offset + t.length,
             hasher: Xxh3::new(),
             scales: Vec::new(),
+            mins: Vec::new(),
             scales_at: t.scales_offset,
         });
         self.next_dense += 1;
@@ -186,6 +188,14 @@ impl PackageWriter {
         }
     }
 
+    /// Mins of the current tensor (one with asymmetric groups), in row order: written after
+    /// all its scales.
+    pub fn push_mins(&mut self, m: &[f32]) {
+        if let Some(c) = self.cur.as_mut() {
+            c.mins.extend_from_slice(bytemuck::cast_slice(m));
+        }
+    }
+
     /// Finish the current dense tensor: scales, length check, checksum.
     pub fn end_dense(&mut self) -> Result<(), PackageError> {
         let Some(mut c) = self.cur.take() else {
@@ -199,6 +209,9 @@ impl PackageWriter {
             let scales = std::mem::take(&mut c.scales);
             c.hasher.update(&scales);
             self.raw_write(&scales)?;
+            let mins = std::mem::take(&mut c.mins);
+            c.hasher.update(&mins);
+            self.raw_write(&mins)?;
         }
         let i = c.index;
         if self.pos != c.end {
@@ -315,14 +328,21 @@ impl<'a> BlobBuilder<'a> {
         self.buf.fill(0);
     }
 
-    /// Values and scales of part `p` (`values` = row-major bytes, `scales` f32 row-major).
-    pub fn put(&mut self, p: usize, values: &[u8], scales: &[f32]) {
+    /// Values and scales of part `p` (`values` = row-major bytes, `scales` f32 row-major), and
+    /// its mins when it has them (after the scales).
+    pub fn put(&mut self, p: usize, values: &[u8], scales: &[f32], mins: &[f32]) {
         let part = &self.region.parts[p];
         let o = part.offset as usize;
         self.buf[o..o + values.len()].copy_from_slice(values);
         if let Some(so) = part.scales_offset {
             let sb: &[u8] = bytemuck::cast_slice(scales);
             self.buf[so as usize..so as usize + sb.len()].copy_from_slice(sb);
+            if part.has_mins() {
+                let (rows, cols) = part.rows_cols();
+                let at = so as usize + part.format().map_or(0, |f| f.scale_bytes(rows, cols));
+                let mb: &[u8] = bytemuck::cast_slice(mins);
+                self.buf[at..at + mb.len()].copy_from_slice(mb);
+            }
         }
     }
 }

@@ -194,8 +194,9 @@ impl TensorSource for SynthSource {
         n: usize,
         vals: &mut Vec<u8>,
         scales: &mut Vec<f32>,
+        mins: Option<&mut Vec<f32>>,
     ) -> Result<bool, ConvertError> {
-        let Some(t) = self.tensor(name) else { return Ok(false) };
+        let Some(t) = self.tensor(name).filter(|_| mins.is_none()) else { return Ok(false) };
         let (Dist::Normal(std), [_, cols], Some(g)) = (dist_of(name, t.kind, &self.cfg), t.shape.as_slice(), f.group())
         else {
             return Ok(false);
