@@ -169,6 +169,19 @@ fn block_codes(t: BlockType, b: &[u8], codes: &mut [i8], scales: &mut Vec<f32>, 
     }
 }
 
+/// `f(codes, scales, mins, sub)` for each block of `raw` (whole blocks of type `t`, see
+/// [`block_codes`]); false, having stopped, if `t` has no codes.
+fn each_block(t: BlockType, raw: &[u8], mut f: impl FnMut(&[i8], &[f32], &[f32], usize)) -> bool {
+    let (mut codes, mut sc, mut mn) = (vec![0i8; t.block()], Vec::new(), Vec::new());
+    for b in raw.chunks_exact(t.block_bytes()) {
+        sc.clear();
+        mn.clear();
+        let Some(sub) = block_codes(t, b, &mut codes, &mut sc, &mut mn) else { return false };
+        f(&codes, &sc, &mn, sub);
+    }
+    true
+}
+
 impl GgufSource {
     pub fn open(path: &Path) -> Result<GgufSource, ConvertError> {
         let model = GgufModel::open(path)?;
@@ -325,15 +338,11 @@ impl TensorSource for GgufSource {
             Format::Bf16 if t == BlockType::Bf16 && mins.is_none() => *vals = self.raw(name, &s, r0, n)?,
             // codes in [-8, 7] (Q4_0) or [0, 15] with mins (Q4_K, Q4_1; Q4_0 with mins 8 d)
             Format::Q4 { group: 32 } if exact == f && (mins.is_some() || !asym) => {
+                // the stored nibble: the unsigned code, or the signed one + 8
+                let bias = if asym { 0 } else { 8 };
                 let raw = self.raw(name, &s, r0, n)?;
-                let (mut codes, mut sc, mut mn) = (vec![0i8; t.block()], Vec::new(), Vec::new());
-                for b in raw.chunks_exact(t.block_bytes()) {
-                    sc.clear();
-                    mn.clear();
-                    let Some(sub) = block_codes(t, b, &mut codes, &mut sc, &mut mn) else { return Ok(false) };
+                let whole = each_block(t, &raw, |codes, sc, mn, sub| {
                     debug_assert_eq!(sub, 32);
-                    // the stored nibble: the unsigned code, or the signed one + 8
-                    let bias = if asym { 0 } else { 8 };
                     for (g, run) in codes.chunks_exact(32).enumerate() {
                         let nib = |i: usize| (run[i] as i32 + bias) as u8;
                         vals.extend((0..16).map(|i| nib(i) | nib(i + 16) << 4));
@@ -342,24 +351,26 @@ impl TensorSource for GgufSource {
                             m.push(if asym { mn[g] } else { 8.0 * sc[g] });
                         }
                     }
+                });
+                if !whole {
+                    return Ok(false);
                 }
             }
             Format::Q8 { group }
                 if t.block() > 1 && exact.group().is_some_and(|g| g % group == 0) && (mins.is_some() || !asym) =>
             {
                 let raw = self.raw(name, &s, r0, n)?;
-                let (mut codes, mut sc, mut mn) = (vec![0i8; t.block()], Vec::new(), Vec::new());
-                for b in raw.chunks_exact(t.block_bytes()) {
-                    sc.clear();
-                    mn.clear();
-                    let Some(sub) = block_codes(t, b, &mut codes, &mut sc, &mut mn) else { return Ok(false) };
+                let whole = each_block(t, &raw, |codes, sc, mn, sub| {
                     vals.extend(codes.iter().map(|&c| c as u8));
-                    for (x, y) in sc.iter().zip(&mn) {
+                    for (x, y) in sc.iter().zip(mn) {
                         scales.extend(std::iter::repeat_n(*x, sub / group));
                         if let Some(m) = mins.as_deref_mut() {
                             m.extend(std::iter::repeat_n(*y, sub / group));
                         }
                     }
+                });
+                if !whole {
+                    return Ok(false);
                 }
             }
             _ => return Ok(false),

@@ -79,16 +79,7 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
     let mut cfg = hf_config::read_config(dir)?;
     let ck = safetensors::HfCheckpoint::open(dir)?;
     let mut warnings = vec![];
-    let tok = match tokenizer_files::read_tokenizer(dir)? {
-        Some(t) => t,
-        None => {
-            warnings.push(format!(
-                "{}: no tokenizer.json: the package takes --prompt-ids only and shows token ids instead of text",
-                dir.display()
-            ));
-            TokenizerInfo::default()
-        }
-    };
+    let tok = or_no_tokenizer(tokenizer_files::read_tokenizer(dir)?, dir, "no tokenizer.json", &mut warnings);
     add_tokenizer_eos(&mut cfg, &tok);
     let name = dir
         .canonicalize()
@@ -128,16 +119,7 @@ pub fn convert_gguf(path: &Path, out: &Path, opts: ConvertOptions) -> Result<Con
         src.model.block_type(&t.name)?;
     }
     let mut warnings = vec![];
-    let tok = match gguf_vocab::tokenizer(&src.model)? {
-        Some(t) => t,
-        None => {
-            warnings.push(format!(
-                "{}: no tokenizer metadata: the package takes --prompt-ids only and shows token ids instead of text",
-                path.display()
-            ));
-            TokenizerInfo::default()
-        }
-    };
+    let tok = or_no_tokenizer(gguf_vocab::tokenizer(&src.model)?, path, "no tokenizer metadata", &mut warnings);
     add_tokenizer_eos(&mut cfg, &tok);
     let name = src
         .model
@@ -151,6 +133,18 @@ pub fn convert_gguf(path: &Path, out: &Path, opts: ConvertOptions) -> Result<Con
         warnings.push(requant_cost::requant_cost(&src, out)?);
     }
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
+}
+
+/// The source's tokenizer, or none with a warning (`missing` says what is absent): such a
+/// package takes token ids only.
+fn or_no_tokenizer(tok: Option<TokenizerInfo>, src: &Path, missing: &str, warnings: &mut Vec<String>) -> TokenizerInfo {
+    tok.unwrap_or_else(|| {
+        warnings.push(format!(
+            "{}: {missing}: the package takes --prompt-ids only and shows token ids instead of text",
+            src.display()
+        ));
+        TokenizerInfo::default()
+    })
 }
 
 /// The tokenizer's own end-of-sequence token (`<|im_end|>` for Qwen chat models) also stops
