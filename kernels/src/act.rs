@@ -115,6 +115,7 @@ impl QuantAct {
             q: &self.q[t * self.cols..(t + 1) * self.cols],
             scales: &self.scales[t * ng..(t + 1) * ng],
             sums: &self.sums[t * ng..(t + 1) * ng],
+            scaled_sums: &self.scaled_sums[t * ng..(t + 1) * ng],
         }
     }
 
@@ -169,6 +170,7 @@ pub struct QuantRow<'a> {
     pub q: &'a [i8],
     pub scales: &'a [f32],
     pub sums: &'a [i32],
+    pub scaled_sums: &'a [f32],
 }
 
 /// The activation row in the order the AVX-512 q4/q6 kernels' nibbles come in (`q4_lohi32`: per

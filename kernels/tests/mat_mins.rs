@@ -20,10 +20,12 @@ fn uniform(seed: u64) -> impl FnMut() -> f32 {
 /// (themselves checked against the formula) and the quantized activations.
 #[test]
 fn mins_make_groups_asymmetric() {
-    let (rows, cols) = (8, 256);
     let mut r = uniform(31);
-    let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
-    for (group, q4) in [(32, true), (16, false), (32, false)] {
+    // 8 to 40 groups a row: the kernels' 16-group steps and their remainders
+    for (rows, cols, group, q4) in
+        [(8, 256, 32, true), (8, 256, 16, false), (8, 256, 32, false), (8, 640, 16, false), (8, 1280, 32, true)]
+    {
+        let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
         let ng = cols / group;
         let mins: Vec<f32> = (0..rows * ng).map(|_| r() * 0.3).collect();
         let (mut q4b, mut q8b, mut d) = (vec![0u8; rows * cols / 2], vec![0i8; rows * cols], vec![0f32; rows * ng]);
@@ -83,6 +85,16 @@ fn mins_make_groups_asymmetric() {
                                 m.format(),
                                 matches!(m.data, MatData::Q4 { x4: true, .. })
                             );
+                        }
+                    }
+                    // a prompt's products are its tokens' one at a time, bit for bit
+                    for t in 0..n {
+                        let mut one = QuantAct::default();
+                        one.quantize(&x[t * cols..(t + 1) * cols], cols, group, Isa::detect());
+                        let mut single = vec![0f32; rows];
+                        m.matmul_rows(isa, Input::Quant(&one), 1, 0..rows, &mut single);
+                        for (i, v) in single.iter().enumerate() {
+                            assert_eq!(v.to_bits(), got[i * n + t].to_bits(), "{:?} {isa} token {t} alone", m.format());
                         }
                     }
                 }

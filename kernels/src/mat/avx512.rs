@@ -52,6 +52,7 @@ pub unsafe fn q_matmul(
     x4: bool,
     q: &[u8],
     scales: &[f32],
+    mins: Option<&[f32]>,
     cols: usize,
     a: &QuantAct,
     ap: &[i8],
@@ -63,7 +64,8 @@ pub unsafe fn q_matmul(
     // decode over interleaved rows reads one stream: prefetch along it where that pays
     let pf = if x4 && n == 1 { crate::prefetch::distance() } else { 0 };
     let (cpg, gpc) = (a.group / 128, 128 / a.group.min(128));
-    let m = QMat { q, wd: scales, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
+    let m =
+        QMat { q, wd: scales, mins: mins.filter(|_| !six), cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
     // SAFETY (all four): the caller's guarantees
     unsafe {
         match (six, x4) {
@@ -98,6 +100,8 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
 struct QMat<'a> {
     q: &'a [u8],
     wd: &'a [f32],
+    /// q4 with asymmetric groups: value `wd_g * n - mins_g` of the unsigned nibble `n`
+    mins: Option<&'a [f32]>,
     cols: usize,
     /// bytes of one weight row
     row_bytes: usize,
@@ -393,7 +397,8 @@ unsafe fn chunk_nibbles<const SIX: bool, const IL: usize>(m: &QMat<'_>, r: usize
 }
 
 /// The groups of 16 float lanes per (row, token), `f`, to the tile's products: the bias term,
-/// 16 groups at a time (`sum_g wd_g * (-bias * sum_g a * as_g)`, added to the float lanes
+/// 16 groups at a time (`sum_g wd_g * (-bias * sum_g a * as_g)`, or with mins
+/// `sum_g mins_g * (-sum_g a * as_g)`, added to the float lanes
 /// before the one reduction; a scalar loop over the groups was one long chain: 17% of decode at
 /// 1 thread; `sum_g a * as_g` comes made per token, `scaled_sums`), then the lanes summed.
 ///
@@ -409,7 +414,12 @@ unsafe fn finish<const R: usize, const T: usize, const SIX: bool>(
     out: &mut [[f32; T]; R],
 ) {
     let ng = m.ng;
-    let nbias = _mm512_set1_ps(if SIX { -32.0 } else { -8.0 });
+    // asymmetric groups: `- min_g * sum_g a * as_g` in place of the bias term
+    let (terms, nbias) = match m.mins {
+        Some(mins) => (mins, -1.0),
+        None => (m.wd, if SIX { -32.0 } else { -8.0 }),
+    };
+    let nbias = _mm512_set1_ps(nbias);
     for t in 0..T {
         let ss = &m.a.scaled_sums[(t0 + t) * ng..(t0 + t + 1) * ng];
         let mut g = 0;
@@ -419,7 +429,7 @@ unsafe fn finish<const R: usize, const T: usize, const SIX: bool>(
             // SAFETY: lanes g..g + k of both slices exist; masked lanes are not read
             let b = _mm512_mul_ps(nbias, unsafe { _mm512_maskz_loadu_ps(mask, ss.as_ptr().add(g)) });
             for (i, f) in f.iter_mut().enumerate() {
-                let w = unsafe { _mm512_maskz_loadu_ps(mask, m.wd.as_ptr().add((r0 + i) * ng + g)) };
+                let w = unsafe { _mm512_maskz_loadu_ps(mask, terms.as_ptr().add((r0 + i) * ng + g)) };
                 f[t] = _mm512_fmadd_ps(w, b, f[t]);
             }
             g += 16;

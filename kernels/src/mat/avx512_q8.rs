@@ -1,26 +1,52 @@
 //! AVX-512 VNNI kernels for q8 weights: matrix-vector (decode) and tiles of rows x tokens
 //! (prefill). The bytes get their sign bit flipped (`w + 128`, unsigned for `vpdpbusd`) and
 //! 128 times the group's activation sum comes off exactly, in lane 0 (see `avx512.rs` for the
-//! instruction and how the groups' lanes are scaled and summed).
+//! instruction and how the groups' lanes are scaled and summed). Groups smaller than a 64-byte
+//! vector (GGUF's Q8_0 at 32 values, Q6_K at 16) have kernels of their own, [`q8_put_sub`].
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use crate::act::{QuantAct, QuantRow};
 
-/// Whether these kernels take a q8 matrix with groups of `group` (whole 64-byte vectors).
-pub fn supports_q8(group: usize) -> bool {
-    group.is_multiple_of(64)
+/// Whether these kernels take a q8 matrix of `cols` columns with groups of `group`: whole
+/// 64-byte vectors, or 2 or 4 groups per vector in rows of whole vectors.
+pub fn supports_q8(group: usize, cols: usize) -> bool {
+    group.is_multiple_of(64) || ((group == 32 || group == 16) && cols.is_multiple_of(64))
 }
 
-/// `out[i] = W[rows.start + i] · a` for q8 weights `q` (`[rows, cols]`) with `scales`.
+/// Whether [`q8_matvec`] and [`q8_matmul`] add the mins' term (`scale * q - min`) themselves
+/// at this group: the sub-vector kernels do; over whole vectors the caller adds it.
+pub fn with_mins(group: usize) -> bool {
+    !group.is_multiple_of(64)
+}
+
+/// `out[i] = W[rows.start + i] · a` for q8 weights `q` (`[rows, cols]`) with `scales` (and
+/// `mins` where [`with_mins`]).
 ///
 /// # Safety
-/// The CPU must support AVX-512 F, BW and VNNI; `supports_q8(a.group)`; slices sized as above.
+/// The CPU must support AVX-512 F, BW and VNNI; `supports_q8(a.group, cols)`; slices sized as above.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn q8_matvec(q: &[i8], scales: &[f32], cols: usize, a: QuantRow<'_>, rows: Range<usize>, out: &mut [f32]) {
-    debug_assert!(supports_q8(a.group) && out.len() == rows.len());
+pub unsafe fn q8_matvec(
+    q: &[i8],
+    scales: &[f32],
+    mins: Option<&[f32]>,
+    cols: usize,
+    a: QuantRow<'_>,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    debug_assert!(supports_q8(a.group, cols) && out.len() == rows.len());
     let ng = cols / a.group;
+    if !a.group.is_multiple_of(64) {
+        for (o, r) in out.iter_mut().zip(rows) {
+            let mut res = [[0f32; 1]; 1];
+            // SAFETY: as above
+            unsafe { put_sub::<1, 1>(q, scales, mins, cols, r, [a], &mut res) };
+            *o = res[0][0];
+        }
+        return;
+    }
     for (o, r) in out.iter_mut().zip(rows) {
         // SAFETY: as above
         *o = unsafe { q8_row(&q[r * cols..(r + 1) * cols], &scales[r * ng..(r + 1) * ng], a) };
@@ -33,12 +59,14 @@ pub unsafe fn q8_matvec(q: &[i8], scales: &[f32], cols: usize, a: QuantRow<'_>, 
 /// prompt's products equal its tokens' one by one, bit for bit.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F, BW and VNNI; `supports_q8(a.group)`; `q` and `scales` hold
+/// The CPU must support AVX-512 F, BW and VNNI; `supports_q8(a.group, cols)`; `q` and `scales` hold
 /// the rows; `out.len() == rows.len() * n`.
+#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q8_matmul(
     q: &[i8],
     scales: &[f32],
+    mins: Option<&[f32]>,
     cols: usize,
     a: &QuantAct,
     n: usize,
@@ -47,7 +75,7 @@ pub unsafe fn q8_matmul(
 ) {
     let ng = cols / a.group;
     assert!(
-        supports_q8(a.group)
+        supports_q8(a.group, cols)
             && q.len() >= rows.end * cols
             && scales.len() >= rows.end * ng
             && a.q.len() >= n * cols
@@ -63,10 +91,10 @@ pub unsafe fn q8_matmul(
             // SAFETY (each): rows r..r + nr and tokens t..t + nt exist, as asserted
             unsafe {
                 match (nr, nt) {
-                    (2, 2) => q8_put::<2, 2>(q, scales, cols, a, r, t, n, o),
-                    (2, _) => q8_put::<2, 1>(q, scales, cols, a, r, t, n, o),
-                    (_, 2) => q8_put::<1, 2>(q, scales, cols, a, r, t, n, o),
-                    _ => q8_put::<1, 1>(q, scales, cols, a, r, t, n, o),
+                    (2, 2) => q8_put::<2, 2>(q, scales, mins, cols, a, r, t, n, o),
+                    (2, _) => q8_put::<2, 1>(q, scales, mins, cols, a, r, t, n, o),
+                    (_, 2) => q8_put::<1, 2>(q, scales, mins, cols, a, r, t, n, o),
+                    _ => q8_put::<1, 1>(q, scales, mins, cols, a, r, t, n, o),
                 }
             }
             t += nt;
@@ -83,6 +111,7 @@ pub unsafe fn q8_matmul(
 unsafe fn q8_put<const R: usize, const T: usize>(
     q: &[i8],
     wd: &[f32],
+    mins: Option<&[f32]>,
     cols: usize,
     a: &QuantAct,
     r0: usize,
@@ -93,6 +122,15 @@ unsafe fn q8_put<const R: usize, const T: usize>(
     let (g, ng) = (a.group, cols / a.group);
     let flip = _mm512_set1_epi8(-128);
     let rows: [QuantRow<'_>; T] = std::array::from_fn(|t| a.row(t0 + t));
+    if !g.is_multiple_of(64) {
+        let mut res = [[0f32; T]; R];
+        // SAFETY: the caller's guarantees
+        unsafe { put_sub::<R, T>(q, wd, mins, cols, r0, rows, &mut res) };
+        for (i, row) in res.iter().enumerate() {
+            out[i * n + t0..i * n + t0 + T].copy_from_slice(row);
+        }
+        return;
+    }
     // float accumulators per (row, token): even groups into [0], odd into [1]
     let mut f = [[[_mm512_setzero_ps(); 2]; T]; R];
     for gi in 0..ng {
@@ -201,4 +239,116 @@ unsafe fn sum_groups(
         f0 = fold(gi, group(gi), f0);
     }
     _mm512_reduce_add_ps(_mm512_add_ps(f0, f1))
+}
+
+/// [`q8_put_sub`] for the group of `xs` (16 or 32).
+///
+/// # Safety
+/// As [`q8_put_sub`]'s.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn put_sub<const R: usize, const T: usize>(
+    q: &[i8],
+    wd: &[f32],
+    mins: Option<&[f32]>,
+    cols: usize,
+    r0: usize,
+    xs: [QuantRow<'_>; T],
+    out: &mut [[f32; T]; R],
+) {
+    // SAFETY (both): the caller's guarantees
+    match xs[0].group {
+        16 => unsafe { q8_put_sub::<R, T, 4>(q, wd, mins, cols, r0, xs, out) },
+        _ => unsafe { q8_put_sub::<R, T, 2>(q, wd, mins, cols, r0, xs, out) },
+    }
+}
+
+/// Rows `r0..r0 + R` of q8 weights times the `T` activation rows `xs`, for groups smaller than
+/// a 64-byte chunk: `GPC` (4 or 2) groups per chunk. A chunk's int32 lane `l` sums 4 products
+/// of its group `l * GPC / 16`; the lanes start from -128 times their 4 activations' sum (the
+/// flip's bias, exact: one `vpdpbusd` of 128s per token, shared by the tile's rows), take the
+/// flipped weights' products, and one FMA per chunk scales them with the groups' weight x
+/// activation scales spread over their lanes by one permute; with `mins`, their term last.
+/// Per (row, token) the same
+/// operations in the same order whatever the tile, so decode and prefill agree bit for bit.
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI; `64 / GPC` is the rows' group; rows `r0..r0 + R` of `q` (`cols`
+/// each) and their scales (`wd`) exist; each of `xs` holds `cols` values.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q8_put_sub<const R: usize, const T: usize, const GPC: usize>(
+    q: &[i8],
+    wd: &[f32],
+    mins: Option<&[f32]>,
+    cols: usize,
+    r0: usize,
+    xs: [QuantRow<'_>; T],
+    out: &mut [[f32; T]; R],
+) {
+    let ng = cols / (64 / GPC);
+    debug_assert!(xs.iter().all(|x| x.group * GPC == 64 && x.q.len() >= cols && x.scales.len() >= ng));
+    debug_assert!(wd.len() >= (r0 + R) * ng && q.len() >= (r0 + R) * cols);
+    let flip = _mm512_set1_epi8(-128);
+    let zero = _mm512_setzero_si512();
+    // lane l of a chunk: its group's place among the chunk's groups
+    let lane_group = _mm512_srli_epi32::<4>(_mm512_mullo_epi32(
+        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+        _mm512_set1_epi32(GPC as i32),
+    ));
+    let mut f = [[_mm512_setzero_ps(); T]; R];
+    // 16 groups' scale products at a time: 16 / GPC chunks
+    let mut sc = [[_mm512_setzero_ps(); T]; R];
+    for ci in 0..cols / 64 {
+        let k = ci % (16 / GPC);
+        if k == 0 {
+            let gb = ci * GPC;
+            let m: __mmask16 = if ng - gb >= 16 { 0xFFFF } else { (1u16 << (ng - gb)) - 1 };
+            for (i, s) in sc.iter_mut().enumerate() {
+                for (t, x) in xs.iter().enumerate() {
+                    // SAFETY: the masked lanes are groups gb.. of the row and the token
+                    s[t] = unsafe {
+                        _mm512_mul_ps(
+                            _mm512_maskz_loadu_ps(m, wd.as_ptr().add((r0 + i) * ng + gb)),
+                            _mm512_maskz_loadu_ps(m, x.scales.as_ptr().add(gb)),
+                        )
+                    };
+                }
+            }
+        }
+        let idx = _mm512_add_epi32(lane_group, _mm512_set1_epi32((k * GPC) as i32));
+        let c = ci * 64;
+        // SAFETY: chunk c of each row is inside it
+        let w: [__m512i; R] = std::array::from_fn(|i| unsafe {
+            _mm512_xor_si512(_mm512_loadu_si512(q.as_ptr().add((r0 + i) * cols + c) as *const _), flip)
+        });
+        for (t, xr) in xs.iter().enumerate() {
+            // SAFETY: chunk c of the token is inside it
+            let x = unsafe { _mm512_loadu_si512(xr.q.as_ptr().add(c) as *const _) };
+            let bias = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, flip, x));
+            for i in 0..R {
+                let v = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(bias, w[i], x));
+                f[i][t] = _mm512_fmadd_ps(v, _mm512_permutexvar_ps(idx, sc[i][t]), f[i][t]);
+            }
+        }
+    }
+    // asymmetric groups (`scale * q - min`): `- min_g * sum_g a * as_g`, 16 groups at a time
+    if let Some(mins) = mins {
+        for gb in (0..ng).step_by(16) {
+            let m: __mmask16 = if ng - gb >= 16 { 0xFFFF } else { (1u16 << (ng - gb)) - 1 };
+            for (i, f) in f.iter_mut().enumerate() {
+                // SAFETY: the masked lanes are groups gb.. of the row and of each token
+                let mv = unsafe { _mm512_maskz_loadu_ps(m, mins.as_ptr().add((r0 + i) * ng + gb)) };
+                for (f, x) in f.iter_mut().zip(&xs) {
+                    let ss = unsafe { _mm512_maskz_loadu_ps(m, x.scaled_sums.as_ptr().add(gb)) };
+                    *f = _mm512_fnmadd_ps(mv, ss, *f);
+                }
+            }
+        }
+    }
+    for i in 0..R {
+        for t in 0..T {
+            out[i][t] = _mm512_reduce_add_ps(f[i][t]);
+        }
+    }
 }

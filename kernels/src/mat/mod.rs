@@ -193,22 +193,26 @@ impl<'a> Mat<'a> {
     /// Each weight row is read from memory once for the whole batch.
     pub fn matmul_rows(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
         debug_assert_eq!(out.len(), rows.len() * n);
-        self.symmetric_products(isa, input, n, rows.clone(), out);
+        #[cfg(target_arch = "x86_64")]
+        let done = if isa >= Isa::Avx512 { self.matmul_avx512(input, n, rows.clone(), out) } else { None };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = None;
+        let with_mins = done.unwrap_or_else(|| {
+            self.symmetric_products(isa, input, n, rows.clone(), out);
+            false
+        });
         if let (
             MatData::Q4 { scales, group, mins: Some(m), .. } | MatData::Q8 { scales, group, mins: Some(m), .. },
             Input::Quant(a),
         ) = (self.data, input)
+            && !with_mins
         {
-            self.add_mins(scales, m, self.cols / group, a, n, rows, out);
+            self.add_mins(isa, scales, m, self.cols / group, a, n, rows, out);
         }
     }
 
-    /// [`Mat::matmul_rows`] as if the matrix had no mins.
+    /// [`Mat::matmul_rows`] below the AVX-512 tier, as if the matrix had no mins.
     fn symmetric_products(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx512 && self.matmul_avx512(input, n, rows.clone(), out) {
-            return;
-        }
         match (self.data, input) {
             // float weights with several inputs: widen the row to f32 once, then reuse it
             (MatData::Bf16(_), Input::F32(x)) if n > 1 => {
@@ -271,31 +275,34 @@ impl<'a> Mat<'a> {
 }
 
 impl Mat<'_> {
-    /// The AVX-512 VNNI kernels, where the format and group suit them (false when they do
-    /// not: the caller falls back). Each (row, token) product is computed the same way whatever
-    /// the batch, so a prompt's logits equal those of decoding its tokens one by one.
+    /// The AVX-512 VNNI kernels, where the format and group suit them (`None` when they do
+    /// not: the caller falls back), and whether the products hold the mins' term (the q4 and
+    /// the sub-vector q8 kernels add it with their lanes). Each (row, token) product is computed
+    /// the same way whatever the batch, so a prompt's logits equal those of decoding its tokens
+    /// one by one.
     #[cfg(target_arch = "x86_64")]
-    fn matmul_avx512(&self, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> bool {
+    fn matmul_avx512(&self, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> Option<bool> {
         let c = self.cols;
         match (self.data, input) {
             (MatData::Q4 { q, scales, group, x4, .. } | MatData::Q6 { q, scales, group, x4 }, Input::Quant(a))
                 if avx512::supports_q4(group) && a.permuted.len() >= n * c =>
             {
+                let mins = if let MatData::Q4 { mins, .. } = self.data { mins } else { None };
                 // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles
                 let six = matches!(self.data, MatData::Q6 { .. });
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                 // group suits the kernel; the slices are the matrix's and the tokens' (the
                 // permuted rows were made with the rows, `QuantAct::quantize`)
-                unsafe { avx512::q_matmul(six, x4, q, scales, c, a, &a.permuted, n, rows, out) };
-                true
+                unsafe { avx512::q_matmul(six, x4, q, scales, mins, c, a, &a.permuted, n, rows, out) };
+                Some(true)
             }
             // several tokens (prefill): tiles of rows x tokens
-            (MatData::Q8 { q, scales, group, .. }, Input::Quant(a)) if avx512_q8::supports_q8(group) && n > 1 => {
+            (MatData::Q8 { q, scales, group, mins }, Input::Quant(a)) if avx512_q8::supports_q8(group, c) && n > 1 => {
                 // SAFETY: as above
-                unsafe { avx512_q8::q8_matmul(q, scales, c, a, n, rows, out) };
-                true
+                unsafe { avx512_q8::q8_matmul(q, scales, mins, c, a, n, rows, out) };
+                Some(avx512_q8::with_mins(group))
             }
-            (MatData::Q8 { q, scales, group, .. }, Input::Quant(a)) if avx512_q8::supports_q8(group) => {
+            (MatData::Q8 { q, scales, group, mins }, Input::Quant(a)) if avx512_q8::supports_q8(group, c) => {
                 for (i, r) in rows.enumerate() {
                     if n == 1 {
                         crate::prefetch::scales_ahead(scales, r, 1, c / group);
@@ -303,292 +310,30 @@ impl Mat<'_> {
                     for t in 0..n {
                         // SAFETY: as above
                         unsafe {
-                            avx512_q8::q8_matvec(q, scales, c, a.row(t), r..r + 1, &mut out[i * n + t..i * n + t + 1])
+                            avx512_q8::q8_matvec(
+                                q,
+                                scales,
+                                mins,
+                                c,
+                                a.row(t),
+                                r..r + 1,
+                                &mut out[i * n + t..i * n + t + 1],
+                            )
                         };
                     }
                 }
-                true
+                Some(avx512_q8::with_mins(group))
             }
             // bf16 weights over several tokens (prefill): vdpbf16ps where the CPU has it
             (MatData::Bf16(w), Input::F32(x)) if n > 1 && Isa::Avx512.bf16_dot() => {
                 // SAFETY: AVX-512 BF16 was detected; the slices are the matrix's and the tokens'
                 unsafe { avx512_bf16::bf16_matmul(w, c, x, n, rows, out) };
-                true
+                Some(true)
             }
-            _ => false,
+            _ => None,
         }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::quant::{bf16_to_f32, f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row};
-
-    use crate::testutil::uniform;
-
-    #[test]
-    fn matmul_rows_matches_dequantized_f64_product() {
-        let (rows, cols, n) = (5, 96, 3);
-        let mut r = uniform(5);
-        let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
-        let x: Vec<f32> = (0..n * cols).map(|_| r()).collect();
-        let wb: Vec<u16> = w.iter().map(|v| f32_to_bf16(*v)).collect();
-        let mut q8 = vec![0i8; rows * cols];
-        let mut d8 = vec![0f32; rows * cols / 32];
-        let mut q4 = vec![0u8; rows * cols / 2];
-        let mut d4 = vec![0f32; rows * cols / 32];
-        for i in 0..rows {
-            quantize_q8_row(
-                &w[i * cols..(i + 1) * cols],
-                32,
-                &mut q8[i * cols..(i + 1) * cols],
-                &mut d8[i * 3..(i + 1) * 3],
-            );
-            quantize_q4_row(
-                &w[i * cols..(i + 1) * cols],
-                32,
-                &mut q4[i * cols / 2..(i + 1) * cols / 2],
-                &mut d4[i * 3..(i + 1) * 3],
-            );
-        }
-        let mats = [
-            Mat { rows, cols, data: MatData::F32(&w) },
-            Mat { rows, cols, data: MatData::Bf16(&wb) },
-            Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group: 32, mins: None } },
-            Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32, x4: false, mins: None } },
-        ];
-        let mut qa = QuantAct::default();
-        qa.quantize(&x, cols, 32, Isa::detect());
-        for m in mats {
-            let input = if m.quant_group().is_some() { Input::Quant(&qa) } else { Input::F32(&x) };
-            for isa in Isa::available() {
-                let mut out = vec![0f32; 3 * n];
-                m.matmul_rows(isa, input, n, 1..4, &mut out);
-                let mut row = vec![0f32; cols];
-                for (i, rr) in (1..4).enumerate() {
-                    m.dequant_row(rr, &mut row);
-                    for t in 0..n {
-                        let xs: Vec<f32> = match input {
-                            Input::F32(x) => x[t * cols..(t + 1) * cols].to_vec(),
-                            Input::Quant(a) => {
-                                let q = a.row(t);
-                                (0..cols).map(|j| q.q[j] as f32 * q.scales[j / 32]).collect()
-                            }
-                        };
-                        let want: f64 = row.iter().zip(&xs).map(|(a, b)| *a as f64 * *b as f64).sum();
-                        let got = out[i * n + t] as f64;
-                        assert!((got - want).abs() < 1e-4, "{:?} {isa}: {got} vs {want}", m.format());
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn bf16_over_several_tokens_matches_the_f64_product_at_every_tier() {
-        // the AVX-512 BF16 kernel where the CPU has it (tiles of 4 x 4 and their remainders,
-        // a last step of 32 values masked): its activations carry 16 mantissa bits, so each
-        // product is held to 2^-15 of the sum of |w x| (the exact f32 paths are far closer)
-        let mut r = uniform(23);
-        for (rows, cols, n) in [(1, 32, 2), (4, 64, 4), (5, 75, 3), (9, 200, 9), (8, 2048, 5)] {
-            let w: Vec<u16> = (0..rows * cols).map(|_| f32_to_bf16(r())).collect();
-            // activations over a few orders of magnitude, as hidden states have
-            let x: Vec<f32> = (0..n * cols).map(|i| r() * [1.0, 37.0, 0.01][i % 3]).collect();
-            let m = Mat { rows, cols, data: MatData::Bf16(&w) };
-            for isa in Isa::available() {
-                let mut out = vec![0f32; rows * n];
-                m.matmul_rows(isa, Input::F32(&x), n, 0..rows, &mut out);
-                for i in 0..rows {
-                    for t in 0..n {
-                        let (mut want, mut mag) = (0f64, 0f64);
-                        for j in 0..cols {
-                            let p = bf16_to_f32(w[i * cols + j]) as f64 * x[t * cols + j] as f64;
-                            want += p;
-                            mag += p.abs();
-                        }
-                        let got = out[i * n + t] as f64;
-                        assert!(
-                            (got - want).abs() <= mag / 32768.0,
-                            "{isa} {rows}x{cols} n {n} row {i} token {t}: {got} vs {want} (bf16 kernel: {})",
-                            isa.bf16_dot()
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn matvec_tiers_agree_with_the_scalar_reference() {
-        // every tier, every row count up to two blocks and a remainder, one token and several
-        // (tiles of 4 tokens and their remainders), q4 and q8 groups the vector kernels take and
-        // some they do not
-        let mut r = uniform(17);
-        for (cols, group) in
-            [(128, 128), (256, 128), (512, 256), (384, 128), (192, 64), (96, 32), (256, 32), (2304, 32), (384, 64)]
-        {
-            for (rows, n) in [(1, 1), (2, 5), (3, 1), (4, 4), (5, 9), (7, 2), (9, 1), (9, 6)] {
-                let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
-                let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
-                let ng = cols / group;
-                let mut q8 = vec![0i8; rows * cols];
-                let mut d8 = vec![0f32; rows * ng];
-                let mut q4 = vec![0u8; rows * cols / 2];
-                let mut d4 = vec![0f32; rows * ng];
-                for i in 0..rows {
-                    let wr = &w[i * cols..(i + 1) * cols];
-                    quantize_q8_row(wr, group, &mut q8[i * cols..(i + 1) * cols], &mut d8[i * ng..(i + 1) * ng]);
-                    quantize_q4_row(
-                        wr,
-                        group,
-                        &mut q4[i * cols / 2..(i + 1) * cols / 2],
-                        &mut d4[i * ng..(i + 1) * ng],
-                    );
-                }
-                let mut q6 = vec![0u8; rows * cols / 128 * 96];
-                let mut d6 = vec![0f32; rows * ng];
-                let six = Format::Q6 { group }.fits(cols);
-                if six {
-                    let rb = cols / 128 * 96;
-                    for i in 0..rows {
-                        let wr = &w[i * cols..(i + 1) * cols];
-                        quantize_q6_row(wr, group, &mut q6[i * rb..(i + 1) * rb], &mut d6[i * ng..(i + 1) * ng]);
-                    }
-                }
-                let mut qa = QuantAct::default();
-                qa.quantize(&x, cols, group, Isa::detect());
-                let mut mats = vec![
-                    Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group, mins: None } },
-                    Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group, x4: false, mins: None } },
-                ];
-                if six {
-                    mats.push(Mat { rows, cols, data: MatData::Q6 { q: &q6, scales: &d6, group, x4: false } });
-                }
-                for m in mats {
-                    let mut want = vec![0f32; rows * n];
-                    m.matmul_rows(Isa::Scalar, Input::Quant(&qa), n, 0..rows, &mut want);
-                    // the scale of the rounding: the sum of the products' magnitudes
-                    let mut row = vec![0f32; cols];
-                    let mut mag = vec![0f64; rows * n];
-                    for i in 0..rows {
-                        m.dequant_row(i, &mut row);
-                        for t in 0..n {
-                            let xt = &x[t * cols..(t + 1) * cols];
-                            mag[i * n + t] = row.iter().zip(xt).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
-                        }
-                    }
-                    for isa in Isa::available() {
-                        // a sub-range too, so block offsets are exercised
-                        for range in [0..rows, (rows / 2)..rows] {
-                            let mut got = vec![0f32; range.len() * n];
-                            m.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut got);
-                            for (j, g) in got.iter().enumerate() {
-                                let at = range.start * n + j;
-                                let (w, tol) = (want[at], 1e-5 * mag[at] + 1e-6);
-                                assert!(
-                                    ((*g - w) as f64).abs() <= tol,
-                                    "{:?} {isa} rows={rows} cols={cols} n={n} row {} token {}: {g} vs {w}",
-                                    m.format(),
-                                    range.start + j / n,
-                                    j % n
-                                );
-                            }
-                            // a prompt's products are its tokens' one at a time, bit for bit
-                            for t in 0..n {
-                                let mut one = QuantAct::default();
-                                one.quantize(&x[t * cols..(t + 1) * cols], cols, group, Isa::detect());
-                                let mut single = vec![0f32; range.len()];
-                                m.matmul_rows(isa, Input::Quant(&one), 1, range.clone(), &mut single);
-                                for (i, v) in single.iter().enumerate() {
-                                    assert_eq!(
-                                        v.to_bits(),
-                                        got[i * n + t].to_bits(),
-                                        "{:?} {isa} rows={rows} cols={cols} n={n}: token {t} alone",
-                                        m.format()
-                                    );
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
-        // the x4 layouts hold the same bytes in another order: every tier, every sub-range
-        // (thread chunks start anywhere, not only at a block), one token and tiles of several,
-        // must give exactly what the row-major matrix gives at that tier
-        let mut r = uniform(23);
-        for (cols, group) in
-            [(128, 128), (384, 128), (768, 128), (256, 64), (512, 256), (512, 32), (2304, 32), (640, 64)]
-        {
-            for rows in [4, 8, 20] {
-                let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
-                let ng = cols / group;
-                let mut d = vec![0f32; rows * ng];
-                for six in [false, true] {
-                    let f = if six { Format::Q6 { group } } else { Format::Q4 { group } };
-                    if !f.fits(cols) {
-                        continue;
-                    }
-                    assert!(f.interleaves(rows, cols));
-                    let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(0));
-                    let mut q = vec![0u8; rows * rb];
-                    for i in 0..rows {
-                        let (wr, qr, dr) =
-                            (&w[i * cols..(i + 1) * cols], &mut q[i * rb..(i + 1) * rb], &mut d[i * ng..(i + 1) * ng]);
-                        if six { quantize_q6_row(wr, group, qr, dr) } else { quantize_q4_row(wr, group, qr, dr) }
-                    }
-                    let mut qx = vec![0u8; q.len()];
-                    interleave_rows(&q, rb, cb, &mut qx);
-                    // (rows of one chunk are the same either way)
-                    assert_eq!(q == qx, cols == 128, "{f:?} rows={rows} cols={cols}");
-                    let mk = |q, x4| {
-                        let data = if six {
-                            MatData::Q6 { q, scales: &d, group, x4 }
-                        } else {
-                            MatData::Q4 { q, scales: &d, group, x4, mins: None }
-                        };
-                        Mat { rows, cols, data }
-                    };
-                    let (plain, x4) = (mk(&q, false), mk(&qx, true));
-                    let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-                    for i in 0..rows {
-                        plain.dequant_row(i, &mut a);
-                        x4.dequant_row(i, &mut b);
-                        assert_eq!(a, b, "{f:?} row {i}");
-                    }
-                    for n in [1, 3, 4, 9] {
-                        let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
-                        let mut qa = QuantAct::default();
-                        qa.quantize(&x, cols, group, Isa::detect());
-                        for isa in Isa::available() {
-                            for range in [0..rows, 1..rows, 2..rows - 1, 3..4] {
-                                let (mut want, mut got) = (vec![0f32; range.len() * n], vec![0f32; range.len() * n]);
-                                plain.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut want);
-                                // with and without software prefetch (decode's x4 kernels
-                                // prefetch along the stream; any distance, any address)
-                                for pf in [0, 64, 4096] {
-                                    crate::prefetch::set_distance(pf);
-                                    x4.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut got);
-                                    let (wb, gb): (Vec<u32>, Vec<u32>) = (
-                                        want.iter().map(|v| v.to_bits()).collect(),
-                                        got.iter().map(|v| v.to_bits()).collect(),
-                                    );
-                                    assert_eq!(
-                                        wb, gb,
-                                        "{f:?} {isa} rows={rows} cols={cols} n={n} range {range:?} pf {pf}"
-                                    );
-                                }
-                                crate::prefetch::set_distance(0);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
+mod tests;
