@@ -18,6 +18,7 @@ mod common;
 use common::*;
 use moescope::convert::{ConvertOptions, QuantMode, convert_gguf};
 use moescope::engine::{Engine, EngineOptions};
+use moescope::experts::{IoMode, StreamConfig};
 use moescope::model::{Logits, NoObserver};
 use moescope_kernels::Isa;
 
@@ -101,6 +102,40 @@ fn q4_k_m_mixes_q4_k_and_q6_k() {
     check("tiny-q4_k_m.gguf", "q4_k_m", "q4");
 }
 
+/// Q4_K_M keeps layer 1's `ffn_down_exps` in Q6_K and layer 0's in Q4_K: the package gives each
+/// layer's experts parts of their own (q6 group 16; q4 group 32 with mins), and a small pool
+/// streaming the blobs from disk gives the logits of the experts served from memory bit for bit.
+#[test]
+fn q4_k_m_experts_keep_each_layers_format() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pkg = dir.path().join("k.moe");
+    convert_gguf(&fixture("gguf/tiny/tiny-q4_k_m.gguf"), &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    let o = moescope(&["inspect", pkg.to_str().unwrap(), "--json"], dir.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let parts = j["regions"]["experts"]["parts"].as_array().expect("parts");
+    let down = |layer: u64| {
+        let p = parts.iter().find(|p| p["layer"] == layer && p["name"] == "down_proj").expect("down_proj");
+        (p["layout"].as_str().unwrap_or("").to_string(), p["group"].as_u64())
+    };
+    assert_eq!(parts.len(), 6, "three parts per layer: {parts:?}");
+    assert_eq!(down(0), ("q4_lohi32_x4+mins".to_string(), Some(32)));
+    assert_eq!(down(1).1, Some(16));
+    assert!(down(1).0.starts_with("q6_lo4hi2"), "{:?}", down(1));
+
+    let ids = Reference::load("gguf/tiny").ids("ids");
+    let run = |stream: Option<StreamConfig>| {
+        let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa: Isa::detect(), stream };
+        let mut eng = Engine::load(&pkg, opts).expect("load");
+        eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill")
+    };
+    let resident = run(None);
+    let blob = moescope::package::Package::open(&pkg).expect("open").sizes().blob;
+    let small = StreamConfig { budget_bytes: Some(3 * blob), io: Some(IoMode::Direct), ..StreamConfig::default() };
+    let streamed = run(Some(small));
+    assert!(resident.iter().zip(&streamed).all(|(a, b)| a.to_bits() == b.to_bits()), "streamed logits differ");
+}
+
 /// The overall error a requantizing conversion reports, in percent.
 fn requant_error(quant: QuantMode) -> Option<f64> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -132,7 +167,7 @@ fn inspect_says_how_each_type_runs() {
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
     let runs = |t: &str| j["by_type"][t]["runs_as"].as_str().map(String::from);
-    assert_eq!(runs("Q6_K").as_deref(), Some("q8, group 16"));
+    assert_eq!(runs("Q6_K").as_deref(), Some("q6, group 16"));
     assert_eq!(runs("Q4_K").as_deref(), Some("q4, group 32 with mins"));
     assert_eq!(runs("F32").as_deref(), Some("f32"));
     let f = fixture("gguf/tiny.gguf");

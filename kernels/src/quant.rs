@@ -141,12 +141,12 @@ impl Format {
     /// Whether `cols` can be stored in this format (a group must divide the row).
     pub fn fits(&self, cols: usize) -> bool {
         match self.group() {
+            // q6: whole chunks per group, or 8 groups of 16 per chunk (GGUF's Q6_K)
+            Some(g) if matches!(self, Format::Q6 { .. }) => {
+                (g.is_multiple_of(Q6_CHUNK) || g == 16) && g > 0 && cols.is_multiple_of(g.max(Q6_CHUNK))
+            }
             Some(g) => {
-                let unit = match self {
-                    Format::Q4 { .. } => 2,
-                    Format::Q6 { .. } => Q6_CHUNK,
-                    _ => 1,
-                };
+                let unit = if matches!(self, Format::Q4 { .. }) { 2 } else { 1 };
                 g > 0 && cols.is_multiple_of(g) && g % unit == 0
             }
             None => true,
@@ -244,24 +244,27 @@ fn q6_position(j: usize) -> usize {
 
 /// Quantize one row to biased int6 (`q6_lo4hi2` layout). `q.len() == x.len() / 128 * 96`.
 pub fn quantize_q6_row(x: &[f32], group: usize, q: &mut [u8], scales: &mut [f32]) {
-    debug_assert!(x.len().is_multiple_of(group) && group.is_multiple_of(Q6_CHUNK));
+    debug_assert!(Format::Q6 { group }.fits(x.len()));
     q.fill(0);
     for (gi, xs) in x.chunks_exact(group).enumerate() {
         let m = xs.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
         let d = m / -32.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         scales[gi] = d;
-        for (ci, xc) in xs.chunks_exact(Q6_CHUNK).enumerate() {
-            let at = (gi * group / Q6_CHUNK + ci) * Q6_CHUNK_BYTES;
-            let chunk = &mut q[at..at + Q6_CHUNK_BYTES];
-            for (j, &v) in xc.iter().enumerate() {
-                let n = ((v * id).round().clamp(-32.0, 31.0) as i32 + 32) as u8;
-                let p = q6_position(j);
-                chunk[p % 64] |= (n & 0x0F) << (4 * (p / 64));
-                chunk[64 + p % 32] |= (n >> 4) << (2 * (p / 32));
-            }
+        for (j, &v) in xs.iter().enumerate() {
+            put_q6(q, gi * group + j, ((v * id).round().clamp(-32.0, 31.0) as i32 + 32) as u8);
         }
     }
+}
+
+/// Store the biased code `n` (0..=63, value `n - 32`) of value `j` into a q6 row `q` whose
+/// place for it is still zero.
+#[inline]
+pub fn put_q6(q: &mut [u8], j: usize, n: u8) {
+    let chunk = &mut q[j / Q6_CHUNK * Q6_CHUNK_BYTES..][..Q6_CHUNK_BYTES];
+    let p = q6_position(j % Q6_CHUNK);
+    chunk[p % 64] |= (n & 0x0F) << (4 * (p / 64));
+    chunk[64 + p % 32] |= (n >> 4) << (2 * (p / 32));
 }
 
 /// Signed value `j` of a q6 row (`q` = the row's bytes).

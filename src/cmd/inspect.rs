@@ -25,11 +25,19 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         e.1 += t.length;
     }
     let ex = m.experts.as_ref();
+    // parts of their own per layer (formats that differ by layer) carry their layer
     let parts: Vec<_> = ex
         .map(|e| {
             e.parts
                 .iter()
-                .map(|p| json!({"name": p.name, "dtype": p.dtype, "shape": p.shape, "group": p.group, "layout": p.layout, "bytes": p.length}))
+                .enumerate()
+                .map(|(i, p)| {
+                    let mut v = json!({"name": p.name, "dtype": p.dtype, "shape": p.shape, "group": p.group, "layout": p.layout, "bytes": p.length});
+                    if e.per_layer() {
+                        v["layer"] = json!(e.layers[i / 3]);
+                    }
+                    v
+                })
                 .collect()
         })
         .unwrap_or_default();
@@ -145,8 +153,9 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             pkg.header.expert_offset
         );
         println!("  per expert  {} bytes (one read), 4096-aligned", blob);
-        for p in &e.parts {
-            println!("  {:<10} {:?} {:?} group {:?}: {} bytes", p.name, p.dtype, p.shape, p.group, p.length);
+        for (i, p) in e.parts.iter().enumerate() {
+            let at = if e.per_layer() { format!("layer {:<3} ", e.layers[i / 3]) } else { String::new() };
+            println!("  {at}{:<10} {:?} {:?} group {:?}: {} bytes", p.name, p.dtype, p.shape, p.group, p.length);
         }
     }
     Ok(())

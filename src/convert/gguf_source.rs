@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use moescope_kernels::Format;
 use moescope_kernels::ggml::{BlockType, dequantize};
-use moescope_kernels::quant::interleave_rows;
+use moescope_kernels::quant::{interleave_rows, put_q6};
 
 use super::error::ConvertError;
 use super::gguf_model::GgufModel;
@@ -54,8 +54,8 @@ fn layer_name(rest: &str) -> Option<&'static str> {
 /// The moescope format that holds every value of a tensor of type `t` exactly, as the kernels
 /// run it, and whether its groups need mins (asymmetric: `scale * n - min`): F32 and BF16 as
 /// they are; Q8_0 as q8 and Q4_0 as q4 at group 32 (the same codes and scales); Q5_0 as q8
-/// group 32 (codes q - 16); Q6_K as q8 group 16 (codes q - 32, scale d * sc: an f16 times a
-/// 7-bit integer, exact in f32); Q4_K and Q4_1 as q4 group 32 with mins (the unsigned nibbles,
+/// group 32 (codes q - 16); Q6_K as q6 group 16 (its 6-bit codes, scale d * sc: an f16 times
+/// an 8-bit integer, exact in f32); Q4_K and Q4_1 as q4 group 32 with mins (the unsigned nibbles,
 /// scale d * sc and min dmin * m, or d and -m); Q5_K as q8 group 32 with mins (5-bit codes).
 /// F16 runs as f32.
 pub fn exact_format(t: BlockType) -> (Format, bool) {
@@ -63,7 +63,7 @@ pub fn exact_format(t: BlockType) -> (Format, bool) {
         BlockType::Bf16 => (Format::Bf16, false),
         BlockType::Q8_0 | BlockType::Q5_0 => (Format::Q8 { group: 32 }, false),
         BlockType::Q4_0 => (Format::Q4 { group: 32 }, false),
-        BlockType::Q6K => (Format::Q8 { group: 16 }, false),
+        BlockType::Q6K => (Format::Q6 { group: 16 }, false),
         BlockType::Q4K | BlockType::Q4_1 => (Format::Q4 { group: 32 }, true),
         BlockType::Q5K => (Format::Q8 { group: 32 }, true),
         BlockType::F32 | BlockType::F16 => (Format::F32, false),
@@ -83,22 +83,9 @@ pub fn runs_as(id: u32) -> String {
                 (_, Format::Bf16) => "bf16".into(),
                 (_, Format::Q8 { group }) => format!("q8, group {group}{m}"),
                 (_, Format::Q4 { group }) => format!("q4, group {group}{m}"),
-                (_, f) => format!("{f:?}"),
+                (_, Format::Q6 { group }) => format!("q6, group {group}{m}"),
             }
         }
-    }
-}
-
-/// The narrowest format holding two exact formats' values (an expert region has one format per
-/// projection, and a GGUF's layers may differ: Q4_K_M files keep some `ffn_down_exps` in Q6_K).
-pub fn join_formats(a: (Format, bool), b: (Format, bool)) -> (Format, bool) {
-    match (a.0, b.0) {
-        _ if a == b => a,
-        (Format::Q4 { group: 32 }, Format::Q4 { group: 32 }) => (a.0, true),
-        (Format::Q8 { group: x } | Format::Q4 { group: x }, Format::Q8 { group: y } | Format::Q4 { group: y }) => {
-            (Format::Q8 { group: x.min(y) }, a.1 || b.1)
-        }
-        _ => (Format::F32, false),
     }
 }
 
@@ -356,6 +343,22 @@ impl TensorSource for GgufSource {
                     return Ok(false);
                 }
             }
+            // Q6_K's codes (q - 32 stored as q) into q6 rows, a row's chunks after the last's
+            Format::Q6 { group: 16 } if t == BlockType::Q6K && mins.is_none() => {
+                let raw = self.raw(name, &s, r0, n)?;
+                vals.resize(f.data_bytes(n, cols), 0);
+                let mut at = 0;
+                let whole = each_block(t, &raw, |codes, sc, _, _| {
+                    for &c in codes {
+                        put_q6(vals, at, (c as i32 + 32) as u8);
+                        at += 1;
+                    }
+                    scales.extend_from_slice(sc);
+                });
+                if !whole {
+                    return Ok(false);
+                }
+            }
             Format::Q8 { group }
                 if t.block() > 1 && exact.group().is_some_and(|g| g % group == 0) && (mins.is_some() || !asym) =>
             {
@@ -484,23 +487,5 @@ mod tests {
                 t.name()
             );
         }
-    }
-
-    #[test]
-    fn joined_formats_hold_both() {
-        let (q4, q8, q8g16) =
-            ((Format::Q4 { group: 32 }, false), (Format::Q8 { group: 32 }, false), (Format::Q8 { group: 16 }, false));
-        let q4m = (Format::Q4 { group: 32 }, true);
-        assert_eq!(join_formats(q4, q4), q4);
-        assert_eq!(join_formats(q4, q8), q8);
-        assert_eq!(join_formats(q8, q8g16), q8g16);
-        assert_eq!(join_formats(q4m, q4), q4m);
-        assert_eq!(
-            join_formats(q4m, q8g16),
-            (Format::Q8 { group: 16 }, true),
-            "Q4_K and Q6_K layers: q8 group 16 with mins"
-        );
-        assert_eq!(join_formats((Format::Bf16, false), q8), (Format::F32, false));
-        assert_eq!(join_formats((Format::Bf16, false), (Format::Bf16, false)), (Format::Bf16, false));
     }
 }

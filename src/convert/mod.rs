@@ -185,10 +185,11 @@ struct EncodedBlobs<'a> {
 
 impl BlobSource for EncodedBlobs<'_> {
     fn blob(&self, region: &ExpertRegion, l: usize, e: usize) -> Result<Vec<u8>, ConvertError> {
-        let mut b = BlobBuilder::new(region);
+        let li = region.layers.iter().position(|&x| x == l).unwrap_or(0);
+        let mut b = BlobBuilder::new(region, li);
         let (mut x, mut vals, mut scales, mut mins) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (p, (tname, shape)) in plan::expert_tensors(self.cfg, l, e).iter().enumerate() {
-            let part = &region.parts[p];
+            let part = &region.parts_of(li)[p];
             let f = part.format().unwrap_or(Format::F32);
             let with_mins = part.has_mins().then_some(&mut mins);
             if !self.src.encoded_rows(tname, f, 0, shape[0], &mut vals, &mut scales, with_mins)? {
@@ -292,22 +293,20 @@ pub fn write_package_with(
         .map(|t| entry(&t.name, format(&t.name, t.kind, *t.shape.last().unwrap_or(&1)), &t.shape))
         .collect();
     let experts = (!moe_layers.is_empty()).then(|| {
-        let parts = plan::expert_tensors(cfg, moe_layers[0], 0)
-            .iter()
-            .enumerate()
-            .zip(["gate_proj", "up_proj", "down_proj"])
-            .map(|((p, (_, s)), pname)| {
-                // one format per projection for every layer: the narrowest holding them all
-                let f = moe_layers
-                    .iter()
-                    .map(|&l| format(&plan::expert_tensors(cfg, l, 0)[p].0, plan::Kind::Linear, s[1]))
-                    .reduce(gguf_source::join_formats)
-                    .unwrap_or((Format::F32, false));
-                let mut e = entry(pname, f, s);
-                e.xxh3 = None;
-                e
-            })
-            .collect();
+        // each layer's parts in their formats; one set for all layers where they agree
+        let layer_parts = |l: usize| -> Vec<TensorEntry> {
+            plan::expert_tensors(cfg, l, 0)
+                .iter()
+                .zip(["gate_proj", "up_proj", "down_proj"])
+                .map(|((name, s), pname)| {
+                    let mut e = entry(pname, format(name, plan::Kind::Linear, s[1]), s);
+                    e.xxh3 = None;
+                    e
+                })
+                .collect()
+        };
+        let each: Vec<Vec<TensorEntry>> = moe_layers.iter().map(|&l| layer_parts(l)).collect();
+        let parts = if each.iter().all(|p| *p == each[0]) { each[0].clone() } else { each.concat() };
         ExpertRegion { layers: moe_layers.clone(), num_experts: cfg.num_experts, parts, blob_len: 0, table: vec![] }
     });
     let mut meta = Meta {

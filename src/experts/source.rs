@@ -37,7 +37,7 @@ impl ExpertSource for Experts {
             let ids: Vec<usize> = batch.iter().map(|b| b.expert).collect();
             let res = batch
                 .iter()
-                .map(|b| self.pkg.expert_view(b.bytes()))
+                .map(|b| self.pkg.expert_view(q.moe_layer, b.bytes()))
                 .collect::<Result<Vec<ExpertMats<'_>>, _>>()
                 .map_err(ModelError::from)
                 .and_then(|mats| each(&ids, &mats));

@@ -258,7 +258,7 @@ impl Qwen3Moe {
     pub fn n_params(&self) -> u64 {
         let dense: u64 = self.pkg.meta.tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum();
         let experts = self.pkg.meta.experts.as_ref().map_or(0, |ex| {
-            let per: u64 = ex.parts.iter().map(|p| p.shape.iter().product::<usize>() as u64).sum();
+            let per: u64 = ex.parts_of(0).iter().map(|p| p.shape.iter().product::<usize>() as u64).sum();
             per * ex.table.len() as u64
         });
         dense + experts
@@ -283,8 +283,8 @@ impl Qwen3Moe {
             }
         }
         if let Some(ex) = &pkg.meta.experts {
-            let per: u64 = ex.parts.iter().map(|p| p.length).sum();
-            total += per * c.num_experts_per_tok as u64 * ex.layers.len() as u64;
+            let parts: u64 = (0..ex.layers.len()).flat_map(|i| ex.parts_of(i)).map(|p| p.length).sum();
+            total += parts * c.num_experts_per_tok as u64;
         }
         total
     }

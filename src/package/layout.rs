@@ -217,18 +217,33 @@ pub fn span(f: Format, rows: usize, cols: usize, mins: bool) -> (u64, Option<u64
     }
 }
 
-/// The routed experts: one blob per (layer in `layers`, expert), all with the same parts.
+/// The routed experts: one blob per (layer in `layers`, expert), all of one length.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExpertRegion {
     pub layers: Vec<usize>,
     pub num_experts: usize,
-    /// `gate_proj [I, H]`, `up_proj [I, H]`, `down_proj [H, I]`, offsets relative to the blob.
+    /// `gate_proj [I, H]`, `up_proj [I, H]`, `down_proj [H, I]`, offsets relative to the blob:
+    /// the same three for every layer, or three per layer in `layers` order where formats
+    /// differ by layer (a GGUF's Q4_K_M keeps some layers' `ffn_down_exps` in Q6_K; readers
+    /// that predate this refuse more than three parts).
     pub parts: Vec<TensorEntry>,
     /// Bytes of one blob including padding (a multiple of 4096).
     pub blob_len: u64,
     /// `table[i * num_experts + e]` = (absolute offset, xxh3-64 hex) of layer `layers[i]`,
     /// expert `e`.
     pub table: Vec<(u64, String)>,
+}
+
+impl ExpertRegion {
+    /// Whether the layers' blobs have parts of their own (three per layer).
+    pub fn per_layer(&self) -> bool {
+        self.parts.len() > 3 && self.parts.len() == 3 * self.layers.len()
+    }
+
+    /// The three parts of the blobs of `layers[i]`.
+    pub fn parts_of(&self, i: usize) -> &[TensorEntry] {
+        if self.per_layer() { &self.parts[3 * i..3 * i + 3] } else { &self.parts[..self.parts.len().min(3)] }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -319,10 +319,11 @@ impl Package {
             self.expert_checked[slot].store(1, Ordering::Release);
         }
         let (bytes, origin) = self.bytes_for(*off, ex.blob_len);
+        let parts = ex.parts_of(li);
         Ok(ExpertMats {
-            gate: mat_at(bytes, origin, &ex.parts[0], *off),
-            up: mat_at(bytes, origin, &ex.parts[1], *off),
-            down: mat_at(bytes, origin, &ex.parts[2], *off),
+            gate: mat_at(bytes, origin, &parts[0], *off),
+            up: mat_at(bytes, origin, &parts[1], *off),
+            down: mat_at(bytes, origin, &parts[2], *off),
         })
     }
 
@@ -344,8 +345,9 @@ impl Package {
         }
     }
 
-    /// The three matrices of an expert blob already in memory (read by the expert store).
-    pub fn expert_view<'a>(&self, blob: &'a [u8]) -> Result<ExpertMats<'a>, PackageError> {
+    /// The three matrices of an expert blob of MoE layer `moe_layer` (its place among the MoE
+    /// layers) already in memory (read by the expert store).
+    pub fn expert_view<'a>(&self, moe_layer: usize, blob: &'a [u8]) -> Result<ExpertMats<'a>, PackageError> {
         let ex = self
             .meta
             .experts
@@ -357,10 +359,17 @@ impl Package {
                 msg: "expert buffer too short or misaligned".into(),
             });
         }
+        if moe_layer >= ex.layers.len() {
+            return Err(PackageError::Meta {
+                path: self.path.clone(),
+                msg: format!("MoE layer {moe_layer} out of range"),
+            });
+        }
+        let parts = ex.parts_of(moe_layer);
         Ok(ExpertMats {
-            gate: mat_at(blob, 0, &ex.parts[0], 0),
-            up: mat_at(blob, 0, &ex.parts[1], 0),
-            down: mat_at(blob, 0, &ex.parts[2], 0),
+            gate: mat_at(blob, 0, &parts[0], 0),
+            up: mat_at(blob, 0, &parts[1], 0),
+            down: mat_at(blob, 0, &parts[2], 0),
         })
     }
 
@@ -472,14 +481,14 @@ fn check_experts(path: &Path, ex: &ExpertRegion, meta: &Meta, h: &Header) -> Res
     }
     let (hd, inter) = (m.hidden_size, m.moe_intermediate_size);
     let want = [("gate_proj", [inter, hd]), ("up_proj", [inter, hd]), ("down_proj", [hd, inter])];
-    if ex.parts.len() != 3 {
-        return Err(bad(format!("{} parts, expected 3", ex.parts.len())));
+    if ex.parts.len() != 3 && !ex.per_layer() {
+        return Err(bad(format!("{} parts, expected 3 (or 3 per layer)", ex.parts.len())));
     }
     if ex.blob_len == 0 || !ex.blob_len.is_multiple_of(EXPERT_ALIGN) {
         return Err(bad(format!("blob length {} is not a multiple of {EXPERT_ALIGN}", ex.blob_len)));
     }
-    for (p, (name, shape)) in ex.parts.iter().zip(want) {
-        if p.name != name || p.shape != shape {
+    for (p, (name, shape)) in ex.parts.iter().zip(want.iter().cycle()) {
+        if p.name != *name || p.shape != *shape {
             return Err(bad(format!("part {} {:?}, expected {name} {:?}", p.name, p.shape, shape)));
         }
         check_entry(path, p, 0, ex.blob_len)?;

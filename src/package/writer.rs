@@ -21,8 +21,13 @@ pub fn plan(meta: &mut Meta) -> Header {
         t.xxh3 = Some(zero.clone());
     }
     if let Some(ex) = &mut meta.experts {
-        // parts inside a blob, 64-byte aligned; the blob padded to 4096
-        let end = place(&mut ex.parts, 0);
+        // parts inside a blob, 64-byte aligned (each layer's from 0 when they differ by
+        // layer: the blob holds the longest); the blob padded to 4096
+        let end = if ex.per_layer() {
+            ex.parts.chunks_mut(3).map(|p| place(p, 0)).max().unwrap_or(0)
+        } else {
+            place(&mut ex.parts, 0)
+        };
         ex.blob_len = align_up(end.max(1), EXPERT_ALIGN);
         ex.table = vec![(0, zero.clone()); ex.layers.len() * ex.num_experts];
     }
@@ -315,13 +320,14 @@ impl Drop for PackageWriter {
 
 /// Builds one expert blob: parts placed at their planned offsets, zero padded.
 pub struct BlobBuilder<'a> {
-    region: &'a ExpertRegion,
+    parts: &'a [TensorEntry],
     pub buf: Vec<u8>,
 }
 
 impl<'a> BlobBuilder<'a> {
-    pub fn new(region: &'a ExpertRegion) -> BlobBuilder<'a> {
-        BlobBuilder { region, buf: vec![0u8; region.blob_len as usize] }
+    /// A blob of `region.layers[i]`.
+    pub fn new(region: &'a ExpertRegion, i: usize) -> BlobBuilder<'a> {
+        BlobBuilder { parts: region.parts_of(i), buf: vec![0u8; region.blob_len as usize] }
     }
 
     pub fn clear(&mut self) {
@@ -331,7 +337,7 @@ impl<'a> BlobBuilder<'a> {
     /// Values and scales of part `p` (`values` = row-major bytes, `scales` f32 row-major), and
     /// its mins when it has them (after the scales).
     pub fn put(&mut self, p: usize, values: &[u8], scales: &[f32], mins: &[f32]) {
-        let part = &self.region.parts[p];
+        let part = &self.parts[p];
         let o = part.offset as usize;
         self.buf[o..o + values.len()].copy_from_slice(values);
         if let Some(so) = part.scales_offset {

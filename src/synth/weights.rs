@@ -334,7 +334,8 @@ impl BlobSource for SynthBlobs {
         let mut buf = vec![0u8; region.blob_len as usize];
         let mut rng = Rng::new(stream_seed(self.seed, 0xE4_0000 + layer as u64, expert as u64));
         let mut scales = Vec::new();
-        for part in &region.parts {
+        let li = region.layers.iter().position(|&l| l == layer).unwrap_or(0);
+        for part in region.parts_of(li) {
             let f = part.format().unwrap_or(Format::F32);
             let (rows, cols) = part.rows_cols();
             let at = part.offset as usize;

@@ -74,8 +74,8 @@ pub fn dot_q4(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
 pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     debug_assert_eq!(wq.len() / 96 * 128, a.q.len());
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() {
-        // SAFETY: as above; groups are whole 128-value chunks (the format's rule).
+    if isa.has_avx2() && a.group.is_multiple_of(128) {
+        // SAFETY: as above; groups are whole 128-value chunks.
         return unsafe { avx2::dot_q6(wq, wd, a) };
     }
     let _ = isa;
@@ -90,9 +90,9 @@ pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
 pub fn dot_x4(isa: Isa, six: bool, block: &[u8], wd: &[f32], a: QuantRow<'_>, pf: usize) -> [f32; 4] {
     let ng = wd.len() / ROW_BLOCK;
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() && a.group.is_multiple_of(32) {
+    if isa.has_avx2() && a.group.is_multiple_of(if six { 128 } else { 32 }) {
         // SAFETY: AVX2 and FMA were detected; the block holds 4 rows of a.q.len() values; every
-        // block is 32 values (q6 groups are whole chunks)
+        // block is 32 values (q6: groups of whole chunks)
         return unsafe {
             if six { avx2::dot_x4::<true>(block, wd, a, pf) } else { avx2::dot_x4::<false>(block, wd, a, pf) }
         };

@@ -25,10 +25,16 @@ use std::ops::Range;
 use crate::act::QuantAct;
 use crate::quant::{ROW_BLOCK, interleaved_offset};
 
-/// Whether these kernels take a q4 or q6 matrix with groups of `group`: whole 128-value chunks
-/// per group, or (q4) 2 or 4 groups per chunk.
+/// Whether these kernels take a q4 matrix with groups of `group`: whole 128-value chunks per
+/// group, or 2 or 4 groups per chunk.
 pub fn supports_q4(group: usize) -> bool {
     group.is_multiple_of(128) || group == 32 || group == 64
+}
+
+/// Whether these kernels take a q6 matrix with groups of `group`: whole 128-value chunks per
+/// group, or 8 groups per chunk (GGUF's Q6_K).
+pub fn supports_q6(group: usize) -> bool {
+    group.is_multiple_of(128) || group == 16
 }
 
 /// `out[i * n + t] = W[rows.start + i] · x[t]` for q4 weights `q` (`[rows, cols / 2]`), or with
@@ -166,8 +172,9 @@ unsafe fn tile<const R: usize, const T: usize, const SIX: bool, const IL: usize>
     // SAFETY (all): the caller's guarantees; q6 groups are whole chunks (the format's rule)
     unsafe {
         match (m.gpc, m.cpg) {
-            (4, _) if !SIX => q4_tile_sub::<R, T, 4, IL>(m, r0, t0, out),
-            (2, _) if !SIX => q4_tile_sub::<R, T, 2, IL>(m, r0, t0, out),
+            (8, _) if SIX => q_tile_sub::<R, T, 8, true, IL>(m, r0, t0, out),
+            (4, _) if !SIX => q_tile_sub::<R, T, 4, false, IL>(m, r0, t0, out),
+            (2, _) if !SIX => q_tile_sub::<R, T, 2, false, IL>(m, r0, t0, out),
             (_, 1) => q_tile::<R, T, true, SIX, IL>(m, r0, t0, out),
             _ => q_tile::<R, T, false, SIX, IL>(m, r0, t0, out),
         }
@@ -202,7 +209,7 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
         for ch in 0..cpg {
             let ci = gi * cpg + ch;
             // SAFETY: the caller's guarantees
-            unsafe { chunk_dots::<R, T, SIX, IL>(m, r0, t0, ci, &mut lo, &mut hi) };
+            unsafe { chunk_dots::<R, T, SIX, IL, false>(m, r0, t0, ci, &mut lo, &mut hi) };
         }
         for i in 0..R {
             for t in 0..T {
@@ -230,17 +237,19 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     unsafe { finish::<R, T, SIX>(m, r0, t0, &mut f, out) }
 }
 
-/// [`q_tile`] for groups smaller than a chunk (q4 only): `GPC` (4 or 2) groups per 128-value
-/// chunk. A chunk's int32 lane `l` holds products of its group `l * GPC / 16` (low and high
-/// nibbles of a 16-byte block are values of one 32-value block), so one FMA per chunk scales
-/// all of them, with the groups' scales spread over their lanes by one permute. Per (row,
-/// token) the same operations in the same order whatever the tile.
+/// [`q_tile`] for groups smaller than a chunk: `GPC` groups per 128-value chunk, 4 or 2 (q4 and
+/// q6: a chunk's int32 lane `l` holds products of its group `l * GPC / 16`, low and high nibbles
+/// of a 16-byte block being values of one 32-value block) or 8 (q6's groups of 16, GGUF's Q6_K:
+/// lane `l` of the low nibbles holds group `2 (l / 4)`, of the high nibbles the next one, so the
+/// two are scaled apart). One FMA per chunk (two at 8) scales the lanes with the groups' scales
+/// spread over them by a permute. Per (row, token) the same operations in the same order
+/// whatever the tile.
 ///
 /// # Safety
 /// As [`q_tile`]'s; `m.gpc == GPC`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q4_tile_sub<const R: usize, const T: usize, const GPC: usize, const IL: usize>(
+unsafe fn q_tile_sub<const R: usize, const T: usize, const GPC: usize, const SIX: bool, const IL: usize>(
     m: &QMat<'_>,
     r0: usize,
     t0: usize,
@@ -250,11 +259,14 @@ unsafe fn q4_tile_sub<const R: usize, const T: usize, const GPC: usize, const IL
     if T == 1 && IL > 1 {
         crate::prefetch::scales_ahead(m.wd, r0, R, ng);
     }
-    // lane l of a chunk: its group's place among the chunk's groups
-    let lane_group = _mm512_srli_epi32::<4>(_mm512_mullo_epi32(
-        _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-        _mm512_set1_epi32(GPC as i32),
-    ));
+    // lane l of a chunk: its group's place among the chunk's groups (at 8: the low nibbles')
+    let lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    let lane_group = if GPC == 8 {
+        _mm512_slli_epi32::<1>(_mm512_srli_epi32::<2>(lanes))
+    } else {
+        _mm512_srli_epi32::<4>(_mm512_mullo_epi32(lanes, _mm512_set1_epi32(GPC as i32)))
+    };
+    let one = _mm512_set1_epi32(1);
     let mut f = [[_mm512_setzero_ps(); T]; R];
     let mut sc = [[[0f32; 16]; T]; R];
     let chunks = m.cols / 128;
@@ -265,32 +277,43 @@ unsafe fn q4_tile_sub<const R: usize, const T: usize, const GPC: usize, const IL
         for ci in cb..chunks.min(cb + 16 / GPC) {
             let mut lo = [[_mm512_setzero_si512(); T]; R];
             let mut hi = [[_mm512_setzero_si512(); T]; R];
-            // SAFETY: the caller's guarantees
-            unsafe { chunk_dots::<R, T, false, IL>(m, r0, t0, ci, &mut lo, &mut hi) };
+            // SAFETY (both): the caller's guarantees
+            if GPC == 8 {
+                unsafe { chunk_dots::<R, T, SIX, IL, true>(m, r0, t0, ci, &mut lo, &mut hi) };
+            } else {
+                unsafe { chunk_dots::<R, T, SIX, IL, false>(m, r0, t0, ci, &mut lo, &mut hi) };
+            }
             let idx = _mm512_add_epi32(lane_group, _mm512_set1_epi32(((ci - cb) * GPC) as i32));
             for i in 0..R {
                 for t in 0..T {
-                    let v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i][t], hi[i][t]));
                     // SAFETY: 16 floats
-                    let s = _mm512_permutexvar_ps(idx, unsafe { _mm512_loadu_ps(sc[i][t].as_ptr()) });
-                    f[i][t] = _mm512_fmadd_ps(v, s, f[i][t]);
+                    let s = unsafe { _mm512_loadu_ps(sc[i][t].as_ptr()) };
+                    if GPC == 8 {
+                        let (vl, vh) = (_mm512_cvtepi32_ps(lo[i][t]), _mm512_cvtepi32_ps(hi[i][t]));
+                        f[i][t] = _mm512_fmadd_ps(vl, _mm512_permutexvar_ps(idx, s), f[i][t]);
+                        let hidx = _mm512_add_epi32(idx, one);
+                        f[i][t] = _mm512_fmadd_ps(vh, _mm512_permutexvar_ps(hidx, s), f[i][t]);
+                    } else {
+                        let v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i][t], hi[i][t]));
+                        f[i][t] = _mm512_fmadd_ps(v, _mm512_permutexvar_ps(idx, s), f[i][t]);
+                    }
                 }
             }
         }
     }
     // SAFETY: the caller's guarantees
-    unsafe { finish::<R, T, false>(m, r0, t0, &mut f, out) }
+    unsafe { finish::<R, T, SIX>(m, r0, t0, &mut f, out) }
 }
 
 /// The int32 lanes of chunk `ci` for rows `r0..r0 + R` and tokens `t0..t0 + T`, added to `lo`
-/// and `hi` (low- and high-nibble products; with enough products in the tile, both into `lo`:
-/// integer sums, the same result).
+/// and `hi` (low- and high-nibble products; with enough products in the tile and unless
+/// `SPLIT` (the two hold different groups), both into `lo`: integer sums, the same result).
 ///
 /// # Safety
 /// As [`q_tile`]'s; chunk `ci` exists.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool, const IL: usize>(
+unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool, const IL: usize, const SPLIT: bool>(
     m: &QMat<'_>,
     r0: usize,
     t0: usize,
@@ -313,7 +336,7 @@ unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool, const IL: 
             )
         };
         for i in 0..R {
-            if R * T >= 4 {
+            if R * T >= 4 && !SPLIT {
                 // chains enough: one accumulator per product leaves registers for a bigger tile
                 lo[i][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(lo[i][t], wl[i], al), wh[i], ah);
             } else {

@@ -81,16 +81,21 @@ pub unsafe fn q8_matmul(
             && a.q.len() >= n * cols
             && out.len() == rows.len() * n
     );
+    let sub = !a.group.is_multiple_of(64);
     let mut r = rows.start;
     while r < rows.end {
         let nr = (rows.end - r).min(2);
         let mut t = 0;
         while t < n {
-            let nt = (n - t).min(2);
+            // groups under a vector: 4 tokens a tile where there are 4 (their chunks' bias and
+            // permutes are per token and per product, the weights' loads per row)
+            let nt = if sub && n - t >= 4 { 4 } else { (n - t).min(2) };
             let o = &mut out[(r - rows.start) * n..];
             // SAFETY (each): rows r..r + nr and tokens t..t + nt exist, as asserted
             unsafe {
                 match (nr, nt) {
+                    (2, 4) => q8_put::<2, 4>(q, scales, mins, cols, a, r, t, n, o),
+                    (_, 4) => q8_put::<1, 4>(q, scales, mins, cols, a, r, t, n, o),
                     (2, 2) => q8_put::<2, 2>(q, scales, mins, cols, a, r, t, n, o),
                     (2, _) => q8_put::<2, 1>(q, scales, mins, cols, a, r, t, n, o),
                     (_, 2) => q8_put::<1, 2>(q, scales, mins, cols, a, r, t, n, o),

@@ -285,7 +285,11 @@ impl Mat<'_> {
         let c = self.cols;
         match (self.data, input) {
             (MatData::Q4 { q, scales, group, x4, .. } | MatData::Q6 { q, scales, group, x4 }, Input::Quant(a))
-                if avx512::supports_q4(group) && a.permuted.len() >= n * c =>
+                if (if matches!(self.data, MatData::Q6 { .. }) {
+                    avx512::supports_q6(group)
+                } else {
+                    avx512::supports_q4(group)
+                }) && a.permuted.len() >= n * c =>
             {
                 let mins = if let MatData::Q4 { mins, .. } = self.data { mins } else { None };
                 // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles

@@ -208,7 +208,18 @@ fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
     // (thread chunks start anywhere, not only at a block), one token and tiles of several,
     // must give exactly what the row-major matrix gives at that tier
     let mut r = uniform(23);
-    for (cols, group) in [(128, 128), (384, 128), (768, 128), (256, 64), (512, 256), (512, 32), (2304, 32), (640, 64)] {
+    for (cols, group) in [
+        (128, 128),
+        (384, 128),
+        (768, 128),
+        (256, 64),
+        (512, 256),
+        (512, 32),
+        (2304, 32),
+        (640, 64),
+        (768, 16),
+        (2048, 16),
+    ] {
         for rows in [4, 8, 20] {
             let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
             let ng = cols / group;
