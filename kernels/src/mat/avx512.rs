@@ -86,15 +86,45 @@ pub unsafe fn q_matmul(
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
     debug_assert!(supports_q4(m.a.group) && m.ap.len() >= n * m.cols && out.len() == rows.len() * n);
+    // more tokens than one tile: rows in blocks of ROWS_IN_CACHE (from multiples of it), every
+    // token tile over a block before the next, so a block's weights come from memory once
+    // rather than once per tile (an expert's 2 x 4 tiles over its 5-12 tokens of a prompt
+    // streamed its matrices 2-3 times); each product is computed as before, the same bits
+    let block = if n > 4 { ROWS_IN_CACHE } else { rows.end.max(1) };
+    let mut r = rows.start;
+    while r < rows.end {
+        let end = ((r / block + 1) * block).min(rows.end);
+        let o = &mut out[(r - rows.start) * n..(end - rows.start) * n];
+        // SAFETY: the caller's guarantees, for rows r..end
+        unsafe { token_tiles::<SIX, IL>(m, n, r..end, o) };
+        r = end;
+    }
+}
+
+/// Rows a block of [`matmul`] holds: 32 rows of 2048 q4 values with scales and mins are 48 KiB.
+const ROWS_IN_CACHE: usize = 32;
+
+/// Every token of `0..n` for rows `rows`, tile by tile.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn token_tiles<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
     let mut t0 = 0;
     while t0 < n {
         // SAFETY (all calls): the caller's guarantees; tiles stay inside rows and 0..n
         // 2 rows x 4 tokens when the batch allows (the tile shape measured best for prefill;
         // 4 x 2, 1 x 8 and 2 x 2 were no better), else one token and, interleaved, a block of
         // rows at a time (decode: one stream of weights either way), else one row
+        // (an expert's few tokens leave 2 or 3 at the end more often than not: a tile of them
+        // reads the weights once, not once per token)
         if n - t0 >= 4 {
             unsafe { tiles::<2, 4, SIX, IL>(m, rows.clone(), t0, n, out) };
             t0 += 4;
+        } else if n - t0 == 3 {
+            unsafe { tiles::<2, 3, SIX, IL>(m, rows.clone(), t0, n, out) };
+            t0 += 3;
+        } else if n - t0 == 2 {
+            unsafe { tiles::<2, 2, SIX, IL>(m, rows.clone(), t0, n, out) };
+            t0 += 2;
         } else {
             unsafe { tiles::<IL, 1, SIX, IL>(m, rows.clone(), t0, n, out) };
             t0 += 1;
@@ -437,32 +467,38 @@ unsafe fn finish<const R: usize, const T: usize, const SIX: bool>(
     out: &mut [[f32; T]; R],
 ) {
     let ng = m.ng;
-    // asymmetric groups: `- min_g * sum_g a * as_g` in place of the bias term
-    let (terms, nbias) = match m.mins {
-        Some(mins) => (mins, -1.0),
-        None => (m.wd, if SIX { -32.0 } else { -8.0 }),
+    // asymmetric groups: `- min_g * sum_g a * as_g` in place of the bias term; either as
+    // `f - w * (bias * ss)`, one fused operation (the bias a power of two: exact, and 1 with
+    // mins: no multiply). 16 groups at a time, each row's and each token's lanes loaded once
+    // for the tile; per (row, token) the groups in order, so the same bits whatever the tile.
+    let (terms, bias) = match m.mins {
+        Some(mins) => (mins, None),
+        None => (m.wd, Some(_mm512_set1_ps(if SIX { 32.0 } else { 8.0 }))),
     };
-    let nbias = _mm512_set1_ps(nbias);
-    for t in 0..T {
-        let ss = &m.a.scaled_sums[(t0 + t) * ng..(t0 + t + 1) * ng];
-        let mut g = 0;
-        while g < ng {
-            let k = (ng - g).min(16);
-            let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
-            // SAFETY: lanes g..g + k of both slices exist; masked lanes are not read
-            let b = _mm512_mul_ps(nbias, unsafe { _mm512_maskz_loadu_ps(mask, ss.as_ptr().add(g)) });
-            for (i, f) in f.iter_mut().enumerate() {
-                let w = unsafe { _mm512_maskz_loadu_ps(mask, terms.as_ptr().add((r0 + i) * ng + g)) };
-                f[t] = _mm512_fmadd_ps(w, b, f[t]);
+    for g in (0..ng).step_by(16) {
+        let k = (ng - g).min(16);
+        let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
+        let b: [__m512; T] = std::array::from_fn(|t| {
+            // SAFETY: lanes g..g + k of the token's sums exist; masked lanes are not read
+            let ss = unsafe { _mm512_maskz_loadu_ps(mask, m.a.scaled_sums.as_ptr().add((t0 + t) * ng + g)) };
+            bias.map_or(ss, |b| _mm512_mul_ps(b, ss))
+        });
+        for (i, f) in f.iter_mut().enumerate() {
+            // SAFETY: as above, for the row's terms
+            let w = unsafe { _mm512_maskz_loadu_ps(mask, terms.as_ptr().add((r0 + i) * ng + g)) };
+            for (f, b) in f.iter_mut().zip(&b) {
+                *f = _mm512_fnmadd_ps(w, *b, *f);
             }
-            g += 16;
         }
     }
-    if R == 4 && T == 1 {
-        // decode's 4-row blocks: the four reductions at once, each the same sums as `hsum`
-        let s = hsum4([f[0][0], f[1][0], f[2][0], f[3][0]]);
-        for (i, o) in out.iter_mut().enumerate() {
-            o[0] = s[i];
+    if (R * T).is_multiple_of(4) {
+        // four reductions at once (decode's 4-row blocks, prefill's 2 x 4 tiles), each the
+        // same sums as `hsum`
+        for k in (0..R * T).step_by(4) {
+            let s = hsum4(std::array::from_fn(|j| f[(k + j) / T][(k + j) % T]));
+            for (j, v) in s.into_iter().enumerate() {
+                out[(k + j) / T][(k + j) % T] = v;
+            }
         }
     } else {
         for (o, f) in out.iter_mut().zip(f.iter()) {

@@ -119,7 +119,7 @@ fn matvec_tiers_agree_with_the_scalar_reference() {
         (768, 16),
         (2048, 16),
     ] {
-        for (rows, n) in [(1, 1), (2, 5), (3, 1), (4, 4), (5, 9), (7, 2), (9, 1), (9, 6)] {
+        for (rows, n) in [(1, 1), (2, 5), (3, 1), (3, 7), (4, 4), (5, 9), (7, 2), (9, 1), (9, 6), (37, 6)] {
             let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
             let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
             let ng = cols / group;
@@ -220,7 +220,7 @@ fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
         (768, 16),
         (2048, 16),
     ] {
-        for rows in [4, 8, 20] {
+        for rows in [4, 8, 20, 68] {
             let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
             let ng = cols / group;
             let mut d = vec![0f32; rows * ng];
