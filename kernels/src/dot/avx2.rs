@@ -200,6 +200,10 @@ pub unsafe fn dot_q4(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn dot_q6(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     let g = a.group;
+    if g == 16 {
+        // SAFETY: the caller's guarantees
+        return unsafe { dot_q6_g16(wq, wd, a) };
+    }
     let mut acc = 0f32;
     for gi in 0..wd.len() {
         let mut v = _mm256_setzero_si256();
@@ -216,6 +220,33 @@ pub unsafe fn dot_q6(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
         }
         let isum = hsum_epi32(v) - 32 * a.sums[gi];
         acc += isum as f32 * (wd[gi] * a.scales[gi]);
+    }
+    acc
+}
+
+/// [`dot_q6`] at groups of 16 (GGUF's Q6_K): a 32-value block's low 128 bits are one group,
+/// its high 128 bits the next; the groups in order, as the scalar reference.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_q6_g16(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+    let sum4 = |v: __m128i| {
+        let s = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0b01_00_11_10));
+        _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01)))
+    };
+    let mut acc = 0f32;
+    for blk in 0..wd.len() / 2 {
+        // SAFETY: block blk's 32 values lie in chunk blk / 4 of the row and of the activations
+        let (n, x) = unsafe {
+            (
+                q6_block(wq.as_ptr().add(blk / 4 * 96), blk % 4),
+                _mm256_loadu_si256(a.q.as_ptr().add(blk * 32) as *const __m256i),
+            )
+        };
+        let v = block_dot(_mm256_setzero_si256(), n, x);
+        for (k, s) in [sum4(_mm256_castsi256_si128(v)), sum4(_mm256_extracti128_si256(v, 1))].into_iter().enumerate() {
+            let gi = 2 * blk + k;
+            let isum = s - 32 * a.sums[gi];
+            acc += isum as f32 * (wd[gi] * a.scales[gi]);
+        }
     }
     acc
 }

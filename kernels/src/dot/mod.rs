@@ -74,8 +74,8 @@ pub fn dot_q4(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
 pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     debug_assert_eq!(wq.len() / 96 * 128, a.q.len());
     #[cfg(target_arch = "x86_64")]
-    if isa.has_avx2() && a.group.is_multiple_of(128) {
-        // SAFETY: as above; groups are whole 128-value chunks.
+    if isa.has_avx2() && (a.group.is_multiple_of(128) || a.group == 16) {
+        // SAFETY: as above; groups are whole 128-value chunks, or 8 to a chunk.
         return unsafe { avx2::dot_q6(wq, wd, a) };
     }
     let _ = isa;
@@ -294,8 +294,10 @@ mod tests {
     #[test]
     fn q6_kernels_match_brute_force_bit_identically_across_tiers() {
         let mut s = 23;
-        for g in [128, 256] {
-            for ngroups in [1, 2, 3, 7] {
+        // groups of whole chunks, and of 16 (8 to a chunk: GGUF's Q6_K)
+        for g in [128, 256, 16] {
+            let counts: &[usize] = if g == 16 { &[8, 16, 56] } else { &[1, 2, 3, 7] };
+            for &ngroups in counts {
                 let k = g * ngroups;
                 let w = rnd(&mut s, k);
                 let x: Vec<f32> = rnd(&mut s, k).iter().map(|v| v * 4.0).collect();
