@@ -8,7 +8,7 @@
 //! the top-2 margin is at least 1e-3. Q8_0 and Q4_0 are our q8 and q4 formats at group 32 with
 //! the file's own codes and scales; the kernels then round the activations to int8, so the
 //! logits are held to the q8 bounds of tests/reference_logits.rs (the weights are the file's,
-//! so even Q4_0 needs no more). Q4_K_M mixes Q4_K (q4 group 32 with mins) and Q6_K (q8 group
+//! so even Q4_0 needs no more). Q4_K_M mixes Q4_K (q4 group 32 with mins) and Q6_K (q6 group
 //! 16): its mean KL stays within q8's bound, but the activations' rounding flips a near-tied
 //! expert choice of this random model (max |Δ| 0.66σ in one row; 0.03σ while Q4_K ran as f32
 //! on f32 activations), so it is held to the q4 bounds.

@@ -23,7 +23,7 @@ def speeds(path):
     out = {}
     for row in json.load(open(path)):
         test = "pp%d" % row["n_prompt"] if row["n_prompt"] else "tg%d" % row["n_gen"]
-        out[test] = row["avg_ts"]
+        out[f"{test} t{row['n_threads']}"] = row["avg_ts"]
     return out
 ratios = {}
 for r in range(1, rounds + 1):
