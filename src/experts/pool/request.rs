@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::Key;
 use super::Shared;
 use super::slots::{Origin, SlotState, State};
 use crate::experts::store::{AlignedBuf, ReadError};
@@ -309,10 +310,42 @@ impl Request {
 }
 
 impl Drop for Request {
+    /// Unpin what the layer did not take. A request that ends early (a read failed, or the
+    /// pass was cancelled) first waits, a few seconds at most, for its reads still in flight:
+    /// one that read a damaged blob must not hand its error to the next request, which would
+    /// otherwise find the read under way and wait on it (the file may have been repaired since).
     fn drop(&mut self) {
-        let mut st = self.shared.lock();
+        let sh = self.shared.clone();
+        let mut st = sh.lock();
+        let keys: Vec<(usize, Key)> = self
+            .demand
+            .items
+            .iter()
+            .filter_map(|(_, item)| match *item {
+                Item::Slot(si) => st.slots[si].as_ref().map(|s| (si, s.key)),
+                _ => None,
+            })
+            .collect();
         self.demand.unpin_rest(&mut st);
-        self.shared.ready.notify_all();
+        sh.ready.notify_all();
+        let in_flight = |st: &State| {
+            keys.iter().any(|&(si, key)| {
+                st.slots[si]
+                    .as_ref()
+                    .is_some_and(|s| s.key == key && matches!(s.state, SlotState::Queued | SlotState::Reading))
+            })
+        };
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while in_flight(&st) {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            st = match sh.ready.wait_timeout(st, deadline - now) {
+                Ok((g, _)) => g,
+                Err(e) => e.into_inner().0,
+            };
+        }
     }
 }
 
