@@ -73,6 +73,14 @@ pub struct HybridConfig {
     pub value_head_dim: usize,
     /// `shared_expert_intermediate_size`: the MLP every token runs beside its routed experts.
     pub shared_expert_intermediate_size: usize,
+    /// The value heads in llama.cpp's tiled order (a GGUF's): value head h reads key head
+    /// h mod nk instead of h / (nv / nk).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub value_heads_tiled: bool,
+    /// The linear layers' `A_log` tensors hold -exp(A_log), the decay rate as it is used (a
+    /// GGUF's `ssm_a`): taken as they are, not exponentiated.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub a_stored_negated_exp: bool,
 }
 
 impl HybridConfig {

@@ -10,7 +10,7 @@ use moescope_kernels::ggml::BlockType;
 
 use super::error::ConvertError;
 use super::gguf::{self, Gguf, GgufError, TensorInfo, Value};
-use crate::model_config::{Arch, ModelConfig};
+use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
 
 /// A GGUF model in one or more parts.
 pub struct GgufModel {
@@ -161,29 +161,25 @@ impl GgufModel {
             .ok_or_else(|| ConvertError::MissingTensor { dir: self.path().to_path_buf(), name: name.into() })
     }
 
-    /// The model's configuration from the `qwen3moe` metadata (llama.cpp's `qwen3moe.cpp` reads
-    /// the same keys). Every layer is MoE, the top-k weights are renormalised (llama.cpp always
-    /// does for this architecture), and the output layer is the embedding when `output.weight`
-    /// is absent.
+    /// The model's configuration from the `qwen3moe`, `qwen35moe` or `qwen3next` metadata
+    /// (llama.cpp's `qwen3moe.cpp`, `qwen35moe.cpp` and `qwen3next.cpp` read the same keys).
+    /// Every layer is MoE, the top-k weights are renormalised (llama.cpp always does for these
+    /// architectures), and the output layer is the embedding when `output.weight` is absent.
     pub fn config(&self) -> Result<ModelConfig, ConvertError> {
         let arch =
             self.str_key("general.architecture")?.ok_or_else(|| self.config_err("general.architecture", "missing"))?;
-        match arch {
-            "qwen3moe" => {}
-            "qwen3next" | "qwen35moe" => {
-                return Err(self.config_err(
-                    "general.architecture",
-                    format!("'{arch}' GGUF files are not supported yet (qwen3moe is)"),
-                ));
-            }
+        let model_arch = match arch {
+            "qwen3moe" => Arch::Qwen3Moe,
+            "qwen35moe" => Arch::Qwen35Moe,
+            "qwen3next" => Arch::Qwen3Next,
             other => {
                 return Err(ConvertError::Architecture {
                     path: self.path().to_path_buf(),
                     found: other.into(),
-                    supported: "qwen3moe GGUF files".into(),
+                    supported: "qwen3moe, qwen35moe and qwen3next GGUF files".into(),
                 });
             }
-        }
+        };
         let k = |s: &str| format!("{arch}.{s}");
         let hidden = self.usize_req(&k("embedding_length"))?;
         let heads = self.usize_req(&k("attention.head_count"))?;
@@ -201,6 +197,7 @@ impl GgufModel {
         }
         if let Some(r) = self.u64_key(&k("rope.dimension_count"))?
             && r as usize != head_dim
+            && !model_arch.is_hybrid()
         {
             return Err(self.config_err(
                 &k("rope.dimension_count"),
@@ -240,11 +237,22 @@ impl GgufModel {
                 eos.push(id);
             }
         }
+        // hybrids: block_count counts the multi-token-prediction layers after the model's own
+        let blocks = self.usize_req(&k("block_count"))?;
+        let mtp = self.u64_key(&k("nextn_predict_layers"))?.unwrap_or(0) as usize;
+        let layers = blocks
+            .checked_sub(mtp)
+            .filter(|&n| n > 0)
+            .ok_or_else(|| self.config_err(&k("nextn_predict_layers"), format!("{mtp} of {blocks} blocks")))?;
+        let hybrid = match model_arch.is_hybrid() {
+            true => Some(self.hybrid_config(arch, layers, head_dim)?),
+            false => None,
+        };
         let cfg = ModelConfig {
-            arch: Arch::Qwen3Moe,
+            arch: model_arch,
             vocab_size: vocab,
             hidden_size: hidden,
-            num_hidden_layers: self.usize_req(&k("block_count"))?,
+            num_hidden_layers: layers,
             num_attention_heads: heads,
             num_key_value_heads: self.u64_key(&k("attention.head_count_kv"))?.map_or(heads, |v| v as usize),
             head_dim,
@@ -261,10 +269,63 @@ impl GgufModel {
             tie_word_embeddings: self.tensor("output.weight").is_none(),
             bos_token_id: token("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: eos,
-            hybrid: None,
+            hybrid,
         };
         cfg.validate().map_err(|msg| self.config_err(arch, msg))?;
         Ok(cfg)
+    }
+
+    /// A hybrid's linear-attention layers and shared expert: `ssm.group_count` key heads of
+    /// `ssm.state_size`, `ssm.time_step_rank` value heads sharing `ssm.inner_size`, the layer
+    /// kinds from `attention.recurrent_layers` (or every `full_attention_interval`-th layer full
+    /// attention), `rope.dimension_count` rotary dims. Value heads stay in the file's tiled order
+    /// (`value_heads_tiled`: value head h reads key head h mod nk).
+    fn hybrid_config(&self, arch: &str, layers: usize, head_dim: usize) -> Result<HybridConfig, ConvertError> {
+        let k = |s: &str| format!("{arch}.{s}");
+        let value_heads = self.usize_req(&k("ssm.time_step_rank"))?;
+        let inner = self.usize_req(&k("ssm.inner_size"))?;
+        if value_heads == 0 || !inner.is_multiple_of(value_heads) {
+            return Err(
+                self.config_err(&k("ssm.inner_size"), format!("{inner} is not a multiple of {value_heads} heads"))
+            );
+        }
+        let layer_types = match self.get(&k("attention.recurrent_layers")) {
+            Some(Value::Array(_, a)) if a.len() >= layers => a[..layers]
+                .iter()
+                .map(|v| match v {
+                    Value::Bool(true) => Ok(LayerKind::LinearAttention),
+                    Value::Bool(false) => Ok(LayerKind::FullAttention),
+                    _ => Err(self.config_err(&k("attention.recurrent_layers"), "expected booleans")),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => {
+                return Err(self.config_err(&k("attention.recurrent_layers"), format!("expected {layers} booleans")));
+            }
+            None => {
+                let every = self.usize_req(&k("full_attention_interval"))?.max(1);
+                (0..layers)
+                    .map(|l| {
+                        if (l + 1).is_multiple_of(every) {
+                            LayerKind::FullAttention
+                        } else {
+                            LayerKind::LinearAttention
+                        }
+                    })
+                    .collect()
+            }
+        };
+        Ok(HybridConfig {
+            layer_types,
+            rotary_dim: self.u64_key(&k("rope.dimension_count"))?.map_or(head_dim / 4, |r| r as usize),
+            conv_kernel: self.usize_req(&k("ssm.conv_kernel"))?,
+            key_heads: self.usize_req(&k("ssm.group_count"))?,
+            key_head_dim: self.usize_req(&k("ssm.state_size"))?,
+            value_heads,
+            value_head_dim: inner / value_heads,
+            shared_expert_intermediate_size: self.usize_req(&k("expert_shared_feed_forward_length"))?,
+            value_heads_tiled: arch == "qwen35moe",
+            a_stored_negated_exp: true,
+        })
     }
 
     pub fn tensor_err(&self, name: &str, msg: impl Into<String>) -> ConvertError {

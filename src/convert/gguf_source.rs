@@ -24,12 +24,56 @@ struct Slice {
     rows: usize,
     cols: usize,
     ty: BlockType,
+    /// `(period, offset, len)`: row i is the file's row `(i / len) * period + offset + i % len`
+    /// (after `row0`), a run of `len` rows out of every `period` (a hybrid's `attn_q`: the
+    /// queries or the gates of each head); None: rows in order.
+    runs: Option<(usize, usize, usize)>,
+}
+
+impl Slice {
+    /// The file's row (after `row0`) of row `i`.
+    fn file_row(&self, i: usize) -> usize {
+        self.runs.map_or(i, |(period, offset, len)| (i / len) * period + offset + i % len)
+    }
 }
 
 pub struct GgufSource {
     pub model: GgufModel,
     files: Vec<(PathBuf, File)>,
     num_experts: usize,
+    /// hybrids (qwen35moe): the attention head dim (`attn_q` holds each head's queries, then
+    /// its gates)
+    hybrid_head_dim: Option<usize>,
+}
+
+/// A hybrid's (qwen35moe) layer tensors under the package's names (after `model.layers.N.`),
+/// besides `attn_q`'s two halves and the experts.
+fn hybrid_layer_name(rest: &str) -> Option<&'static str> {
+    Some(match rest {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_norm.weight" => "attn_q_norm.weight",
+        "self_attn.k_norm.weight" => "attn_k_norm.weight",
+        "linear_attn.in_proj_qkv.weight" => "attn_qkv.weight",
+        "linear_attn.in_proj_z.weight" => "attn_gate.weight",
+        "linear_attn.in_proj_b.weight" => "ssm_beta.weight",
+        "linear_attn.in_proj_a.weight" => "ssm_alpha.weight",
+        "linear_attn.conv1d.weight" => "ssm_conv1d.weight",
+        // -exp(A_log): HybridConfig::a_stored_negated_exp says so
+        "linear_attn.A_log" => "ssm_a",
+        "linear_attn.dt_bias" => "ssm_dt.bias",
+        "linear_attn.norm.weight" => "ssm_norm.weight",
+        "linear_attn.out_proj.weight" => "ssm_out.weight",
+        "mlp.gate.weight" => "ffn_gate_inp.weight",
+        "mlp.shared_expert.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_expert.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_expert.down_proj.weight" => "ffn_down_shexp.weight",
+        "mlp.shared_expert_gate.weight" => "ffn_gate_inp_shexp.weight",
+        _ => return None,
+    })
 }
 
 /// The llama.cpp name of a per-layer HF tensor (after `model.layers.{l}.`).
@@ -177,8 +221,10 @@ impl GgufSource {
             let f = File::open(&g.path).map_err(|error| ConvertError::Io { path: g.path.clone(), error })?;
             files.push((g.path.clone(), f));
         }
-        let num_experts = model.config().map_or(0, |c| c.num_experts);
-        Ok(GgufSource { model, files, num_experts })
+        let cfg = model.config().ok();
+        let num_experts = cfg.as_ref().map_or(0, |c| c.num_experts);
+        let hybrid_head_dim = cfg.filter(|c| c.hybrid.is_some()).map(|c| c.head_dim);
+        Ok(GgufSource { model, files, num_experts, hybrid_head_dim })
     }
 
     /// Where the HF tensor `name`'s rows are, with its HF shape `[rows, cols]`.
@@ -188,7 +234,7 @@ impl GgufSource {
             let ty = BlockType::from_ggml_id(t.ty.id)?;
             let cols = t.ne[0] as usize;
             let rows = t.ne[1..].iter().product::<u64>() as usize;
-            Some(Slice { gguf: gguf.into(), row0: 0, rows, cols, ty })
+            Some(Slice { gguf: gguf.into(), row0: 0, rows, cols, ty, runs: None })
         };
         match name {
             "model.embed_tokens.weight" => return whole("token_embd.weight"),
@@ -199,7 +245,21 @@ impl GgufSource {
         let rest = name.strip_prefix("model.layers.")?;
         let (l, rest) = rest.split_once('.')?;
         let l: usize = l.parse().ok()?;
-        if let Some(g) = layer_name(rest) {
+        if let Some(hd) = self.hybrid_head_dim {
+            if let Some(g) = hybrid_layer_name(rest) {
+                return whole(&format!("blk.{l}.{g}"));
+            }
+            // attn_q: per head, hd rows of queries then hd rows of output gates
+            let gate = rest == "self_attn.o_gate_proj.weight";
+            if gate || rest == "self_attn.q_proj.weight" {
+                let s = whole(&format!("blk.{l}.attn_q.weight"))?;
+                return (hd > 0 && s.rows.is_multiple_of(2 * hd)).then(|| Slice {
+                    rows: s.rows / 2,
+                    runs: Some((2 * hd, if gate { hd } else { 0 }, hd)),
+                    ..s
+                });
+            }
+        } else if let Some(g) = layer_name(rest) {
             return whole(&format!("blk.{l}.{g}"));
         }
         // mlp.experts.{e}.{gate,up,down}_proj.weight
@@ -263,8 +323,18 @@ impl GgufSource {
             .iter()
             .find(|(p, _)| p == path)
             .ok_or_else(|| self.model.tensor_err(&s.gguf, "file not open"))?;
-        f.read_exact_at(&mut raw, t.offset + ((s.row0 + r0) * rb) as u64)
-            .map_err(|error| ConvertError::Io { path: path.to_path_buf(), error })?;
+        // rows in order: one read; rows in runs: a read per run of consecutive file rows
+        let mut i = 0;
+        while i < n {
+            let first = s.file_row(r0 + i);
+            let mut k = 1;
+            while i + k < n && s.file_row(r0 + i + k) == first + k {
+                k += 1;
+            }
+            f.read_exact_at(&mut raw[i * rb..(i + k) * rb], t.offset + ((s.row0 + first) * rb) as u64)
+                .map_err(|error| ConvertError::Io { path: path.to_path_buf(), error })?;
+            i += k;
+        }
         Ok(raw)
     }
 

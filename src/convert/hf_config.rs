@@ -127,6 +127,8 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
             value_heads: k.req("linear_num_value_heads")?,
             value_head_dim: k.req("linear_value_head_dim")?,
             shared_expert_intermediate_size: k.req("shared_expert_intermediate_size")?,
+            value_heads_tiled: false,
+            a_stored_negated_exp: false,
         })
     } else {
         None

@@ -74,6 +74,10 @@ pub struct Dims {
     pub kernel: usize,
     /// the gated norm's eps (`rms_norm_eps`)
     pub eps: f32,
+    /// value heads in the tiled order: value head h reads key head h mod nk (else h / (nv / nk))
+    pub tiled: bool,
+    /// `A_log` holds -exp(A_log) ([`HybridConfig::a_stored_negated_exp`])
+    pub neg_exp_a: bool,
 }
 
 impl Dims {
@@ -85,6 +89,8 @@ impl Dims {
             dv: hy.value_head_dim,
             kernel: hy.conv_kernel,
             eps,
+            tiled: hy.value_heads_tiled,
+            neg_exp_a: hy.a_stored_negated_exp,
         }
     }
 
@@ -261,7 +267,8 @@ pub fn core(exec: &Exec, w: &Weights, d: Dims, st: &mut LinearState, x: Inputs, 
         for h in 0..nv {
             let i = t * nv + h;
             beta[i] = 1.0 / (1.0 + (-x.b[i]).exp());
-            let g = -w.a_log[h].exp() * softplus(x.a[i] + w.dt_bias[h]);
+            let neg_a = if d.neg_exp_a { w.a_log[h] } else { -w.a_log[h].exp() };
+            let g = neg_a * softplus(x.a[i] + w.dt_bias[h]);
             decay[i] = g.exp();
         }
     }
@@ -277,7 +284,8 @@ pub fn core(exec: &Exec, w: &Weights, d: Dims, st: &mut LinearState, x: Inputs, 
         // buffers that outlive the section
         let s = unsafe { states.slice(h * dk * dv, dk * dv) };
         let (mut u, mut o) = (vec![0f32; dv], vec![0f32; dv]);
-        let (qo, ko, vo) = ((h / r) * dk, nk * dk + (h / r) * dk, 2 * nk * dk + h * dv);
+        let kh = if d.tiled { h % nk } else { h / r };
+        let (qo, ko, vo) = (kh * dk, nk * dk + kh * dk, 2 * nk * dk + h * dv);
         for t in 0..t_n {
             let ct = &c[t * cd..(t + 1) * cd];
             let step = Step {
@@ -413,7 +421,7 @@ mod tests {
 
     fn case(t_n: usize) -> Case {
         // nv / nk = 3 (not a power of two), dk != dv, K = 4
-        let d = Dims { nk: 2, dk: 16, nv: 6, dv: 20, kernel: 4, eps: 1e-6 };
+        let d = Dims { nk: 2, dk: 16, nv: 6, dv: 20, kernel: 4, eps: 1e-6, tiled: false, neg_exp_a: false };
         let mut rng = crate::rng::Rng::new(7);
         let mut v = |n: usize, s: f32| (0..n).map(|_| s * (2.0 * rng.next_f64() as f32 - 1.0)).collect::<Vec<f32>>();
         let (cd, vd, nv) = (d.conv_dim(), d.value_dim(), d.nv);
@@ -442,6 +450,8 @@ mod tests {
             value_heads: nv,
             value_head_dim: c.d.dv,
             shared_expert_intermediate_size: 1,
+            value_heads_tiled: false,
+            a_stored_negated_exp: false,
         };
         let mut st = LinearState::new(&hy);
         let w = Weights { conv: &c.conv, a_log: &c.a_log, dt_bias: &c.dt_bias, norm: &c.norm };

@@ -134,6 +134,8 @@ fn hybrid(
             value_heads,
             value_head_dim: 128,
             shared_expert_intermediate_size: expert_width,
+            value_heads_tiled: false,
+            a_stored_negated_exp: false,
         }),
     }
 }
