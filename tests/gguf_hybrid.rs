@@ -9,64 +9,12 @@
 mod common;
 
 use common::*;
-use moescope::convert::{ConvertOptions, QuantMode, convert_gguf};
-use moescope::engine::{Engine, EngineOptions};
-use moescope::model::{Logits, NoObserver};
-use moescope_kernels::Isa;
 
 /// Max |Δlogit| and mean KL in units of σ, least top-1 agreement (tests/reference_logits.rs's
 /// q8 bounds); None: exact weights, 1e-3.
 fn check(file: &str, bounds: Option<(f64, f64, f64)>) {
     let r = Reference::load("qwen35");
-    let ids = r.ids("input_ids");
-    let want = r.f32("logits");
-    let v = r.shape("logits")[1];
-    let n = want.len() as f64;
-    let mean = want.iter().map(|&x| x as f64).sum::<f64>() / n;
-    let sigma = (want.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pkg = dir.path().join("q35.moe");
-    convert_gguf(&fixture("gguf/qwen35").join(file), &pkg, ConvertOptions::new(QuantMode::File))
-        .unwrap_or_else(|e| panic!("converting {file}: {e}"));
-    for isa in Isa::available() {
-        let tag = format!("{file} {isa}");
-        let ctx = ids.len().next_multiple_of(64);
-        let mut eng =
-            Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(ctx), isa, stream: None }).expect("load");
-        let got = eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill");
-        assert_eq!(got.len(), want.len(), "{tag}: logits");
-        // the last token again, one at a time after the rest
-        eng.reset();
-        eng.eval(&ids[..ids.len() - 1], Logits::Last, &mut NoObserver).expect("prefill");
-        let inc = eng.eval(&ids[ids.len() - 1..], Logits::Last, &mut NoObserver).expect("decode");
-        let d_inc = max_abs_diff(&inc, &got[(ids.len() - 1) * v..]);
-        assert!(d_inc <= 1e-4, "{tag}: decode differs from the prompt's last row by {d_inc}");
-        let (mut max_abs, mut kl_sum, mut agree) = (0f32, 0f64, 0usize);
-        for (i, (a, b)) in got.chunks_exact(v).zip(want.chunks_exact(v)).enumerate() {
-            max_abs = max_abs.max(max_abs_diff(a, b));
-            kl_sum += kl(b, a);
-            agree += usize::from(argmax(a) == argmax(b));
-            let flip = bounds.map_or(1e-3, |(b, _, _)| (2.0 * b * sigma) as f32);
-            if margin(b) >= flip {
-                assert_eq!(argmax(a), argmax(b), "{tag}: row {i}: top-1 differs where the margin is {}", margin(b));
-            }
-        }
-        let rows = ids.len() as f64;
-        let mean_kl = kl_sum / rows;
-        eprintln!(
-            "{tag}: sigma {sigma:.3} max|dlogit| {max_abs:.3e} ({:.3} sigma) mean KL {mean_kl:.3e} top1 {:.3}",
-            max_abs as f64 / sigma,
-            agree as f64 / rows
-        );
-        match bounds {
-            None => assert!(max_abs <= 1e-3, "{tag}: max |dlogit| {max_abs} > 1e-3"),
-            Some((b, kl_max, agree_min)) => {
-                assert!(max_abs as f64 <= b * sigma, "{tag}: max |dlogit| {max_abs} > {}", b * sigma);
-                assert!(mean_kl <= kl_max * sigma * sigma, "{tag}: mean KL {mean_kl}");
-                assert!(agree as f64 / rows >= agree_min, "{tag}: top-1 agreement {}", agree as f64 / rows);
-            }
-        }
-    }
+    check_gguf_logits(&fixture("gguf/qwen35").join(file), &r.ids("input_ids"), &r.f32("logits"), bounds);
 }
 
 #[test]

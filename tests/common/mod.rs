@@ -164,3 +164,70 @@ pub fn margin(x: &[f32]) -> f32 {
     v.sort_by(|a, b| b.total_cmp(a));
     v[0] - v[1]
 }
+
+/// The standard deviation of a reference's logits: the scale quantization errors grow with.
+pub fn logits_sigma(want: &[f32]) -> f64 {
+    let n = want.len() as f64;
+    let mean = want.iter().map(|&x| x as f64).sum::<f64>() / n;
+    (want.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt()
+}
+
+/// Rows of logits (`[n, v]`) against a reference's: with `bounds` = (max |Δ| and mean KL in
+/// units of σ and σ², least top-1 agreement; tests/reference_logits.rs's), held to them; without,
+/// exact weights: max |Δ| 1e-3. Top-1 must agree wherever the reference's margin exceeds twice the
+/// error bound (1e-3 for exact weights). Prints what it measured.
+pub fn check_logits(tag: &str, got: &[f32], want: &[f32], v: usize, bounds: Option<(f64, f64, f64)>) {
+    assert_eq!(got.len(), want.len(), "{tag}: logits");
+    let sigma = logits_sigma(want);
+    let (mut max_abs, mut kl_sum, mut agree) = (0f32, 0f64, 0usize);
+    for (i, (a, b)) in got.chunks_exact(v).zip(want.chunks_exact(v)).enumerate() {
+        max_abs = max_abs.max(max_abs_diff(a, b));
+        kl_sum += kl(b, a);
+        agree += usize::from(argmax(a) == argmax(b));
+        let flip = bounds.map_or(1e-3, |(b, _, _)| (2.0 * b * sigma) as f32);
+        if margin(b) >= flip {
+            assert_eq!(argmax(a), argmax(b), "{tag}: row {i}: top-1 differs where the margin is {}", margin(b));
+        }
+    }
+    let rows = (got.len() / v) as f64;
+    let mean_kl = kl_sum / rows;
+    eprintln!(
+        "{tag}: sigma {sigma:.3} max|dlogit| {max_abs:.3e} ({:.3} sigma) mean KL {mean_kl:.3e} top1 agree {:.3}",
+        max_abs as f64 / sigma,
+        agree as f64 / rows
+    );
+    match bounds {
+        None => assert!(max_abs <= 1e-3, "{tag}: max |dlogit| {max_abs} > 1e-3"),
+        Some((b, kl_max, agree_min)) => {
+            assert!(max_abs as f64 <= b * sigma, "{tag}: max |dlogit| {max_abs} > {}", b * sigma);
+            assert!(mean_kl <= kl_max * sigma * sigma, "{tag}: mean KL {mean_kl}");
+            assert!(agree as f64 / rows >= agree_min, "{tag}: top-1 agreement {}", agree as f64 / rows);
+        }
+    }
+}
+
+/// The GGUF file `gguf` converted with its own values, at every tier this CPU has: the prompt
+/// `ids`' logits against `want` ([`check_logits`] with `bounds`), and its last token decoded
+/// after the rest through the cache equal to the prompt's last row.
+pub fn check_gguf_logits(gguf: &Path, ids: &[u32], want: &[f32], bounds: Option<(f64, f64, f64)>) {
+    use moescope::engine::{Engine, EngineOptions};
+    use moescope::model::{Logits, NoObserver};
+    let v = want.len() / ids.len();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pkg = dir.path().join("gguf.moe");
+    moescope::convert::convert_gguf(gguf, &pkg, ConvertOptions::new(QuantMode::File))
+        .unwrap_or_else(|e| panic!("converting {}: {e}", gguf.display()));
+    let name = gguf.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    for isa in moescope_kernels::Isa::available() {
+        let tag = format!("{name} {isa}");
+        let ctx = Some(ids.len().next_multiple_of(64));
+        let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: ctx, isa, stream: None }).expect("load");
+        let got = eng.eval(ids, Logits::All, &mut NoObserver).expect("prefill");
+        eng.reset();
+        eng.eval(&ids[..ids.len() - 1], Logits::Last, &mut NoObserver).expect("prefill");
+        let inc = eng.eval(&ids[ids.len() - 1..], Logits::Last, &mut NoObserver).expect("decode");
+        let d_inc = max_abs_diff(&inc, &got[(ids.len() - 1) * v..]);
+        assert!(d_inc <= 1e-4, "{tag}: decode differs from the prompt's last row by {d_inc}");
+        check_logits(&tag, &got, want, v, bounds);
+    }
+}
