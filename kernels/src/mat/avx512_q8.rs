@@ -273,9 +273,9 @@ unsafe fn put_sub<const R: usize, const T: usize>(
 /// of its group `l * GPC / 16`; the lanes start from -128 times their 4 activations' sum (the
 /// flip's bias, exact: one `vpdpbusd` of 128s per token, shared by the tile's rows), take the
 /// flipped weights' products, and one FMA per chunk scales them with the groups' weight x
-/// activation scales spread over their lanes by one permute; with `mins`, their term last.
-/// Per (row, token) the same
-/// operations in the same order whatever the tile, so decode and prefill agree bit for bit.
+/// activation scales spread over their lanes by one permute; with `mins`, their term last. Per
+/// (row, token) the same operations in the same order whatever the tile, so decode and prefill
+/// agree bit for bit.
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI; `64 / GPC` is the rows' group; rows `r0..r0 + R` of `q` (`cols`
