@@ -101,3 +101,19 @@ fn split_model_with_a_part_missing() {
     let first = d.path().join("tiny-bf16-00001-of-00003.gguf");
     convert_fails(&first, &["tiny-bf16-00002-of-00003.gguf"]);
 }
+
+/// A block count far past the file's layers is refused at once, before anything is sized by it.
+#[test]
+fn block_count_past_the_layers_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    // qwen3moe.block_count: a u32 (type 4) of 2 after the key
+    let key = b"qwen3moe.block_count";
+    let mut b = std::fs::read(fixture("gguf/tiny/tiny-q8_0.gguf")).expect("fixture");
+    let at = b.windows(key.len()).position(|w| w == key).expect("key") + key.len();
+    assert_eq!(u32::from_le_bytes(b[at..at + 4].try_into().unwrap()), 4, "a u32");
+    assert_eq!(u32::from_le_bytes(b[at + 4..at + 8].try_into().unwrap()), 2, "2 blocks");
+    b[at + 4..at + 8].copy_from_slice(&u32::MAX.to_le_bytes());
+    let p = d.path().join("bad.gguf");
+    std::fs::write(&p, b).unwrap();
+    convert_fails(&p, &["qwen3moe.block_count", "4294967295 blocks", "blk.4294967294.attn_norm.weight"]);
+}

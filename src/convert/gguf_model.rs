@@ -244,6 +244,11 @@ impl GgufModel {
             .checked_sub(mtp)
             .filter(|&n| n > 0)
             .ok_or_else(|| self.config_err(&k("nextn_predict_layers"), format!("{mtp} of {blocks} blocks")))?;
+        // a count the file states is checked against what it holds before anything is sized by it
+        let last = format!("blk.{}.attn_norm.weight", layers - 1);
+        if self.tensor(&last).is_none() {
+            return Err(self.config_err(&k("block_count"), format!("{blocks} blocks, but the file has no {last}")));
+        }
         let hybrid = match model_arch.is_hybrid() {
             true => Some(self.hybrid_config(arch, layers, head_dim)?),
             false => None,
