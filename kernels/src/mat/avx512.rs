@@ -25,6 +25,12 @@ use std::ops::Range;
 use crate::act::QuantAct;
 use crate::quant::{ROW_BLOCK, interleaved_offset};
 
+/// The mask of the first `n` of 16 lanes (all of them from 16 on): a row's last groups, fewer
+/// than a vector.
+pub(super) fn first_lanes(n: usize) -> __mmask16 {
+    if n >= 16 { 0xFFFF } else { (1u16 << n) - 1 }
+}
+
 /// Whether these kernels take a q4 matrix with groups of `group`: whole 128-value chunks per
 /// group, or 2 or 4 groups per chunk.
 pub fn supports_q4(group: usize) -> bool {
@@ -393,7 +399,7 @@ unsafe fn scale_products<const R: usize, const T: usize>(
 ) {
     let ng = m.ng;
     let k = (ng - gb).min(16);
-    let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
+    let mask = first_lanes(k);
     for (i, sc) in sc.iter_mut().enumerate() {
         // SAFETY: groups gb..gb + k of row r0 + i and of each token exist; masked lanes are not
         // read
@@ -477,7 +483,7 @@ unsafe fn finish<const R: usize, const T: usize, const SIX: bool>(
     };
     for g in (0..ng).step_by(16) {
         let k = (ng - g).min(16);
-        let mask: __mmask16 = if k == 16 { 0xFFFF } else { (1u16 << k) - 1 };
+        let mask = first_lanes(k);
         let b: [__m512; T] = std::array::from_fn(|t| {
             // SAFETY: lanes g..g + k of the token's sums exist; masked lanes are not read
             let ss = unsafe { _mm512_maskz_loadu_ps(mask, m.a.scaled_sums.as_ptr().add((t0 + t) * ng + g)) };

@@ -7,6 +7,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx512::first_lanes;
 use crate::act::{QuantAct, QuantRow};
 
 /// Whether these kernels take a q8 matrix of `cols` columns with groups of `group`: whole
@@ -308,7 +309,7 @@ unsafe fn q8_put_sub<const R: usize, const T: usize, const GPC: usize>(
         let k = ci % (16 / GPC);
         if k == 0 {
             let gb = ci * GPC;
-            let m: __mmask16 = if ng - gb >= 16 { 0xFFFF } else { (1u16 << (ng - gb)) - 1 };
+            let m = first_lanes(ng - gb);
             for (i, s) in sc.iter_mut().enumerate() {
                 for (t, x) in xs.iter().enumerate() {
                     // SAFETY: the masked lanes are groups gb.. of the row and the token
@@ -340,7 +341,7 @@ unsafe fn q8_put_sub<const R: usize, const T: usize, const GPC: usize>(
     // asymmetric groups (`scale * q - min`): `- min_g * sum_g a * as_g`, 16 groups at a time
     if let Some(mins) = mins {
         for gb in (0..ng).step_by(16) {
-            let m: __mmask16 = if ng - gb >= 16 { 0xFFFF } else { (1u16 << (ng - gb)) - 1 };
+            let m = first_lanes(ng - gb);
             for (i, f) in f.iter_mut().enumerate() {
                 // SAFETY: the masked lanes are groups gb.. of the row and of each token
                 let mv = unsafe { _mm512_maskz_loadu_ps(m, mins.as_ptr().add((r0 + i) * ng + gb)) };

@@ -94,7 +94,7 @@ unsafe fn mins_term_avx512(bias: f32, s: &[f32], m: &[f32], ss: &[f32]) -> f32 {
     let b = _mm512_set1_ps(bias);
     let mut acc = _mm512_setzero_ps();
     for g in (0..s.len()).step_by(16) {
-        let k: __mmask16 = if s.len() - g >= 16 { 0xFFFF } else { (1u16 << (s.len() - g)) - 1 };
+        let k = super::avx512::first_lanes(s.len() - g);
         // SAFETY: the masked lanes are groups g.. of the three slices
         let (sv, mv, sv2) = unsafe {
             (
