@@ -11,8 +11,14 @@ use common::*;
 /// A copy of the tiny Q8_0 fixture with the bytes `from` (which must occur once) replaced by
 /// `to` (of the same length).
 fn patched(dir: &Path, from: &[u8], to: &[u8]) -> PathBuf {
+    patched_file(dir, "gguf/tiny/tiny-q8_0.gguf", from, to)
+}
+
+/// A copy of the GGUF fixture `file` with the bytes `from` (which must occur once) replaced by
+/// `to` (of the same length).
+fn patched_file(dir: &Path, file: &str, from: &[u8], to: &[u8]) -> PathBuf {
     assert_eq!(from.len(), to.len());
-    let mut b = std::fs::read(fixture("gguf/tiny/tiny-q8_0.gguf")).expect("fixture");
+    let mut b = std::fs::read(fixture(file)).expect("fixture");
     let hits: Vec<usize> = b.windows(from.len()).enumerate().filter(|(_, w)| *w == from).map(|(i, _)| i).collect();
     assert_eq!(hits.len(), 1, "{:?} occurs {} times", String::from_utf8_lossy(from), hits.len());
     b[hits[0]..hits[0] + to.len()].copy_from_slice(to);
@@ -55,23 +61,26 @@ fn unknown_architecture() {
     convert_fails(&p, &["bad.gguf", "unsupported architecture", "llama3xx"]);
 }
 
-/// Qwen3-Next's GGUFs fuse the mixer's projections in layouts not mapped yet: the tiny qwen35moe
-/// file with every `qwen35moe` (the architecture and its keys' prefix) spelled `qwen3next`.
+/// qwen3next's beta and alpha come from its fused `ssm_ba`, which is named when missing.
 #[test]
-fn qwen3next_gguf_is_refused_for_now() {
+fn qwen3next_without_ssm_ba_names_it() {
     let d = tempfile::tempdir().unwrap();
-    let mut b = std::fs::read(fixture("gguf/qwen35/qwen35-q8_0.gguf")).expect("fixture");
-    let mut hits = 0;
-    for i in 0..b.len().saturating_sub(9) {
-        if &b[i..i + 9] == b"qwen35moe" {
-            b[i..i + 9].copy_from_slice(b"qwen3next");
-            hits += 1;
-        }
-    }
-    assert!(hits > 10, "{hits} keys");
-    let p = d.path().join("next.gguf");
-    std::fs::write(&p, b).expect("write");
-    convert_fails(&p, &["next.gguf", "general.architecture", "qwen3next GGUF files are not read yet"]);
+    let p = patched_file(d.path(), "gguf/next/next-moe-q8_0.gguf", b"blk.2.ssm_ba.weight", b"blk.2.ssm_bX.weight");
+    convert_fails(&p, &["bad.gguf", "missing tensor", "blk.2.ssm_ba.weight"]);
+}
+
+/// An `ssm_ba` that disagrees with the value heads the metadata states is named, with both shapes.
+#[test]
+fn qwen3next_ssm_ba_of_the_wrong_size_is_named() {
+    let d = tempfile::tempdir().unwrap();
+    // time_step_rank 6 -> 4: 2 key heads of r = 2, so beta would be 4 rows, but ssm_ba holds 12
+    let key = b"qwen3next.ssm.time_step_rank";
+    let mut from = key.to_vec();
+    from.extend_from_slice(&[4, 0, 0, 0, 6, 0, 0, 0]);
+    let mut to = key.to_vec();
+    to.extend_from_slice(&[4, 0, 0, 0, 4, 0, 0, 0]);
+    let p = patched_file(d.path(), "gguf/next/next-moe-q8_0.gguf", &from, &to);
+    convert_fails(&p, &["bad.gguf", "blk.0.ssm_ba.weight", "[6, 128], expected [4, 128]"]);
 }
 
 #[test]

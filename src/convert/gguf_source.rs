@@ -13,6 +13,7 @@ use moescope_kernels::ggml::{BlockType, dequantize};
 use moescope_kernels::quant::{interleave_rows, put_q6};
 
 use super::error::ConvertError;
+use super::gguf_codes::each_block;
 use super::gguf_model::GgufModel;
 use super::source::TensorSource;
 
@@ -41,13 +42,35 @@ pub struct GgufSource {
     pub model: GgufModel,
     files: Vec<(PathBuf, File)>,
     num_experts: usize,
-    /// hybrids (qwen35moe): the attention head dim (`attn_q` holds each head's queries, then
-    /// its gates)
-    hybrid_head_dim: Option<usize>,
+    hybrid: Option<HybridRows>,
 }
 
-/// A hybrid's (qwen35moe) layer tensors under the package's names (after `model.layers.N.`),
-/// besides `attn_q`'s two halves and the experts.
+/// How a hybrid's (qwen35moe, qwen3next) fused tensors hold the package's.
+#[derive(Debug, Clone, Copy)]
+struct HybridRows {
+    /// `attn_q` holds each head's `head_dim` queries, then its `head_dim` output gates
+    head_dim: usize,
+    /// qwen3next: beta and alpha in one `ssm_ba` holding, per key head, r beta rows then r alpha
+    /// rows (Qwen3-Next's `in_proj_ba` as it is), r = this many value heads per key head;
+    /// None: qwen35moe's `ssm_beta` and `ssm_alpha`
+    ba_fused: Option<usize>,
+}
+
+impl HybridRows {
+    /// qwen3next's fused `ssm_ba` and which half of each key head's rows `rest` is, if it is one.
+    fn ba_half(&self, rest: &str) -> Option<(usize, bool)> {
+        let r = self.ba_fused?;
+        match rest {
+            "linear_attn.in_proj_b.weight" => Some((r, false)),
+            "linear_attn.in_proj_a.weight" => Some((r, true)),
+            _ => None,
+        }
+    }
+}
+
+/// A hybrid's layer tensors under the package's names (after `model.layers.N.`), besides
+/// `attn_q`'s two halves, qwen3next's `ssm_ba` and the experts. qwen3next and qwen35moe files
+/// name them alike; their value heads' order differs (`HybridConfig::value_heads_tiled`).
 fn hybrid_layer_name(rest: &str) -> Option<&'static str> {
     Some(match rest {
         "input_layernorm.weight" => "attn_norm.weight",
@@ -133,86 +156,6 @@ pub fn runs_as(id: u32) -> String {
     }
 }
 
-/// Codes of a block of `t` with the scale and min of each run of `sub` codes (value =
-/// `scale * code - min`; the symmetric types' mins are 0 and their codes signed, the
-/// asymmetric types' codes unsigned); `None` for the float types.
-fn block_codes(t: BlockType, b: &[u8], codes: &mut [i8], scales: &mut Vec<f32>, mins: &mut Vec<f32>) -> Option<usize> {
-    let f16 = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-    match t {
-        BlockType::Q8_0 => {
-            scales.push(f16(0));
-            mins.push(0.0);
-            codes.iter_mut().zip(&b[2..34]).for_each(|(c, &q)| *c = q as i8);
-            Some(32)
-        }
-        BlockType::Q4_0 | BlockType::Q5_0 | BlockType::Q4_1 => {
-            // Q4_1: d, m, then nibbles as Q4_0's; Q5_0: d, 32 high bits, nibbles
-            let (qs, qh, bias) = match t {
-                BlockType::Q4_0 => (&b[2..18], 0u32, 8),
-                BlockType::Q5_0 => (&b[6..22], u32::from_le_bytes([b[2], b[3], b[4], b[5]]), 16),
-                _ => (&b[4..20], 0u32, 0),
-            };
-            scales.push(f16(0));
-            mins.push(if t == BlockType::Q4_1 { -f16(2) } else { 0.0 });
-            for j in 0..16 {
-                let lo = (qs[j] & 15) as u32 | ((qh >> j) & 1) << 4;
-                let hi = (qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
-                codes[j] = (lo as i32 - bias) as i8;
-                codes[j + 16] = (hi as i32 - bias) as i8;
-            }
-            Some(32)
-        }
-        BlockType::Q4K | BlockType::Q5K => {
-            let (d, dmin) = (f16(0), f16(2));
-            let (sc, qh, qs) = if t == BlockType::Q4K {
-                (&b[4..16], &b[0..0], &b[16..144])
-            } else {
-                (&b[4..16], &b[16..48], &b[48..176])
-            };
-            for j in 0..8 {
-                let (s, m) = moescope_kernels::ggml::k_scale_min(sc, j);
-                scales.push(d * s as f32);
-                mins.push(dmin * m as f32);
-                let (g, shift) = (j / 2, 4 * (j % 2));
-                for l in 0..32 {
-                    let hi = if qh.is_empty() { 0 } else { ((qh[l] >> j) & 1) << 4 };
-                    codes[32 * j + l] = (((qs[32 * g + l] >> shift) & 15) | hi) as i8;
-                }
-            }
-            Some(32)
-        }
-        BlockType::Q6K => {
-            let d = f16(208);
-            for s in 0..16 {
-                scales.push(d * b[192 + s] as i8 as f32);
-                mins.push(0.0);
-            }
-            // the codes are the dequantized values over their sub-block scale
-            let mut v = [0f32; 256];
-            let mut unit = b.to_vec();
-            unit[192..208].iter_mut().for_each(|s| *s = 1);
-            unit[208..210].copy_from_slice(&half::f16::ONE.to_le_bytes());
-            dequantize(BlockType::Q6K, &unit, &mut v);
-            codes.iter_mut().zip(&v).for_each(|(c, &x)| *c = x as i8);
-            Some(16)
-        }
-        BlockType::F32 | BlockType::F16 | BlockType::Bf16 => None,
-    }
-}
-
-/// `f(codes, scales, mins, sub)` for each block of `raw` (whole blocks of type `t`, see
-/// [`block_codes`]); false, having stopped, if `t` has no codes.
-fn each_block(t: BlockType, raw: &[u8], mut f: impl FnMut(&[i8], &[f32], &[f32], usize)) -> bool {
-    let (mut codes, mut sc, mut mn) = (vec![0i8; t.block()], Vec::new(), Vec::new());
-    for b in raw.chunks_exact(t.block_bytes()) {
-        sc.clear();
-        mn.clear();
-        let Some(sub) = block_codes(t, b, &mut codes, &mut sc, &mut mn) else { return false };
-        f(&codes, &sc, &mn, sub);
-    }
-    true
-}
-
 impl GgufSource {
     pub fn open(path: &Path) -> Result<GgufSource, ConvertError> {
         let model = GgufModel::open(path)?;
@@ -223,8 +166,12 @@ impl GgufSource {
         }
         let cfg = model.config().ok();
         let num_experts = cfg.as_ref().map_or(0, |c| c.num_experts);
-        let hybrid_head_dim = cfg.filter(|c| c.hybrid.is_some()).map(|c| c.head_dim);
-        Ok(GgufSource { model, files, num_experts, hybrid_head_dim })
+        let hybrid = cfg.and_then(|c| {
+            let hy = c.hybrid.as_ref()?;
+            let fused = c.arch == crate::model_config::Arch::Qwen3Next;
+            Some(HybridRows { head_dim: c.head_dim, ba_fused: fused.then(|| hy.value_heads / hy.key_heads.max(1)) })
+        });
+        Ok(GgufSource { model, files, num_experts, hybrid })
     }
 
     /// Where the HF tensor `name`'s rows are, with its HF shape `[rows, cols]`.
@@ -245,7 +192,16 @@ impl GgufSource {
         let rest = name.strip_prefix("model.layers.")?;
         let (l, rest) = rest.split_once('.')?;
         let l: usize = l.parse().ok()?;
-        if let Some(hd) = self.hybrid_head_dim {
+        if let Some(hy) = self.hybrid {
+            let hd = hy.head_dim;
+            if let Some((r, alpha)) = hy.ba_half(rest) {
+                let s = whole(&format!("blk.{l}.ssm_ba.weight"))?;
+                return (r > 0 && s.rows.is_multiple_of(2 * r)).then(|| Slice {
+                    rows: s.rows / 2,
+                    runs: Some((2 * r, if alpha { r } else { 0 }, r)),
+                    ..s
+                });
+            }
             if let Some(g) = hybrid_layer_name(rest) {
                 return whole(&format!("blk.{l}.{g}"));
             }
@@ -480,82 +436,17 @@ impl TensorSource for GgufSource {
                 let Some((l, rest)) = name.strip_prefix("model.layers.").and_then(|r| r.split_once('.')) else {
                     return name.into();
                 };
-                match (layer_name(rest), rest.strip_prefix("mlp.experts.").and_then(|r| r.split_once('.'))) {
+                let g = match self.hybrid {
+                    Some(hy) if hy.ba_half(rest).is_some() => Some("ssm_ba.weight"),
+                    Some(_) => hybrid_layer_name(rest),
+                    None => layer_name(rest),
+                };
+                match (g, rest.strip_prefix("mlp.experts.").and_then(|r| r.split_once('.'))) {
                     (Some(g), _) => format!("blk.{l}.{g}"),
                     (None, Some((_, p))) => format!("blk.{l}.ffn_{}_exps.weight", p.trim_end_matches("_proj.weight")),
                     _ => name.into(),
                 }
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A block of `t` with random bytes and f16 scales in [1/1024, 1024).
-    fn random_block(t: BlockType, seed: u64) -> Vec<u8> {
-        let mut s = seed;
-        let mut next = move || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (s >> 33) as u32
-        };
-        let mut b: Vec<u8> = (0..t.block_bytes()).map(|_| next() as u8).collect();
-        let at = if t == BlockType::Q6K { 208 } else { 0 };
-        let d = half::f16::from_f32((next() % 20) as f32 / 10.0 - 1.0).to_f32().exp2()
-            * if next() % 2 == 0 { 1.0 } else { -1.0 };
-        b[at..at + 2].copy_from_slice(&half::f16::from_f32(d * 0.01).to_le_bytes());
-        b
-    }
-
-    #[test]
-    fn codes_scales_and_mins_give_the_dequantized_values() {
-        for t in [
-            BlockType::Q8_0,
-            BlockType::Q4_0,
-            BlockType::Q5_0,
-            BlockType::Q6K,
-            BlockType::Q4_1,
-            BlockType::Q4K,
-            BlockType::Q5K,
-        ] {
-            for seed in 0..50 {
-                let mut b = random_block(t, seed);
-                if matches!(t, BlockType::Q4K | BlockType::Q5K) {
-                    b[2..4].copy_from_slice(&half::f16::from_f32(0.003).to_le_bytes()); // dmin
-                }
-                if t == BlockType::Q4_1 {
-                    b[2..4].copy_from_slice(&half::f16::from_f32(-0.07).to_le_bytes()); // m
-                }
-                let mut want = vec![0f32; t.block()];
-                dequantize(t, &b, &mut want);
-                let (mut codes, mut scales, mut mins) = (vec![0i8; t.block()], vec![], vec![]);
-                let sub = block_codes(t, &b, &mut codes, &mut scales, &mut mins).expect("quantized");
-                let (f, asym) = exact_format(t);
-                assert_eq!(f.group(), Some(sub), "{}", t.name());
-                for (j, w) in want.iter().enumerate() {
-                    // ggml's two operations: scale * code, then - min (symmetric types: min 0)
-                    let got = if asym {
-                        scales[j / sub] * codes[j] as f32 - mins[j / sub]
-                    } else {
-                        scales[j / sub] * codes[j] as f32
-                    };
-                    assert_eq!(got.to_bits(), w.to_bits(), "{} seed {seed} value {j}: {got} != {w}", t.name());
-                    if !asym {
-                        assert_eq!(mins[j / sub], 0.0);
-                    }
-                }
-            }
-        }
-        let mut c = vec![0i8; 256];
-        for t in [BlockType::F16, BlockType::Bf16, BlockType::F32] {
-            assert_eq!(
-                block_codes(t, &vec![0; t.block_bytes()], &mut c, &mut vec![], &mut vec![]),
-                None,
-                "{}",
-                t.name()
-            );
         }
     }
 }

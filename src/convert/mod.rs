@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod gguf;
+mod gguf_codes;
 pub mod gguf_model;
 pub mod gguf_source;
 pub mod gguf_vocab;
@@ -114,12 +115,6 @@ pub fn convert_gguf(path: &Path, out: &Path, opts: ConvertOptions) -> Result<Con
     let t0 = Instant::now();
     let src = gguf_source::GgufSource::open(path)?;
     let mut cfg = src.model.config()?;
-    if cfg.arch == crate::model_config::Arch::Qwen3Next {
-        // its GGUFs fuse the mixer's projections (ssm_in, ssm_ba) in layouts not mapped yet
-        return Err(src
-            .model
-            .config_err("general.architecture", "qwen3next GGUF files are not read yet (qwen3moe and qwen35moe are)"));
-    }
     // every tensor's type is one moescope reads, before a byte is written
     for t in src.model.tensors() {
         src.model.block_type(&t.name)?;

@@ -28,22 +28,7 @@ log "start"
         ninja -C "$W/b" -j 14 llama-quantize llama-perplexity llama-tokenize llama-gguf-split >>"$W/build.log" 2>&1
 ) &
 BUILD=$!
-conv() {
-    python3 - "$@" <<EOF
-import sys, runpy
-sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
-sys.path.insert(0, "$W/llama")
-import conversion.base as b
-orig = b.TextModel.get_vocab_base_pre
-def pre(self, tok):
-    try:
-        return orig(self, tok)
-    except NotImplementedError:
-        return "qwen2"
-b.TextModel.get_vocab_base_pre = pre
-runpy.run_path("$W/llama/convert_hf_to_gguf.py", run_name="__main__")
-EOF
-}
+. tests/reference/llama_convert.sh
 mkdir -p "$W/demo"
 cp src/demo/model/config.json src/demo/model/model.safetensors src/demo/tokenizer.json src/demo/tokenizer_config.json "$W/demo/"
 for t in bf16 q8_0; do

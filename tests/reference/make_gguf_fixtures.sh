@@ -40,23 +40,7 @@ log "start"
 ) &
 BUILD=$!
 
-# the converter, told "qwen2" for a tokenizer hash it does not know
-conv() {
-    python3 - "$@" <<EOF
-import sys, runpy
-sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[1:]
-sys.path.insert(0, "$W/llama")
-import conversion.base as b
-orig = b.TextModel.get_vocab_base_pre
-def pre(self, tok):
-    try:
-        return orig(self, tok)
-    except NotImplementedError:
-        return "qwen2"
-b.TextModel.get_vocab_base_pre = pre
-runpy.run_path("$W/llama/convert_hf_to_gguf.py", run_name="__main__")
-EOF
-}
+. tests/reference/llama_convert.sh
 
 python3 tests/reference/make_gguf_tiny.py "$W/t" tests/fixtures/demo/heldout.txt assets/tokenizers/qwen3/tokenizer_config.json >>"$LOG" 2>&1 || { log "tiny checkpoint failed"; exit 1; }
 log "tiny checkpoint"

@@ -4,7 +4,7 @@ under tests/fixtures/ and what transformers computes on them. Run once, by hand,
 oracle environment of make_fixtures.py (torch + transformers 5.24.0); the tests only read what
 this writes.
 
-usage: make_hybrid_fixtures.py OUT_DIR [NAME ...]   (default: every fixture)
+usage: make_hybrid_fixtures.py OUT_DIR [NAME ...]   (default: next and qwen35)
 
 Same files and reference.safetensors keys as make_fixtures.py (logits, hidden_states,
 router_*, generated_ids / gen_logits / gen_margin with 24 decoded tokens, forced_*).
@@ -48,6 +48,15 @@ FIXTURES = {
         linear_key_head_dim=16, linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=6,
         num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=48,
         intermediate_size=96, mlp_only_layers=[1], decoder_sparse_step=1, norm_topk_prob=False,
+        tie_word_embeddings=False, layer_types=["linear_attention"] * 3 + ["full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25})),
+    # the shape of the qwen3next GGUF fixtures (tests/reference/gguf_next_device.sh): every layer
+    # MoE and the top-k renormalised, as llama.cpp's qwen3next graph assumes (and Qwen3-Next-80B is)
+    "next-moe": dict(arch="qwen3_next", seed=23, text=dict(
+        hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        linear_key_head_dim=16, linear_value_head_dim=24, linear_num_key_heads=2, linear_num_value_heads=6,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=48,
+        intermediate_size=96, mlp_only_layers=[], decoder_sparse_step=1, norm_topk_prob=True,
         tie_word_embeddings=False, layer_types=["linear_attention"] * 3 + ["full_attention"],
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25})),
     "qwen35": dict(arch="qwen3_5_moe", seed=22, fused=True, mtp=True, text=dict(
@@ -159,8 +168,11 @@ def make(name, out_root):
     ids = [i % V for i in QWEN3_PROMPT] * LONG
     forced = [i % V for i in QWEN3_FORCED]
 
-    m = cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
-                            experts_implementation="eager").eval()
+    try:
+        m = cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager",
+                                experts_implementation="eager").eval()
+    except TypeError:  # transformers before experts_implementation: eager is all there is
+        m = cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager").eval()
     tc = m.config.get_text_config() if hasattr(m.config, "get_text_config") else m.config
     tm = text_model(m)
     L, E, K = tc.num_hidden_layers, tc.num_experts, tc.num_experts_per_tok
@@ -211,7 +223,8 @@ def make(name, out_root):
 def main():
     out = sys.argv[1]
     torch.set_num_threads(2)
-    for n in sys.argv[2:] or list(FIXTURES):
+    # next-moe is made only for its GGUFs (gguf_next_device.sh), not kept as a checkpoint
+    for n in sys.argv[2:] or [n for n in FIXTURES if n != "next-moe"]:
         make(n, out)
 
 
