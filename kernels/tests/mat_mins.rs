@@ -15,9 +15,23 @@ fn uniform(seed: u64) -> impl FnMut() -> f32 {
     }
 }
 
+/// gamma(k) = k u / (1 - k u), u = 2^-24: the relative error bound of k f32 roundings.
+fn gamma(k: usize) -> f64 {
+    let ku = k as f64 * f64::powi(2.0, -24);
+    ku / (1.0 - ku)
+}
+
 /// Asymmetric groups (GGUF's Q4_K / Q5_K: `scale * n - min`) on the q4 and q8 kernels plus
-/// the mins' term, at every tier, against the f64 product of the values `dequant_row` gives
-/// (themselves checked against the formula) and the quantized activations.
+/// the mins' term, at every tier, against the exact product (f64) of the values (`dequant_row`'s,
+/// checked against the formula) and the quantized activations, within a bound derived for the
+/// kernels' operations. Per group g with activation scale `as`, integer sums `isum` (of
+/// `(n - bias) a`, bias 8 for q4 and 0 for q8) and `sums` (of `a`), the product is
+/// `wd as isum + (bias wd - min) as sums`. The row kernels take the first term with one rounding
+/// for `wd as`, one for the product and one per group for their running sum, and the mins' term
+/// (`mins_term`) with three (`bias wd - min`, `sums as`, the product), at most ng / 16 + 4 in its
+/// lane and tree, and one adding it on; the AVX-512 kernels round each term at most as often
+/// (a lane's chain of fused multiply-adds over its groups, the bias term fused, a 4-level
+/// tree). So each term is off by at most gamma(ng + 8) of its magnitude.
 #[test]
 fn mins_make_groups_asymmetric() {
     let mut r = uniform(31);
@@ -50,6 +64,7 @@ fn mins_make_groups_asymmetric() {
         for m in mats {
             // the values: scale * n - min, n the unsigned code
             let mut vals = vec![0f32; rows * cols];
+            let mut codes = vec![0i32; rows * cols];
             for i in 0..rows {
                 m.dequant_row(i, &mut vals[i * cols..(i + 1) * cols]);
                 for j in 0..cols {
@@ -60,6 +75,7 @@ fn mins_make_groups_asymmetric() {
                         q8b[i * cols + j] as i32
                     };
                     assert_eq!(vals[i * cols + j], d[g] * code as f32 - mins[g], "row {i} value {j}");
+                    codes[i * cols + j] = code;
                 }
             }
             for n in [1, 3] {
@@ -73,15 +89,21 @@ fn mins_make_groups_asymmetric() {
                         for t in 0..n {
                             let a = qa.row(t);
                             let (mut want, mut mag) = (0f64, 0f64);
-                            for j in 0..cols {
-                                let xa = a.q[j] as f64 * a.scales[j / group] as f64;
-                                want += vals[i * cols + j] as f64 * xa;
-                                mag += (vals[i * cols + j] as f64 * xa).abs();
+                            let bias = if q4 { 8 } else { 0 };
+                            for gi in 0..ng {
+                                let (wd, mn, s) =
+                                    (d[i * ng + gi] as f64, mins[i * ng + gi] as f64, a.scales[gi] as f64);
+                                let isum: i64 = (gi * group..(gi + 1) * group)
+                                    .map(|j| (codes[i * cols + j] - bias) as i64 * a.q[j] as i64)
+                                    .sum();
+                                let (t1, t2) = (wd * s * isum as f64, (bias as f64 * wd - mn) * s * a.sums[gi] as f64);
+                                want += t1 + t2;
+                                mag += t1.abs() + t2.abs();
                             }
-                            let g = got[i * n + t] as f64;
+                            let (g, tol) = (got[i * n + t] as f64, gamma(ng + 8) * mag);
                             assert!(
-                                (g - want).abs() <= 1e-5 * mag + 1e-6,
-                                "{:?} x4 {} {isa} n={n} row {i} token {t}: {g} vs {want}",
+                                (g - want).abs() <= tol,
+                                "{:?} x4 {} {isa} n={n} row {i} token {t}: {g} vs {want} (bound {tol:e})",
                                 m.format(),
                                 matches!(m.data, MatData::Q4 { x4: true, .. })
                             );

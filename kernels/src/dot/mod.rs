@@ -220,15 +220,29 @@ mod tests {
             .collect()
     }
 
-    /// f64 brute force of what the integer kernels compute from the quantized values.
-    fn brute_q(wv: &[i32], wd: &[f32], a: &QuantAct, g: usize) -> f64 {
+    /// f64 brute force of what the integer kernels compute from the quantized values, and the
+    /// bound on the scalar kernel's rounding error derived for its order of operations: per
+    /// group an exact integer sum (asserted to convert to f32 exactly), `wd * as` (one rounding),
+    /// the product with the sum (one) and the running sum (one per group after the first), so
+    /// each term is off by at most (1 + u)^(ng + 1) - 1 <= gamma(ng + 1) of its magnitude
+    /// (Higham, Accuracy and Stability of Numerical Algorithms, 3.1 and 4.2).
+    fn brute_q(wv: &[i32], wd: &[f32], a: &QuantAct, g: usize) -> (f64, f64) {
         let r = a.row(0);
-        (0..wd.len())
-            .map(|gi| {
-                let s: i64 = (gi * g..(gi + 1) * g).map(|j| wv[j] as i64 * r.q[j] as i64).sum();
-                s as f64 * wd[gi] as f64 * r.scales[gi] as f64
-            })
-            .sum()
+        let (mut sum, mut mag) = (0f64, 0f64);
+        for gi in 0..wd.len() {
+            let s: i64 = (gi * g..(gi + 1) * g).map(|j| wv[j] as i64 * r.q[j] as i64).sum();
+            assert!(s.abs() < 1 << 24, "a group's integer sum {s} is not exact in f32");
+            let t = s as f64 * wd[gi] as f64 * r.scales[gi] as f64;
+            sum += t;
+            mag += t.abs();
+        }
+        (sum, gamma(wd.len() + 1) * mag)
+    }
+
+    /// gamma(k) = k u / (1 - k u), u = 2^-24: the relative error bound of k f32 roundings.
+    fn gamma(k: usize) -> f64 {
+        let ku = k as f64 * f64::powi(2.0, -24);
+        ku / (1.0 - ku)
     }
 
     #[test]
@@ -278,11 +292,10 @@ mod tests {
                         (0..g).map(move |j| q4_value(qg, g, j))
                     })
                     .collect();
-                let tol = |x: f64| 1e-5 * (1.0 + x.abs());
-                let b8 = brute_q(&v8, &d8, &a, g);
-                let b4 = brute_q(&v4, &d4, &a, g);
-                assert!((ref8 as f64 - b8).abs() <= tol(b8), "q8 g={g}");
-                assert!((ref4 as f64 - b4).abs() <= tol(b4), "q4 g={g}");
+                let (b8, tol8) = brute_q(&v8, &d8, &a, g);
+                let (b4, tol4) = brute_q(&v4, &d4, &a, g);
+                assert!((ref8 as f64 - b8).abs() <= tol8, "q8 g={g}: {ref8} vs {b8} (bound {tol8:e})");
+                assert!((ref4 as f64 - b4).abs() <= tol4, "q4 g={g}: {ref4} vs {b4} (bound {tol4:e})");
                 for isa in Isa::available() {
                     assert_eq!(dot_q8(isa, &q8, &d8, a.row(0)).to_bits(), ref8.to_bits(), "{isa} q8 g={g}");
                     assert_eq!(dot_q4(isa, &q4, &d4, a.row(0)).to_bits(), ref4.to_bits(), "{isa} q4 g={g}");
@@ -307,9 +320,9 @@ mod tests {
                 let mut d6 = vec![0f32; ngroups];
                 quantize_q6_row(&w, g, &mut q6, &mut d6);
                 let v6: Vec<i32> = (0..k).map(|j| q6_value(&q6, j)).collect();
-                let want = brute_q(&v6, &d6, &a, g);
+                let (want, tol) = brute_q(&v6, &d6, &a, g);
                 let got = scalar::dot_q6(&q6, &d6, a.row(0));
-                assert!((got as f64 - want).abs() <= 1e-5 * (1.0 + want.abs()), "g={g}: {got} vs {want}");
+                assert!((got as f64 - want).abs() <= tol, "g={g}: {got} vs {want} (bound {tol:e})");
                 for isa in Isa::available() {
                     assert_eq!(dot_q6(isa, &q6, &d6, a.row(0)).to_bits(), got.to_bits(), "{isa} q6 g={g}");
                 }

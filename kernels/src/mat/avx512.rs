@@ -8,8 +8,8 @@
 //! (q8: exactly, in lane 0; q4: in f32 over the groups at the end). Each group's int32 lanes
 //! are converted to f32 and accumulated with the group's scale (weight scale times activation
 //! scale) by one FMA, and the 16 float lanes are summed at the end: the same products as the
-//! scalar reference, summed in another order (tested within a relative tolerance, not bit for
-//! bit).
+//! scalar reference, summed in another order: held bit for bit to a scalar model of that order
+//! (`avx512_model.rs`), and near the scalar reference.
 //!
 //! q4 layout (`q4_lohi32`, groups of at least 32): a 64-byte load covers 128 values in four
 //! 32-value blocks; the low nibbles hold values 0-15, 32-47, 64-79, 96-111 of them and the high

@@ -6,6 +6,8 @@
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod avx512_model;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q8;
 mod mins;
