@@ -1,10 +1,11 @@
 //! qwen35moe and qwen3next GGUFs llama.cpp's converter wrote of tiny hybrid checkpoints (BF16,
 //! and Q8_0 by the converter's `--outtype q8_0`), run from the packages `convert_gguf` makes of
-//! them, against transformers' logits of each checkpoint itself (transformers 5.17 loads neither
-//! architecture's GGUFs, and a BF16 file holds its checkpoint's weights exactly):
+//! them, against transformers' logits of each checkpoint itself (a BF16 file holds its
+//! checkpoint's weights exactly) and, for qwen35moe, of transformers 5.24 loading the GGUF:
 //! - qwen35moe: the Qwen3.5-MoE of tests/fixtures/qwen35 (tests/reference/gguf_perplexity_device.sh);
 //! - qwen3next: a Qwen3-Next of the tests/fixtures/next shape with every layer MoE
-//!   (tests/fixtures/gguf/next, by tests/reference/gguf_next_device.sh).
+//!   (tests/fixtures/gguf/next, by tests/reference/gguf_next_device.sh); transformers 5.24 has no
+//!   qwen3next GGUF loader.
 //!
 //! The files keep llama.cpp's conventions and the engine runs them as they are: norms as (1 + w),
 //! `ssm_a` = -exp(A_log), qwen35moe's value heads in the tiled order; qwen3next's beta and alpha
@@ -23,14 +24,26 @@ fn check(reference: &str, file: &str, bounds: Option<(f64, f64, f64)>) {
     check_gguf_logits(&fixture("gguf").join(dir).join(file), &r.ids("input_ids"), &r.f32("logits"), bounds);
 }
 
+/// transformers 5.24 loading the qwen35moe GGUF itself (dequantized to f32), given the
+/// checkpoint's config (tests/reference/gguf_hybrid_oracle_device.sh: its GGUF loader takes the
+/// layer kinds from `full_attention_interval` and ignores `recurrent_layers`, which this
+/// fixture's non-periodic layers need); `logits_<type>` of tests/fixtures/gguf/qwen35.
+fn check_against_transformers_on_the_gguf(file: &str, bounds: Option<(f64, f64, f64)>) {
+    let r = Reference::load("gguf/qwen35");
+    let want = r.f32(&format!("logits_{}", file.trim_start_matches("qwen35-").trim_end_matches(".gguf")));
+    check_gguf_logits(&fixture("gguf/qwen35").join(file), &r.ids("input_ids"), &want, bounds);
+}
+
 #[test]
 fn qwen35moe_bf16_gguf_matches_transformers() {
     check("qwen35", "qwen35-bf16.gguf", None);
+    check_against_transformers_on_the_gguf("qwen35-bf16.gguf", None);
 }
 
 #[test]
 fn qwen35moe_q8_0_gguf_within_the_q8_bounds() {
     check("qwen35", "qwen35-q8_0.gguf", Some((0.6, 1.2e-3, 0.85)));
+    check_against_transformers_on_the_gguf("qwen35-q8_0.gguf", Some((0.6, 1.2e-3, 0.85)));
 }
 
 /// The config the GGUF's metadata gives and the checkpoint's config.json, with what GGUF states
