@@ -118,6 +118,18 @@ impl HybridConfig {
                 return Err(format!("{k} must be positive"));
             }
         }
+        for (k, v, most) in [
+            ("linear_conv_kernel_dim", self.conv_kernel, 1 << 6),
+            ("linear_num_key_heads", self.key_heads, 1 << 10),
+            ("linear_key_head_dim", self.key_head_dim, 1 << 12),
+            ("linear_num_value_heads", self.value_heads, 1 << 10),
+            ("linear_value_head_dim", self.value_head_dim, 1 << 12),
+            ("shared_expert_intermediate_size", self.shared_expert_intermediate_size, 1 << 20),
+        ] {
+            if v > most {
+                return Err(format!("{k} ({v}) is beyond what moescope runs (at most {most})"));
+            }
+        }
         if !self.value_heads.is_multiple_of(self.key_heads) {
             return Err(format!(
                 "linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
@@ -223,6 +235,25 @@ impl ModelConfig {
         for (k, v) in positive {
             if v == 0 {
                 return Err(format!("{k} must be positive"));
+            }
+        }
+        // sizes past any released model's by orders of magnitude are refused before anything
+        // loops over them or sizes a buffer by them (a config's num_hidden_layers of 10^9 made
+        // `convert` list 10^9 layers)
+        for (k, v, most) in [
+            ("vocab_size", self.vocab_size, 1 << 22),
+            ("hidden_size", self.hidden_size, 1 << 16),
+            ("num_hidden_layers", self.num_hidden_layers, 1 << 10),
+            ("num_attention_heads", self.num_attention_heads, 1 << 10),
+            ("num_key_value_heads", self.num_key_value_heads, 1 << 10),
+            ("head_dim", self.head_dim, 1 << 12),
+            ("intermediate_size", self.intermediate_size, 1 << 20),
+            ("moe_intermediate_size", self.moe_intermediate_size, 1 << 20),
+            ("num_experts", self.num_experts, 1 << 14),
+            ("max_position_embeddings", self.max_position_embeddings, 1 << 24),
+        ] {
+            if v > most {
+                return Err(format!("{k} ({v}) is beyond what moescope runs (at most {most})"));
             }
         }
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {

@@ -83,6 +83,32 @@ fn missing_config_key_is_named() {
     assert_no_output(d.path(), &out);
 }
 
+/// Counts a config states are checked before anything loops over them: past any model's (10^9,
+/// 2^40 layers, 10^9 experts: `convert` ran for minutes on the first), and within reason but
+/// more than the checkpoint holds (the missing last layer is named). Each fails at once.
+#[test]
+fn huge_counts_in_config_fail_at_once() {
+    for (key, value, needles) in [
+        ("num_hidden_layers", 1_000_000_000u64, &["num_hidden_layers", "beyond", "at most 1024"][..]),
+        ("num_hidden_layers", 1 << 40, &["num_hidden_layers", "beyond"][..]),
+        ("num_experts", 1_000_000_000, &["num_experts", "beyond"][..]),
+        ("vocab_size", 1 << 40, &["vocab_size", "beyond"][..]),
+        ("num_hidden_layers", 1000, &["missing tensor", "model.layers.999.input_layernorm.weight"][..]),
+    ] {
+        let (d, ck) = copy_single();
+        let cfg = ck.join("config.json");
+        let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+        v[key] = value.into();
+        std::fs::write(&cfg, v.to_string()).unwrap();
+        let out = d.path().join("x.moe");
+        let t0 = std::time::Instant::now();
+        assert_clean_failure(&convert_cmd(&ck, &out, d.path()), needles);
+        // a hang shows as minutes; this is not a timing test, the bound only has to catch that
+        assert!(t0.elapsed().as_secs() < 60, "{key} = {value}: {:?}", t0.elapsed());
+        assert_no_output(d.path(), &out);
+    }
+}
+
 #[test]
 fn missing_tensor() {
     let (d, ck) = copy_single();

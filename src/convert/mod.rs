@@ -178,6 +178,15 @@ pub trait BlobSource: Sync {
     fn blob(&self, region: &ExpertRegion, layer: usize, expert: usize) -> Result<Vec<u8>, ConvertError>;
 }
 
+/// The error of a blob asked for in a layer the expert region does not hold (a caller's bug).
+pub(crate) fn no_experts_in(layer: usize) -> ConvertError {
+    ConvertError::Tensor {
+        file: PathBuf::new(),
+        name: format!("model.layers.{layer}.mlp.experts"),
+        msg: "layer is not a MoE layer of the package".into(),
+    }
+}
+
 /// Blobs encoded from a tensor source's f32 rows (what `convert` does).
 struct EncodedBlobs<'a> {
     src: &'a dyn TensorSource,
@@ -186,7 +195,7 @@ struct EncodedBlobs<'a> {
 
 impl BlobSource for EncodedBlobs<'_> {
     fn blob(&self, region: &ExpertRegion, l: usize, e: usize) -> Result<Vec<u8>, ConvertError> {
-        let li = region.layers.iter().position(|&x| x == l).unwrap_or(0);
+        let li = region.index_of(l).ok_or_else(|| no_experts_in(l))?;
         let mut b = BlobBuilder::new(region, li);
         let (mut x, mut vals, mut scales, mut mins) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (p, (tname, shape)) in plan::expert_tensors(self.cfg, l, e).iter().enumerate() {
@@ -239,8 +248,6 @@ pub fn write_package_with(
 ) -> Result<u64, ConvertError> {
     cfg.validate()
         .map_err(|msg| ConvertError::File { path: out.to_path_buf(), msg: format!("model config: {msg}") })?;
-    let dense = plan::dense_tensors(cfg);
-    let moe_layers = cfg.moe_layers();
     // everything must be there, with the right shape, before a byte is written
     let check = |name: &str, want: &[usize]| -> Result<(), ConvertError> {
         match src.shape(name) {
@@ -256,6 +263,13 @@ pub fn write_package_with(
             Some(_) => Ok(()),
         }
     };
+    // the layer count the config states is checked against the checkpoint before anything is
+    // sized by it (a num_hidden_layers of 10^9 planned 10^9 layers' tensors first)
+    if let Some(last) = cfg.num_hidden_layers.checked_sub(1) {
+        check(&format!("model.layers.{last}.input_layernorm.weight"), &[cfg.hidden_size])?;
+    }
+    let dense = plan::dense_tensors(cfg);
+    let moe_layers = cfg.moe_layers();
     for t in &dense {
         check(&t.name, &t.shape)?;
     }

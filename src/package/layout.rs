@@ -240,6 +240,11 @@ impl ExpertRegion {
         self.parts.len() > 3 && self.parts.len() == 3 * self.layers.len()
     }
 
+    /// The place of model layer `layer` among the region's layers (`layers[i] == layer`).
+    pub fn index_of(&self, layer: usize) -> Option<usize> {
+        self.layers.iter().position(|&l| l == layer)
+    }
+
     /// The three parts of the blobs of `layers[i]`.
     pub fn parts_of(&self, i: usize) -> &[TensorEntry] {
         if self.per_layer() { &self.parts[3 * i..3 * i + 3] } else { &self.parts[..self.parts.len().min(3)] }

@@ -305,7 +305,7 @@ impl Package {
             .experts
             .as_ref()
             .ok_or_else(|| PackageError::Meta { path: self.path.clone(), msg: "no expert table".into() })?;
-        let li = ex.layers.iter().position(|&l| l == layer).ok_or_else(|| PackageError::Meta {
+        let li = ex.index_of(layer).ok_or_else(|| PackageError::Meta {
             path: self.path.clone(),
             msg: format!("layer {layer} has no experts"),
         })?;

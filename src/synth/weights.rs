@@ -334,7 +334,7 @@ impl BlobSource for SynthBlobs {
         let mut buf = vec![0u8; region.blob_len as usize];
         let mut rng = Rng::new(stream_seed(self.seed, 0xE4_0000 + layer as u64, expert as u64));
         let mut scales = Vec::new();
-        let li = region.layers.iter().position(|&l| l == layer).unwrap_or(0);
+        let li = region.index_of(layer).ok_or_else(|| crate::convert::no_experts_in(layer))?;
         for part in region.parts_of(li) {
             let f = part.format().unwrap_or(Format::F32);
             let (rows, cols) = part.rows_cols();
