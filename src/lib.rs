@@ -5,12 +5,14 @@
 
 pub mod aligned_buf;
 pub mod cache_dir;
+pub mod contained;
 pub mod convert;
 pub mod demo;
 pub mod engine;
 pub mod exec;
 pub mod experts;
 pub mod forecast;
+pub mod fuzzing;
 pub mod model;
 pub mod model_config;
 pub mod npy;

@@ -3,6 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The most layers a model may state: released models have at most ~100, and a reader sizes
+/// per-layer tables by this count before anything else checks it.
+pub const MAX_LAYERS: usize = 1 << 10;
+
 /// Architectures the engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -243,7 +247,7 @@ impl ModelConfig {
         for (k, v, most) in [
             ("vocab_size", self.vocab_size, 1 << 22),
             ("hidden_size", self.hidden_size, 1 << 16),
-            ("num_hidden_layers", self.num_hidden_layers, 1 << 10),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
             ("num_attention_heads", self.num_attention_heads, 1 << 10),
             ("num_key_value_heads", self.num_key_value_heads, 1 << 10),
             ("head_dim", self.head_dim, 1 << 12),

@@ -109,6 +109,22 @@ fn huge_counts_in_config_fail_at_once() {
     }
 }
 
+/// A tokenizer.json cut inside its decoder makes the `tokenizers` crate panic in its own
+/// deserializer (found by moescope-replay); the conversion fails with one line naming the file.
+#[test]
+fn truncated_tokenizer_json_is_a_clean_error() {
+    let (d, ck) = copy_single();
+    let tok = std::fs::read_to_string(fixture("../../src/demo/tokenizer.json")).expect("demo tokenizer");
+    let tok = serde_json::from_str::<serde_json::Value>(&tok).expect("json").to_string();
+    let cut = tok.find("\"decoder\":{").expect("a decoder") + "\"decoder\":{\"type\":\"ByteLevel\",".len();
+    std::fs::write(ck.join("tokenizer.json"), &tok[..cut]).unwrap();
+    let out = d.path().join("x.moe");
+    let o = convert_cmd(&ck, &out, d.path());
+    assert_clean_failure(&o, &["tokenizer.json", "cannot load"]);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("panicked"), "the panic was printed");
+    assert_no_output(d.path(), &out);
+}
+
 #[test]
 fn missing_tensor() {
     let (d, ck) = copy_single();

@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::ConvertError;
-use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
+use crate::model_config::{Arch, HybridConfig, LayerKind, MAX_LAYERS, ModelConfig};
 
 /// Read `dir/config.json` (+ `dir/generation_config.json` for extra end-of-sequence ids).
 pub fn read_config(dir: &Path) -> Result<ModelConfig, ConvertError> {
@@ -103,6 +103,13 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
         return Err(k.err("num_attention_heads", "must be positive"));
     }
     let num_hidden_layers = k.req("num_hidden_layers")?;
+    // before the hybrids' layer table is sized by it (validate checks the rest)
+    if num_hidden_layers > MAX_LAYERS {
+        return Err(k.err(
+            "num_hidden_layers",
+            &format!("num_hidden_layers ({num_hidden_layers}) is beyond what moescope runs (at most {MAX_LAYERS})"),
+        ));
+    }
     let head_dim = k.usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
     let mlp_only_layers = match t.get("mlp_only_layers") {
         _ if arch == Arch::Qwen35Moe => vec![], // every Qwen3.5 layer is MoE

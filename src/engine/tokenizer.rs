@@ -3,6 +3,7 @@
 
 use std::str::FromStr;
 
+use crate::contained::contained;
 use tokenizers::Tokenizer;
 
 pub struct Tok {
@@ -13,20 +14,25 @@ impl Tok {
     /// Load a tokenizer.json; padding and truncation are switched off (an LLM prompt is
     /// neither padded nor cut).
     pub fn from_json(json: &str) -> Result<Tok, String> {
-        let mut inner = Tokenizer::from_str(json).map_err(|e| e.to_string())?;
-        inner.with_padding(None);
-        inner.with_truncation(None).map_err(|e| e.to_string())?;
-        Ok(Tok { inner })
+        // the tokenizers crate panics on some malformed files rather than returning an error
+        contained("the tokenizers library failed", || {
+            let mut inner = Tokenizer::from_str(json).map_err(|e| e.to_string())?;
+            inner.with_padding(None);
+            inner.with_truncation(None).map_err(|e| e.to_string())?;
+            Ok(Tok { inner })
+        })
     }
 
     /// Token ids of `text`, special tokens in the text recognized, the tokenizer's own
     /// post-processing applied (as `tokenizer(text)` does in Python).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
-        Ok(self.inner.encode(text, true).map_err(|e| e.to_string())?.get_ids().to_vec())
+        contained("the tokenizers library failed", || {
+            Ok(self.inner.encode(text, true).map_err(|e| e.to_string())?.get_ids().to_vec())
+        })
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, String> {
-        self.inner.decode(ids, skip_special).map_err(|e| e.to_string())
+        contained("the tokenizers library failed", || self.inner.decode(ids, skip_special).map_err(|e| e.to_string()))
     }
 
     pub fn token_id(&self, token: &str) -> Option<u32> {

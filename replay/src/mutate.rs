@@ -1,0 +1,247 @@
+//! Seeded mutations of an input: bytewise (bit flips, interesting bytes and integers written
+//! over fields, truncation, deleted, repeated and inserted runs) and structural (a JSON value
+//! replaced by an extreme one, a key dropped, deep nesting; inside a bundle, one part at a
+//! time, so the others stay valid).
+
+use moescope::fuzzing::{bundle, unbundle};
+use serde_json::Value;
+
+/// xorshift64*: the same cases for the same seed on every machine.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// In `0..n` (0 when n is 0).
+    pub fn below(&mut self, n: usize) -> usize {
+        if n == 0 { 0 } else { (self.next() % n as u64) as usize }
+    }
+}
+
+/// Integers that sit on the edges readers get wrong: zero, one, signs, powers of two around
+/// the 32- and 64-bit limits and the sizes a file can hold.
+const INTERESTING: [u64; 14] = [
+    0,
+    1,
+    2,
+    0x7F,
+    0x80,
+    0xFF,
+    0xFFFF,
+    0x7FFF_FFFF,
+    0x8000_0000,
+    0xFFFF_FFFF,
+    1 << 32,
+    1 << 40,
+    0x7FFF_FFFF_FFFF_FFFF,
+    u64::MAX,
+];
+
+/// JSON values that stress a reader: extremes of each type and shapes it may not expect.
+fn extreme_json(rng: &mut Rng) -> Value {
+    match rng.below(14) {
+        0 => Value::from(0),
+        1 => Value::from(-1),
+        2 => Value::from(1_000_000_000u64),
+        3 => Value::from(1u64 << 40),
+        4 => Value::from(u64::MAX),
+        5 => Value::from(1e308),
+        6 => Value::from(-1e308),
+        7 => Value::from(0.5),
+        8 => Value::from(""),
+        9 => Value::from("x".repeat(1 << rng.below(17))),
+        10 => Value::Null,
+        11 => Value::from(true),
+        12 => Value::Array((0..rng.below(64)).map(|i| Value::from(i as u64)).collect()),
+        _ => {
+            // nesting a recursive reader may not survive
+            let mut v = Value::Null;
+            for _ in 0..(1 << rng.below(12)) {
+                v = Value::Array(vec![v]);
+            }
+            v
+        }
+    }
+}
+
+/// Every place in `v` (a path of keys and indices), up to `limit` of them.
+fn places(v: &Value, at: &mut Vec<Vec<Place>>, path: &mut Vec<Place>, limit: usize) {
+    if at.len() >= limit {
+        return;
+    }
+    at.push(path.clone());
+    match v {
+        Value::Object(o) => {
+            for k in o.keys() {
+                path.push(Place::Key(k.clone()));
+                places(&o[k], at, path, limit);
+                path.pop();
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate().take(64) {
+                path.push(Place::Index(i));
+                places(x, at, path, limit);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+#[derive(Clone)]
+enum Place {
+    Key(String),
+    Index(usize),
+}
+
+fn get_mut<'a>(v: &'a mut Value, path: &[Place]) -> Option<&'a mut Value> {
+    let mut cur = v;
+    for p in path {
+        cur = match p {
+            Place::Key(k) => cur.get_mut(k.as_str())?,
+            Place::Index(i) => cur.get_mut(*i)?,
+        };
+    }
+    Some(cur)
+}
+
+/// A structural change to JSON text: a value replaced by an extreme one, or a key removed;
+/// None when `data` is not JSON.
+fn mutate_json(rng: &mut Rng, data: &[u8]) -> Option<Vec<u8>> {
+    let mut v: Value = serde_json::from_slice(data).ok()?;
+    let mut all = vec![];
+    places(&v, &mut all, &mut vec![], 4096);
+    let path = all.get(rng.below(all.len()))?.clone();
+    let remove = rng.below(4) == 0;
+    match (remove, path.split_last()) {
+        (true, Some((Place::Key(k), parent))) => {
+            if let Some(Value::Object(o)) = get_mut(&mut v, parent) {
+                o.remove(k.as_str());
+            }
+        }
+        _ => {
+            let x = extreme_json(rng);
+            if let Some(slot) = get_mut(&mut v, &path) {
+                *slot = x;
+            }
+        }
+    }
+    serde_json::to_vec(&v).ok()
+}
+
+/// One bytewise change; offsets favour the first 64 bytes and the first 4 KiB, where headers,
+/// counts and indices are.
+fn mutate_bytes(rng: &mut Rng, data: &mut Vec<u8>) {
+    let len = data.len();
+    let at = |rng: &mut Rng| match rng.below(4) {
+        0 => rng.below(len.min(64)),
+        1 => rng.below(len.min(4096)),
+        _ => rng.below(len),
+    };
+    match rng.below(8) {
+        0 if len > 0 => {
+            for _ in 0..1 + rng.below(8) {
+                let i = at(rng);
+                data[i] ^= 1 << rng.below(8);
+            }
+        }
+        1 if len > 0 => {
+            let i = at(rng);
+            data[i] = [0u8, 1, 0x7F, 0x80, 0xFF][rng.below(5)];
+        }
+        // an integer field: 4 or 8 bytes, little-endian, at a 4-aligned offset
+        2 | 3 if len >= 8 => {
+            let i = at(rng).min(len - 8) & !3;
+            let v = INTERESTING[rng.below(INTERESTING.len())];
+            let w = if rng.below(2) == 0 { 4 } else { 8 };
+            data[i..i + w].copy_from_slice(&v.to_le_bytes()[..w]);
+        }
+        4 => data.truncate(rng.below(len + 1)),
+        5 if len > 0 => {
+            let i = at(rng);
+            let n = 1 + rng.below((len - i).min(256));
+            data.drain(i..i + n);
+        }
+        6 if len > 0 => {
+            let i = at(rng);
+            let n = 1 + rng.below((len - i).min(256));
+            let run = data[i..i + n].to_vec();
+            let times = 1 + rng.below(16);
+            for _ in 0..times {
+                data.splice(i..i, run.iter().copied());
+            }
+        }
+        _ => {
+            let i = rng.below(len + 1);
+            let n = 1 + rng.below(32);
+            let junk: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+            data.splice(i..i, junk);
+        }
+    }
+}
+
+/// One change to `data`: structural for JSON (a third of the time), else bytewise.
+fn mutate_one(rng: &mut Rng, data: &[u8]) -> Vec<u8> {
+    if rng.below(3) == 0
+        && let Some(j) = mutate_json(rng, data)
+    {
+        return j;
+    }
+    let mut d = data.to_vec();
+    mutate_bytes(rng, &mut d);
+    d
+}
+
+/// How a target's inputs are built, so mutations land inside the parts.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Shape {
+    /// One file.
+    Whole,
+    /// A bundle of named files (see `moescope::fuzzing::bundle`).
+    Bundle,
+    /// A selector byte, then a body.
+    Tagged,
+}
+
+/// 1 to 3 changes to `seed`, by its shape.
+pub fn mutate(rng: &mut Rng, seed: &[u8], shape: Shape) -> Vec<u8> {
+    let mut d = seed.to_vec();
+    for _ in 0..1 + rng.below(3) {
+        d = match shape {
+            Shape::Whole => mutate_one(rng, &d),
+            Shape::Tagged if !d.is_empty() && rng.below(8) != 0 => {
+                let mut out = vec![d[0]];
+                out.extend(mutate_one(rng, &d[1..]));
+                out
+            }
+            Shape::Tagged => mutate_one(rng, &d),
+            Shape::Bundle => {
+                let mut parts = unbundle(&d);
+                if parts.is_empty() || rng.below(16) == 0 {
+                    // the container itself
+                    mutate_one(rng, &d)
+                } else {
+                    let i = rng.below(parts.len());
+                    if rng.below(16) == 0 {
+                        parts.remove(i);
+                    } else {
+                        parts[i].1 = mutate_one(rng, &parts[i].1);
+                    }
+                    let refs: Vec<(&str, &[u8])> = parts.iter().map(|(n, b)| (n.as_str(), b.as_slice())).collect();
+                    bundle(&refs)
+                }
+            }
+        };
+    }
+    d
+}

@@ -1,0 +1,259 @@
+//! The inputs mutations start from, per target: the saved corpus (fuzz/corpus/TARGET/, which
+//! also holds every input that once killed or hung a child), the repository's test fixtures, and
+//! a tiny Qwen3-MoE checkpoint made here (its package too), so each reader sees whole, valid
+//! files of every kind before it sees damaged ones.
+
+use std::path::Path;
+
+use moescope::convert::{ConvertOptions, QuantMode, plan};
+use moescope::fuzzing::bundle;
+use moescope::model_config::ModelConfig;
+
+use crate::mutate::Rng;
+
+/// GPT-2's byte-to-character map: byte-level BPE spells every byte as one printable character.
+fn byte_chars() -> Vec<char> {
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut chars = vec!['\0'; 256];
+    for &b in &printable {
+        chars[b as usize] = char::from_u32(b).unwrap_or('?');
+    }
+    let mut next = 256;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            chars[b as usize] = char::from_u32(next).unwrap_or('?');
+            next += 1;
+            printable.push(b);
+        }
+    }
+    chars
+}
+
+/// A byte-level BPE tokenizer.json with the 256 byte tokens, a few merges and Qwen's specials.
+fn tokenizer_json() -> String {
+    let chars = byte_chars();
+    let mut vocab = serde_json::Map::new();
+    for (i, c) in chars.iter().enumerate() {
+        vocab.insert(c.to_string(), i.into());
+    }
+    let merges = ["Ġ t", "h e", "i n"];
+    for (i, m) in merges.iter().enumerate() {
+        vocab.insert(m.replace(' ', ""), (256 + i).into());
+    }
+    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let added: Vec<serde_json::Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            serde_json::json!({"id": 259 + i, "content": s, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": merges}
+    })
+    .to_string()
+}
+
+const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// config.json of a tiny Qwen3-MoE: 2 layers, 4 experts of which 2 are used, vocabulary 264.
+fn tiny_config() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 264,
+        "hidden_size": 32, "intermediate_size": 48, "moe_intermediate_size": 16, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_experts": 4,
+        "num_experts_per_tok": 2, "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 512,
+        "tie_word_embeddings": false, "eos_token_id": 261
+    })
+}
+
+/// model.safetensors for `cfg`: every tensor the converter asks for, bf16, small random values.
+fn safetensors_for(cfg: &ModelConfig) -> Vec<u8> {
+    let mut tensors: Vec<(String, Vec<usize>)> =
+        plan::dense_tensors(cfg).into_iter().map(|t| (t.name, t.shape.to_vec())).collect();
+    for l in cfg.moe_layers() {
+        for e in 0..cfg.num_experts {
+            tensors.extend(plan::expert_tensors(cfg, l, e).into_iter().map(|(n, s)| (n, s.to_vec())));
+        }
+    }
+    let mut rng = Rng::new(7);
+    let (mut header, mut data) = (serde_json::Map::new(), Vec::new());
+    for (name, shape) in tensors {
+        let n: usize = shape.iter().product();
+        let start = data.len();
+        for _ in 0..n {
+            let v = (rng.below(2001) as f32 - 1000.0) * 1e-4 + if name.ends_with("norm.weight") { 1.0 } else { 0.0 };
+            data.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+        }
+        header.insert(name, serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [start, data.len()]}));
+    }
+    let mut h = serde_json::Value::Object(header).to_string().into_bytes();
+    while !h.len().is_multiple_of(8) {
+        h.push(b' ');
+    }
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    out
+}
+
+/// The tiny checkpoint as a bundle of its files.
+pub fn tiny_checkpoint() -> Vec<u8> {
+    let cfg_json = tiny_config();
+    let cfg = moescope::convert::hf_config::parse_config(&cfg_json, Path::new("config.json"))
+        .unwrap_or_else(|e| panic!("the tiny config does not parse: {e}"));
+    let tc = serde_json::json!({"chat_template": TEMPLATE, "eos_token": "<|im_end|>", "bos_token": null}).to_string();
+    bundle(&[
+        ("config.json", cfg_json.to_string().as_bytes()),
+        ("model.safetensors", &safetensors_for(&cfg)),
+        ("tokenizer.json", tokenizer_json().as_bytes()),
+        ("tokenizer_config.json", tc.as_bytes()),
+    ])
+}
+
+/// A checkpoint bundle of a test fixture's files (those present), None if it has no config.
+fn fixture_checkpoint(root: &Path, name: &str) -> Option<Vec<u8>> {
+    let dir = root.join("tests/fixtures").join(name);
+    let files = [
+        "config.json",
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ];
+    let read: Vec<(&str, Vec<u8>)> =
+        files.iter().filter_map(|f| Some((*f, std::fs::read(dir.join(f)).ok()?))).collect();
+    read.iter()
+        .any(|(f, _)| *f == "config.json")
+        .then(|| bundle(&read.iter().map(|(f, b)| (*f, b.as_slice())).collect::<Vec<_>>()))
+}
+
+/// The package a checkpoint bundle converts into (in a scratch folder of its own).
+fn package_of(checkpoint: &[u8]) -> Option<Vec<u8>> {
+    let d = std::env::temp_dir().join(format!("moescope-replay-seed-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(d.join("ck")).ok()?;
+    for (name, body) in moescope::fuzzing::unbundle(checkpoint) {
+        std::fs::write(d.join("ck").join(name), body).ok()?;
+    }
+    let out = d.join("seed.moe");
+    let ok = moescope::convert::convert_hf(&d.join("ck"), &out, ConvertOptions::new(QuantMode::File)).is_ok();
+    let bytes = if ok { std::fs::read(&out).ok() } else { None };
+    let _ = std::fs::remove_dir_all(&d);
+    bytes
+}
+
+fn messages() -> serde_json::Value {
+    serde_json::json!([
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "id": "c1",
+            "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]},
+        {"role": "tool", "content": "4", "tool_call_id": "c1"},
+        {"role": "user", "content": "Thanks"}
+    ])
+}
+
+fn tools() -> serde_json::Value {
+    serde_json::json!([{"type": "function", "function": {"name": "add", "description": "a + b",
+        "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}])
+}
+
+/// The built-in and fixture seeds of `target`, then the saved corpus's.
+pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = vec![];
+    let file = |p: &str| std::fs::read(root.join(p)).ok().map(|b| (p.to_string(), b));
+    match target {
+        "checkpoint" => {
+            out.push(("tiny qwen3-moe".into(), tiny_checkpoint()));
+            for f in ["next", "qwen35", "odd"] {
+                out.extend(fixture_checkpoint(root, f).map(|b| (format!("tests/fixtures/{f}"), b)));
+            }
+        }
+        "package" => {
+            out.extend(package_of(&tiny_checkpoint()).map(|b| ("tiny qwen3-moe package".into(), b)));
+            out.extend(
+                fixture_checkpoint(root, "next").and_then(|c| package_of(&c)).map(|b| ("next package".into(), b)),
+            );
+        }
+        "gguf" => {
+            for p in [
+                "tests/fixtures/gguf/tiny.gguf",
+                "tests/fixtures/gguf/next/next-moe-q8_0.gguf",
+                "tests/fixtures/gguf/qwen35/qwen35-q8_0.gguf",
+                "tests/fixtures/gguf/tiny/tiny-q4_k_m.gguf",
+            ] {
+                out.extend(file(p));
+            }
+        }
+        "chat_template" => {
+            let m = messages().to_string();
+            let t = tools().to_string();
+            let mut templates = vec![("simple".to_string(), TEMPLATE.to_string())];
+            if let Some(v) = file("assets/tokenizers/qwen3/tokenizer_config.json")
+                .and_then(|(_, b)| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                && let Some(s) = v["chat_template"].as_str()
+            {
+                templates.push(("qwen3".into(), s.to_string()));
+            }
+            if let Some((_, b)) = file("assets/tokenizers/qwen3.5/chat_template.jinja") {
+                templates.push(("qwen3.5".into(), String::from_utf8_lossy(&b).into_owned()));
+            }
+            for (name, t_src) in templates {
+                let b = bundle(&[("template", t_src.as_bytes()), ("messages", m.as_bytes()), ("tools", t.as_bytes())]);
+                out.push((format!("{name} template"), b));
+            }
+        }
+        "request" => {
+            let m = messages();
+            let bodies = [
+                (0u8, serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})),
+                (
+                    0,
+                    serde_json::json!({"messages": m, "tools": tools(), "max_tokens": 4, "stream": true,
+                    "stream_options": {"include_usage": true}}),
+                ),
+                (
+                    0,
+                    serde_json::json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 3, "logprobs": true,
+                    "top_logprobs": 2, "logit_bias": {"5": -100}, "stop": ["x"], "presence_penalty": 0.5, "seed": 3,
+                    "temperature": 0.7, "top_p": 0.9}),
+                ),
+                (1, serde_json::json!({"prompt": "fn main", "max_tokens": 4, "echo": true})),
+                (1, serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 2, "stream": true})),
+                (2, serde_json::json!({"content": "hello world"})),
+                (3, serde_json::json!({"tokens": [1, 2, 3]})),
+                (4, serde_json::json!({"messages": m})),
+            ];
+            for (i, (route, body)) in bodies.into_iter().enumerate() {
+                let mut b = vec![route];
+                b.extend(body.to_string().into_bytes());
+                out.push((format!("request {i}"), b));
+            }
+        }
+        _ => {}
+    }
+    // the saved corpus, in name order
+    if let Ok(rd) = std::fs::read_dir(root.join("fuzz/corpus").join(target)) {
+        let mut files: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_file()).collect();
+        files.sort();
+        for p in files {
+            if let Ok(b) = std::fs::read(&p) {
+                out.push((p.display().to_string(), b));
+            }
+        }
+    }
+    out
+}
