@@ -11,6 +11,8 @@ fn main() -> ExitCode {
     let args = cli::Cli::parse();
     // before any thread starts: every thread inherits it
     moescope::sysinfo::batch_scheduling();
+    // a package truncated while mapped: one line and exit 1, not a bare "Bus error"
+    moescope::package::sigbus::install();
     match moescope_kernels::prefetch::setting_from_env() {
         Ok(d) => moescope_kernels::prefetch::set_distance(d),
         Err(e) => {

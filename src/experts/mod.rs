@@ -3,6 +3,7 @@
 //! traces against every policy.
 
 pub mod coactivation;
+pub mod faults;
 pub mod policy;
 pub mod pool;
 pub mod predict;

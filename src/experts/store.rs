@@ -40,6 +40,8 @@ pub struct ExpertStore {
     layers: Vec<usize>,
     table: Vec<(u64, u64)>,
     pub verify: bool,
+    /// a test's injected faults (`faults::inject`); None in production
+    faults: Option<std::sync::Arc<super::faults::Faults>>,
 }
 
 /// Why a read failed, with the file, expert and offset.
@@ -76,6 +78,7 @@ impl ExpertStore {
                 ),
             },
         };
+        let faults = super::faults::plan_for(&path);
         let store = ExpertStore {
             path,
             file,
@@ -85,6 +88,7 @@ impl ExpertStore {
             layers: ex.layers.clone(),
             table,
             verify,
+            faults,
         };
         Ok((store, warning))
     }
@@ -123,7 +127,11 @@ impl ExpertStore {
         let mut done = 0;
         while done < dst.len() {
             let at = off + (from + done) as u64;
-            match self.file.read_at(&mut dst[done..], at) {
+            let got = match &self.faults {
+                None => self.file.read_at(&mut dst[done..], at),
+                Some(f) => f.read(&mut dst[done..], at, |b, o| self.file.read_at(b, o)),
+            };
+            match got {
                 Ok(0) => {
                     return Err(PackageError::Truncated {
                         path: self.path.clone(),

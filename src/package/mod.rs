@@ -3,6 +3,7 @@
 pub mod error;
 pub mod layout;
 pub mod reader;
+pub mod sigbus;
 mod sink;
 pub mod writer;
 

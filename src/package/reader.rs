@@ -66,6 +66,7 @@ impl Package {
         // SAFETY: the file is opened read-only; a package is not modified while in use (the
         // converter writes a new file and renames it into place).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        super::sigbus::note_mapped(path);
         let header = match Header::decode(&mmap[..HEADER_SIZE as usize]) {
             Ok(h) => h,
             Err(HeaderError::Magic) | Err(HeaderError::Short(_)) => return Err(PackageError::Magic { path: p }),
