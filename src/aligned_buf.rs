@@ -1,7 +1,24 @@
 //! A buffer of whole pages mapped straight from the kernel: what O_DIRECT reads land in (the
 //! expert pool) and what O_DIRECT writes go from (the package writer).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::package::layout::EXPERT_ALIGN;
+
+/// Bytes of the process's buffers now, and the most there ever were: what the pool held at
+/// its fullest, for `run`'s report and the soak test (one pool per process there).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes of the process's [`AlignedBuf`]s alive now.
+pub fn live_bytes() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The most bytes of [`AlignedBuf`]s alive at once so far in this process.
+pub fn peak_bytes() -> usize {
+    PEAK.load(Ordering::Relaxed)
+}
 
 /// A buffer of whole pages (so 4096-byte aligned, as O_DIRECT requires), mapped straight from
 /// the kernel rather than the allocator: the pool's memory is then exactly its buffers, given
@@ -60,6 +77,8 @@ impl AlignedBuf {
                 libc::madvise(a as *mut libc::c_void, len / HUGE_PAGE * HUGE_PAGE, libc::MADV_HUGEPAGE);
             }
         }
+        let live = LIVE.fetch_add(len, Ordering::Relaxed) + len;
+        PEAK.fetch_max(live, Ordering::Relaxed);
         AlignedBuf { ptr: a as *mut u8, len }
     }
 
@@ -85,6 +104,7 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        LIVE.fetch_sub(self.len, Ordering::Relaxed);
         // SAFETY: mapped in `new` with this length.
         unsafe {
             libc::munmap(self.ptr.cast(), self.len);

@@ -59,6 +59,11 @@ pub fn experts_json(engine: &Engine, before: &LayerStats, tokens: usize) -> Valu
     let per = |x: u64| if tokens == 0 { 0.0 } else { x as f64 / tokens as f64 };
     json!({
         "budget_mib": mib(ex.cache.budget_bytes()),
+        // the most buffer bytes the process held at once (the pool's, and one per I/O worker
+        // in flight: at most budget + io_workers x blob)
+        "buffers_peak_mib": mib(moescope::aligned_buf::peak_bytes() as u64),
+        "blob_mib": mib(ex.cache.blob_len() as u64),
+        "io_workers": ex.cache.io_workers(),
         "experts_mib": mib(ex.total_bytes),
         "io": ex.io.name(),
         "policy": ex.cache.policy().name(),
@@ -170,4 +175,18 @@ pub fn finish_routing_log(log: Option<RoutingLog>) -> Result<()> {
         eprintln!("moescope: routing trace {}", p.display());
     }
     Ok(())
+}
+
+/// One line on how full the pool's buffers ever were against what they may hold: at most the
+/// budget plus one blob per I/O worker (a read in flight).
+pub fn pool_peak_line(engine: &Engine) -> Option<String> {
+    let ex = engine.experts.as_ref()?;
+    let (budget, blob, workers) = (ex.cache.budget_bytes(), ex.cache.blob_len() as u64, ex.cache.io_workers() as u64);
+    Some(format!(
+        "expert pool: at most {:.2} MiB of buffers at once (budget {:.2} MiB + {workers} I/O workers x {:.2} MiB = {:.2} MiB allowed)",
+        mib(moescope::aligned_buf::peak_bytes() as u64),
+        mib(budget),
+        mib(blob),
+        mib(budget + workers * blob),
+    ))
 }

@@ -85,5 +85,8 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
         }
     }
     super::experts_report::finish_routing_log(log)?;
+    if let Some(l) = super::experts_report::pool_peak_line(&engine) {
+        eprintln!("moescope: {l}");
+    }
     Ok(())
 }

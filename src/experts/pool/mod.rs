@@ -111,6 +111,11 @@ impl ExpertCache {
         self.shared.dims.blob_len
     }
 
+    /// Threads reading blobs (each may hold one buffer being read, beyond the budget's).
+    pub fn io_workers(&self) -> usize {
+        self.shared.n_workers
+    }
+
     pub fn capacity_slots(&self) -> usize {
         self.shared.lock().capacity
     }
