@@ -14,8 +14,20 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
+
+/// `pid` sampled every 20 ms until `stop`, tagged with `decoded` at the time.
+fn sampler(pid: u32, decoded: Arc<AtomicUsize>, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<Vec<Sample>> {
+    std::thread::spawn(move || {
+        let mut out = vec![];
+        while !stop.load(Ordering::SeqCst) {
+            out.extend(sample(pid, decoded.load(Ordering::SeqCst)));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        out
+    })
+}
 
 /// One /proc sample of the child: tokens decoded by then, RSS and peak RSS (KiB), threads, fds.
 #[derive(Debug, Clone, Copy)]
@@ -105,17 +117,95 @@ fn a_long_chat_stays_inside_its_memory_plan() {
     let done = decoded.load(Ordering::SeqCst);
     assert_eq!(done, turns * 40, "every turn decoded its 40 tokens: {all}");
 
-    // within the memory plan + 10% throughout (VmHWM: the peak between samples too)
-    let plan_mib = lines.iter().find(|l| l.contains("memory:")).and_then(|l| number_after(l, "= "));
-    let plan_mib = plan_mib.unwrap_or_else(|| panic!("no memory plan printed: {all}"));
-    let peak_mib = samples.iter().map(|s| s.hwm_kib).max().unwrap_or(0) as f64 / 1024.0;
-    assert!(peak_mib <= plan_mib * 1.10, "peak RSS {peak_mib:.1} MiB over the plan {plan_mib} MiB + 10%");
+    let plan = plan_mib(&lines).unwrap_or_else(|| panic!("no memory plan printed: {all}"));
+    let pool = pool_line(&lines).unwrap_or_else(|| panic!("no pool line: {all}"));
+    // the trace's ring filled early: it kept its cap and dropped the rest
+    let tr = lines.iter().find(|l| l.contains("events; the cap")).unwrap_or_else(|| panic!("no trace line: {all}"));
+    let kept = tr.split(" events;").next().and_then(|x| x.rsplit(' ').next()).and_then(|x| x.parse::<u64>().ok());
+    assert!(kept.is_some_and(|k| k > 3900 && k <= 4000) && tr.contains("the cap (4000) dropped"), "{tr}");
+    check("run", &samples, done, plan, &pool);
+}
 
-    // the second half: RSS grows by at most 1% (and a MiB of page-level noise)
-    // (samples while turns ran: after the last one the process writes its trace and exits)
+/// The same chat in the workbench, typed into a pseudo-terminal turn by turn (each waits for the
+/// last reply's stats): the plan is the one its status bar shows; at the end `t` exports the
+/// trace (its ring full, events dropped), `q` quits, and the pool's line follows on the terminal.
+#[test]
+fn a_long_chat_in_the_workbench_stays_inside_its_memory_plan() {
+    let tokens: usize = std::env::var("MOESCOPE_SOAK_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(2000);
+    let d = tempfile::tempdir().unwrap();
+    let pkg = d.path().join("demo.moe");
+    moescope::demo::write_demo_package(&pkg, moescope::convert::QuantMode::Q4 { max_group: 128 }).expect("demo");
+    let args =
+        ["chat", "-m", pkg.to_str().unwrap(), "-n", "40", "--ignore-eos", "--cache-mb", "1", "--io-workers", "2"];
+    let mut p =
+        common::pty::spawn(&[&args[..], &["-t", "2", "--seed", "7", "--trace-max-events", "4000"]].concat(), d.path());
+    let s = p.wait_for("the model", 60, |s| s.contains(" idle ") && s.contains("moescope demo"));
+    let pid = p.child.process_id().expect("a pid");
+    let decoded = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples = sampler(pid, decoded.clone(), stop.clone());
+    let turns = tokens.div_ceil(40);
+    let prompts = ["Tell me about ownership.", "What does a trait do?", "Explain lifetimes briefly.", "Why Cargo?"];
+    let mut plan = number_after(&s, "/ plan ");
+    for t in 0..turns {
+        if t > 0 && t % 8 == 0 {
+            p.send("/reset\r");
+            let last = format!("› T{}: ", t - 1);
+            p.wait_for("the conversation cleared", 20, |s| !s.contains(&last));
+        }
+        let marker = format!("› T{t}: ");
+        p.send(&format!("T{t}: {}\r", prompts[t % prompts.len()]));
+        let s = p.wait_for("the reply's stats", 60, |s| {
+            s.rfind(&marker).is_some_and(|i| s[i..].contains("tokens · TTFT")) && s.contains(" idle ")
+        });
+        decoded.store((t + 1) * 40, Ordering::SeqCst);
+        plan = plan.or_else(|| number_after(&s, "/ plan "));
+    }
+    // the chat is over (the export below opens a file: not the steady state sampled)
+    stop.store(true, Ordering::SeqCst);
+    let samples = samples.join().unwrap();
+    // the trace: its ring kept the newest 4000 events of many more
+    p.send("\x1b");
+    p.wait_for("command mode", 5, |s| s.contains(" CMD "));
+    p.send("t");
+    p.wait_for("the trace path", 30, |s| s.contains("trace written: traces/moescope-"));
+    let traces: Vec<_> = std::fs::read_dir(d.path().join("traces")).unwrap().map(|e| e.unwrap().path()).collect();
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&traces[0]).unwrap()).expect("JSON");
+    let meta = &doc["otherData"]["trace"];
+    assert!(meta["dropped_events"].as_u64().unwrap_or(0) > 0, "the ring overflowed: {meta}");
+    p.send("q");
+    let status = p.exit();
+    assert!(status.success(), "exit status {status:?}");
+    let end = p.wait_for("the pool's line", 10, |s| s.contains("expert pool: at most"));
+    let pool = end.lines().find(|l| l.contains("expert pool: at most")).unwrap().to_string();
+    let done = turns * 40;
+    let plan = plan.unwrap_or_else(|| panic!("no plan in the status bar"));
+    // the last turn's samples count as the second half's end
+    let samples: Vec<Sample> = samples.into_iter().map(|s| Sample { decoded: s.decoded.min(done - 1), ..s }).collect();
+    check("workbench", &samples, done, plan, &pool);
+}
+
+/// The memory plan's total (MiB) from the "memory: ... = N MiB expected" line.
+fn plan_mib(lines: &[String]) -> Option<f64> {
+    lines.iter().find(|l| l.contains("memory:")).and_then(|l| number_after(l, "= "))
+}
+
+/// The line the process prints at its end on its pool's buffers.
+fn pool_line(lines: &[String]) -> Option<String> {
+    lines.iter().find(|l| l.contains("expert pool: at most")).cloned()
+}
+
+/// The soak's bounds on `samples` of a run that decoded `done` tokens under a memory plan of
+/// `plan_mib`, with `pool` its own line on its buffers' peak against their allowance.
+fn check(what: &str, samples: &[Sample], done: usize, plan_mib: f64, pool: &str) {
+    // within the memory plan + 10% throughout (VmHWM: the peak between samples too)
+    let peak_mib = samples.iter().map(|s| s.hwm_kib).max().unwrap_or(0) as f64 / 1024.0;
+    assert!(peak_mib <= plan_mib * 1.10, "{what}: peak RSS {peak_mib:.1} MiB over the plan {plan_mib} MiB + 10%");
+
+    // the second half (while turns ran: after the last one the process exits): RSS grows by at
+    // most 1%, medians of its first and last tenth against single samples' page-level noise
     let second: Vec<&Sample> = samples.iter().filter(|s| s.decoded >= done / 2 && s.decoded < done).collect();
-    assert!(second.len() >= 10, "too few samples in the second half: {}", second.len());
-    // medians of its first and last tenth, against single samples' page-level noise
+    assert!(second.len() >= 10, "{what}: too few samples in the second half: {}", second.len());
     let median = |xs: &[&Sample]| {
         let mut v: Vec<u64> = xs.iter().map(|s| s.rss_kib).collect();
         v.sort_unstable();
@@ -123,27 +213,21 @@ fn a_long_chat_stays_inside_its_memory_plan() {
     };
     let tenth = second.len() / 10;
     let (mid, end) = (median(&second[..tenth]), median(&second[second.len() - tenth..]));
-    assert!(end <= mid * 1.01 + 512.0, "RSS grew from {mid} KiB to {end} KiB over the second half");
+    assert!(end <= mid * 1.01 + 512.0, "{what}: RSS grew from {mid} KiB to {end} KiB over the second half");
 
     // threads and descriptors: fixed once the first turn is done
     let settled: Vec<&Sample> = samples.iter().filter(|s| s.decoded >= 40 && s.decoded < done).collect();
     let first = settled.first().expect("samples after the first turn");
     for s in &settled {
-        assert_eq!((s.threads, s.fds), (first.threads, first.fds), "threads / fds changed: {s:?} vs {first:?}");
+        assert_eq!((s.threads, s.fds), (first.threads, first.fds), "{what}: threads / fds changed: {s:?} vs {first:?}");
     }
 
     // the pool's own count of its buffers, against budget + one blob per I/O worker
-    let pool =
-        lines.iter().find(|l| l.contains("expert pool: at most")).unwrap_or_else(|| panic!("no pool line: {all}"));
     let held = number_after(pool, "at most").expect("held");
     let allowed = number_after(pool, "= ").expect("allowed");
-    assert!(held <= allowed, "{pool}");
-
-    // the trace's ring filled early: it kept its cap and dropped the rest
-    let tr = lines.iter().find(|l| l.contains("events; the cap")).unwrap_or_else(|| panic!("no trace line: {all}"));
-    assert!(tr.contains(": 4000 events") && tr.contains("dropped"), "{tr}");
+    assert!(held <= allowed, "{what}: {pool}");
     eprintln!(
-        "soak: {done} tokens, {} samples, peak RSS {peak_mib:.1} MiB (plan {plan_mib} MiB), second half {:.1} -> {:.1} MiB, {} threads, {} fds; {pool}",
+        "soak ({what}): {done} tokens, {} samples, peak RSS {peak_mib:.1} MiB (plan {plan_mib} MiB), second half {:.1} -> {:.1} MiB, {} threads, {} fds; {pool}",
         samples.len(),
         mid / 1024.0,
         end / 1024.0,

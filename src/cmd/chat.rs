@@ -79,6 +79,10 @@ pub fn run(a: &ChatArgs) -> Result<()> {
         fps: a.fps,
     };
     if let Some(loaded) = tui::run(load, settings, options)? {
+        // the terminal is the shell's again: how full the pool's buffers ever were
+        if let Some(l) = experts_report::pool_peak_line(&loaded.engine) {
+            eprintln!("moescope: {l}");
+        }
         experts_report::finish_routing_log(loaded.routing_log)?;
     }
     match &r.trace.trace {

@@ -2,6 +2,7 @@
 //! converted into temporary folders, and the real binary.
 #![allow(dead_code)]
 
+pub mod pty;
 pub mod server;
 pub mod trace_check;
 
