@@ -22,6 +22,11 @@ use moescope_kernels::Isa;
 /// off: every read is a demand read), reading through an injected fault plan; and the logits
 /// of the run with every expert resident.
 fn setup(io: IoMode) -> (tempfile::TempDir, Engine, Arc<Faults>, Vec<f32>) {
+    setup_with(io, false)
+}
+
+/// [`setup`], with prefetch on or off.
+fn setup_with(io: IoMode, prefetch: bool) -> (tempfile::TempDir, Engine, Arc<Faults>, Vec<f32>) {
     let (d, pkg) = convert("single", "q4");
     let want = run(&mut load(&pkg, None)).expect("the resident run");
     let faults = inject(&pkg);
@@ -30,7 +35,9 @@ fn setup(io: IoMode) -> (tempfile::TempDir, Engine, Arc<Faults>, Vec<f32>) {
     let res = cache.residency();
     let all = cache.blob_len() as u64 * (res.n_layers * res.num_experts) as u64;
     drop(probe);
-    (d, load(&pkg, Some(stream(all / 3, io))), faults, want)
+    let mut cfg = stream(all / 3, io);
+    cfg.prefetch = prefetch;
+    (d, load(&pkg, Some(cfg)), faults, want)
 }
 
 fn load(pkg: &Path, stream: Option<StreamConfig>) -> Engine {
@@ -133,6 +140,54 @@ fn short_reads_give_the_same_bits() {
         let got = run(&mut eng).expect("short reads are retried");
         assert!(same_bits(&got, &want), "{io:?}: short reads changed the logits");
         assert_eq!(faults.counts().1, 40, "{io:?}: every armed short read fired");
+    }
+}
+
+/// With prefetch on, faults land on speculative reads too (read in pieces, standing aside for
+/// demand reads): a failed prefetch nobody asked for yet is dropped and read again on demand, one
+/// that was asked for fails the request. Either way never other bits: every request gives the
+/// resident run's logits or a clear error, and the next one after the faults stop is exact.
+#[test]
+fn faults_under_prefetch_give_the_right_bits_or_a_clear_error() {
+    for (io, fault, says) in
+        [(IoMode::Direct, Fault::Eio, "os error 5"), (IoMode::Buffered, Fault::Corrupt, "checksum mismatch")]
+    {
+        let (_d, mut eng, faults, want) = setup_with(io, true);
+        for k in 1..=10 {
+            faults.arm(37 * k, fault);
+        }
+        let (mut ok, mut failed, mut survived) = (0, 0, 0);
+        for _ in 0..8 {
+            let before = faults.counts().1;
+            match run(&mut eng) {
+                Ok(got) => {
+                    assert!(same_bits(&got, &want), "{fault:?}: a request that succeeded has other logits");
+                    ok += 1;
+                    // a fault fired during it and it still succeeded: a dropped prefetch
+                    survived += usize::from(faults.counts().1 > before);
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(e.contains(says) && e.contains("expert blob (layer"), "{fault:?}: {e}");
+                    failed += 1;
+                }
+            }
+        }
+        let (_, fired) = faults.counts();
+        assert!(fired > 0, "{fault:?}: no fault fired ({ok} ok, {failed} failed)");
+        // faults still armed past the reads made: disarm by reading past them
+        let mut done = false;
+        for _ in 0..20 {
+            if let Ok(got) = run(&mut eng) {
+                assert!(same_bits(&got, &want), "{fault:?}: logits after the faults");
+                done = true;
+                break;
+            }
+        }
+        assert!(done, "{fault:?}: no request worked after the faults");
+        eprintln!(
+            "{io:?} {fault:?}: {fired} faults fired, {ok} requests exact ({survived} through a fault), {failed} failed cleanly"
+        );
     }
 }
 
