@@ -27,7 +27,7 @@ use mutate::{Rng, Shape};
 /// Each target's share of the cases (its inputs cost more or less to run) and its inputs' shape.
 const PLAN: [(&str, usize, Shape); 5] = [
     ("gguf", 3, Shape::Whole),
-    ("package", 3, Shape::Whole),
+    ("package", 3, Shape::Package),
     ("checkpoint", 2, Shape::Bundle),
     ("chat_template", 3, Shape::Bundle),
     ("request", 1, Shape::Tagged),

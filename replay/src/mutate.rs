@@ -190,6 +190,42 @@ fn mutate_bytes(rng: &mut Rng, data: &mut Vec<u8>) {
     }
 }
 
+/// A change inside a .moe package that keeps its header and metadata checksums whole (so it
+/// reaches the readers behind them): its metadata JSON changed structurally (the model config,
+/// the tensor index, the expert table), or one header field set to an edge value; None if
+/// `data` has no readable header or the new metadata does not fit before the dense tensors.
+fn mutate_package(rng: &mut Rng, data: &[u8]) -> Option<Vec<u8>> {
+    use moescope::package::layout::{HEADER_SIZE, Header};
+    let head = HEADER_SIZE as usize;
+    let h = Header::decode(data.get(..head)?).ok()?;
+    let mut out = data.to_vec();
+    let mut h2 = h;
+    if rng.below(3) != 0 {
+        let o = usize::try_from(h.meta_offset).ok()?;
+        let meta = data.get(o..o.checked_add(usize::try_from(h.meta_len).ok()?)?)?;
+        let m = mutate_json(rng, meta)?;
+        if m.len() > (h.dense_offset as usize).saturating_sub(o) {
+            return None;
+        }
+        out[o..o + m.len()].copy_from_slice(&m);
+        h2.meta_len = m.len() as u64;
+        h2.meta_xxh3 = xxhash_rust::xxh3::xxh3_64(&m);
+    } else {
+        let v = INTERESTING[rng.below(INTERESTING.len())];
+        match rng.below(7) {
+            0 => h2.file_size = v,
+            1 => h2.meta_offset = v,
+            2 => h2.meta_len = v,
+            3 => h2.dense_offset = v,
+            4 => h2.dense_len = v,
+            5 => h2.expert_offset = v,
+            _ => h2.expert_len = v,
+        }
+    }
+    out[..head].copy_from_slice(&h2.encode());
+    Some(out)
+}
+
 /// One change to `data`: structural for JSON (a third of the time), else bytewise.
 fn mutate_one(rng: &mut Rng, data: &[u8]) -> Vec<u8> {
     if rng.below(3) == 0
@@ -211,6 +247,8 @@ pub enum Shape {
     Bundle,
     /// A selector byte, then a body.
     Tagged,
+    /// A .moe package: half the changes keep its checksums whole (see `mutate_package`).
+    Package,
 }
 
 /// 1 to 3 changes to `seed`, by its shape.
@@ -219,6 +257,10 @@ pub fn mutate(rng: &mut Rng, seed: &[u8], shape: Shape) -> Vec<u8> {
     for _ in 0..1 + rng.below(3) {
         d = match shape {
             Shape::Whole => mutate_one(rng, &d),
+            Shape::Package => match rng.below(2) {
+                0 => mutate_package(rng, &d).unwrap_or_else(|| mutate_one(rng, &d)),
+                _ => mutate_one(rng, &d),
+            },
             Shape::Tagged if !d.is_empty() && rng.below(8) != 0 => {
                 let mut out = vec![d[0]];
                 out.extend(mutate_one(rng, &d[1..]));
