@@ -120,7 +120,7 @@ pub fn package(data: &[u8]) -> u8 {
 
 /// File names a checkpoint bundle may write (anything else is skipped, so no input writes
 /// outside the scratch folder).
-const CHECKPOINT_FILES: [&str; 8] = [
+pub const CHECKPOINT_FILES: [&str; 8] = [
     "config.json",
     "model.safetensors",
     "model.safetensors.index.json",

@@ -7,6 +7,14 @@ use serde::{Deserialize, Serialize};
 /// per-layer tables by this count before anything else checks it.
 pub const MAX_LAYERS: usize = 1 << 10;
 
+/// Each `(key, value, most)` with `value <= most`, else an error naming the first key past it.
+fn at_most(limits: &[(&str, usize, usize)]) -> Result<(), String> {
+    match limits.iter().find(|(_, v, most)| v > most) {
+        Some((k, v, most)) => Err(format!("{k} ({v}) is beyond what moescope runs (at most {most})")),
+        None => Ok(()),
+    }
+}
+
 /// Architectures the engine runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -122,18 +130,14 @@ impl HybridConfig {
                 return Err(format!("{k} must be positive"));
             }
         }
-        for (k, v, most) in [
+        at_most(&[
             ("linear_conv_kernel_dim", self.conv_kernel, 1 << 6),
             ("linear_num_key_heads", self.key_heads, 1 << 10),
             ("linear_key_head_dim", self.key_head_dim, 1 << 12),
             ("linear_num_value_heads", self.value_heads, 1 << 10),
             ("linear_value_head_dim", self.value_head_dim, 1 << 12),
             ("shared_expert_intermediate_size", self.shared_expert_intermediate_size, 1 << 20),
-        ] {
-            if v > most {
-                return Err(format!("{k} ({v}) is beyond what moescope runs (at most {most})"));
-            }
-        }
+        ])?;
         if !self.value_heads.is_multiple_of(self.key_heads) {
             return Err(format!(
                 "linear_num_value_heads ({}) is not a multiple of linear_num_key_heads ({})",
@@ -244,7 +248,7 @@ impl ModelConfig {
         // sizes past any released model's by orders of magnitude are refused before anything
         // loops over them or sizes a buffer by them (a config's num_hidden_layers of 10^9 made
         // `convert` list 10^9 layers)
-        for (k, v, most) in [
+        at_most(&[
             ("vocab_size", self.vocab_size, 1 << 22),
             ("hidden_size", self.hidden_size, 1 << 16),
             ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
@@ -255,11 +259,7 @@ impl ModelConfig {
             ("moe_intermediate_size", self.moe_intermediate_size, 1 << 20),
             ("num_experts", self.num_experts, 1 << 14),
             ("max_position_embeddings", self.max_position_embeddings, 1 << 24),
-        ] {
-            if v > most {
-                return Err(format!("{k} ({v}) is beyond what moescope runs (at most {most})"));
-            }
-        }
+        ])?;
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(format!(
                 "num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",

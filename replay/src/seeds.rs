@@ -124,17 +124,10 @@ pub fn tiny_checkpoint() -> Vec<u8> {
 /// A checkpoint bundle of a test fixture's files (those present), None if it has no config.
 fn fixture_checkpoint(root: &Path, name: &str) -> Option<Vec<u8>> {
     let dir = root.join("tests/fixtures").join(name);
-    let files = [
-        "config.json",
-        "model.safetensors",
-        "model.safetensors.index.json",
-        "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ];
-    let read: Vec<(&str, Vec<u8>)> =
-        files.iter().filter_map(|f| Some((*f, std::fs::read(dir.join(f)).ok()?))).collect();
+    let read: Vec<(&str, Vec<u8>)> = moescope::fuzzing::CHECKPOINT_FILES
+        .iter()
+        .filter_map(|f| Some((*f, std::fs::read(dir.join(f)).ok()?)))
+        .collect();
     read.iter()
         .any(|(f, _)| *f == "config.json")
         .then(|| bundle(&read.iter().map(|(f, b)| (*f, b.as_slice())).collect::<Vec<_>>()))
