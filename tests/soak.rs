@@ -2,9 +2,10 @@
 //! pool of a third of their size with prefetch on, turns of 40 tokens with a `/reset` every 8,
 //! and a trace whose ring (`--trace-max-events`) is full before a tenth of the run. Sampled from
 //! /proc every 20 ms, the process must stay within its memory plan + 10% throughout, grow by at
-//! most 1% (plus 512 KiB of page-level noise) over the second half, keep its thread and file
-//! descriptor counts once the first turn is done, and its pool must never hold more buffers than
-//! the budget plus one blob per I/O worker (the process's own count, printed at the end).
+//! most 1% (plus 512 KiB of page-level noise) over the second half, keep its thread count and
+//! its held file descriptors once the first turn is done, and its pool must never hold more
+//! buffers than the budget plus one blob per I/O worker (the process's own count, printed at
+//! the end).
 //!
 //! CI runs 2,000 tokens; `MOESCOPE_SOAK_TOKENS=10000 cargo test --release --test soak` is the
 //! full run the issue asks for.
@@ -215,12 +216,18 @@ fn check(what: &str, samples: &[Sample], done: usize, plan_mib: f64, pool: &str)
     let (mid, end) = (median(&second[..tenth]), median(&second[second.len() - tenth..]));
     assert!(end <= mid * 1.01 + 512.0, "{what}: RSS grew from {mid} KiB to {end} KiB over the second half");
 
-    // threads and descriptors: fixed once the first turn is done
+    // threads: fixed once the first turn is done. Descriptors: the same held throughout, but a
+    // sample may catch one more for an instant (the workbench reads /proc/self once a second for
+    // its RSS and CPU readout), so: never more than one over, and the last tenth back at it
     let settled: Vec<&Sample> = samples.iter().filter(|s| s.decoded >= 40 && s.decoded < done).collect();
     let first = settled.first().expect("samples after the first turn");
+    let fds = settled.iter().map(|s| s.fds).min().unwrap_or(0);
     for s in &settled {
-        assert_eq!((s.threads, s.fds), (first.threads, first.fds), "{what}: threads / fds changed: {s:?} vs {first:?}");
+        assert_eq!(s.threads, first.threads, "{what}: threads changed: {s:?} vs {first:?}");
+        assert!(s.fds <= fds + 1, "{what}: descriptors grew: {s:?} (held {fds})");
     }
+    let tail = &settled[settled.len() - settled.len() / 10..];
+    assert!(tail.iter().any(|s| s.fds == fds), "{what}: descriptors not back to {fds} at the end: {tail:?}");
 
     // the pool's own count of its buffers, against budget + one blob per I/O worker
     let held = number_after(pool, "at most").expect("held");
@@ -232,6 +239,6 @@ fn check(what: &str, samples: &[Sample], done: usize, plan_mib: f64, pool: &str)
         mid / 1024.0,
         end / 1024.0,
         first.threads,
-        first.fds
+        fds
     );
 }
