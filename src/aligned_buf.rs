@@ -20,6 +20,13 @@ pub fn peak_bytes() -> usize {
     PEAK.load(Ordering::Relaxed)
 }
 
+/// Start the peak over from what is alive now: the engine calls it as it loads, so the peak is
+/// its pool's (a package written just before, as the demo's is on first use, had 8 MiB of write
+/// buffers, and `run` reported them as the pool's).
+pub fn reset_peak() {
+    PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
 /// A buffer of whole pages (so 4096-byte aligned, as O_DIRECT requires), mapped straight from
 /// the kernel rather than the allocator: the pool's memory is then exactly its buffers, given
 /// back when they go (malloc would keep multi-MB chunks freed on I/O threads in its arenas, and

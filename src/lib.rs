@@ -4,6 +4,7 @@
 //! command-line layer over it. ARCHITECTURE.md at the top of the repository is the code map.
 
 pub mod aligned_buf;
+pub mod bounded_read;
 pub mod cache_dir;
 pub mod contained;
 pub mod convert;
@@ -16,6 +17,7 @@ pub mod fuzzing;
 pub mod model;
 pub mod model_config;
 pub mod npy;
+pub mod out_file;
 pub mod package;
 pub mod rng;
 pub mod serve;

@@ -7,6 +7,9 @@ use serde::{Deserialize, Serialize};
 /// per-layer tables by this count before anything else checks it.
 pub const MAX_LAYERS: usize = 1 << 10;
 
+/// The most routed experts a layer may state (released models have at most 512).
+pub const MAX_EXPERTS: usize = 1 << 14;
+
 /// Each `(key, value, most)` with `value <= most`, else an error naming the first key past it.
 fn at_most(limits: &[(&str, usize, usize)]) -> Result<(), String> {
     match limits.iter().find(|(_, v, most)| v > most) {
@@ -257,7 +260,7 @@ impl ModelConfig {
             ("head_dim", self.head_dim, 1 << 12),
             ("intermediate_size", self.intermediate_size, 1 << 20),
             ("moe_intermediate_size", self.moe_intermediate_size, 1 << 20),
-            ("num_experts", self.num_experts, 1 << 14),
+            ("num_experts", self.num_experts, MAX_EXPERTS),
             ("max_position_embeddings", self.max_position_embeddings, 1 << 24),
         ])?;
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {

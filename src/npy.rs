@@ -16,6 +16,7 @@ pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> std::io::Result<
         header.push(' ');
     }
     header.push('\n');
+    crate::out_file::check_destination(path)?;
     let tmp = path.with_extension("npy.partial");
     {
         let mut f = std::io::BufWriter::new(std::fs::File::create(&tmp)?);

@@ -59,3 +59,18 @@ fn oversized_pools_are_refused_before_loading_and_the_named_largest_fits() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// The pool's buffer peak is counted from the engine's load: on first use the demo's package is
+/// written just before (with 8 MiB of write buffers), and `run` reported 8 MiB for a 1.3 MiB pool.
+#[test]
+fn the_pool_peak_excludes_a_package_written_before_the_load() {
+    let cache = tempfile::tempdir().expect("tempdir");
+    let o = moescope(&["run", "-p", "fn main", "-n", "8", "--json"], cache.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("written to"), "the demo package was not written by this run: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("one JSON object");
+    let ex = &v["experts"];
+    let num = |k: &str| ex[k].as_f64().unwrap_or_else(|| panic!("experts.{k} in {ex}"));
+    let allowed = num("budget_mib") + num("io_workers") * num("blob_mib");
+    assert!(num("buffers_peak_mib") <= allowed + 1e-3, "peak {} MiB, allowed {allowed}", num("buffers_peak_mib"));
+}

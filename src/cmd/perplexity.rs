@@ -29,6 +29,10 @@ fn logsumexp(row: &[f32]) -> f64 {
     max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln()
 }
 
+/// The largest text scored: it is tokenized whole, and its tokens and logits are held in memory
+/// (wikitext-2's test set is 1.3 MB).
+const MAX_TEXT: u64 = 64 << 20;
+
 /// Negative log-likelihoods of a window's next tokens from position `from` on, from its logits
 /// (`[n, vocab]`).
 fn window_nlls(logits: &[f32], ids: &[u32], vocab: usize, from: usize, out: &mut Vec<f64>) {
@@ -78,12 +82,8 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     if a.window < 2 {
         bail!("--window must be at least 2 tokens");
     }
-    let threads = match a.threads {
-        Some(0) => bail!("--threads must be at least 1"),
-        Some(t) => t,
-        None => moescope::sysinfo::physical_cores(),
-    };
-    let bytes = std::fs::read(&a.file).with_context(|| format!("reading {}", a.file.display()))?;
+    let threads = super::thread_count("--threads", a.threads, moescope::sysinfo::physical_cores())?;
+    let bytes = moescope::bounded_read::read_file(&a.file, MAX_TEXT).map_err(anyhow::Error::msg)?;
     let text = String::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {})", a.file.display(), e.utf8_error().valid_up_to()))?;
     let path = model_arg::resolve(a.model.as_deref(), a.quant.as_deref())?;

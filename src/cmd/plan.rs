@@ -36,7 +36,14 @@ pub fn parse_size(s: &str) -> Result<u64> {
 }
 
 pub fn run(a: &PlanArgs) -> Result<()> {
-    let threads = a.threads.unwrap_or_else(moescope::sysinfo::logical_cores).max(1);
+    let cores = moescope::sysinfo::logical_cores();
+    let asked = super::thread_count("--threads", a.threads, cores)?;
+    // threads past the cores measure nothing more, the probes only take longer (64 threads on 2
+    // cores: 67 s rather than 7); the figures are for as many threads as run at once
+    let threads = asked.min(cores);
+    if threads < asked {
+        eprintln!("moescope plan: {asked} threads on {cores} logical cores: probing at {threads}");
+    }
     let (sizes, pkg, label) = match (&a.model, &a.shape, &a.config) {
         (Some(m), None, None) => {
             let pkg = Package::open(m).with_context(|| format!("opening {}", m.display()))?;

@@ -131,6 +131,9 @@ impl RunConfig {
             }),
         };
         sampler.validate().map_err(anyhow::Error::msg)?;
+        super::output_path("--logits-out", a.logits_out.as_deref())?;
+        super::output_path("--routing-out", a.experts.routing_out.as_deref())?;
+        super::output_path("--trace", a.trace.trace.as_deref())?;
         let prompt = match (&a.prompt, &a.prompt_ids) {
             (Some(t), None) => Some(Prompt::Text(t.clone())),
             (None, Some(ids)) => Some(Prompt::Ids(parse_ids(ids)?)),
@@ -142,11 +145,7 @@ impl RunConfig {
         if prompt.is_none() && (a.json || a.logits_out.is_some()) {
             bail!("--json and --logits-out need a prompt (--prompt or --prompt-ids)");
         }
-        let threads = match a.threads {
-            Some(0) => bail!("--threads must be at least 1"),
-            Some(t) => t,
-            None => moescope::sysinfo::physical_cores(),
-        };
+        let threads = super::thread_count("--threads", a.threads, moescope::sysinfo::physical_cores())?;
         if a.ctx_size == Some(0) {
             bail!("--ctx-size must be positive");
         }

@@ -7,9 +7,14 @@ use anyhow::{Context, Result, bail};
 use moescope::experts::routing_log::{self, RoutingLog};
 use moescope::experts::sim::{self, SimPolicy};
 use moescope::model::Observer;
+use moescope::model_config::{MAX_EXPERTS, MAX_LAYERS};
 use serde_json::json;
 
 use crate::cli::SimArgs;
+
+/// The most token-layer records a synthetic trace holds (a 10,000-token run of a 94-layer model
+/// has ~1 M): they are built in memory first.
+const MAX_RECORDS: usize = 1 << 24;
 
 fn list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>> {
     s.split(',').map(|x| x.trim().parse::<T>().map_err(|_| anyhow::anyhow!("{flag}: '{x}' is not a number"))).collect()
@@ -20,8 +25,15 @@ pub fn run(a: &SimArgs) -> Result<()> {
         if a.top_k == 0 || a.top_k > a.experts || a.layers == 0 || a.tokens == 0 {
             bail!("--synthetic needs 0 < --top-k <= --experts, and positive --layers and --tokens");
         }
-        if !(0.0..=1.0).contains(&a.repeat) || a.zipf < 0.0 {
+        if !(0.0..=1.0).contains(&a.repeat) || a.zipf.is_nan() || a.zipf < 0.0 {
             bail!("--repeat must be in [0, 1] and --zipf >= 0");
+        }
+        // the records are built in memory before they are written
+        if a.layers > MAX_LAYERS || a.experts > MAX_EXPERTS || a.layers.saturating_mul(a.tokens) > MAX_RECORDS {
+            bail!(
+                "--synthetic takes at most {MAX_LAYERS} --layers, {MAX_EXPERTS} --experts and {MAX_RECORDS} \
+                 --layers x --tokens records"
+            );
         }
         let (h, recs) =
             sim::synthetic(a.layers, a.experts, a.top_k, a.tokens, a.zipf, a.repeat, a.seed, a.bytes_per_expert);

@@ -139,10 +139,23 @@ pub struct GenRequest<'a> {
 impl Engine {
     pub fn load(path: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
         let _load = trace::span("load").arg("package", path.display().to_string());
+        crate::aligned_buf::reset_peak();
         // verified after the resident copy is made, so the file's pages are never mapped (they
         // would count in the RSS beside the copy)
         let mut pkg = Package::open_with(path, OpenOptions { verify_dense: false })?;
         let mut warnings = Vec::new();
+        // before any size is planned or allocated from it (a context of 2^32 tokens sized a
+        // 2 TiB KV cache and aborted); positions past the trained ones have no meaning anyway
+        let max_pos = pkg.meta.model.max_position_embeddings;
+        match opts.ctx_size {
+            Some(0) => return Err(EngineError::Setup("--ctx-size must be positive".into())),
+            Some(c) if c > max_pos => {
+                return Err(EngineError::Setup(format!(
+                    "a context of {c} positions: the model has {max_pos} (max_position_embeddings)"
+                )));
+            }
+            _ => {}
+        }
         // A default pool would hold every expert when the package fits in half the memory: then
         // there is no pool and experts are read through the mapping (nothing would ever be
         // evicted, and the first tokens would wait on O_DIRECT reads), unless the package asks
@@ -171,9 +184,6 @@ impl Engine {
         let model = Qwen3Moe::load(pkg.clone())?;
         let cfg = &model.cfg;
         let ctx = opts.ctx_size.unwrap_or(cfg.max_position_embeddings.min(8192));
-        if ctx == 0 {
-            return Err(EngineError::Setup("--ctx-size must be positive".into()));
-        }
         let tok = match &pkg.meta.tokenizer.tokenizer_json {
             Some(j) => Some(Arc::new(
                 Tok::from_json(j).map_err(|e| EngineError::Tokenizer(format!("{}: tokenizer: {e}", path.display())))?,

@@ -17,6 +17,11 @@ use crate::trace;
 use pool::Pool;
 use rows::rows_per_task;
 
+/// The most compute threads a pool starts. The largest machines have a few hundred hardware
+/// threads; far past that, each thread's stack and signal stack exhaust the address space and
+/// the thread that cannot map its guard page aborts the process.
+pub const MAX_THREADS: usize = 512;
+
 /// Most rows of a gate (and of an up) one step of [`Exec::swiglu_pairs`] holds on the stack.
 const MAX_PIECE: usize = 1024;
 
@@ -105,6 +110,9 @@ impl Exec {
             Ok("1") => crate::sysinfo::pin_order(),
             Ok(other) => return Err(format!("MOESCOPE_PIN: expected 0 or 1, got '{other}'")),
         };
+        if threads > MAX_THREADS {
+            return Err(format!("{threads} compute threads: at most {MAX_THREADS}"));
+        }
         let passive = threads > crate::sysinfo::logical_cores();
         let pool = Pool::with_options(threads, passive, &pin)
             .map_err(|e| format!("starting {threads} compute threads: {e}"))?;

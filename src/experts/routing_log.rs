@@ -74,6 +74,7 @@ pub struct RoutingLog {
 
 impl RoutingLog {
     pub fn create(path: &Path, header: &Header) -> std::io::Result<RoutingLog> {
+        crate::out_file::check_destination(path)?;
         let tmp = path.with_extension("partial");
         let mut w = BufWriter::new(File::create(&tmp)?);
         serde_json::to_writer(&mut w, header)?;
@@ -136,14 +137,18 @@ impl Drop for RoutingLog {
 
 /// A routing trace read back (plain or gzipped): the header and the records in order, each
 /// checked against the header.
+/// The longest line a trace may hold: a record of 512 experts with candidates is a few KB (a
+/// path to a device without line ends, such as /dev/zero, grew one line until memory ran out).
+const MAX_LINE: u64 = 1 << 24;
+
 pub fn read(path: &Path) -> Result<(Header, Vec<Record>), String> {
     let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let mut f = BufReader::new(File::open(path).map_err(|e| at(&e))?);
     let gz = f.fill_buf().map_err(|e| at(&e))?.starts_with(&[0x1f, 0x8b]);
-    let reader: Box<dyn BufRead> =
+    let mut reader: Box<dyn BufRead> =
         if gz { Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(f))) } else { Box::new(f) };
-    let mut lines = reader.lines();
-    let first = lines.next().ok_or_else(|| at(&"empty file"))?.map_err(|e| at(&e))?;
+    let mut next_line = move || crate::bounded_read::read_line(&mut reader, MAX_LINE).transpose();
+    let first = next_line().ok_or_else(|| at(&"empty file"))?.map_err(|e| at(&e))?;
     let h: Header = serde_json::from_str(&first)
         .map_err(|e| format!("{}: line 1: not a moescope routing trace header ({e})", path.display()))?;
     if h.moescope_routing != 1 {
@@ -159,7 +164,7 @@ pub fn read(path: &Path) -> Result<(Header, Vec<Record>), String> {
         ));
     }
     let mut recs = Vec::new();
-    for (i, line) in lines.enumerate() {
+    for (i, line) in std::iter::from_fn(next_line).enumerate() {
         let line = line.map_err(|e| at(&e))?;
         if line.trim().is_empty() {
             continue;

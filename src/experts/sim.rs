@@ -338,12 +338,19 @@ pub fn synthetic(
     for t in 0..tokens {
         for l in 0..layers {
             let mut pick: Vec<usize> = prev[l].iter().copied().filter(|_| rng.next_f64() < repeat).collect();
+            let mut draws = 0;
             while pick.len() < top_k {
                 let mut x = rng.next_f64() * total;
                 let mut r = 0;
                 while r + 1 < experts && x >= weights[r] {
                     x -= weights[r];
                     r += 1;
+                }
+                // a zipf so steep that the tail's weights underflow keeps drawing the head: past
+                // a bound, the best-ranked expert not yet picked (rejection sampling otherwise)
+                draws += 1;
+                if draws > 64 * top_k {
+                    r = (0..experts).find(|&r| !pick.contains(&perms[l][r])).unwrap_or(r);
                 }
                 let e = perms[l][r];
                 if !pick.contains(&e) {
@@ -476,6 +483,23 @@ mod tests {
         ];
         let kept = decode_only(recs.clone());
         assert_eq!(kept, recs[4..].to_vec());
+    }
+
+    /// A zipf so steep that every weight past the first underflows to 0 kept drawing the head
+    /// expert forever (`sim --synthetic --zipf 191` hung); the picks are the k best-ranked.
+    #[test]
+    fn a_zipf_too_steep_for_the_tail_still_picks_k_distinct_experts() {
+        let (_, recs) = synthetic(3, 16, 4, 5, 1000.0, 0.4, 7, 10);
+        assert_eq!(recs.len(), 15);
+        for r in &recs {
+            let mut e = r.e.clone();
+            e.sort();
+            e.dedup();
+            assert_eq!(e.len(), 4, "{:?}", r.e);
+            let mut first = recs.iter().find(|q| q.l == r.l).map(|q| q.e.clone()).unwrap_or_default();
+            first.sort();
+            assert_eq!(e, first, "layer {}: the same k best-ranked experts every token", r.l);
+        }
     }
 
     #[test]

@@ -111,6 +111,7 @@ impl PackageWriter {
         let tmp_path = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
         // name the target in the message: the temporary name means nothing to the user
         let io = |source| PackageError::Io { path: path.to_path_buf(), error: source };
+        crate::out_file::check_destination(path).map_err(io)?;
         let file = Sink::create(&tmp_path).map_err(io)?;
         let mut w = PackageWriter {
             final_path: path.to_path_buf(),

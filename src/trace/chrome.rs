@@ -160,6 +160,7 @@ pub fn each_event(rec: &Recording, sink: &mut dyn FnMut(Value) -> std::io::Resul
 
 /// Write `rec` with the metadata block `other` (model, settings, machine) to `path`.
 pub fn write(path: &Path, rec: &Recording, mut other: Value) -> std::io::Result<()> {
+    crate::out_file::check_destination(path)?;
     let tmp = path.with_extension(format!(
         "{}.partial",
         path.extension().map(|e| e.to_string_lossy().into_owned()).unwrap_or_default()
