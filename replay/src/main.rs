@@ -10,8 +10,10 @@
 //! run); the counts per depth are printed, so a run that only ever reaches depth 0 shows.
 //!
 //! usage: moescope-replay [--cases N] [--seed S] [--targets a,b] [--timeout-s T] [--mem-mib M]
-//!        [--root DIR] [--write-seeds OUT]   (N cases in all, shared by the targets by weight; DIR: the repository)
+//!        [--root DIR] [--write-seeds OUT] [--moescope BIN]   (N cases in all, shared by the targets by
+//!        weight; DIR: the repository; BIN: the binary the args target runs, default beside this one)
 
+mod args;
 mod mutate;
 mod seeds;
 
@@ -25,12 +27,14 @@ use std::time::{Duration, Instant};
 use mutate::{Rng, Shape};
 
 /// Each target's share of the cases (its inputs cost more or less to run) and its inputs' shape.
-const PLAN: [(&str, usize, Shape); 5] = [
+const PLAN: [(&str, usize, Shape); 6] = [
     ("gguf", 3, Shape::Whole),
     ("package", 3, Shape::Package),
     ("checkpoint", 2, Shape::Bundle),
     ("chat_template", 3, Shape::Bundle),
     ("request", 1, Shape::Tagged),
+    // a process per case (~30 ms each): its share is small
+    ("args", 1, Shape::Args),
 ];
 
 struct Opts {
@@ -42,6 +46,8 @@ struct Opts {
     root: PathBuf,
     /// write each target's seeds into DIR/TARGET/ and stop (libFuzzer's starting corpus)
     write_seeds: Option<PathBuf>,
+    /// the binary the args target runs (default: beside this one)
+    moescope: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Opts, String> {
@@ -53,6 +59,7 @@ fn parse_args() -> Result<Opts, String> {
         mem_bytes: 3 << 30,
         root: PathBuf::from("."),
         write_seeds: None,
+        moescope: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -66,11 +73,12 @@ fn parse_args() -> Result<Opts, String> {
             "--root" => o.root = PathBuf::from(val()?),
             "--targets" => o.targets = val()?.split(',').map(str::to_string).collect(),
             "--write-seeds" => o.write_seeds = Some(PathBuf::from(val()?)),
+            "--moescope" => o.moescope = Some(PathBuf::from(val()?)),
             _ => return Err(format!("unknown argument {a}")),
         }
     }
     for t in &o.targets {
-        if moescope::fuzzing::target(t).is_none() {
+        if moescope::fuzzing::target(t).is_none() && t != "args" {
             return Err(format!("no target '{t}'"));
         }
     }
@@ -155,6 +163,25 @@ fn spawn(target: &str, o: &Opts, scratch: &Path) -> Result<Runner, String> {
         }
     });
     Ok(Runner { child, stdin, acks: rx, stderr, done: 0 })
+}
+
+/// How a target's cases run: in a replay child fed over a pipe, or as the moescope binary itself.
+enum Exec {
+    Child(Runner),
+    Args(args::Files),
+}
+
+impl Exec {
+    fn start(target: &str, o: &Opts, scratch: &Path) -> Result<Exec, String> {
+        if target != "args" {
+            return spawn(target, o, scratch).map(Exec::Child);
+        }
+        let exe = match &o.moescope {
+            Some(p) => p.clone(),
+            None => std::env::current_exe().map_err(|e| format!("own path: {e}"))?.with_file_name("moescope"),
+        };
+        args::Files::new(&exe, &o.root, &scratch.join("args")).map(Exec::Args)
+    }
 }
 
 enum Outcome {
@@ -245,20 +272,23 @@ fn main() {
     );
     for &&(target, share, shape) in &plan {
         let t0 = Instant::now();
-        let seeds = seeds::seeds(target, &o.root);
+        let mut seeds = seeds::seeds(target, &o.root);
+        let mut exec = match Exec::start(target, &o, &scratch) {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("moescope-replay: {target}: {e}");
+                std::process::exit(2);
+            }
+        };
+        if let Exec::Args(files) = &exec {
+            seeds.splice(0..0, files.seeds());
+        }
         if seeds.is_empty() {
             eprintln!("moescope-replay: no seeds for {target}");
             std::process::exit(2);
         }
         let n = (o.cases * share).div_ceil(weight).max(seeds.len());
         let mut rng = Rng::new(o.seed ^ xxhash(target.as_bytes()));
-        let mut runner = match spawn(target, &o, &scratch) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("moescope-replay: {target}: {e}");
-                std::process::exit(2);
-            }
-        };
         let (mut crashes, mut hangs, mut depths) = (0, 0, [0usize; 4]);
         for i in 0..n {
             // the seeds as they are first, then mutations of them
@@ -266,9 +296,16 @@ fn main() {
                 (seeds[i].0.clone(), seeds[i].1.clone())
             } else {
                 let s = rng.below(seeds.len());
-                (format!("mutation {i} of {}", seeds[s].0), mutate::mutate(&mut rng, &seeds[s].1, shape))
+                let case = match &exec {
+                    Exec::Args(files) => files.mutate(&mut rng, &seeds[s].1),
+                    Exec::Child(_) => mutate::mutate(&mut rng, &seeds[s].1, shape),
+                };
+                (format!("mutation {i} of {}", seeds[s].0), case)
             };
-            let outcome = run_case(&mut runner, &case, o.timeout);
+            let outcome = match &mut exec {
+                Exec::Child(runner) => run_case(runner, &case, o.timeout),
+                Exec::Args(files) => files.run(&case, o.timeout, o.mem_bytes),
+            };
             let (kind, what) = match outcome {
                 Outcome::Ok(d) => {
                     depths[(d as usize).min(3)] += 1;
@@ -290,16 +327,21 @@ fn main() {
                 "not saved: past the first few".into()
             };
             println!("  {target}: {kind} on {name} ({} bytes, {kept}): {what}", case.len());
-            runner = match spawn(target, &o, &scratch) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("moescope-replay: {target}: {e}");
-                    std::process::exit(2);
-                }
-            };
+            if let Exec::Child(_) = exec {
+                exec = match Exec::start(target, &o, &scratch) {
+                    Ok(e) => e,
+                    Err(e) => {
+                        eprintln!("moescope-replay: {target}: {e}");
+                        std::process::exit(2);
+                    }
+                };
+            }
         }
-        drop(runner.stdin);
-        let _ = runner.child.wait();
+        if let Exec::Child(runner) = exec {
+            drop(runner.stdin);
+            let mut child = runner.child;
+            let _ = child.wait();
+        }
         failures += crashes + hangs;
         println!(
             "{target:>14}: {n} cases ({} seeds), {crashes} crashes, {hangs} hangs, {:.1} s; reached {depths:?}",

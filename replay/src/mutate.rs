@@ -226,6 +226,74 @@ fn mutate_package(rng: &mut Rng, data: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Where a package's checksummed ranges are, from its metadata: (offset, length, where the f32
+/// scales start if it has any, its checksum's hex): each dense tensor and each expert blob.
+fn checksummed(meta: &Value) -> Vec<(u64, u64, Option<u64>, String)> {
+    let mut out = vec![];
+    for t in meta["tensors"].as_array().into_iter().flatten() {
+        if let (Some(off), Some(len), Some(x)) = (t["offset"].as_u64(), t["length"].as_u64(), t["xxh3"].as_str()) {
+            out.push((off, len, t["scales_offset"].as_u64(), x.to_string()));
+        }
+    }
+    let ex = &meta["experts"];
+    let (blob, parts) = (ex["blob_len"].as_u64().unwrap_or(0), ex["parts"].as_array());
+    for (i, e) in ex["table"].as_array().into_iter().flatten().enumerate() {
+        if let (Some(off), Some(x)) = (e[0].as_u64(), e[1].as_str()) {
+            // the scales of one of the blob's parts (relative to the blob start)
+            let scales = parts.and_then(|p| p.get(i % p.len().max(1))).and_then(|p| p["scales_offset"].as_u64());
+            out.push((off, blob, scales.map(|s| off + s), x.to_string()));
+        }
+    }
+    out
+}
+
+/// Values a quantization scale must not hold, or holds rarely.
+const ODD_SCALES: [f32; 8] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1e-45, 3e38, -3e38];
+
+/// A change inside one dense tensor or expert blob with its checksum rewritten to match (and
+/// the metadata's and the header's), so the bytes get past verification to the kernels: a
+/// scale set to NaN, an infinity, zero, a subnormal or a huge value, or quantized values
+/// overwritten. None if `data` has no readable metadata.
+fn mutate_tensor(rng: &mut Rng, data: &[u8]) -> Option<Vec<u8>> {
+    use moescope::package::layout::{HEADER_SIZE, Header};
+    let h = Header::decode(data.get(..HEADER_SIZE as usize)?).ok()?;
+    let mo = usize::try_from(h.meta_offset).ok()?;
+    let meta_end = mo.checked_add(usize::try_from(h.meta_len).ok()?)?;
+    let meta: Value = serde_json::from_slice(data.get(mo..meta_end)?).ok()?;
+    let spans = checksummed(&meta);
+    if spans.is_empty() {
+        return None;
+    }
+    let (off, len, scales, old) = spans[rng.below(spans.len())].clone();
+    let (start, end) = (usize::try_from(off).ok()?, usize::try_from(off.checked_add(len)?).ok()?);
+    data.get(start..end)?;
+    let mut out = data.to_vec();
+    match scales.and_then(|s| usize::try_from(s).ok()).filter(|&s| s >= start && s + 4 <= end) {
+        Some(s) if rng.below(3) != 0 => {
+            let at = s + rng.below((end - s) / 4) * 4;
+            let v = ODD_SCALES[rng.below(ODD_SCALES.len())];
+            out[at..at + 4].copy_from_slice(&v.to_le_bytes());
+        }
+        _ if end > start => {
+            for _ in 0..1 + rng.below(8) {
+                let at = start + rng.below(end - start);
+                out[at] = rng.next() as u8;
+            }
+        }
+        _ => return None,
+    }
+    let new = moescope::package::layout::hex64(xxhash_rust::xxh3::xxh3_64(&out[start..end]));
+    let at = mo + data[mo..meta_end].windows(old.len()).position(|w| w == old.as_bytes())?;
+    if new.len() != old.len() {
+        return None;
+    }
+    out[at..at + new.len()].copy_from_slice(new.as_bytes());
+    let mut h2 = h;
+    h2.meta_xxh3 = xxhash_rust::xxh3::xxh3_64(&out[mo..meta_end]);
+    out[..HEADER_SIZE as usize].copy_from_slice(&h2.encode());
+    Some(out)
+}
+
 /// One change to `data`: structural for JSON (a third of the time), else bytewise.
 fn mutate_one(rng: &mut Rng, data: &[u8]) -> Vec<u8> {
     if rng.below(3) == 0
@@ -247,8 +315,12 @@ pub enum Shape {
     Bundle,
     /// A selector byte, then a body.
     Tagged,
-    /// A .moe package: half the changes keep its checksums whole (see `mutate_package`).
+    /// A .moe package: two thirds of the changes keep its checksums whole (`mutate_package`:
+    /// header and metadata; `mutate_tensor`: a tensor's bytes with its checksum).
     Package,
+    /// An argument vector, words joined by NUL: `args::Files::mutate` changes it word by word
+    /// (it knows each command's flags); here, bytewise.
+    Args,
 }
 
 /// 1 to 3 changes to `seed`, by its shape.
@@ -256,9 +328,10 @@ pub fn mutate(rng: &mut Rng, seed: &[u8], shape: Shape) -> Vec<u8> {
     let mut d = seed.to_vec();
     for _ in 0..1 + rng.below(3) {
         d = match shape {
-            Shape::Whole => mutate_one(rng, &d),
-            Shape::Package => match rng.below(2) {
+            Shape::Whole | Shape::Args => mutate_one(rng, &d),
+            Shape::Package => match rng.below(3) {
                 0 => mutate_package(rng, &d).unwrap_or_else(|| mutate_one(rng, &d)),
+                1 => mutate_tensor(rng, &d).unwrap_or_else(|| mutate_one(rng, &d)),
                 _ => mutate_one(rng, &d),
             },
             Shape::Tagged if !d.is_empty() && rng.below(8) != 0 => {
