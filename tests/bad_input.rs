@@ -310,3 +310,106 @@ fn bad_sampling_arguments() {
     let o = moescope(&["convert", "x", "-o", "y.moe", "--quant", "q3"], d.path());
     assert_clean_failure(&o, &["q3"]);
 }
+
+/// Rewrites a checksummed range of package `p` with `change(bytes)` (the file's bytes) and its
+/// checksum to match, the metadata's and the header's, as a tool that rewrites weights would:
+/// every checksum passes. `pick(meta)` gives the range's offset, length and checksum.
+fn rewrite_range(
+    p: &Path,
+    pick: impl FnOnce(&serde_json::Value) -> (usize, usize, String),
+    change: impl FnOnce(&mut [u8]),
+) {
+    use moescope::package::layout::{HEADER_SIZE, Header, hex64};
+    let mut b = std::fs::read(p).unwrap();
+    let h = Header::decode(&b[..HEADER_SIZE as usize]).unwrap();
+    let (mo, ml) = (h.meta_offset as usize, h.meta_len as usize);
+    let meta: serde_json::Value = serde_json::from_slice(&b[mo..mo + ml]).unwrap();
+    let (off, len, old) = pick(&meta);
+    change(&mut b);
+    let new = hex64(xxhash_rust::xxh3::xxh3_64(&b[off..off + len]));
+    let at = mo + b[mo..mo + ml].windows(16).position(|w| w == old.as_bytes()).unwrap();
+    b[at..at + 16].copy_from_slice(new.as_bytes());
+    let h2 = Header { meta_xxh3: xxhash_rust::xxh3::xxh3_64(&b[mo..mo + ml]), ..h };
+    b[..HEADER_SIZE as usize].copy_from_slice(&h2.encode());
+    std::fs::write(p, b).unwrap();
+}
+
+/// Dense tensor `name`'s entry in the package's metadata.
+fn tensor(p: &Path, name: &str) -> serde_json::Value {
+    use moescope::package::layout::{HEADER_SIZE, Header};
+    let b = std::fs::read(p).unwrap();
+    let h = Header::decode(&b[..HEADER_SIZE as usize]).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&b[h.meta_offset as usize..(h.meta_offset + h.meta_len) as usize]).unwrap();
+    meta["tensors"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap().clone()
+}
+
+fn rewrite_tensor(p: &Path, name: &str, change: impl FnOnce(&mut [u8])) -> serde_json::Value {
+    let t = tensor(p, name);
+    let (off, len) = (t["offset"].as_u64().unwrap() as usize, t["length"].as_u64().unwrap() as usize);
+    rewrite_range(p, |_| (off, len, t["xxh3"].as_str().unwrap().to_string()), change);
+    t
+}
+
+/// A package whose checksums all match but whose final norm holds a NaN: refused at load,
+/// naming the tensor and offset. Before, the NaN vanished where activations are quantized and
+/// the run printed tokens (exit 0). Found by the replay's mutations that rewrite a tensor with
+/// its checksum.
+#[test]
+fn a_nan_weight_behind_matching_checksums_is_refused_at_load() {
+    let (d, p) = package();
+    let at = tensor(&p, "model.norm.weight")["offset"].as_u64().unwrap();
+    // all ones: NaN as bf16 (0xFFFF) and as f32
+    rewrite_tensor(&p, "model.norm.weight", |b| b[at as usize..at as usize + 4].fill(0xFF));
+    let o = moescope(&["run", "-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", "2"], d.path());
+    assert_clean_failure(&o, &["model.norm.weight", "non-finite", &at.to_string()]);
+}
+
+/// Finite scales so large that the logits overflow (3e38 for every row of the lm_head): the
+/// run fails naming the position, rather than sampling from infinities.
+#[test]
+fn logits_that_overflow_are_an_error_not_output() {
+    let (d, p) = package();
+    let t = tensor(&p, "lm_head.weight");
+    let s = t["scales_offset"].as_u64().unwrap() as usize;
+    let end = (t["offset"].as_u64().unwrap() + t["length"].as_u64().unwrap()) as usize;
+    rewrite_tensor(&p, "lm_head.weight", |b| {
+        for c in b[s..end].chunks_exact_mut(4) {
+            c.copy_from_slice(&3e38f32.to_le_bytes());
+        }
+    });
+    let o = moescope(&["run", "-m", p.to_str().unwrap(), "--prompt-ids", "1,2,3", "-n", "2"], d.path());
+    assert_clean_failure(&o, &["logits at position 2", "not finite"]);
+}
+
+/// An expert blob whose first scale is NaN behind matching checksums: the request that reads it
+/// fails naming the blob, streamed through the pool and read through the mapping alike.
+#[test]
+fn a_nan_scale_in_an_expert_blob_fails_its_first_read() {
+    let r = Reference::load("single");
+    let e = r.i64("router_topk_idx")[0] as usize;
+    let ids: Vec<String> = r.ids("input_ids").iter().map(|i| i.to_string()).collect();
+    for stream in [true, false] {
+        let (d, p) = package();
+        let at = std::cell::Cell::new(0);
+        rewrite_range(
+            &p,
+            |m| {
+                let ex = &m["experts"];
+                let (off, sum) = (ex["table"][e][0].as_u64().unwrap(), ex["table"][e][1].as_str().unwrap());
+                at.set((off + ex["parts"][0]["scales_offset"].as_u64().unwrap()) as usize);
+                (off as usize, ex["blob_len"].as_u64().unwrap() as usize, sum.to_string())
+            },
+            |b| b[at.get()..at.get() + 4].copy_from_slice(&f32::NAN.to_le_bytes()),
+        );
+        let at = at.get();
+        let ids = ids.join(",");
+        let mut args = vec!["run", "-m", p.to_str().unwrap(), "--prompt-ids", &ids, "-n", "2"];
+        args.extend(if stream { ["--cache-mb", "0.5"] } else { ["--no-stream", "--prefetch"] });
+        if !stream {
+            args.push("off");
+        }
+        let o = moescope(&args, d.path());
+        assert_clean_failure(&o, &[&format!("expert blob (layer 0, expert {e})"), "non-finite", &at.to_string()]);
+    }
+}

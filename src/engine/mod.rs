@@ -42,6 +42,10 @@ pub enum EngineError {
     PromptTooLong { n: usize, ctx: usize },
     #[error("{0}")]
     Setup(String),
+    #[error(
+        "the logits at position {pos} are not finite (NaN or infinity): a weight or scale of the package is (its checksums cannot tell a damaged file made with matching ones)"
+    )]
+    NonFinite { pos: usize },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -413,6 +417,16 @@ impl Engine {
                 None => &resident,
             };
             let mut l = self.model.forward(&self.exec, source, &mut self.state, chunk, &mut self.kv, w, obs)?;
+            // a NaN or infinity anywhere in the weights ends here; sampling would pick a token
+            // from it silently. The cache holds the same poison: cleared, so the next request
+            // starts clean. (A scan of the vocabulary per token, ~20 us beside a token's ms.)
+            if let Some(i) = l.iter().position(|x| !x.is_finite()) {
+                // the rows are the chunk's last ones (one for Logits::Last)
+                let vocab = self.model.cfg.vocab_size.max(1);
+                let pos = self.kv.len() - l.len() / vocab + i / vocab;
+                self.reset();
+                return Err(EngineError::NonFinite { pos });
+            }
             self.cached.extend_from_slice(chunk);
             if out.is_empty() {
                 // one chunk (every decode step): its logits as they are, not copied (the

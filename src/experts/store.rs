@@ -7,7 +7,7 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::package::layout::{EXPERT_ALIGN, parse_hex64};
+use crate::package::layout::{EXPERT_ALIGN, TensorEntry, parse_hex64};
 use crate::package::{Package, PackageError};
 
 pub use crate::aligned_buf::AlignedBuf;
@@ -39,6 +39,8 @@ pub struct ExpertStore {
     num_experts: usize,
     layers: Vec<usize>,
     table: Vec<(u64, u64)>,
+    /// each MoE layer's three parts (offsets within the blob), for the finiteness check
+    parts: Vec<Vec<TensorEntry>>,
     pub verify: bool,
     /// a test's injected faults (`faults::inject`); None in production
     faults: Option<std::sync::Arc<super::faults::Faults>>,
@@ -87,6 +89,7 @@ impl ExpertStore {
             num_experts: ex.num_experts,
             layers: ex.layers.clone(),
             table,
+            parts: (0..ex.layers.len()).map(|i| ex.parts_of(i).to_vec()).collect(),
             verify,
             faults,
         };
@@ -159,13 +162,26 @@ impl ExpertStore {
     /// Verify a wholly read blob against its checksum, if verification is on.
     pub fn check(&self, slot: usize, buf: &AlignedBuf) -> Result<(), ReadError> {
         let (off, sum) = self.table[slot];
-        if self.verify && xxhash_rust::xxh3::xxh3_64(&buf.as_slice()[..self.blob_len]) != sum {
+        if !self.verify {
+            return Ok(());
+        }
+        let blob = &buf.as_slice()[..self.blob_len];
+        if xxhash_rust::xxh3::xxh3_64(blob) != sum {
             return Err(PackageError::Checksum {
                 path: self.path.clone(),
                 what: self.blob_name(slot),
                 offset: off,
                 len: self.blob_len as u64,
             });
+        }
+        for p in self.parts.get(slot / self.num_experts.max(1)).into_iter().flatten() {
+            if let Some(at) = crate::package::finite::first_non_finite(p, blob, 0) {
+                return Err(PackageError::Tensor {
+                    path: self.path.clone(),
+                    name: format!("{} {}", self.blob_name(slot), p.name),
+                    msg: format!("a non-finite value (NaN or infinity) at offset {}", off + at),
+                });
+            }
         }
         Ok(())
     }

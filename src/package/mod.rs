@@ -1,6 +1,7 @@
 //! The `.moe` package: one file holding a converted model, laid out for expert streaming.
 
 pub mod error;
+pub mod finite;
 pub mod layout;
 pub mod reader;
 pub mod sigbus;

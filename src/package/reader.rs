@@ -159,8 +159,24 @@ impl Package {
     pub fn verify_dense(&self) -> Result<(), PackageError> {
         for t in &self.meta.tensors {
             self.verify(&t.name, t.offset, t.length, t.xxh3.as_deref())?;
+            self.check_finite(&t.name, t, 0)?;
         }
         Ok(())
+    }
+
+    /// A non-finite weight or scale of `t` (its offsets count from `start`: 0 for a dense
+    /// tensor, the blob's offset for an expert's part) is an error naming it and where.
+    fn check_finite(&self, what: &str, t: &TensorEntry, start: u64) -> Result<(), PackageError> {
+        let (bytes, origin) = self.bytes_for(start, t.offset.saturating_add(t.length));
+        let rel = bytes.get(usize::try_from(start - origin).unwrap_or(usize::MAX)..).unwrap_or(&[]);
+        match super::finite::first_non_finite(t, rel, 0) {
+            Some(at) => Err(PackageError::Tensor {
+                path: self.path.clone(),
+                name: what.to_string(),
+                msg: format!("a non-finite value (NaN or infinity) at offset {}", start + at),
+            }),
+            None => Ok(()),
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -316,7 +332,7 @@ impl Package {
         let slot = li * ex.num_experts + e;
         let (off, sum) = &ex.table[slot];
         if self.expert_checked[slot].load(Ordering::Acquire) == 0 {
-            self.verify(&format!("expert blob (layer {layer}, expert {e})"), *off, ex.blob_len, Some(sum))?;
+            self.check_blob(&format!("expert blob (layer {layer}, expert {e})"), li, *off, sum)?;
             self.expert_checked[slot].store(1, Ordering::Release);
         }
         let (bytes, origin) = self.bytes_for(*off, ex.blob_len);
@@ -332,6 +348,17 @@ impl Package {
     /// thread of its own, so that decode does not stop to hash each expert at its first use
     /// (tokens that meet experts for the first time would otherwise run measurably slower). A
     /// blob that fails is left unchecked: its first use verifies it again and reports the error.
+    /// An expert blob of the `li`-th MoE layer at `off`: its checksum, then its parts' weights
+    /// and scales finite (a blob marked checked passed both, whichever thread checked it).
+    fn check_blob(&self, what: &str, li: usize, off: u64, sum: &str) -> Result<(), PackageError> {
+        let Some(ex) = &self.meta.experts else { return Ok(()) };
+        self.verify(what, off, ex.blob_len, Some(sum))?;
+        for p in ex.parts_of(li) {
+            self.check_finite(&format!("{what} {}", p.name), p, off)?;
+        }
+        Ok(())
+    }
+
     pub fn verify_experts(&self, stop: &AtomicBool) {
         let Some(ex) = &self.meta.experts else { return };
         for (slot, (off, sum)) in ex.table.iter().enumerate() {
@@ -339,7 +366,7 @@ impl Package {
                 return;
             }
             if self.expert_checked[slot].load(Ordering::Acquire) == 0
-                && self.verify("expert blob", *off, ex.blob_len, Some(sum)).is_ok()
+                && self.check_blob("expert blob", slot / ex.num_experts.max(1), *off, sum).is_ok()
             {
                 self.expert_checked[slot].store(1, Ordering::Release);
             }

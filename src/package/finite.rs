@@ -1,0 +1,74 @@
+//! Weights and quantization scales must be finite. The converter refuses non-finite weights,
+//! but a package rewritten with matching checksums passes every checksum: a NaN in a weight
+//! then vanished silently where activations are quantized (`f32::max` skips NaN, and NaN casts
+//! to the integer 0), and the run printed tokens from wrong logits (found by the replay's
+//! package mutations that rewrite a tensor with its checksum). Checked where the checksum is:
+//! the dense tensors at load, each expert blob at its first read.
+
+use super::layout::{DType, TensorEntry};
+
+/// The offset (on `base`'s scale: the tensor's `offset` and `scales_offset` count from it) of
+/// the first non-finite value of `t` in `bytes` (which start at `base`): every value of an f32
+/// or bf16 tensor, the f32 scales (and mins) of a quantized one. Out-of-range entries are the
+/// reader's to refuse: they are skipped here.
+pub fn first_non_finite(t: &TensorEntry, bytes: &[u8], base: u64) -> Option<u64> {
+    let end = t.offset.checked_add(t.length)?;
+    let from = match t.dtype {
+        DType::F32 | DType::Bf16 => t.offset,
+        DType::Q8 | DType::Q4 | DType::Q6 => t.scales_offset?,
+    };
+    let lo = usize::try_from(from.checked_sub(base)?).ok()?;
+    let hi = usize::try_from(end.checked_sub(base)?).ok()?;
+    let region = bytes.get(lo..hi)?;
+    let at = match t.dtype {
+        DType::Bf16 => region.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80)? * 2,
+        _ => region.chunks_exact(4).position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())? * 4,
+    };
+    Some(from + at as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(dtype: DType, offset: u64, length: u64, scales_offset: Option<u64>) -> TensorEntry {
+        TensorEntry {
+            name: "t".into(),
+            dtype,
+            shape: vec![1, 4],
+            group: None,
+            layout: "row".into(),
+            offset,
+            length,
+            scales_offset,
+            xxh3: None,
+        }
+    }
+
+    #[test]
+    fn finds_nan_and_infinities_in_values_and_scales_only() {
+        // 8 bytes before the tensor, then 4 f32
+        let mut b = vec![0u8; 8];
+        for v in [1.0f32, -2.0, 0.0, 3.5] {
+            b.extend(v.to_le_bytes());
+        }
+        let f32s = entry(DType::F32, 108, 16, None);
+        assert_eq!(first_non_finite(&f32s, &b, 100), None);
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut c = b.clone();
+            c[16..20].copy_from_slice(&bad.to_le_bytes());
+            assert_eq!(first_non_finite(&f32s, &c, 100), Some(116), "{bad}");
+        }
+        // quantized: values are bytes (0xFF is a fine int8), only the scales from 116 are f32
+        let mut q = b.clone();
+        q[8..12].fill(0xFF);
+        let q8 = entry(DType::Q8, 108, 16, Some(116));
+        assert_eq!(first_non_finite(&q8, &q, 100), None);
+        q[20..24].copy_from_slice(&f32::NAN.to_le_bytes());
+        assert_eq!(first_non_finite(&q8, &q, 100), Some(120));
+        // bf16: the top half of an f32 (0x7FC0 NaN, 0xFF80 -inf; 0x7F7F the largest finite)
+        let bf = entry(DType::Bf16, 0, 6, None);
+        assert_eq!(first_non_finite(&bf, &[0x7F, 0x7F, 0x80, 0x3F, 0, 0], 0), None);
+        assert_eq!(first_non_finite(&bf, &[0, 0, 0x80, 0xFF, 0xC0, 0x7F], 0), Some(2));
+    }
+}
