@@ -78,7 +78,8 @@ fn tiny_config() -> serde_json::Value {
 }
 
 /// model.safetensors for `cfg`: every tensor the converter asks for, bf16, small random values.
-fn safetensors_for(cfg: &ModelConfig) -> Vec<u8> {
+/// Every tensor a checkpoint of `cfg` holds: (name, shape).
+fn tensor_list(cfg: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     let mut tensors: Vec<(String, Vec<usize>)> =
         plan::dense_tensors(cfg).into_iter().map(|t| (t.name, t.shape.to_vec())).collect();
     for l in cfg.moe_layers() {
@@ -86,6 +87,15 @@ fn safetensors_for(cfg: &ModelConfig) -> Vec<u8> {
             tensors.extend(plan::expert_tensors(cfg, l, e).into_iter().map(|(n, s)| (n, s.to_vec())));
         }
     }
+    tensors
+}
+
+fn safetensors_for(cfg: &ModelConfig) -> Vec<u8> {
+    safetensors_of(tensor_list(cfg))
+}
+
+/// A safetensors file of `tensors` in bf16, small seeded values (norms near 1).
+fn safetensors_of(tensors: Vec<(String, Vec<usize>)>) -> Vec<u8> {
     let mut rng = Rng::new(7);
     let (mut header, mut data) = (serde_json::Map::new(), Vec::new());
     for (name, shape) in tensors {
@@ -118,6 +128,32 @@ pub fn tiny_checkpoint() -> Vec<u8> {
         ("model.safetensors", &safetensors_for(&cfg)),
         ("tokenizer.json", tokenizer_json().as_bytes()),
         ("tokenizer_config.json", tc.as_bytes()),
+    ])
+}
+
+/// The tiny checkpoint in two shards with their index (model.safetensors.index.json), so the
+/// index's structure is mutated too.
+pub fn tiny_sharded_checkpoint() -> Vec<u8> {
+    let cfg_json = tiny_config();
+    let cfg = moescope::convert::hf_config::parse_config(&cfg_json, Path::new("config.json"))
+        .unwrap_or_else(|e| panic!("the tiny config does not parse: {e}"));
+    let mut all = tensor_list(&cfg);
+    let second = all.split_off(all.len() / 2);
+    let names = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+    let mut map = serde_json::Map::new();
+    for (list, file) in [(&all, names[0]), (&second, names[1])] {
+        for (n, _) in list {
+            map.insert(n.clone(), file.into());
+        }
+    }
+    let shards = [safetensors_of(all), safetensors_of(second)];
+    let index = serde_json::json!({"metadata": {"total_size": shards[0].len() + shards[1].len()}, "weight_map": map});
+    bundle(&[
+        ("config.json", cfg_json.to_string().as_bytes()),
+        ("model.safetensors.index.json", index.to_string().as_bytes()),
+        (names[0], &shards[0]),
+        (names[1], &shards[1]),
+        ("tokenizer.json", tokenizer_json().as_bytes()),
     ])
 }
 
@@ -171,6 +207,7 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
     match target {
         "checkpoint" => {
             out.push(("tiny qwen3-moe".into(), tiny_checkpoint()));
+            out.push(("tiny qwen3-moe in two shards".into(), tiny_sharded_checkpoint()));
             for f in ["next", "qwen35", "odd"] {
                 out.extend(fixture_checkpoint(root, f).map(|b| (format!("tests/fixtures/{f}"), b)));
             }
