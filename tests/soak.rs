@@ -30,11 +30,14 @@ fn sampler(pid: u32, decoded: Arc<AtomicUsize>, stop: Arc<AtomicBool>) -> std::t
     })
 }
 
-/// One /proc sample of the child: tokens decoded by then, RSS and peak RSS (KiB), threads, fds.
+/// One /proc sample of the child: tokens decoded by then, RSS, its anonymous part (the heap and
+/// the pool: RSS also counts the binary's and the package's file pages as they are touched) and
+/// peak RSS (KiB), threads, fds.
 #[derive(Debug, Clone, Copy)]
 struct Sample {
     decoded: usize,
     rss_kib: u64,
+    anon_kib: u64,
     hwm_kib: u64,
     threads: u64,
     fds: usize,
@@ -47,7 +50,8 @@ fn sample(pid: u32, decoded: usize) -> Option<Sample> {
         l.split_whitespace().nth(1)?.parse().ok()
     };
     let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count();
-    Some(Sample { decoded, rss_kib: field("VmRSS:")?, hwm_kib: field("VmHWM:")?, threads: field("Threads:")?, fds })
+    let (rss_kib, anon_kib) = (field("VmRSS:")?, field("RssAnon:")?);
+    Some(Sample { decoded, rss_kib, anon_kib, hwm_kib: field("VmHWM:")?, threads: field("Threads:")?, fds })
 }
 
 /// The number after `key` in `line` (`"= 46"` of `"... = 46 MiB expected"`, `"decode 40"`).
@@ -207,13 +211,15 @@ fn check(what: &str, samples: &[Sample], done: usize, plan_mib: f64, pool: &str)
     // most 1%, medians of its first and last tenth against single samples' page-level noise
     let second: Vec<&Sample> = samples.iter().filter(|s| s.decoded >= done / 2 && s.decoded < done).collect();
     assert!(second.len() >= 10, "{what}: too few samples in the second half: {}", second.len());
-    let median = |xs: &[&Sample]| {
-        let mut v: Vec<u64> = xs.iter().map(|s| s.rss_kib).collect();
+    let median = |xs: &[&Sample], f: fn(&Sample) -> u64| {
+        let mut v: Vec<u64> = xs.iter().map(|s| f(s)).collect();
         v.sort_unstable();
         v[v.len() / 2] as f64
     };
     let tenth = second.len() / 10;
-    let (mid, end) = (median(&second[..tenth]), median(&second[second.len() - tenth..]));
+    let (first, last) = (&second[..tenth], &second[second.len() - tenth..]);
+    let (mid, end) = (median(first, |s| s.rss_kib), median(last, |s| s.rss_kib));
+    let (anon_mid, anon_end) = (median(first, |s| s.anon_kib), median(last, |s| s.anon_kib));
     assert!(end <= mid * 1.01 + 512.0, "{what}: RSS grew from {mid} KiB to {end} KiB over the second half");
 
     // threads: fixed once the first turn is done. Descriptors: the same held throughout, but a
@@ -234,10 +240,12 @@ fn check(what: &str, samples: &[Sample], done: usize, plan_mib: f64, pool: &str)
     let allowed = number_after(pool, "= ").expect("allowed");
     assert!(held <= allowed, "{what}: {pool}");
     eprintln!(
-        "soak ({what}): {done} tokens, {} samples, peak RSS {peak_mib:.1} MiB (plan {plan_mib} MiB), second half {:.1} -> {:.1} MiB, {} threads, {} fds; {pool}",
+        "soak ({what}): {done} tokens, {} samples, peak RSS {peak_mib:.1} MiB (plan {plan_mib} MiB), second half {:.1} -> {:.1} MiB (anonymous {:.2} -> {:.2}), {} threads, {} fds; {pool}",
         samples.len(),
         mid / 1024.0,
         end / 1024.0,
+        anon_mid / 1024.0,
+        anon_end / 1024.0,
         first.threads,
         fds
     );
