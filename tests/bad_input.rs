@@ -321,9 +321,8 @@ fn rewrite_range(
 ) {
     use moescope::package::layout::{HEADER_SIZE, Header, hex64};
     let mut b = std::fs::read(p).unwrap();
-    let h = Header::decode(&b[..HEADER_SIZE as usize]).unwrap();
+    let (h, meta) = header_and_meta(&b);
     let (mo, ml) = (h.meta_offset as usize, h.meta_len as usize);
-    let meta: serde_json::Value = serde_json::from_slice(&b[mo..mo + ml]).unwrap();
     let (off, len, old) = pick(&meta);
     change(&mut b);
     let new = hex64(xxhash_rust::xxh3::xxh3_64(&b[off..off + len]));
@@ -334,13 +333,17 @@ fn rewrite_range(
     std::fs::write(p, b).unwrap();
 }
 
+/// A package file's header and metadata JSON.
+fn header_and_meta(b: &[u8]) -> (moescope::package::layout::Header, serde_json::Value) {
+    use moescope::package::layout::{HEADER_SIZE, Header};
+    let h = Header::decode(&b[..HEADER_SIZE as usize]).unwrap();
+    let meta = serde_json::from_slice(&b[h.meta_offset as usize..(h.meta_offset + h.meta_len) as usize]).unwrap();
+    (h, meta)
+}
+
 /// Dense tensor `name`'s entry in the package's metadata.
 fn tensor(p: &Path, name: &str) -> serde_json::Value {
-    use moescope::package::layout::{HEADER_SIZE, Header};
-    let b = std::fs::read(p).unwrap();
-    let h = Header::decode(&b[..HEADER_SIZE as usize]).unwrap();
-    let meta: serde_json::Value =
-        serde_json::from_slice(&b[h.meta_offset as usize..(h.meta_offset + h.meta_len) as usize]).unwrap();
+    let (_, meta) = header_and_meta(&std::fs::read(p).unwrap());
     meta["tensors"].as_array().unwrap().iter().find(|t| t["name"] == name).unwrap().clone()
 }
 

@@ -4,6 +4,7 @@
 //! time, so the others stay valid).
 
 use moescope::fuzzing::{bundle, unbundle};
+use moescope::package::layout::{HEADER_SIZE, Header};
 use serde_json::Value;
 
 /// xorshift64*: the same cases for the same seed on every machine.
@@ -190,19 +191,31 @@ fn mutate_bytes(rng: &mut Rng, data: &mut Vec<u8>) {
     }
 }
 
+/// A package's header, None if it does not decode.
+fn header(data: &[u8]) -> Option<Header> {
+    Header::decode(data.get(..HEADER_SIZE as usize)?).ok()
+}
+
+/// Where the header says the metadata JSON lies, None if that is not inside `data`.
+fn meta_range(h: &Header, data: &[u8]) -> Option<std::ops::Range<usize>> {
+    let start = usize::try_from(h.meta_offset).ok()?;
+    let end = start.checked_add(usize::try_from(h.meta_len).ok()?)?;
+    data.get(start..end)?;
+    Some(start..end)
+}
+
 /// A change inside a .moe package that keeps its header and metadata checksums whole (so it
 /// reaches the readers behind them): its metadata JSON changed structurally (the model config,
 /// the tensor index, the expert table), or one header field set to an edge value; None if
 /// `data` has no readable header or the new metadata does not fit before the dense tensors.
 fn mutate_package(rng: &mut Rng, data: &[u8]) -> Option<Vec<u8>> {
-    use moescope::package::layout::{HEADER_SIZE, Header};
-    let head = HEADER_SIZE as usize;
-    let h = Header::decode(data.get(..head)?).ok()?;
+    let h = header(data)?;
     let mut out = data.to_vec();
     let mut h2 = h;
     if rng.below(3) != 0 {
-        let o = usize::try_from(h.meta_offset).ok()?;
-        let meta = data.get(o..o.checked_add(usize::try_from(h.meta_len).ok()?)?)?;
+        let meta_at = meta_range(&h, data)?;
+        let o = meta_at.start;
+        let meta = &data[meta_at];
         let m = mutate_json(rng, meta)?;
         if m.len() > (h.dense_offset as usize).saturating_sub(o) {
             return None;
@@ -222,7 +235,7 @@ fn mutate_package(rng: &mut Rng, data: &[u8]) -> Option<Vec<u8>> {
             _ => h2.expert_len = v,
         }
     }
-    out[..head].copy_from_slice(&h2.encode());
+    out[..HEADER_SIZE as usize].copy_from_slice(&h2.encode());
     Some(out)
 }
 
@@ -255,10 +268,9 @@ const ODD_SCALES: [f32; 8] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -
 /// scale set to NaN, an infinity, zero, a subnormal or a huge value, or quantized values
 /// overwritten. None if `data` has no readable metadata.
 fn mutate_tensor(rng: &mut Rng, data: &[u8]) -> Option<Vec<u8>> {
-    use moescope::package::layout::{HEADER_SIZE, Header};
-    let h = Header::decode(data.get(..HEADER_SIZE as usize)?).ok()?;
-    let mo = usize::try_from(h.meta_offset).ok()?;
-    let meta_end = mo.checked_add(usize::try_from(h.meta_len).ok()?)?;
+    let h = header(data)?;
+    let meta_at = meta_range(&h, data)?;
+    let (mo, meta_end) = (meta_at.start, meta_at.end);
     let meta: Value = serde_json::from_slice(data.get(mo..meta_end)?).ok()?;
     let spans = checksummed(&meta);
     if spans.is_empty() {

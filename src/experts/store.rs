@@ -175,13 +175,8 @@ impl ExpertStore {
             });
         }
         for p in self.parts.get(slot / self.num_experts.max(1)).into_iter().flatten() {
-            if let Some(at) = crate::package::finite::first_non_finite(p, blob, 0) {
-                return Err(PackageError::Tensor {
-                    path: self.path.clone(),
-                    name: format!("{} {}", self.blob_name(slot), p.name),
-                    msg: format!("a non-finite value (NaN or infinity) at offset {}", off + at),
-                });
-            }
+            let what = || format!("{} {}", self.blob_name(slot), p.name);
+            crate::package::finite::require_finite(&self.path, what, p, blob, off)?;
         }
         Ok(())
     }

@@ -5,20 +5,42 @@
 //! package mutations that rewrite a tensor with its checksum). Checked where the checksum is:
 //! the dense tensors at load, each expert blob at its first read.
 
+use std::path::Path;
+
+use super::PackageError;
 use super::layout::{DType, TensorEntry};
 
-/// The offset (on `base`'s scale: the tensor's `offset` and `scales_offset` count from it) of
-/// the first non-finite value of `t` in `bytes` (which start at `base`): every value of an f32
-/// or bf16 tensor, the f32 scales (and mins) of a quantized one. Out-of-range entries are the
-/// reader's to refuse: they are skipped here.
-pub fn first_non_finite(t: &TensorEntry, bytes: &[u8], base: u64) -> Option<u64> {
+/// `t`'s weights and scales are finite in `bytes` (where its `offset` counts from, e.g. its
+/// blob), else an error naming `what()` (made only then: expert reads call this per blob) and
+/// the file offset (`start`: where `bytes` begin).
+pub fn require_finite(
+    path: &Path,
+    what: impl FnOnce() -> String,
+    t: &TensorEntry,
+    bytes: &[u8],
+    start: u64,
+) -> Result<(), PackageError> {
+    match first_non_finite(t, bytes) {
+        Some(at) => Err(PackageError::Tensor {
+            path: path.to_path_buf(),
+            name: what(),
+            msg: format!("a non-finite value (NaN or infinity) at offset {}", start + at),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The offset in `bytes` (where `t`'s `offset` and `scales_offset` count from) of the first
+/// non-finite value of `t`: every value of an f32 or bf16 tensor, the f32 scales (and mins) of a
+/// quantized one. Out-of-range entries are the reader's to refuse: they are skipped here.
+pub fn first_non_finite(t: &TensorEntry, bytes: &[u8]) -> Option<u64> {
     let end = t.offset.checked_add(t.length)?;
     let from = match t.dtype {
         DType::F32 | DType::Bf16 => t.offset,
         DType::Q8 | DType::Q4 | DType::Q6 => t.scales_offset?,
     };
-    let lo = usize::try_from(from.checked_sub(base)?).ok()?;
-    let hi = usize::try_from(end.checked_sub(base)?).ok()?;
+    let lo = usize::try_from(from).ok()?;
+    let hi = usize::try_from(end).ok()?;
     let region = bytes.get(lo..hi)?;
     let at = match t.dtype {
         DType::Bf16 => region.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80)? * 2,
@@ -52,23 +74,25 @@ mod tests {
         for v in [1.0f32, -2.0, 0.0, 3.5] {
             b.extend(v.to_le_bytes());
         }
-        let f32s = entry(DType::F32, 108, 16, None);
-        assert_eq!(first_non_finite(&f32s, &b, 100), None);
+        let f32s = entry(DType::F32, 8, 16, None);
+        assert_eq!(first_non_finite(&f32s, &b), None);
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             let mut c = b.clone();
             c[16..20].copy_from_slice(&bad.to_le_bytes());
-            assert_eq!(first_non_finite(&f32s, &c, 100), Some(116), "{bad}");
+            assert_eq!(first_non_finite(&f32s, &c), Some(16), "{bad}");
+            let e = require_finite(Path::new("p.moe"), || "t".into(), &f32s, &c, 1000).expect_err("NaN");
+            assert!(e.to_string().contains("at offset 1016"), "{e}");
         }
-        // quantized: values are bytes (0xFF is a fine int8), only the scales from 116 are f32
+        // quantized: values are bytes (0xFF is a fine int8), only the scales from 16 are f32
         let mut q = b.clone();
         q[8..12].fill(0xFF);
-        let q8 = entry(DType::Q8, 108, 16, Some(116));
-        assert_eq!(first_non_finite(&q8, &q, 100), None);
+        let q8 = entry(DType::Q8, 8, 16, Some(16));
+        assert_eq!(first_non_finite(&q8, &q), None);
         q[20..24].copy_from_slice(&f32::NAN.to_le_bytes());
-        assert_eq!(first_non_finite(&q8, &q, 100), Some(120));
+        assert_eq!(first_non_finite(&q8, &q), Some(20));
         // bf16: the top half of an f32 (0x7FC0 NaN, 0xFF80 -inf; 0x7F7F the largest finite)
         let bf = entry(DType::Bf16, 0, 6, None);
-        assert_eq!(first_non_finite(&bf, &[0x7F, 0x7F, 0x80, 0x3F, 0, 0], 0), None);
-        assert_eq!(first_non_finite(&bf, &[0, 0, 0x80, 0xFF, 0xC0, 0x7F], 0), Some(2));
+        assert_eq!(first_non_finite(&bf, &[0x7F, 0x7F, 0x80, 0x3F, 0, 0]), None);
+        assert_eq!(first_non_finite(&bf, &[0, 0, 0x80, 0xFF, 0xC0, 0x7F]), Some(2));
     }
 }

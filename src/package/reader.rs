@@ -159,24 +159,17 @@ impl Package {
     pub fn verify_dense(&self) -> Result<(), PackageError> {
         for t in &self.meta.tensors {
             self.verify(&t.name, t.offset, t.length, t.xxh3.as_deref())?;
-            self.check_finite(&t.name, t, 0)?;
+            self.check_finite(|| t.name.clone(), t, 0)?;
         }
         Ok(())
     }
 
     /// A non-finite weight or scale of `t` (its offsets count from `start`: 0 for a dense
     /// tensor, the blob's offset for an expert's part) is an error naming it and where.
-    fn check_finite(&self, what: &str, t: &TensorEntry, start: u64) -> Result<(), PackageError> {
+    fn check_finite(&self, what: impl FnOnce() -> String, t: &TensorEntry, start: u64) -> Result<(), PackageError> {
         let (bytes, origin) = self.bytes_for(start, t.offset.saturating_add(t.length));
         let rel = bytes.get(usize::try_from(start - origin).unwrap_or(usize::MAX)..).unwrap_or(&[]);
-        match super::finite::first_non_finite(t, rel, 0) {
-            Some(at) => Err(PackageError::Tensor {
-                path: self.path.clone(),
-                name: what.to_string(),
-                msg: format!("a non-finite value (NaN or infinity) at offset {}", start + at),
-            }),
-            None => Ok(()),
-        }
+        super::finite::require_finite(&self.path, what, t, rel, start)
     }
 
     pub fn path(&self) -> &Path {
@@ -354,7 +347,7 @@ impl Package {
         let Some(ex) = &self.meta.experts else { return Ok(()) };
         self.verify(what, off, ex.blob_len, Some(sum))?;
         for p in ex.parts_of(li) {
-            self.check_finite(&format!("{what} {}", p.name), p, off)?;
+            self.check_finite(|| format!("{what} {}", p.name), p, off)?;
         }
         Ok(())
     }
