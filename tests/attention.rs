@@ -29,13 +29,13 @@ fn a_long_prompt_in_one_pass_matches_its_tokens_decoded_one_by_one() {
             let opts = EngineOptions { threads, ctx_size: Some(n + 8), isa, stream: None };
             let mut eng = Engine::load(&pkg, opts).expect("load");
             let v = eng.model.cfg.vocab_size;
-            let one = eng.eval(&ids, Logits::All, &mut NoObserver).expect("one pass");
+            let one = eng.eval(&ids, Logits::All, &mut NoObserver).expect("one pass").to_vec();
             assert_eq!(one.len(), n * v);
             assert!(one.iter().all(|x| x.is_finite()), "{isa} {threads}T: non-finite logits");
             eng.reset();
-            let mut inc = eng.eval(&ids[..head], Logits::Last, &mut NoObserver).expect("prefill");
+            let mut inc = eng.eval(&ids[..head], Logits::Last, &mut NoObserver).expect("prefill").to_vec();
             for &id in &ids[head..n - 1] {
-                inc.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).expect("decode"));
+                inc.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver).expect("decode"));
             }
             // rows head-1 .. n-1: positions on both sides of the split boundary
             let d = max_abs_diff(&inc, &one[(head - 1) * v..(n - 1) * v]);

@@ -43,9 +43,9 @@ fn engine(pkg: &Path, slots: u64, tol: Option<f32>) -> Engine {
 fn run(eng: &mut Engine, prompt: &[u32], forced: &[u32]) -> (Vec<f32>, Seen) {
     let mut seen = Seen::default();
     eng.reset();
-    let mut out = eng.eval(prompt, Logits::Last, &mut seen).unwrap();
+    let mut out = eng.eval(prompt, Logits::Last, &mut seen).unwrap().to_vec();
     for &id in &forced[..16] {
-        out.extend(eng.eval(&[id], Logits::Last, &mut seen).unwrap());
+        out.extend_from_slice(eng.eval(&[id], Logits::Last, &mut seen).unwrap());
     }
     (out, seen)
 }

@@ -62,9 +62,9 @@ fn run(eng: &mut Engine) -> Result<Vec<f32>, EngineError> {
     let r = Reference::load("single");
     let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
     eng.reset();
-    let mut out = eng.eval(&prompt, Logits::All, &mut NoObserver)?;
+    let mut out = eng.eval(&prompt, Logits::All, &mut NoObserver)?.to_vec();
     for &id in &forced[..8] {
-        out.extend(eng.eval(&[id], Logits::Last, &mut NoObserver)?);
+        out.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver)?);
     }
     Ok(out)
 }

@@ -81,7 +81,7 @@ fn q4_k_m_experts_keep_each_layers_format() {
     let run = |stream: Option<StreamConfig>| {
         let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa: Isa::detect(), stream };
         let mut eng = Engine::load(&pkg, opts).expect("load");
-        eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill")
+        eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill").to_vec()
     };
     let resident = run(None);
     let blob = moescope::package::Package::open(&pkg).expect("open").sizes().blob;

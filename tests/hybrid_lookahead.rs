@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use common::{Reference, convert, fixture};
 use moescope::exec::Exec;
 use moescope::model::{
-    ExpertQuery, ExpertSource, KvCache, Logits, ModelError, NoObserver, Qwen3Moe, ReadyFn, Resident, RunState,
+    Decoder, ExpertQuery, ExpertSource, KvCache, Logits, ModelError, NoObserver, ReadyFn, Resident, RunState, Runtime,
 };
 use moescope::package::Package;
 use moescope_kernels::Isa;
@@ -30,7 +30,9 @@ impl ExpertSource for Recording<'_> {
 
     fn for_each_ready(&self, q: &ExpertQuery<'_>, each: &mut ReadyFn<'_>) -> Result<(), ModelError> {
         if q.tokens == 1 {
-            self.seen.lock().unwrap().push((q.layer, q.lookahead.to_vec()));
+            let mut x = Vec::new();
+            q.ahead.input.lookahead(0, &mut x);
+            self.seen.lock().unwrap().push((q.layer, x));
         }
         self.inner.for_each_ready(q, each)
     }
@@ -55,14 +57,25 @@ fn the_next_router_sees_the_residual_with_the_shared_expert_added() {
         assert_eq!(want["tokens"].as_u64(), Some(prompt.len() as u64 + 1), "{name}: the reference's tokens");
 
         let (_d, path) = convert(name, "bf16");
-        let model = Qwen3Moe::load(Arc::new(Package::open(&path).unwrap())).unwrap();
+        let model = Decoder::load(Arc::new(Package::open(&path).unwrap())).unwrap();
         let exec = Exec::new(2, Isa::detect()).unwrap();
         let src = Recording { inner: Resident(model.package()), seen: Mutex::new(Vec::new()) };
         let mut st = RunState::new(&model.cfg, prompt.len());
         let mut kv = KvCache::new(&model.cfg, prompt.len() + 4);
-        model.forward(&exec, &src, &mut st, &prompt, &mut kv, Logits::Last, &mut NoObserver).unwrap();
+        model
+            .forward(Runtime { exec: &exec, experts: &src }, &mut st, &mut kv, &prompt, Logits::Last, &mut NoObserver)
+            .unwrap();
         assert!(src.seen.lock().unwrap().is_empty(), "the prompt is one batch: no one-token query");
-        model.forward(&exec, &src, &mut st, &forced[..1], &mut kv, Logits::Last, &mut NoObserver).unwrap();
+        model
+            .forward(
+                Runtime { exec: &exec, experts: &src },
+                &mut st,
+                &mut kv,
+                &forced[..1],
+                Logits::Last,
+                &mut NoObserver,
+            )
+            .unwrap();
 
         let seen = src.seen.lock().unwrap();
         let layers = want["layers"].as_array().unwrap();

@@ -32,7 +32,7 @@ fn turn(eng: &mut Engine, prompt: &[u32], n: usize) -> (GenStats, Vec<Vec<f32>>)
 /// The last logits of `prompt` on a fresh cache.
 fn from_scratch(eng: &mut Engine, prompt: &[u32]) -> Vec<f32> {
     eng.reset();
-    eng.eval(prompt, Logits::Last, &mut NoObserver).expect("from scratch")
+    eng.eval(prompt, Logits::Last, &mut NoObserver).expect("from scratch").to_vec()
 }
 
 #[test]

@@ -218,7 +218,7 @@ fn second_half_scores_whole_windows_from_their_middle() {
     let (mut sum, mut n) = (0f64, 0usize);
     for win in ids.chunks_exact(w) {
         eng.reset();
-        let logits = eng.eval(win, Logits::All, &mut NoObserver).expect("eval");
+        let logits = eng.eval(win, Logits::All, &mut NoObserver).expect("eval").to_vec();
         for p in w / 2..w - 1 {
             let row = &logits[p * v..(p + 1) * v];
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) as f64;

@@ -25,9 +25,9 @@ fn engine(pkg: &Path, stream: Option<StreamConfig>) -> Engine {
 /// Prompt logits (all positions) then 12 cached decode steps on the reference's forced ids.
 fn run(eng: &mut Engine, prompt: &[u32], forced: &[u32]) -> Vec<f32> {
     eng.reset();
-    let mut out = eng.eval(prompt, Logits::All, &mut NoObserver).expect("prompt");
+    let mut out = eng.eval(prompt, Logits::All, &mut NoObserver).expect("prompt").to_vec();
     for &id in &forced[..12] {
-        out.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).expect("decode"));
+        out.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver).expect("decode"));
     }
     out
 }

@@ -128,7 +128,7 @@ fn check_fixture(name: &str) {
 
             // 1. the prompt in one batch: every position's logits, and the routing
             let mut routes = Routes::default();
-            let logits = eng.eval(&prompt, Logits::All, &mut routes).expect("prefill");
+            let logits = eng.eval(&prompt, Logits::All, &mut routes).expect("prefill").to_vec();
             m.rows("prefill", &logits, &ref_logits, v, flip);
             if quant == "bf16" {
                 let mut checked = 0;
@@ -149,7 +149,7 @@ fn check_fixture(name: &str) {
             // 2. greedy continuation through the KV cache, teacher-forced on transformers' ids
             let mut steps = logits[(prompt.len() - 1) * v..].to_vec();
             for &id in &gen_ids[..gen_ids.len() - 1] {
-                steps.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).expect("decode"));
+                steps.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver).expect("decode"));
             }
             m.rows("generate", &steps, &gen_logits, v, flip);
             if quant == "bf16" {
@@ -162,16 +162,16 @@ fn check_fixture(name: &str) {
 
             // 3. a fixed continuation, one token at a time, against one-pass logits
             eng.reset();
-            let mut inc = eng.eval(&prompt, Logits::Last, &mut NoObserver).expect("prefill");
+            let mut inc = eng.eval(&prompt, Logits::Last, &mut NoObserver).expect("prefill").to_vec();
             for &id in &forced[..forced.len() - 1] {
-                inc.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).expect("decode"));
+                inc.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver).expect("decode"));
             }
             m.rows("forced", &inc, &forced_logits, v, flip);
             // and against the engine's own one pass over the same tokens (cache consistency)
             eng.reset();
             let mut all: Vec<u32> = prompt.clone();
             all.extend_from_slice(&forced[..forced.len() - 1]);
-            let one = eng.eval(&all, Logits::All, &mut NoObserver).expect("one pass");
+            let one = eng.eval(&all, Logits::All, &mut NoObserver).expect("one pass").to_vec();
             let d = max_abs_diff(&inc, &one[(prompt.len() - 1) * v..]);
             assert!(d <= 1e-4, "{tag}: cached decode differs from one pass by {d}");
 

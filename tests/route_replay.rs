@@ -103,9 +103,9 @@ fn engine(pkg: &Path, stream: Option<StreamConfig>, trace: Option<&Path>) -> Eng
 fn run(eng: &mut Engine, prompt: &[u32], forced: &[u32], n: usize) -> (Vec<f32>, Seen) {
     let mut seen = Seen::default();
     eng.reset();
-    let mut out = eng.eval(prompt, Logits::All, &mut seen).unwrap();
+    let mut out = eng.eval(prompt, Logits::All, &mut seen).unwrap().to_vec();
     for &id in &forced[..n] {
-        out.extend(eng.eval(&[id], Logits::Last, &mut seen).unwrap());
+        out.extend_from_slice(eng.eval(&[id], Logits::Last, &mut seen).unwrap());
     }
     (out, seen)
 }

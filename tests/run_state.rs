@@ -5,15 +5,15 @@
 use std::sync::Arc;
 
 use moescope::exec::Exec;
-use moescope::model::{KvCache, Logits, ModelError, NoObserver, Qwen3Moe, Resident, RunState};
+use moescope::model::{Decoder, KvCache, Logits, ModelError, NoObserver, Resident, RunState, Runtime};
 use moescope::package::Package;
 use moescope_kernels::Isa;
 
-fn demo() -> (tempfile::TempDir, Qwen3Moe) {
+fn demo() -> (tempfile::TempDir, Decoder) {
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = moescope::demo::ensure_package(dir.path()).expect("demo package");
     let pkg = Arc::new(Package::open(&path).expect("package"));
-    let model = Qwen3Moe::load(pkg).expect("model");
+    let model = Decoder::load(pkg).expect("model");
     (dir, model)
 }
 
@@ -28,15 +28,15 @@ fn a_reused_state_gives_the_bits_of_a_fresh_one() {
     // pass, on a KV cache of its own fed the same tokens
     let mut reused = RunState::new(&model.cfg, 64);
     let (mut kv, mut kv_fresh) = (KvCache::new(&model.cfg, 128), KvCache::new(&model.cfg, 128));
-    model.forward(&exec, &experts, &mut reused, &prompt, &mut kv, Logits::Last, &mut NoObserver).unwrap();
+    let rt = Runtime { exec: &exec, experts: &experts };
+    model.forward(rt, &mut reused, &mut kv, &prompt, Logits::Last, &mut NoObserver).unwrap();
     let mut fresh = RunState::new(&model.cfg, 64);
-    model.forward(&exec, &experts, &mut fresh, &prompt, &mut kv_fresh, Logits::Last, &mut NoObserver).unwrap();
+    model.forward(rt, &mut fresh, &mut kv_fresh, &prompt, Logits::Last, &mut NoObserver).unwrap();
     for (i, &id) in next.iter().enumerate() {
-        let got = model.forward(&exec, &experts, &mut reused, &[id], &mut kv, Logits::Last, &mut NoObserver).unwrap();
+        let got = model.forward(rt, &mut reused, &mut kv, &[id], Logits::Last, &mut NoObserver).unwrap().to_vec();
         let mut fresh = RunState::new(&model.cfg, 64);
-        let want =
-            model.forward(&exec, &experts, &mut fresh, &[id], &mut kv_fresh, Logits::Last, &mut NoObserver).unwrap();
-        let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+        let want = model.forward(rt, &mut fresh, &mut kv_fresh, &[id], Logits::Last, &mut NoObserver).unwrap();
+        let same = got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same && got.len() == want.len(), "step {i}: a reused state changed the logits");
     }
 }
@@ -47,15 +47,8 @@ fn a_pass_longer_than_the_state_is_an_error() {
     let exec = Exec::new(1, Isa::detect()).unwrap();
     let mut st = RunState::new(&model.cfg, 4);
     let mut kv = KvCache::new(&model.cfg, 16);
-    let r = model.forward(
-        &exec,
-        &Resident(model.package()),
-        &mut st,
-        &[1, 2, 3, 4, 5],
-        &mut kv,
-        Logits::Last,
-        &mut NoObserver,
-    );
+    let rt = Runtime { exec: &exec, experts: &Resident(model.package()) };
+    let r = model.forward(rt, &mut st, &mut kv, &[1, 2, 3, 4, 5], Logits::Last, &mut NoObserver);
     assert!(matches!(r, Err(ModelError::BatchTooLarge { tokens: 5, chunk: 4 })), "{:?}", r.err());
     assert_eq!(kv.len(), 0, "nothing written");
 }

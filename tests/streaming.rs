@@ -21,9 +21,9 @@ fn engine(pkg: &Path, stream: Option<StreamConfig>) -> Engine {
 /// Prompt logits (all positions) then 12 cached decode steps on the reference's forced ids.
 fn run(eng: &mut Engine, prompt: &[u32], forced: &[u32]) -> Result<Vec<f32>, EngineError> {
     eng.reset();
-    let mut out = eng.eval(prompt, Logits::All, &mut NoObserver)?;
+    let mut out = eng.eval(prompt, Logits::All, &mut NoObserver)?.to_vec();
     for &id in &forced[..12] {
-        out.extend(eng.eval(&[id], Logits::Last, &mut NoObserver)?);
+        out.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver)?);
     }
     Ok(out)
 }
@@ -107,13 +107,13 @@ fn prefetch_reads_predicted_experts_during_decode() {
     // the load on the cores (the tests run in parallel; how timely prefetch is in real decode
     // is `bench`'s to measure). The logits stay the resident run's.
     eng.reset();
-    let mut got = eng.eval(&prompt, Logits::All, &mut NoObserver).unwrap();
+    let mut got = eng.eval(&prompt, Logits::All, &mut NoObserver).unwrap().to_vec();
     for &id in &forced[..12] {
         assert!(
             eng.experts.as_ref().unwrap().predictor.wait_idle(std::time::Duration::from_secs(10)),
             "predictor stuck"
         );
-        got.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
+        got.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
     }
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ from the resident run");
     let ex = eng.experts.as_ref().unwrap();
@@ -141,7 +141,7 @@ fn budget_policy_and_prefetch_change_between_tokens() {
     let mut eng = engine(&pkg, Some(stream(1 << 30, true, PolicyKind::Lru, IoMode::Buffered)));
     let cache = eng.experts.as_ref().unwrap().cache.clone();
     eng.reset();
-    let mut got = eng.eval(&prompt, Logits::All, &mut NoObserver).unwrap();
+    let mut got = eng.eval(&prompt, Logits::All, &mut NoObserver).unwrap().to_vec();
     let blob = cache.blob_len() as u64;
     for (i, &id) in forced[..12].iter().enumerate() {
         // shrink, switch policy and prefetch as the workbench's knobs would
@@ -153,7 +153,7 @@ fn budget_policy_and_prefetch_change_between_tokens() {
                 cache.set_budget((10 + i as u64) * blob);
             }
         }
-        got.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
+        got.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
         assert!(cache.resident().experts <= cache.capacity_slots());
     }
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "knobs changed the logits");
@@ -240,7 +240,7 @@ fn eventually(mut f: impl FnMut() -> bool) -> bool {
 fn after_prompt(pkg: &Path, prompt: &[u32]) -> (Engine, Vec<f32>, Vec<usize>) {
     let mut eng = engine(pkg, Some(stream(1 << 30, true, PolicyKind::Foresight, IoMode::Direct)));
     eng.reset();
-    let logits = eng.eval(prompt, Logits::All, &mut NoObserver).unwrap();
+    let logits = eng.eval(prompt, Logits::All, &mut NoObserver).unwrap().to_vec();
     let ex = eng.experts.as_ref().unwrap();
     assert!(ex.predictor.wait_idle(std::time::Duration::from_secs(10)), "predictor stuck");
     assert!(eventually(|| ex.cache.queue_depth() == QueueDepth::default()), "reads drained");
@@ -284,7 +284,7 @@ fn speculative_reads_fill_free_slots_and_evict_nothing_worth_more() {
     assert_eq!(cache.total_stats().evictions, before.evictions);
     cache.set_budget(1 << 30);
     for &id in &forced[..12] {
-        got.extend(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
+        got.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
     }
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ from the resident run");
 }

@@ -52,7 +52,7 @@ fn full_depth_synthetic_model_gives_finite_logits_over_512_tokens() {
     assert!(eng.package().meta.synthetic.is_some());
     let mut rng = moescope::rng::Rng::new(3);
     let ids: Vec<u32> = (0..512).map(|_| (rng.next_u64() % 512) as u32).collect();
-    let logits = eng.eval(&ids, Logits::All, &mut NoObserver).expect("eval");
+    let logits = eng.eval(&ids, Logits::All, &mut NoObserver).expect("eval").to_vec();
     assert_eq!(logits.len(), 512 * 512);
     let mut argmaxes = std::collections::BTreeSet::new();
     for (pos, row) in logits.chunks_exact(512).enumerate() {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use moescope::exec::Exec;
-use moescope::model::{KvCache, Logits, NoObserver, Qwen3Moe, Resident, RunState};
+use moescope::model::{Decoder, KvCache, Logits, NoObserver, Resident, RunState, Runtime};
 use moescope::package::Package;
 use moescope_kernels::Isa;
 
@@ -15,13 +15,14 @@ mod common;
 use common::{Reference, convert};
 
 /// The logits of the prompt (every position) and of two decode steps after it.
-fn logits(model: &Qwen3Moe, exec: &Exec, prompt: &[u32]) -> Vec<u32> {
+fn logits(model: &Decoder, exec: &Exec, prompt: &[u32]) -> Vec<u32> {
     let experts = Resident(model.package());
     let mut st = RunState::new(&model.cfg, prompt.len());
     let mut kv = KvCache::new(&model.cfg, prompt.len() + 2);
-    let mut out = model.forward(exec, &experts, &mut st, prompt, &mut kv, Logits::All, &mut NoObserver).unwrap();
+    let rt = Runtime { exec, experts: &experts };
+    let mut out = model.forward(rt, &mut st, &mut kv, prompt, Logits::All, &mut NoObserver).unwrap().to_vec();
     for id in [3u32, 5] {
-        out.extend(model.forward(exec, &experts, &mut st, &[id], &mut kv, Logits::Last, &mut NoObserver).unwrap());
+        out.extend_from_slice(model.forward(rt, &mut st, &mut kv, &[id], Logits::Last, &mut NoObserver).unwrap());
     }
     out.iter().map(|v| v.to_bits()).collect()
 }
@@ -35,7 +36,7 @@ fn logits_are_the_same_bits_at_any_thread_count_and_piece_size() {
         let prompt = r.ids("input_ids");
         assert!(prompt.len() >= 8, "{name}: a prompt of several tokens");
         let (_d, path) = convert(name, quant);
-        let model = Qwen3Moe::load(Arc::new(Package::open(&path).unwrap())).unwrap();
+        let model = Decoder::load(Arc::new(Package::open(&path).unwrap())).unwrap();
         for isa in Isa::available() {
             let want = logits(&model, &Exec::new(1, isa).unwrap(), &prompt);
             for threads in [2, 3, 5] {

@@ -31,9 +31,10 @@ impl QuantAct {
     pub fn quantize(&mut self, x: &[f32], cols: usize, group: usize, isa: Isa) {
         let n = x.len().checked_div(cols).unwrap_or(0);
         self.prepare(n, cols, group, isa);
-        for mut part in self.parts(n.max(1)) {
-            part.quantize(x);
-        }
+        // every row as one part, made here rather than by `parts` (no list to allocate)
+        let wide = self.tier == Isa::Avx512;
+        let QuantAct { q, scales, sums, scaled_sums, permuted, .. } = self;
+        QuantPart { first: 0, cols, group, wide, q, scales, sums, scaled_sums, permuted }.quantize(x);
     }
 
     /// Size the buffers for `n` rows of `cols` values in groups of `group`, quantized with the
@@ -60,22 +61,19 @@ impl QuantAct {
 
     /// The prepared rows in parts of `rows` rows (the last may hold fewer), each with its own
     /// slices of every buffer.
-    pub fn parts(&mut self, rows: usize) -> Vec<QuantPart<'_>> {
+    pub fn parts(&mut self, rows: usize) -> impl Iterator<Item = QuantPart<'_>> {
         let (cols, group, wide) = (self.cols, self.group, self.tier == Isa::Avx512);
         let (vals, groups) = (rows.max(1) * cols, rows.max(1) * cols / group);
-        let permuted: Box<dyn Iterator<Item = &mut [i8]>> = if self.permuted.is_empty() {
-            Box::new(std::iter::repeat_with(|| &mut [][..]))
-        } else {
-            Box::new(self.permuted.chunks_mut(vals))
-        };
+        // an empty `permuted` gives every part an empty slice
+        let permuted = self.permuted.chunks_mut(vals.max(1)).map(Some).chain(std::iter::repeat_with(|| None));
         self.q
-            .chunks_mut(vals)
-            .zip(self.scales.chunks_mut(groups))
-            .zip(self.sums.chunks_mut(groups))
-            .zip(self.scaled_sums.chunks_mut(groups))
+            .chunks_mut(vals.max(1))
+            .zip(self.scales.chunks_mut(groups.max(1)))
+            .zip(self.sums.chunks_mut(groups.max(1)))
+            .zip(self.scaled_sums.chunks_mut(groups.max(1)))
             .zip(permuted)
             .enumerate()
-            .map(|(i, ((((q, scales), sums), scaled_sums), permuted))| QuantPart {
+            .map(move |(i, ((((q, scales), sums), scaled_sums), permuted))| QuantPart {
                 first: i * rows.max(1),
                 cols,
                 group,
@@ -84,19 +82,21 @@ impl QuantAct {
                 scales,
                 sums,
                 scaled_sums,
-                permuted,
+                permuted: permuted.unwrap_or_default(),
             })
-            .collect()
     }
 
     /// Room for `values` activations (groups of 32 at the smallest) without growing later.
     pub fn reserve(&mut self, values: usize) {
         let groups = values.div_ceil(32);
-        self.q.reserve(values);
-        self.permuted.reserve(values);
-        self.scales.reserve(groups);
-        self.sums.reserve(groups);
-        self.scaled_sums.reserve(groups);
+        fn room<T>(v: &mut Vec<T>, n: usize) {
+            v.reserve(n.saturating_sub(v.len()));
+        }
+        room(&mut self.q, values);
+        room(&mut self.permuted, values);
+        room(&mut self.scales, groups);
+        room(&mut self.sums, groups);
+        room(&mut self.scaled_sums, groups);
     }
 
     /// Bytes its buffers hold.
@@ -306,7 +306,7 @@ mod tests {
                 for rows in [1, 2, 3, 7, 9] {
                     let mut apart = QuantAct::default();
                     apart.prepare(n, cols, group, isa);
-                    let mut parts = apart.parts(rows);
+                    let mut parts: Vec<_> = apart.parts(rows).collect();
                     assert_eq!(parts.len(), n.div_ceil(rows));
                     // in reverse: no part depends on another
                     for p in parts.iter_mut().rev() {

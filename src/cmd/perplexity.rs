@@ -153,11 +153,11 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     let from = if a.second_half { a.window / 2 } else { 0 };
     for w in ids.chunks(a.window).filter(|w| w.len() >= 2 && (!a.second_half || w.len() == a.window)) {
         eng.reset();
-        let logits = eng.eval(w, Logits::All, &mut NoObserver)?;
+        let logits = eng.eval(w, Logits::All, &mut NoObserver)?.to_vec();
         window_nlls(&logits, w, vocab, from, &mut nll);
         if let Some(be) = base.as_mut() {
             be.reset();
-            let bl = be.eval(w, Logits::All, &mut NoObserver)?;
+            let bl = be.eval(w, Logits::All, &mut NoObserver)?.to_vec();
             window_nlls(&bl, w, vocab, from, &mut base_nll);
             window_divergence(&bl, &logits, vocab, (from, w.len() - 1), &mut div);
         }

@@ -17,9 +17,12 @@ use std::time::{Duration, Instant};
 use moescope_kernels::Isa;
 
 use crate::exec::Exec;
+use crate::experts::pool::ExpertCache;
 use crate::experts::stats::LayerStats;
 use crate::experts::{Experts, StreamConfig};
-use crate::model::{ExpertSource, KvCache, Logits, ModelError, Observer, Qwen3Moe, Resident, RunState};
+use crate::model::{
+    Decoder, ExpertSource, KvCache, Logits, ModelConfig, ModelError, Observer, Resident, RouteReplay, RunState, Runtime,
+};
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
@@ -81,7 +84,7 @@ pub struct MemoryPlan {
 pub const PREFILL_CHUNK: usize = 256;
 
 pub struct Engine {
-    pub model: Qwen3Moe,
+    pub model: Decoder,
     /// Streamed experts (None: every expert through the package), for their counters and knobs.
     pub experts: Option<Arc<Experts>>,
     /// Said once at load (an O_DIRECT fallback, say).
@@ -98,6 +101,8 @@ pub struct Engine {
     state: RunState,
     /// The ids whose keys and values are in `kv`, in order.
     cached: Vec<u32>,
+    /// Every position's logits of an evaluation of several chunks (tests, perplexity).
+    all_logits: Vec<f32>,
     pub tok: Option<Arc<Tok>>,
     pub template: Option<Arc<ChatTemplate>>,
     /// Experts read through the mapping: the thread checking their checksums ahead of their
@@ -105,7 +110,83 @@ pub struct Engine {
     verifier: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
+/// What the front ends see of an engine: its model, its streamed experts, its settings.
 impl Engine {
+    /// The model: its configuration, its routing switches' state, its sizes.
+    pub fn model(&self) -> &Decoder {
+        &self.model
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.cfg
+    }
+
+    pub fn package(&self) -> &Package {
+        self.model.package()
+    }
+
+    /// The streamed experts (pool, predictor, I/O), None when every expert is read through the
+    /// package's mapping.
+    pub fn streamed(&self) -> Option<&Arc<Experts>> {
+        self.experts.as_ref()
+    }
+
+    /// The expert pool, when experts stream.
+    pub fn pool(&self) -> Option<&ExpertCache> {
+        self.experts.as_deref().map(|e| &*e.cache)
+    }
+
+    /// Take every MoE block's route from `replay` from now on (None: the routers' own).
+    pub fn set_route_replay(&mut self, replay: Option<Arc<RouteReplay>>) -> Result<(), EngineError> {
+        Ok(self.model.set_route_replay(replay)?)
+    }
+
+    /// Cache-aware routing with tolerance `tol`, or exact routing (None).
+    pub fn set_cache_aware_routing(&mut self, tol: Option<f32>) -> Result<(), EngineError> {
+        Ok(self.model.set_cache_aware_routing(tol)?)
+    }
+
+    /// What loading had to say once (an O_DIRECT fallback, say).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// How `auto` sized the pool (and the context), in one line; None when it did not.
+    pub fn sizing(&self) -> Option<&str> {
+        self.sizing.as_deref()
+    }
+
+    pub fn threads(&self) -> usize {
+        self.exec.threads()
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.exec.isa
+    }
+
+    /// Positions the KV cache holds.
+    pub fn ctx_size(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    /// Positions cached now.
+    pub fn cached_len(&self) -> usize {
+        self.kv.len()
+    }
+
+    pub fn tokenizer(&self) -> Option<&Arc<Tok>> {
+        self.tok.as_ref()
+    }
+
+    pub fn template(&self) -> Option<&Arc<ChatTemplate>> {
+        self.template.as_ref()
+    }
+
+    /// Run without a tokenizer (ids in, ids out) or with another one.
+    pub fn set_tokenizer(&mut self, tok: Option<Arc<Tok>>) {
+        self.tok = tok;
+    }
+
     /// Wait until the background check of the mapped experts' checksums has finished (at once
     /// when there is none). It shares the cores with decode until then: `bench` waits for it
     /// before its first test, so no repetition measures that one-time work (hashing every
@@ -185,7 +266,7 @@ impl Engine {
         }
         pkg.verify_dense()?;
         let pkg = Arc::new(pkg);
-        let model = Qwen3Moe::load(pkg.clone())?;
+        let model = Decoder::load(pkg.clone())?;
         let cfg = &model.cfg;
         let ctx = opts.ctx_size.unwrap_or(cfg.max_position_embeddings.min(8192));
         let tok = match &pkg.meta.tokenizer.tokenizer_json {
@@ -249,6 +330,7 @@ impl Engine {
             kv,
             state,
             cached: Vec::new(),
+            all_logits: Vec::new(),
             tok,
             template,
             verifier,
@@ -298,8 +380,8 @@ impl Engine {
         let (dense, all_experts) = (sizes.dense, sizes.experts);
         let experts = self.experts.as_ref().map_or(all_experts, |e| e.cache.budget_bytes());
         let kv = KvCache::bytes_at_capacity(c, self.kv.capacity());
-        // the run state as allocated, and the last position's logits
-        let buffers = self.state.bytes() + 4 * c.vocab_size as u64;
+        // the run state as allocated (the last position's logits among them)
+        let buffers = self.state.bytes();
         let runtime = self.runtime_bytes;
         MemoryPlan { dense, experts, kv, buffers, runtime, total: dense + experts + kv + buffers + runtime }
     }
@@ -352,10 +434,6 @@ impl Engine {
         Ok(())
     }
 
-    pub fn package(&self) -> &Package {
-        self.model.package()
-    }
-
     pub fn eos_ids(&self) -> &[u32] {
         &self.model.cfg.eos_token_ids
     }
@@ -396,27 +474,27 @@ impl Engine {
         (kept, reuse)
     }
 
-    /// Evaluate `ids` after what is cached; logits as asked for the last chunk.
-    pub fn eval(&mut self, ids: &[u32], want: Logits, obs: &mut dyn Observer) -> Result<Vec<f32>, EngineError> {
+    /// Evaluate `ids` after what is cached: the logits asked for (`Logits::All`: every
+    /// position's, `[n, vocab]`; else the last chunk's), valid until the next evaluation.
+    pub fn eval(&mut self, ids: &[u32], want: Logits, obs: &mut dyn Observer) -> Result<&[f32], EngineError> {
         if self.kv.len() + ids.len() > self.kv.capacity() {
             return Err(EngineError::PromptTooLong { n: self.kv.len() + ids.len(), ctx: self.kv.capacity() });
         }
-        let mut out = Vec::new();
-        let chunks: Vec<&[u32]> = ids.chunks(PREFILL_CHUNK).collect();
-        for (i, chunk) in chunks.iter().enumerate() {
-            let last = i + 1 == chunks.len();
-            let w = match (want, last) {
+        self.all_logits.clear();
+        let chunks = ids.chunks(PREFILL_CHUNK).count();
+        for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
+            let w = match (want, i + 1 == chunks) {
                 (Logits::All, _) => Logits::All,
                 (w, true) => w,
                 (_, false) => Logits::None,
             };
-            let pkg = self.model.package();
-            let resident = Resident(pkg);
-            let source: &dyn ExpertSource = match &self.experts {
+            let resident = Resident(self.model.package());
+            let experts: &dyn ExpertSource = match &self.experts {
                 Some(ex) => &**ex,
                 None => &resident,
             };
-            let mut l = self.model.forward(&self.exec, source, &mut self.state, chunk, &mut self.kv, w, obs)?;
+            let rt = Runtime { exec: &self.exec, experts };
+            let l = self.model.forward(rt, &mut self.state, &mut self.kv, chunk, w, obs)?;
             // a NaN or infinity anywhere in the weights ends here; sampling would pick a token
             // from it silently. The cache holds the same poison: cleared, so the next request
             // starts clean. (A scan of the vocabulary per token, ~20 us beside a token's ms.)
@@ -427,38 +505,41 @@ impl Engine {
                 self.reset();
                 return Err(EngineError::NonFinite { pos });
             }
-            self.cached.extend_from_slice(chunk);
-            if out.is_empty() {
-                // one chunk (every decode step): its logits as they are, not copied (the
-                // vocabulary's 600 KB a token for Qwen3)
-                out = l;
-            } else {
-                out.append(&mut l);
+            if want == Logits::All && chunks > 1 {
+                self.all_logits.extend_from_slice(l);
             }
+            self.cached.extend_from_slice(chunk);
         }
-        Ok(out)
+        // one chunk (every decode step): its logits where the pass left them, not copied (the
+        // vocabulary's 600 KB a token for Qwen3)
+        Ok(if want == Logits::All && chunks > 1 { &self.all_logits } else { self.state.logits() })
     }
 
     /// Evaluate a prompt's uncached part chunk by chunk, telling `req.progress` after each and
-    /// stopping between chunks when `req.cancel` is set (None then). The last chunk's logits.
+    /// stopping between chunks when `req.cancel` is set (false then); the last chunk's logits
+    /// into `logits`.
     fn prefill(
         &mut self,
         ids: &[u32],
         req: &GenRequest<'_>,
         obs: &mut dyn Observer,
-    ) -> Result<Option<Vec<f32>>, EngineError> {
-        let mut logits = Vec::new();
+        logits: &mut Vec<f32>,
+    ) -> Result<bool, EngineError> {
         for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
             if req.cancel.load(Ordering::Relaxed) {
-                return Ok(None);
+                return Ok(false);
             }
             let last = (i + 1) * PREFILL_CHUNK >= ids.len();
-            logits = self.eval(chunk, if last { Logits::Last } else { Logits::None }, obs)?;
+            let l = self.eval(chunk, if last { Logits::Last } else { Logits::None }, obs)?;
+            if last {
+                logits.clear();
+                logits.extend_from_slice(l);
+            }
             if let Some(p) = req.progress {
                 p(chunk.len());
             }
         }
-        Ok(Some(logits))
+        Ok(true)
     }
 
     /// Generate after `prompt` (reusing the cached prefix). `on_token(id, logits)` sees each
@@ -483,18 +564,20 @@ impl Engine {
             return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.kv.capacity() });
         }
         let t0 = Instant::now();
-        let (cached, reuse, logits) = {
+        // the logits that chose the latest token, one row of the vocabulary
+        let mut logits = Vec::with_capacity(self.model.cfg.vocab_size);
+        let (cached, reuse, done) = {
             let mut span = trace::span("prefill").arg("prompt_tokens", prompt.len());
             let (cached, reuse) = self.reuse_prefix_how(prompt);
             span.set("cached_tokens", cached);
             span.set("reuse", reuse.name());
-            let logits = self.prefill(&prompt[cached..], &req, obs)?;
-            if logits.is_some() {
+            let done = self.prefill(&prompt[cached..], &req, obs, &mut logits)?;
+            if done {
                 // a turn boundary: where a later prompt that rewrites this turn's reply (an old
                 // <think> dropped by the template) can take a hybrid model's state back to
                 self.kv.snapshot();
             }
-            (cached, reuse, logits)
+            (cached, reuse, done)
         };
         let mut stats = GenStats {
             prompt_evaluated: prompt.len() - cached,
@@ -508,10 +591,10 @@ impl Engine {
             token_ms: Vec::new(),
             stop: Stop::Length,
         };
-        let Some(mut logits) = logits else {
+        if !done {
             stats.stop = Stop::Cancelled;
             return Ok(stats);
-        };
+        }
         if req.max_tokens == 0 {
             return Ok(stats);
         }
@@ -545,7 +628,9 @@ impl Engine {
             let step = Instant::now();
             {
                 let _d = trace::span("decode").arg("token", stats.generated.len()).arg("pos", self.kv.len());
-                logits = self.eval(&[id], Logits::Last, obs)?;
+                let l = self.eval(&[id], Logits::Last, obs)?;
+                logits.clear();
+                logits.extend_from_slice(l);
                 let _s = trace::span("sample");
                 id = sampler.sample(&logits, &history);
             }

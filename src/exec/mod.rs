@@ -5,7 +5,9 @@ pub mod pool;
 mod rows;
 
 use std::ops::Range;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, RwLock};
+
+use smallvec::SmallVec;
 
 use moescope_kernels::act::QuantPart;
 use moescope_kernels::mat::Input;
@@ -84,19 +86,32 @@ type PieceFn<'a> = dyn Fn(Range<usize>, &mut [f32], usize) + Sync + 'a;
 pub struct Scratch {
     qa: QuantAct,
     t: Vec<f32>,
+    /// [`Exec::matmul_shared`]'s input for the matrices that take another quantization
+    other: QuantAct,
+    /// [`Exec::matvec_each`]'s inputs, each quantized by the first piece that needs it (and
+    /// whether it has been, this section)
+    each: Vec<RwLock<(bool, QuantAct)>>,
 }
+
+/// A section's few matrices or rows: on the stack (a decode step allocates nothing).
+type Few<T> = SmallVec<[T; 16]>;
+
+/// A section's pieces: on the stack up to a few hundred (a thread count far past the cores'
+/// spills to the heap).
+type Pieces = SmallVec<[Range<usize>; 256]>;
 
 impl Scratch {
     /// Room for inputs of up to `values` activations and results of up to `outputs` values
     /// (several tokens' products are computed weight-row-major, then transposed).
     pub fn reserve(&mut self, values: usize, outputs: usize) {
         self.qa.reserve(values);
-        self.t.reserve(outputs);
+        self.t.reserve(outputs.saturating_sub(self.t.len()));
     }
 
     /// Bytes its buffers hold.
     pub fn bytes(&self) -> usize {
-        self.qa.bytes() + 4 * self.t.capacity()
+        let each: usize = self.each.iter().map(|q| q.read().map_or(0, |q| q.1.bytes())).sum();
+        self.qa.bytes() + self.other.bytes() + 4 * self.t.capacity() + each
     }
 }
 
@@ -148,7 +163,7 @@ impl Exec {
         }
         qa.prepare(n, w.cols, g, self.isa);
         let rows = rows_per_task(n, w.cols * 4, self.threads(), self.min_piece_bytes);
-        let parts: Vec<Mutex<QuantPart<'_>>> = qa.parts(rows).into_iter().map(Mutex::new).collect();
+        let parts: SmallVec<[Mutex<QuantPart<'_>>; 64]> = qa.parts(rows).map(Mutex::new).collect();
         self.pool.run(parts.len(), &|i, _| {
             let _s = trace::span("quantize");
             parts[i].lock().unwrap_or_else(|e| e.into_inner()).quantize(x);
@@ -169,11 +184,11 @@ impl Exec {
     /// as the section runs out and the threads finish within one small piece of each other
     /// (with equal pieces, one thread idled at the end of every section; measured in the commit
     /// that chose this). One thread: one piece.
-    fn pieces(&self, rows: usize, row_bytes: usize) -> Vec<Range<usize>> {
+    fn pieces(&self, rows: usize, row_bytes: usize) -> Pieces {
         // one thread: everything left, i.e. one piece
         let share = if self.threads() == 1 { 1 } else { 2 * self.threads() };
         let least = self.min_piece_bytes.div_ceil(row_bytes.max(1)).max(1);
-        let mut out = Vec::new();
+        let mut out = Pieces::new();
         let mut r0 = 0;
         while r0 < rows {
             let left = rows - r0;
@@ -219,7 +234,7 @@ impl Exec {
             return;
         }
         let input = self.quantized(first, x, &mut s.qa);
-        let rows: Vec<usize> = mats.iter().map(|m| m.rows).collect();
+        let rows: Few<usize> = mats.iter().map(|m| m.rows).collect();
         let isa = self.isa;
         let span = product_span(label, first.format(), out.len(), first.cols, 1);
         let row_bytes = row_bytes(first);
@@ -230,24 +245,39 @@ impl Exec {
     /// size and format, each with its own input (several experts' down projections), their rows
     /// end to end in `out`; one parallel section, as
     /// [`matvec_concat`](Self::matvec_concat). Each input is quantized in the section, by the
-    /// first piece that needs it.
-    pub fn matvec_each(&self, label: &'static str, prods: &[(&Mat<'_>, &[f32])], out: &mut [f32]) {
+    /// first piece that needs it, into `s`'s buffers for it.
+    pub fn matvec_each(&self, label: &'static str, prods: &[(&Mat<'_>, &[f32])], out: &mut [f32], s: &mut Scratch) {
         let Some(&(first, _)) = prods.first() else { return };
-        let rows: Vec<usize> = prods.iter().map(|(m, _)| m.rows).collect();
-        let qas: Vec<OnceLock<QuantAct>> = prods.iter().map(|_| OnceLock::new()).collect();
+        let rows: Few<usize> = prods.iter().map(|(m, _)| m.rows).collect();
+        if s.each.len() < prods.len() {
+            s.each.resize_with(prods.len(), Default::default);
+        }
+        // none quantized yet
+        s.each.iter_mut().for_each(|q| q.get_mut().unwrap_or_else(|e| e.into_inner()).0 = false);
+        let qas = &s.each[..prods.len()];
         let isa = self.isa;
         let span = product_span(label, first.format(), out.len(), first.cols, 1);
         self.row_section(span, label, &rows, out, row_bytes(first), &|i, r, o| {
             let (m, x) = prods[i];
-            let input = match m.quant_group() {
-                Some(g) => Input::Quant(qas[i].get_or_init(|| {
-                    let mut qa = QuantAct::default();
-                    qa.quantize(x, m.cols, g, isa);
-                    qa
-                })),
-                None => Input::F32(x),
-            };
-            m.matmul_rows(isa, input, 1, r, o);
+            match m.quant_group() {
+                Some(g) => {
+                    let read = || qas[i].read().unwrap_or_else(|e| e.into_inner());
+                    let mut done = read();
+                    if !done.0 {
+                        drop(done);
+                        {
+                            let mut w = qas[i].write().unwrap_or_else(|e| e.into_inner());
+                            if !w.0 {
+                                w.1.quantize(x, m.cols, g, isa);
+                                w.0 = true;
+                            }
+                        }
+                        done = read();
+                    }
+                    m.matmul_rows(isa, Input::Quant(&done.1), 1, r, o);
+                }
+                None => m.matmul_rows(isa, Input::F32(x), 1, r, o),
+            }
         });
     }
 
@@ -280,7 +310,7 @@ impl Exec {
             return;
         }
         let input = self.quantized(first, x, &mut s.qa);
-        let rows: Vec<usize> = pairs.iter().map(|(g, _)| g.rows).collect();
+        let rows: Few<usize> = pairs.iter().map(|(g, _)| g.rows).collect();
         let isa = self.isa;
         // the trace counts both matrices' rows: what the section streams
         let span = product_span(label, first.format(), 2 * act.len(), first.cols, 1);
@@ -318,7 +348,7 @@ impl Exec {
         let key = if span.is_recording() { trace::next_id() } else { 0 };
         let flows = span.flows_out(self.threads());
         // where each matrix starts in `out`
-        let starts: Vec<usize> = rows.iter().scan(0, |acc, r| Some(std::mem::replace(acc, *acc + r))).collect();
+        let starts: Few<usize> = rows.iter().scan(0, |acc, r| Some(std::mem::replace(acc, *acc + r))).collect();
         self.for_pieces_mut(out, 1, row_bytes, &|piece, oc, p| {
             let _c = trace::span(label).merge_with(key);
             trace::flow_in(flows.map(|f| f + p as u64), key);
@@ -338,7 +368,7 @@ impl Exec {
     /// `label` names the product in the trace (on this thread and on the workers' tracks).
     pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
         debug_assert_eq!(x.len(), n * w.cols);
-        let Scratch { qa, t } = s;
+        let Scratch { qa, t, .. } = s;
         let input = self.quantized(w, x, qa);
         self.product(label, w, input, n, out, t);
     }
@@ -355,14 +385,13 @@ impl Exec {
     ) {
         let Some(first) = products.first() else { return };
         let (cols, group) = (first.1.cols, first.1.quant_group());
-        let Scratch { qa, t } = s;
+        let Scratch { qa, t, other, .. } = s;
         let input = self.quantized(first.1, x, qa);
-        let mut other = QuantAct::default();
         for (label, w, out) in products.iter_mut() {
             if w.cols == cols && w.quant_group() == group {
                 self.product(label, w, input, n, out, t);
             } else {
-                let inp = self.quantized(w, x, &mut other);
+                let inp = self.quantized(w, x, other);
                 self.product(label, w, inp, n, out, t);
             }
         }
@@ -547,7 +576,7 @@ mod tests {
                     let dm: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(h, n, &downs[i])).collect();
                     let prods: Vec<(&Mat<'_>, &[f32])> = dm.iter().zip(&acts).map(|(m, a)| (m, a.as_slice())).collect();
                     let mut y = vec![0f32; want_down.len()];
-                    ex.matvec_each("d", &prods, &mut y);
+                    ex.matvec_each("d", &prods, &mut y, &mut Scratch::default());
                     let d = first_difference(&y, &want_down);
                     assert_eq!(d, None, "{isa} matvec_each, {threads} threads, pieces of {least} B");
                 }
@@ -585,6 +614,6 @@ mod tests {
         }
         // one thread: the whole product as one piece (one weight stream)
         let one = Exec::new(1, Isa::Scalar).expect("exec");
-        assert_eq!(one.pieces(151_936, 1088), vec![0..151_936]);
+        assert_eq!(one.pieces(151_936, 1088).to_vec(), vec![0..151_936]);
     }
 }

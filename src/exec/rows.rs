@@ -4,6 +4,8 @@
 use std::ops::Range;
 use std::sync::Mutex;
 
+use smallvec::SmallVec;
+
 use super::Exec;
 use crate::trace;
 
@@ -38,7 +40,7 @@ impl Exec {
             return;
         }
         let rows = rows_per_task(n, row_bytes, self.threads(), self.min_piece_bytes);
-        let parts: Vec<Mutex<&mut [T]>> = out.chunks_mut(rows * width).map(Mutex::new).collect();
+        let parts: SmallVec<[Mutex<&mut [T]>; 64]> = out.chunks_mut(rows * width).map(Mutex::new).collect();
         self.pool.run(parts.len(), &|i, _| {
             let _s = trace::span(label);
             let mut part = parts[i].lock().unwrap_or_else(|e| e.into_inner());

@@ -23,7 +23,7 @@ pub use pool::{CacheConfig, ExpertCache};
 pub use predict::Predictor;
 pub use store::IoMode;
 
-use crate::package::{Package, PackageError, TensorId};
+use crate::package::{Package, PackageError};
 
 /// How experts are streamed.
 #[derive(Debug, Clone, Copy)]
@@ -82,7 +82,7 @@ impl Experts {
     /// Returns warnings (an O_DIRECT fallback) beside the machinery.
     pub fn start(
         pkg: Arc<Package>,
-        routers: Vec<TensorId>,
+        routers: Vec<crate::model::Router>,
         cfg: StreamConfig,
         isa: Isa,
     ) -> Result<(Experts, Vec<String>), PackageError> {

@@ -21,13 +21,13 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use moescope_kernels::Isa;
-use moescope_kernels::ops::{softmax_inplace, top_k};
+use moescope_kernels::ops::top_k;
 
 use super::coactivation::CoActivation;
 use super::pool::{ExpertCache, Issued};
 use super::stats::PredictStats;
-use crate::model::moe::Pick;
-use crate::package::{Package, TensorId};
+use crate::model::{Pick, Router};
+use crate::package::Package;
 use crate::trace;
 
 pub const MIN_SAMPLES: u64 = 128;
@@ -183,8 +183,8 @@ pub struct Predictor {
 }
 
 impl Predictor {
-    /// `routers[li]`: index of MoE layer li's router (f32 `[E, H]`) in the package.
-    pub fn start(pkg: Arc<Package>, routers: Vec<TensorId>, cache: Arc<ExpertCache>, isa: Isa) -> Predictor {
+    /// `routers[li]`: MoE layer li's router.
+    pub fn start(pkg: Arc<Package>, routers: Vec<Router>, cache: Arc<ExpertCache>, isa: Isa) -> Predictor {
         let c = pkg.meta.model.clone();
         let (k, n_layers) = (c.num_experts_per_tok, routers.len());
         let state = Arc::new(Mutex::new(PredState {
@@ -226,7 +226,7 @@ impl Predictor {
     /// first layer of the next pass after the last one), from `given` candidates (most probable
     /// first) where a replayed trace supplies them, else with that layer's router; and guess
     /// the layer after it. Never blocks; a full queue drops it.
-    pub fn submit(&self, pass: u64, li: usize, x: &[f32], given: Option<&[usize]>) {
+    pub fn submit(&self, pass: u64, li: usize, x: Vec<f32>, given: Option<&[usize]>) {
         let from = (pass, li);
         let (pass, li) = self.after(pass, li);
         let two = (self.n_layers >= 3).then(|| self.after(pass, li));
@@ -239,7 +239,7 @@ impl Predictor {
                     st.coact = CoActivation::new(self.n_layers, self.num_experts);
                 }
             }
-            let task = Task { from, pass, li, two, x: x.to_vec(), given: given.map(<[usize]>::to_vec) };
+            let task = Task { from, pass, li, two, x, given: given.map(<[usize]>::to_vec) };
             if self.lossless.load(Ordering::Relaxed) {
                 // the worker only stops once the sender is dropped, so this waits, never fails
                 let _ = tx.send(task);
@@ -350,7 +350,7 @@ impl Drop for Predictor {
 fn worker(
     rx: Receiver<Task>,
     pkg: Arc<Package>,
-    routers: Vec<TensorId>,
+    routers: Vec<Router>,
     cache: Arc<ExpertCache>,
     st: Arc<Mutex<PredState>>,
     isa: Isa,
@@ -425,8 +425,8 @@ fn worker(
 /// The MoE layers' routers, applied on the predictor's thread.
 struct Routers {
     pkg: Arc<Package>,
-    /// `[li]`: MoE layer li's router (f32 `[E, H]`).
-    routers: Vec<TensorId>,
+    /// `[li]`: MoE layer li's router.
+    routers: Vec<Router>,
     isa: Isa,
     probs: Vec<f32>,
     order: Vec<usize>,
@@ -437,11 +437,12 @@ impl Routers {
     /// probable first, ties to the lower id.
     fn top(&mut self, li: usize, x: &[f32], n: usize) -> Vec<usize> {
         let h = x.len();
-        let w = self.pkg.f32_by_index(self.routers[li]);
+        let router = &self.routers[li];
+        let w = self.pkg.f32_by_index(router.weight);
         for (e, p) in self.probs.iter_mut().enumerate() {
             *p = moescope_kernels::dot::dot_f32(self.isa, &w[e * h..(e + 1) * h], x);
         }
-        softmax_inplace(&mut self.probs);
+        router.rank_scores(&self.pkg, &mut self.probs);
         top_k(&self.probs, n, &mut self.order);
         self.order.clone()
     }

@@ -17,13 +17,15 @@ impl ExpertSource for Experts {
     }
 
     /// The experts already resident first, the rest as their reads land. One token's pass
-    /// first scores the prediction made for this layer and predicts the next layer from
-    /// `q.lookahead`, so its reads overlap this layer's compute.
+    /// first scores the prediction made for this layer and predicts the next layer from its
+    /// guess at that layer's router input, so its reads overlap this layer's compute.
     fn for_each_ready(&self, q: &ExpertQuery<'_>, each: &mut ReadyFn<'_>) -> Result<(), ModelError> {
         let pass = self.cache.pass();
         if q.tokens == 1 {
-            self.predictor.observe(pass, q.moe_layer, q.ranked);
-            self.predictor.submit(pass, q.moe_layer, q.lookahead, q.predicted);
+            self.predictor.observe(pass, q.moe_layer, q.ahead.ranked);
+            let mut x = Vec::with_capacity(q.ahead.input.norm.len());
+            q.ahead.input.lookahead(0, &mut x);
+            self.predictor.submit(pass, q.moe_layer, x, q.ahead.predicted);
         }
         let mut req = self.cache.request(q.moe_layer, q.used);
         loop {

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::model::moe::Pick;
+use crate::model::Pick;
 
 /// Counters of one MoE layer (or the sum over layers).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]

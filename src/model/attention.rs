@@ -1,7 +1,18 @@
-//! The score/softmax/value part of attention over the KV cache, spread over the compute
-//! threads (the projections around it are products like any other). Each task takes one KV
-//! head and every query head of its GQA group, so a head's cached keys and values are read
-//! once for the whole group (`kernels::attn`: an online softmax, block by block):
+//! The attention block and its score/softmax/value part over the KV cache.
+//!
+//! For T tokens at positions `pos0..pos0+T`, `hn` normed (`[T, H]`):
+//! ```text
+//! q = hn Wq [T, nh*hd], k = hn Wk [T, nkv*hd], v = hn Wv
+//! q, k: rms_norm per head over hd (q_norm, k_norm), then rotate-half RoPE (on the first
+//!       rotary_dim dims: all of hd, or part in the hybrids); k, v -> KV cache
+//! a = softmax(q k^T / sqrt(hd), causal) v   (GQA: query head j reads kv head j / (nh/nkv))
+//! gated (Qwen3-Next, Qwen3.5): a *= sigmoid(hn Wg)   (one gate per output value)
+//! delta = a Wo
+//! ```
+//! The score part is spread over the compute threads (the projections around it are products
+//! like any other). Each task takes one KV head and every query head of its GQA group, so a
+//! head's cached keys and values are read once for the whole group (`kernels::attn`: an online
+//! softmax, block by block):
 //! - decode (one token): one task per (KV head, split of `attn::SPLIT` positions), their
 //!   partial states merged in position order afterwards (flash-decoding), so a long context
 //!   spreads over the threads while a short one is a task per KV head;
@@ -9,13 +20,143 @@
 //!
 //! A query's result is the same bits either way and at any thread count (`kernels::attn`).
 
-use std::sync::OnceLock;
+use std::sync::Mutex;
+
+use smallvec::SmallVec;
 
 use moescope_kernels::attn::{self, State};
 
+use super::error::ModelError;
 use super::kv_cache::KvCache;
+use super::pass::Pass;
+use super::rows::{Angles, HeadNorm, norm_rope_rows};
+use super::run_state::RunState;
 use crate::exec::{Chunks, Exec};
+use crate::model_config::ModelConfig;
+use crate::package::{Package, TensorId};
 use crate::trace;
+
+/// How attention's output is shaped before `o_proj`.
+#[derive(Debug, Clone, Copy)]
+pub enum Output {
+    /// softmax attention as it is (Qwen3-MoE)
+    Plain,
+    /// each value times the sigmoid of its own gate, `hn Wg` (`o_gate_proj`: Qwen3-Next, Qwen3.5)
+    Gated(TensorId),
+}
+
+/// One attention layer's tensors (package names under `model.layers.{l}.self_attn.`) and shapes.
+pub struct Attention {
+    q: TensorId,
+    k: TensorId,
+    v: TensorId,
+    o: TensorId,
+    /// `[hd]` f32 each
+    q_norm: TensorId,
+    k_norm: TensorId,
+    output: Output,
+    heads: Heads,
+    /// RoPE turns the first `2 * rotary_half` dims of each head
+    rotary_half: usize,
+    hidden: usize,
+    eps: f32,
+}
+
+impl Attention {
+    /// The block under `prefix`; gated where the model is a hybrid.
+    pub fn load(pkg: &Package, prefix: &str, c: &ModelConfig) -> Result<Attention, ModelError> {
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let m = |name: &str, shape: &[usize]| pkg.require(&format!("{prefix}{name}.weight"), shape, false);
+        let v = |name: &str| pkg.require(&format!("{prefix}{name}.weight"), &[hd], true);
+        Ok(Attention {
+            q: m("q_proj", &[c.q_dim(), h])?,
+            k: m("k_proj", &[c.kv_dim(), h])?,
+            v: m("v_proj", &[c.kv_dim(), h])?,
+            o: m("o_proj", &[h, c.q_dim()])?,
+            q_norm: v("q_norm")?,
+            k_norm: v("k_norm")?,
+            output: match c.hybrid {
+                Some(_) => Output::Gated(m("o_gate_proj", &[c.q_dim(), h])?),
+                None => Output::Plain,
+            },
+            heads: Heads { nh: c.num_attention_heads, nkv: c.num_key_value_heads, hd },
+            rotary_half: c.rotary_dim() / 2,
+            hidden: h,
+            eps: c.rms_norm_eps as f32,
+        })
+    }
+
+    /// Layer `l`'s attention over the pass's normed rows (`st.hn`) at positions `pos0..`, their
+    /// keys and values appended to the cache; the result (before the residual add) in
+    /// `st.delta`.
+    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
+        let (exec, pkg, t_n, pos0) = (pass.exec, pass.pkg, pass.t_n, pass.pos0);
+        let (h, Heads { nh, nkv, hd }) = (self.hidden, self.heads);
+        let _att = trace::span("attention").arg("layer", l).arg("tokens", t_n).arg("pos", pos0);
+        let RunState { hn, delta, q, gate, k, v, qkv, attn, cos, sin, attn_work, scratch: s, .. } = &mut *pass.st;
+        let (hn, out) = (&hn[..t_n * h], &mut delta[..t_n * h]);
+        let (q, k, v) = (&mut q[..t_n * nh * hd], &mut k[..t_n * nkv * hd], &mut v[..t_n * nkv * hd]);
+        let (wq, wk, wv) = (pkg.mat_by_index(self.q), pkg.mat_by_index(self.k), pkg.mat_by_index(self.v));
+        let wg = match self.output {
+            Output::Gated(g) => Some(pkg.mat_by_index(g)),
+            Output::Plain => None,
+        };
+        let gate = &mut gate[..if wg.is_some() { t_n * nh * hd } else { 0 }];
+        if t_n == 1 {
+            // decode: all in one parallel section (its pieces cross from q into k and v),
+            // one quantization of the normed input
+            let (qd, kvd, gd) = (nh * hd, nkv * hd, gate.len());
+            let qkv = &mut qkv[..qd + gd + 2 * kvd];
+            match &wg {
+                Some(wg) => exec.matvec_concat("qkv_proj", &[&wq, wg, &wk, &wv], hn, qkv, s),
+                None => exec.matvec_concat("qkv_proj", &[&wq, &wk, &wv], hn, qkv, s),
+            }
+            let (qp, rest) = qkv.split_at(qd);
+            let (gp, kv_part) = rest.split_at(gd);
+            q.copy_from_slice(qp);
+            gate.copy_from_slice(gp);
+            k.copy_from_slice(&kv_part[..kvd]);
+            v.copy_from_slice(&kv_part[kvd..]);
+        } else {
+            // one quantization of the normed input for all of them
+            match &wg {
+                Some(wg) => {
+                    let mut prods = [
+                        ("q_proj", &wq, &mut *q),
+                        ("o_gate_proj", wg, &mut *gate),
+                        ("k_proj", &wk, &mut *k),
+                        ("v_proj", &wv, &mut *v),
+                    ];
+                    exec.matmul_shared(hn, t_n, &mut prods, s);
+                }
+                None => {
+                    let mut prods = [("q_proj", &wq, &mut *q), ("k_proj", &wk, &mut *k), ("v_proj", &wv, &mut *v)];
+                    exec.matmul_shared(hn, t_n, &mut prods, s);
+                }
+            }
+        }
+        // each head of each token normed and rotated by its position (the rows in parallel)
+        let rope = Angles { cos, sin, half: self.rotary_half };
+        let (qn, kn) = (pkg.f32_by_index(self.q_norm), pkg.f32_by_index(self.k_norm));
+        norm_rope_rows(exec, "q_norm_rope", q, HeadNorm { width: nh * hd, w: qn, eps: self.eps }, rope);
+        norm_rope_rows(exec, "k_norm_rope", k, HeadNorm { width: nkv * hd, w: kn, eps: self.eps }, rope);
+        for t in 0..t_n {
+            pass.kv.write(l, pos0 + t, &k[t * nkv * hd..(t + 1) * nkv * hd], &v[t * nkv * hd..(t + 1) * nkv * hd]);
+        }
+        let attn = &mut attn[..t_n * nh * hd];
+        attend(exec, pass.kv, At { layer: l, heads: self.heads, pos0 }, q, attn, attn_work);
+        // gated attention: each output value times sigmoid of its gate
+        if !gate.is_empty() {
+            let gate = &gate[..];
+            exec.rows_mut("attn_gate", attn, nh * hd, &|r, a| {
+                for (a, &g) in a.iter_mut().zip(&gate[r.start * nh * hd..r.end * nh * hd]) {
+                    *a *= 1.0 / (1.0 + (-g).exp());
+                }
+            });
+        }
+        exec.matmul("o_proj", &pkg.mat_by_index(self.o), attn, t_n, out, s);
+    }
+}
 
 /// Tokens per prefill task: with a GQA group of 8 heads, 128 query rows share each block of
 /// keys and values while it is in L1.
@@ -30,11 +171,89 @@ pub struct Heads {
     pub hd: usize,
 }
 
-/// `attn[t, h] = softmax(q[t, h] k^T / sqrt(hd)) v` over layer `l`'s cached positions
+/// What attention works in, kept between passes: decode's partial states, one per (KV head,
+/// split), and the merge's; prefill's tile buffers, one set per compute thread.
+pub struct AttnWork {
+    parts: Vec<Mutex<State>>,
+    acc: State,
+    tiles: Vec<Mutex<Tile>>,
+}
+
+/// One prefill task's tile: its query rows, their ends, two softmax states and the output.
+struct Tile {
+    qt: Vec<f32>,
+    ends: Vec<usize>,
+    acc: State,
+    part: State,
+    o: Vec<f32>,
+}
+
+impl Default for AttnWork {
+    fn default() -> AttnWork {
+        AttnWork { parts: Vec::new(), acc: State::new(0, 0), tiles: Vec::new() }
+    }
+}
+
+impl AttnWork {
+    /// One tile per compute thread, for heads of `hd` values, `group` heads a KV head (each
+    /// sized for a whole tile, whichever tasks its thread claims).
+    fn tiles(&mut self, threads: usize, group: usize, hd: usize) -> &[Mutex<Tile>] {
+        let rows = TILE * group;
+        let fresh = || {
+            let st = || State::new(rows, hd);
+            Mutex::new(Tile {
+                qt: vec![0.0; rows * hd],
+                ends: vec![0; rows],
+                acc: st(),
+                part: st(),
+                o: vec![0.0; rows * hd],
+            })
+        };
+        if self.tiles.first().is_some_and(|t| t.lock().map_or(true, |t| t.acc.hd != hd || t.ends.capacity() < rows)) {
+            self.tiles.clear();
+        }
+        if self.tiles.len() < threads {
+            self.tiles.resize_with(threads, fresh);
+        }
+        &self.tiles
+    }
+
+    /// `n` states of `nq` queries of `hd` values (grown when a longer context needs more).
+    fn fit(&mut self, n: usize, nq: usize, hd: usize) {
+        if self.acc.hd != hd {
+            (self.parts, self.acc) = (Vec::new(), State::new(nq, hd));
+        }
+        if self.parts.len() < n {
+            self.parts.resize_with(n, || Mutex::new(State::new(nq, hd)));
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        let st = |s: &State| ((s.m.capacity() + s.l.capacity() + s.o.capacity()) * 4) as u64;
+        let tile = |t: &Tile| {
+            st(&t.acc) + st(&t.part) + ((t.qt.capacity() + t.o.capacity()) * 4 + t.ends.capacity() * 8) as u64
+        };
+        self.parts.iter().map(|p| p.lock().map_or(0, |p| st(&p))).sum::<u64>()
+            + st(&self.acc)
+            + self.tiles.iter().map(|t| t.lock().map_or(0, |t| tile(&t))).sum::<u64>()
+    }
+}
+
+/// Where a batch's queries attend: layer `layer`'s cache, heads of shape `heads`, the first
+/// token at position `pos0`.
+#[derive(Debug, Clone, Copy)]
+pub struct At {
+    pub layer: usize,
+    pub heads: Heads,
+    pub pos0: usize,
+}
+
+/// `attn[t, h] = softmax(q[t, h] k^T / sqrt(hd)) v` over layer `at.layer`'s cached positions
 /// `0..=pos0 + t` of KV head `h / (nh / nkv)`, for the `t_n` tokens at positions
 /// `pos0..pos0 + t_n`; `q` and `attn` are `[t_n, nh, hd]`, and the cache already holds these
 /// tokens' keys and values.
-pub fn attend(exec: &Exec, kv: &KvCache, l: usize, shape: Heads, q: &[f32], pos0: usize, attn: &mut [f32]) {
+pub fn attend(exec: &Exec, kv: &KvCache, at: At, q: &[f32], attn: &mut [f32], work: &mut AttnWork) {
+    let At { layer: l, heads: shape, pos0 } = at;
     let Heads { nh, nkv, hd } = shape;
     let t_n = q.len() / (nh * hd);
     debug_assert_eq!(attn.len(), q.len());
@@ -48,11 +267,12 @@ pub fn attend(exec: &Exec, kv: &KvCache, l: usize, shape: Heads, q: &[f32], pos0
     };
     let (isa, scale, group) = (exec.isa, 1.0 / (hd as f32).sqrt(), nh / nkv);
     if t_n == 1 {
-        decode(exec, kv, l, shape, q, pos0, attn, &task_span);
+        decode(exec, kv, at, q, attn, work, &task_span);
         drop(span);
         return;
     }
     let tiles = t_n.div_ceil(TILE);
+    let tiles_work = work.tiles(exec.threads(), group, hd);
     let out = Chunks::new(attn);
     exec.run(nkv * tiles, &|task, p| {
         let _c = task_span(p);
@@ -62,17 +282,18 @@ pub fn attend(exec: &Exec, kv: &KvCache, l: usize, shape: Heads, q: &[f32], pos0
         let t1 = (t0 + TILE).min(t_n);
         // the tile's query rows (token-major, the group's heads within a token) and their ends
         let rows = (t1 - t0) * group;
-        let mut qt = Vec::with_capacity(rows * hd);
-        let mut ends = Vec::with_capacity(rows);
+        let mut tile = tiles_work[p].lock().unwrap_or_else(|e| e.into_inner());
+        let Tile { qt, ends, acc, part, o } = &mut *tile;
+        qt.clear();
+        ends.clear();
         for t in t0..t1 {
             let at = (t * nh + h * group) * hd;
             qt.extend_from_slice(&q[at..at + group * hd]);
             ends.extend(std::iter::repeat_n(pos0 + t + 1, group));
         }
         let (keys, vals) = kv.head(l, h, pos0 + t1);
-        let (mut acc, mut part) = (State::new(rows, hd), State::new(rows, hd));
-        let mut o = vec![0f32; rows * hd];
-        attn::attend(isa, &qt, &ends, keys, vals, scale, &mut acc, &mut part, &mut o);
+        o.resize(rows * hd, 0.0);
+        attn::attend(isa, qt, ends, keys, vals, scale, acc, part, o);
         for (i, t) in (t0..t1).enumerate() {
             let at = (t * nh + h * group) * hd;
             // SAFETY: this task alone writes token t's heads of KV head h, inside `attn`,
@@ -84,38 +305,37 @@ pub fn attend(exec: &Exec, kv: &KvCache, l: usize, shape: Heads, q: &[f32], pos0
 }
 
 /// One token: a task per (KV head, split), then the splits merged per KV head.
-#[allow(clippy::too_many_arguments)]
 fn decode(
     exec: &Exec,
     kv: &KvCache,
-    l: usize,
-    shape: Heads,
+    at: At,
     q: &[f32],
-    pos0: usize,
     attn: &mut [f32],
+    work: &mut AttnWork,
     task_span: &(dyn Fn(usize) -> trace::Span + Sync),
 ) {
-    let Heads { nh, nkv, hd } = shape;
+    let At { layer: l, heads: Heads { nh, nkv, hd }, pos0 } = at;
     let (isa, scale, group) = (exec.isa, 1.0 / (hd as f32).sqrt(), nh / nkv);
     let n = pos0 + 1;
-    let splits: Vec<_> = attn::splits(n).collect();
-    let ends = vec![n; group];
-    let parts: Vec<OnceLock<State>> = (0..nkv * splits.len()).map(|_| OnceLock::new()).collect();
+    let splits = n.div_ceil(attn::SPLIT).max(1);
+    let split = |s: usize| attn::splits(n).nth(s).unwrap_or(0..0);
+    let ends: SmallVec<[usize; 64]> = SmallVec::from_elem(n, group);
+    work.fit(nkv * splits, group, hd);
+    let AttnWork { parts, acc, .. } = work;
+    let parts = &parts[..nkv * splits];
     exec.run(parts.len(), &|task, p| {
         let _c = task_span(p);
-        let (h, s) = (task / splits.len(), task % splits.len());
+        let (h, s) = (task / splits, task % splits);
         let (keys, vals) = kv.head(l, h, n);
-        let mut st = State::new(group, hd);
-        attn::fold(isa, &q[h * group * hd..(h + 1) * group * hd], &ends, keys, vals, splits[s].clone(), scale, &mut st);
-        let _ = parts[task].set(st);
+        let mut st = parts[task].lock().unwrap_or_else(|e| e.into_inner());
+        st.reset(group);
+        attn::fold(isa, &q[h * group * hd..(h + 1) * group * hd], &ends, keys, vals, split(s), scale, &mut st);
     });
     for h in 0..nkv {
-        let mut acc = State::new(group, hd);
-        for part in &parts[h * splits.len()..(h + 1) * splits.len()] {
+        acc.reset(group);
+        for part in &parts[h * splits..(h + 1) * splits] {
             // every task ran (the section returns after all of them)
-            if let Some(p) = part.get() {
-                acc.merge(p);
-            }
+            acc.merge(&part.lock().unwrap_or_else(|e| e.into_inner()));
         }
         for g in 0..group {
             let at = (h * group + g) * hd;

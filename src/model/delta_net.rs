@@ -16,11 +16,15 @@
 //! spread over the compute threads, each head wholly on one thread, so the result does not
 //! depend on how many there are.
 
+use std::sync::Mutex;
+
 use moescope_kernels::delta::{self, Step};
 use moescope_kernels::ops::{l2_norm_inplace, rms_norm, silu, silu_inplace};
 
 use super::error::ModelError;
-use crate::exec::{Chunks, Exec, Scratch};
+use super::pass::Pass;
+use super::run_state::RunState;
+use crate::exec::{Chunks, Exec};
 use crate::model_config::HybridConfig;
 use crate::package::{Package, TensorId};
 use crate::trace;
@@ -42,10 +46,19 @@ pub struct DeltaNet {
     /// `[dv]` f32
     norm: TensorId,
     out: TensorId,
+    dims: Dims,
+    hidden: usize,
 }
 
 impl DeltaNet {
-    pub fn load(pkg: &Package, prefix: &str, hy: &HybridConfig, hidden: usize) -> Result<DeltaNet, ModelError> {
+    /// The mixer under `prefix`; `eps` is the gated norm's (`rms_norm_eps`).
+    pub fn load(
+        pkg: &Package,
+        prefix: &str,
+        hy: &HybridConfig,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<DeltaNet, ModelError> {
         let (conv, vd, nv) = (hy.conv_dim(), hy.value_dim(), hy.value_heads);
         let m = |name: &str, shape: &[usize]| pkg.require(&format!("{prefix}{name}"), shape, false);
         let f = |name: &str, shape: &[usize]| pkg.require(&format!("{prefix}{name}"), shape, true);
@@ -59,7 +72,63 @@ impl DeltaNet {
             dt_bias: f("dt_bias", &[nv])?,
             norm: f("norm.weight", &[hy.value_head_dim])?,
             out: m("out_proj.weight", &[hidden, vd])?,
+            dims: Dims::new(hy, eps),
+            hidden,
         })
+    }
+
+    /// Layer `l`'s mixer over the pass's normed rows (`st.hn`), advancing the layer's state in
+    /// the cache; the result (before the residual add) in `st.delta`.
+    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) -> Result<(), ModelError> {
+        let (exec, pkg, t_n, d) = (pass.exec, pass.pkg, pass.t_n, self.dims);
+        let _s = trace::span("linear_attention").arg("layer", l).arg("tokens", t_n);
+        let RunState { hn, delta, linear, scratch: s, .. } = &mut *pass.st;
+        let (Some(state), Some(bufs)) = (pass.kv.linear_mut(l), linear.as_mut()) else {
+            return Err(ModelError::Unsupported(format!(
+                "layer {l} is linear attention, but the model's cache or buffers have no linear-attention state"
+            )));
+        };
+        let (hn, out) = (&hn[..t_n * self.hidden], &mut delta[..t_n * self.hidden]);
+        let (cd, vd, nv) = (d.conv_dim(), d.value_dim(), d.nv);
+        let (wqkv, wz, wb, wa) =
+            (pkg.mat_by_index(self.qkv), pkg.mat_by_index(self.z), pkg.mat_by_index(self.b), pkg.mat_by_index(self.a));
+        let Buffers { p, z, b, a, proj, c, beta, decay, y, tasks } = bufs;
+        if tasks.len() < exec.threads() {
+            // what the largest task needs: a conv block's columns over a chunk, or a head's two rows
+            let most = (d.kernel - 1 + p.len() / cd.max(1)) * CONV_BLOCK.min(cd);
+            tasks.resize_with(exec.threads(), || Mutex::new(Vec::with_capacity(most.max(2 * d.dv))));
+        }
+        let (p, z, b, a) = (&mut p[..t_n * cd], &mut z[..t_n * vd], &mut b[..t_n * nv], &mut a[..t_n * nv]);
+        if t_n == 1 {
+            // decode: the four in one parallel section, one quantization of the input
+            exec.matvec_concat("in_proj", &[&wqkv, &wz, &wb, &wa], hn, proj, s);
+            let (pp, rest) = proj.split_at(cd);
+            let (zp, rest) = rest.split_at(vd);
+            p.copy_from_slice(pp);
+            z.copy_from_slice(zp);
+            b.copy_from_slice(&rest[..nv]);
+            a.copy_from_slice(&rest[nv..]);
+        } else {
+            let mut prods = [
+                ("in_proj_qkv", &wqkv, &mut *p),
+                ("in_proj_z", &wz, &mut *z),
+                ("in_proj_b", &wb, &mut *b),
+                ("in_proj_a", &wa, &mut *a),
+            ];
+            exec.matmul_shared(hn, t_n, &mut prods, s);
+        }
+        let weights = Weights {
+            conv: pkg.f32_by_index(self.conv),
+            a_log: pkg.f32_by_index(self.a_log),
+            dt_bias: pkg.f32_by_index(self.dt_bias),
+            norm: pkg.f32_by_index(self.norm),
+        };
+        let inputs = Inputs { p, z, b, a };
+        let work = Work { c: &mut c[..t_n * cd], beta: &mut beta[..t_n * nv], decay: &mut decay[..t_n * nv], tasks };
+        let y = &mut y[..t_n * vd];
+        core(exec, &weights, d, state, inputs, work, y);
+        exec.matmul("out_proj", &pkg.mat_by_index(self.out), y, t_n, out, s);
+        Ok(())
     }
 }
 
@@ -145,6 +214,8 @@ pub struct Buffers {
     decay: Vec<f32>,
     /// the gated heads' output, `out_proj`'s input `[chunk, nv dv]`
     y: Vec<f32>,
+    /// one per compute thread: its tasks' temporaries (grown to the largest so far)
+    tasks: Vec<Mutex<Vec<f32>>>,
 }
 
 impl Buffers {
@@ -161,64 +232,15 @@ impl Buffers {
             beta: buf(nv),
             decay: buf(nv),
             y: buf(vd),
+            tasks: Vec::new(),
         }
     }
 
     pub fn bytes(&self) -> u64 {
         let f = [&self.p, &self.z, &self.b, &self.a, &self.proj, &self.c, &self.beta, &self.decay, &self.y];
-        f.iter().map(|v| v.capacity() as u64 * 4).sum()
+        let tasks: usize = self.tasks.iter().map(|t| t.lock().map_or(0, |t| t.capacity())).sum();
+        (f.iter().map(|v| v.capacity()).sum::<usize>() + tasks) as u64 * 4
     }
-}
-
-/// The mixer of layer `w` on the first `t_n` normed rows of `hn` (`[T, H]`), advancing `st`;
-/// the result (before the residual add) in `out` (`[T, H]`).
-#[allow(clippy::too_many_arguments)]
-pub fn forward(
-    exec: &Exec,
-    pkg: &Package,
-    w: &DeltaNet,
-    d: Dims,
-    st: &mut LinearState,
-    hn: &[f32],
-    t_n: usize,
-    bufs: &mut Buffers,
-    s: &mut Scratch,
-    out: &mut [f32],
-) {
-    let (cd, vd, nv) = (d.conv_dim(), d.value_dim(), d.nv);
-    let (wqkv, wz, wb, wa) =
-        (pkg.mat_by_index(w.qkv), pkg.mat_by_index(w.z), pkg.mat_by_index(w.b), pkg.mat_by_index(w.a));
-    let Buffers { p, z, b, a, proj, c, beta, decay, y } = bufs;
-    let (p, z, b, a) = (&mut p[..t_n * cd], &mut z[..t_n * vd], &mut b[..t_n * nv], &mut a[..t_n * nv]);
-    if t_n == 1 {
-        // decode: the four in one parallel section, one quantization of the input
-        exec.matvec_concat("in_proj", &[&wqkv, &wz, &wb, &wa], hn, proj, s);
-        let (pp, rest) = proj.split_at(cd);
-        let (zp, rest) = rest.split_at(vd);
-        p.copy_from_slice(pp);
-        z.copy_from_slice(zp);
-        b.copy_from_slice(&rest[..nv]);
-        a.copy_from_slice(&rest[nv..]);
-    } else {
-        let mut prods = [
-            ("in_proj_qkv", &wqkv, &mut *p),
-            ("in_proj_z", &wz, &mut *z),
-            ("in_proj_b", &wb, &mut *b),
-            ("in_proj_a", &wa, &mut *a),
-        ];
-        exec.matmul_shared(hn, t_n, &mut prods, s);
-    }
-    let weights = Weights {
-        conv: pkg.f32_by_index(w.conv),
-        a_log: pkg.f32_by_index(w.a_log),
-        dt_bias: pkg.f32_by_index(w.dt_bias),
-        norm: pkg.f32_by_index(w.norm),
-    };
-    let inputs = Inputs { p, z, b, a };
-    let work = Work { c: &mut c[..t_n * cd], beta: &mut beta[..t_n * nv], decay: &mut decay[..t_n * nv] };
-    let y = &mut y[..t_n * vd];
-    core(exec, &weights, d, st, inputs, work, y);
-    exec.matmul("out_proj", &pkg.mat_by_index(w.out), y, t_n, out, s);
 }
 
 /// The mixer's small f32 tensors.
@@ -240,11 +262,13 @@ pub struct Inputs<'a> {
     pub a: &'a [f32],
 }
 
-/// Buffers of [`core`]: `c [T, conv]`, `beta`, `decay` `[T, nv]`.
+/// Buffers of [`core`]: `c [T, conv]`, `beta`, `decay` `[T, nv]`, and one buffer per compute
+/// thread for its tasks (a conv block's columns, a value head's temporaries), grown as needed.
 pub struct Work<'a> {
     pub c: &'a mut [f32],
     pub beta: &'a mut [f32],
     pub decay: &'a mut [f32],
+    pub tasks: &'a [Mutex<Vec<f32>>],
 }
 
 /// Everything between the projections and `out_proj`: conv, SiLU, L2 norms, gates, the delta
@@ -253,10 +277,11 @@ pub fn core(exec: &Exec, w: &Weights, d: Dims, st: &mut LinearState, x: Inputs, 
     let (cd, vd, nk, dk, nv, dv) = (d.conv_dim(), d.value_dim(), d.nk, d.dk, d.nv, d.dv);
     let t_n = x.b.len() / nv;
     let _m = trace::span("delta_net").arg("tokens", t_n).arg("heads", nv);
-    let Work { c, beta, decay } = work;
+    let Work { c, beta, decay, tasks } = work;
+    debug_assert!(tasks.len() >= exec.threads());
     // causal depthwise conv over [conv state (K - 1 rows); p (T rows)], then SiLU, a block of
     // channels per task (each channel alone: the split does not change a bit)
-    conv_silu(exec, w.conv, d, &mut st.conv, x.p, t_n, c);
+    conv_silu(exec, w.conv, d, &mut st.conv, (x.p, t_n), c, tasks);
     // per token: L2-normalised q (then scaled) and k of every key head; the gates
     let scale = 1.0 / (dk as f32).sqrt();
     for t in 0..t_n {
@@ -279,11 +304,13 @@ pub fn core(exec: &Exec, w: &Weights, d: Dims, st: &mut LinearState, x: Inputs, 
     let states = Chunks::new(&mut st.s);
     let ys = Chunks::new(y);
     let _k = trace::span("delta_rule").arg("tokens", t_n).arg("heads", nv);
-    exec.run(nv, &|h, _p| {
+    exec.run(nv, &|h, p| {
         // SAFETY: task h alone touches value head h's state and its columns of y, both inside
         // buffers that outlive the section
         let s = unsafe { states.slice(h * dk * dv, dk * dv) };
-        let (mut u, mut o) = (vec![0f32; dv], vec![0f32; dv]);
+        let mut buf = tasks[p].lock().unwrap_or_else(|e| e.into_inner());
+        buf.resize(2 * dv, 0.0);
+        let (u, o) = buf.split_at_mut(dv);
         let kh = if d.tiled { h % nk } else { h / r };
         let (qo, ko, vo) = (kh * dk, nk * dk + kh * dk, 2 * nk * dk + h * dv);
         for t in 0..t_n {
@@ -295,10 +322,10 @@ pub fn core(exec: &Exec, w: &Weights, d: Dims, st: &mut LinearState, x: Inputs, 
                 beta: beta[t * nv + h],
                 decay: decay[t * nv + h],
             };
-            delta::step(isa, s, step, &mut u, &mut o);
+            delta::step(isa, s, step, u, o);
             // SAFETY: as above
             let yh = unsafe { ys.slice(t * vd + h * dv, dv) };
-            rms_norm(&o, w.norm, d.eps, yh);
+            rms_norm(o, w.norm, d.eps, yh);
             for (v, &g) in yh.iter_mut().zip(&x.z[t * vd + h * dv..t * vd + (h + 1) * dv]) {
                 *v *= silu(g);
             }
@@ -311,18 +338,30 @@ const CONV_BLOCK: usize = 512;
 
 /// `c[t] = silu(sum_j w[:, j] * x_{t-K+1+j})` over the sequence [state (K - 1 rows); p (T
 /// rows)] (`[_, conv]` each), and the state <- its last K - 1 rows; blocks of channels on the
-/// compute threads.
-fn conv_silu(exec: &Exec, w: &[f32], d: Dims, state: &mut [f32], p: &[f32], t_n: usize, c: &mut [f32]) {
+/// compute threads, each in its thread's buffer of `tasks`.
+fn conv_silu(
+    exec: &Exec,
+    w: &[f32],
+    d: Dims,
+    state: &mut [f32],
+    (p, t_n): (&[f32], usize),
+    c: &mut [f32],
+    tasks: &[Mutex<Vec<f32>>],
+) {
     let (cd, kk) = (d.conv_dim(), d.kernel);
     let past = kk - 1;
     let blocks = cd.div_ceil(CONV_BLOCK);
     let (cs, ss) = (Chunks::new(c), Chunks::new(state));
-    exec.run(blocks, &|b, _p| {
+    exec.run(blocks, &|b, task| {
         let (c0, c1) = (b * CONV_BLOCK, ((b + 1) * CONV_BLOCK).min(cd));
         let n = c1 - c0;
         // this block's columns of [state; p]: the state's copied out before it is rewritten
-        // SAFETY: task b alone touches columns c0..c1 of the state and of c
-        let mut seq: Vec<f32> = (0..past).flat_map(|m| unsafe { ss.slice(m * cd + c0, n) }.to_vec()).collect();
+        let mut seq = tasks[task].lock().unwrap_or_else(|e| e.into_inner());
+        seq.clear();
+        for m in 0..past {
+            // SAFETY: task b alone touches columns c0..c1 of the state and of c
+            seq.extend_from_slice(unsafe { ss.slice(m * cd + c0, n) });
+        }
         for t in 0..t_n {
             seq.extend_from_slice(&p[t * cd + c0..t * cd + c1]);
         }
@@ -467,7 +506,8 @@ mod tests {
                 a: &c.a[t0 * nv..(t0 + n) * nv],
             };
             let (mut cb, mut beta, mut decay) = (vec![0f32; n * cd], vec![0f32; n * nv], vec![0f32; n * nv]);
-            let work = Work { c: &mut cb, beta: &mut beta, decay: &mut decay };
+            let tasks: Vec<Mutex<Vec<f32>>> = (0..exec.threads()).map(|_| Mutex::default()).collect();
+            let work = Work { c: &mut cb, beta: &mut beta, decay: &mut decay, tasks: &tasks };
             core(exec, &w, c.d, &mut st, x, work, &mut y[t0 * vd..(t0 + n) * vd]);
             t0 += n;
         }

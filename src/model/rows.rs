@@ -24,20 +24,20 @@ pub(super) struct Angles<'a> {
     pub half: usize,
 }
 
-/// Every head (`hd` values) of every row (one token's heads, `width` values) of `x`: RMS norm
-/// with weight `w`, then RoPE at the row's position; the rows in parallel.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn norm_rope_rows(
-    exec: &Exec,
-    label: &'static str,
-    x: &mut [f32],
-    width: usize,
-    hd: usize,
-    w: &[f32],
-    eps: f32,
-    rope: Angles<'_>,
-) {
-    let half = rope.half;
+/// The per-head RMS norm of rows of `width` values: heads of `w.len()` values, each normed with
+/// weight `w`.
+#[derive(Clone, Copy)]
+pub(super) struct HeadNorm<'a> {
+    pub width: usize,
+    pub w: &'a [f32],
+    pub eps: f32,
+}
+
+/// Every head of every row (one token's heads) of `x`: RMS norm, then RoPE at the row's
+/// position; the rows in parallel.
+pub(super) fn norm_rope_rows(exec: &Exec, label: &'static str, x: &mut [f32], norm: HeadNorm<'_>, rope: Angles<'_>) {
+    let (half, HeadNorm { width, w, eps }) = (rope.half, norm);
+    let hd = w.len();
     exec.rows_mut(label, x, width, &|r, rows| {
         for (t, row) in r.zip(rows.chunks_exact_mut(width)) {
             let (cs, sn) = (&rope.cos[t * half..(t + 1) * half], &rope.sin[t * half..(t + 1) * half]);

@@ -1,12 +1,19 @@
 //! The forward pass's buffers (llama2.c's RunState), sized once from the model's shapes.
 
+use std::sync::Mutex;
+
+use super::attention::AttnWork;
 use super::delta_net;
+use super::mlp::MlpWork;
+use super::moe::ExpertWork;
+use super::router::{RouterRule, Routing};
 use crate::exec::Scratch;
 use crate::model_config::ModelConfig;
 
 /// The forward pass's buffers, allocated once for batches of up to `chunk` tokens (llama2.c's
-/// RunState); a pass of T tokens uses the first T rows of each. Per-expert temporaries (each
-/// expert's gathered input and intermediate rows) and the logits are allocated per call.
+/// RunState); a pass of T tokens uses the first T rows of each. Those whose size depends on
+/// the batch's routing (each expert's gathered input and intermediate rows, on each thread)
+/// grow to the largest batch they have served and stay.
 pub struct RunState {
     /// Most tokens of one pass.
     pub(super) chunk: usize,
@@ -27,6 +34,8 @@ pub struct RunState {
     pub(super) qkv: Vec<f32>,
     /// attention's output [chunk, nh * hd]
     pub(super) attn: Vec<f32>,
+    /// what attention works in (decode's partial states, prefill's tiles)
+    pub(super) attn_work: AttnWork,
     /// RoPE's cos and sin of each position [chunk, rotary_dim / 2]
     pub(super) cos: Vec<f32>,
     pub(super) sin: Vec<f32>,
@@ -34,6 +43,20 @@ pub struct RunState {
     pub(super) probs: Vec<f32>,
     /// routed experts' weighted outputs per (token, rank) [chunk, k, H]
     pub(super) yk: Vec<f32>,
+    /// the shared expert's gated output [chunk, H] (hybrids; empty without)
+    pub(super) shared: Vec<f32>,
+    /// a dense MLP's or the shared expert's intermediate rows
+    pub(super) mlp: MlpWork,
+    /// the batch's routing
+    pub(super) routing: Routing,
+    /// what each compute thread works in while it computes whole experts (a prompt's batch)
+    pub(super) expert_work: Vec<Mutex<ExpertWork>>,
+    /// the order a prompt's experts are claimed in [E]
+    pub(super) expert_order: Mutex<Vec<usize>>,
+    /// the logits of the positions asked for [rows, vocab] (one row at first; grown for more),
+    /// and how many of its values the last pass left
+    pub(super) logits: Vec<f32>,
+    pub(super) logits_len: usize,
     /// the linear-attention mixer's buffers (hybrid models)
     pub(super) linear: Option<delta_net::Buffers>,
     /// quantized activations, reused by every product on this thread
@@ -61,10 +84,18 @@ impl RunState {
             v: buf(c.kv_dim()),
             qkv: vec![0f32; c.q_dim() * if gated { 2 } else { 1 } + 2 * c.kv_dim()],
             attn: buf(c.q_dim()),
+            attn_work: AttnWork::default(),
             cos: buf(c.rotary_dim() / 2),
             sin: buf(c.rotary_dim() / 2),
             probs: buf(c.num_experts),
             yk: buf(c.num_experts_per_tok * h),
+            shared: if gated { buf(h) } else { vec![] },
+            mlp: MlpWork::new(chunk, mlp_width(c)),
+            routing: Routing::new(&RouterRule::of(c), chunk),
+            expert_work: Vec::new(),
+            expert_order: Mutex::new(Vec::with_capacity(c.num_experts)),
+            logits: vec![0f32; c.vocab_size],
+            logits_len: 0,
             linear: dims.map(|d| delta_net::Buffers::new(d, chunk)),
             scratch: {
                 // the widest input and the most results a dense product of a chunk has
@@ -75,6 +106,11 @@ impl RunState {
                 s
             },
         }
+    }
+
+    /// The logits the last pass left (`[rows, vocab]`; empty when it was asked for none).
+    pub fn logits(&self) -> &[f32] {
+        &self.logits[..self.logits_len]
     }
 
     /// Most tokens one pass may hold.
@@ -98,8 +134,23 @@ impl RunState {
             &self.sin,
             &self.probs,
             &self.yk,
+            &self.shared,
+            &self.logits,
         ];
         let linear = self.linear.as_ref().map_or(0, delta_net::Buffers::bytes);
-        (f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.scratch.bytes()) as u64 + linear
+        let experts: u64 = self.expert_work.iter().map(|w| w.lock().map_or(0, |w| w.bytes())).sum();
+        (f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.scratch.bytes()) as u64
+            + linear
+            + self.mlp.bytes()
+            + self.routing.bytes()
+            + self.attn_work.bytes()
+            + experts
     }
+}
+
+/// The widest MLP that is not routed: a dense layer's, or the shared expert's (0 without).
+fn mlp_width(c: &ModelConfig) -> usize {
+    let dense = (0..c.num_hidden_layers).any(|l| !c.is_moe_layer(l));
+    let shared = c.hybrid.as_ref().map_or(0, |hy| hy.shared_expert_intermediate_size);
+    if dense { c.intermediate_size.max(shared) } else { shared }
 }

@@ -223,10 +223,10 @@ pub fn check_gguf_logits(gguf: &Path, ids: &[u32], want: &[f32], bounds: Option<
         let tag = format!("{name} {isa}");
         let ctx = Some(ids.len().next_multiple_of(64));
         let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: ctx, isa, stream: None }).expect("load");
-        let got = eng.eval(ids, Logits::All, &mut NoObserver).expect("prefill");
+        let got = eng.eval(ids, Logits::All, &mut NoObserver).expect("prefill").to_vec();
         eng.reset();
         eng.eval(&ids[..ids.len() - 1], Logits::Last, &mut NoObserver).expect("prefill");
-        let inc = eng.eval(&ids[ids.len() - 1..], Logits::Last, &mut NoObserver).expect("decode");
+        let inc = eng.eval(&ids[ids.len() - 1..], Logits::Last, &mut NoObserver).expect("decode").to_vec();
         let d_inc = max_abs_diff(&inc, &got[(ids.len() - 1) * v..]);
         assert!(d_inc <= 1e-4, "{tag}: decode differs from the prompt's last row by {d_inc}");
         check_logits(&tag, &got, want, v, bounds);

@@ -1,0 +1,333 @@
+//! The layer stack every family runs: embeddings, then per layer a mixer and an MLP, each
+//! behind an RMS norm and added to the residual stream, then the final norm and the LM head.
+//!
+//! For a batch of T tokens at positions `pos0..pos0+T` (prefill: a prompt chunk; decode:
+//! T = 1), per layer:
+//! ```text
+//! hn = rms_norm(x) · input_layernorm;        x += mixer(hn)   attention, gated attention or
+//!                                                             Gated DeltaNet (`layer_types`)
+//! hn = rms_norm(x) · post_attention_layernorm; x += ffn(hn)   a dense MLP or the MoE block
+//! ```
+//! then `logits = rms_norm(x) · norm · lm_head` (the embedding when tied). Each block is a
+//! type with its own `forward(pass, layer)` (`attention.rs`, `delta_net.rs`, `mlp.rs`,
+//! `moe.rs`); what they share is the [`Pass`]. Qwen3-MoE, Qwen3-Next and Qwen3.5 differ only
+//! in which blocks their layers hold (the converter gives all three one tensor layout), so a
+//! family is a choice of blocks and a router rule, not a file of its own.
+
+use std::sync::Arc;
+
+use moescope_kernels::ops::{Rope, rms_norm_inplace};
+
+use super::attention::Attention;
+use super::delta_net::DeltaNet;
+use super::error::ModelError;
+use super::kv_cache::KvCache;
+use super::mlp::DenseMlp;
+use super::moe::Moe;
+use super::observer::Observer;
+use super::pass::{Pass, Runtime};
+use super::route_replay::RouteReplay;
+use super::router::{Router, Scoring};
+use super::rows::{add_rows, norm_rows};
+use super::run_state::RunState;
+use super::steering::Steering;
+use crate::model_config::{LayerKind, ModelConfig};
+use crate::package::{Package, TensorId};
+use crate::trace;
+
+/// Which positions of a batch need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Every position (tests, perplexity): `[T, vocab]`.
+    All,
+    /// Only the last position: `[vocab]`.
+    Last,
+    /// None (a prefill chunk that is not the last).
+    None,
+}
+
+/// What mixes information across positions.
+enum Mixer {
+    Attention(Attention),
+    Linear(DeltaNet),
+}
+
+impl Mixer {
+    fn forward(&self, pass: &mut Pass<'_>, l: usize) -> Result<(), ModelError> {
+        match self {
+            Mixer::Attention(a) => a.forward(pass, l),
+            Mixer::Linear(d) => d.forward(pass, l)?,
+        }
+        Ok(())
+    }
+}
+
+/// What each position runs through on its own.
+enum Ffn {
+    Dense(DenseMlp),
+    Moe(Moe),
+}
+
+struct Layer {
+    /// `[H]` f32 each
+    input_norm: TensorId,
+    post_norm: TensorId,
+    mixer: Mixer,
+    ffn: Ffn,
+}
+
+impl Layer {
+    /// Layer `l` on the pass's residual stream `st.x`.
+    fn forward(&self, pass: &mut Pass<'_>, l: usize, eps: f32) -> Result<(), ModelError> {
+        let kind = if matches!(self.ffn, Ffn::Moe(_)) { "moe" } else { "dense" };
+        let _layer = trace::span("layer").arg("layer", l).arg("kind", kind);
+        let (exec, pkg) = (pass.exec, pass.pkg);
+        let rows = pass.t_n * pkg.f32_by_index(self.input_norm).len();
+        let st = &mut *pass.st;
+        norm_rows(exec, &st.x[..rows], pkg.f32_by_index(self.input_norm), eps, &mut st.hn[..rows]);
+        self.mixer.forward(pass, l)?;
+        let st = &mut *pass.st;
+        let h = rows / pass.t_n;
+        add_rows(exec, &mut st.x[..rows], &st.delta[..rows], h);
+        norm_rows(exec, &st.x[..rows], pkg.f32_by_index(self.post_norm), eps, &mut st.hn[..rows]);
+        match &self.ffn {
+            Ffn::Dense(m) => m.forward(pass, l),
+            Ffn::Moe(m) => m.forward(pass, l)?,
+        }
+        let st = &mut *pass.st;
+        add_rows(exec, &mut st.x[..rows], &st.delta[..rows], h);
+        pass.obs.hidden(l + 1, &st.x[..rows]);
+        Ok(())
+    }
+}
+
+/// A model bound to a package's tensors: the layer stack and its routing switches.
+pub struct Decoder {
+    pub cfg: ModelConfig,
+    pkg: Arc<Package>,
+    embed: TensorId,
+    norm: TensorId,
+    lm_head: TensorId,
+    layers: Vec<Layer>,
+    rope: Rope,
+    steering: Steering,
+}
+
+impl Decoder {
+    /// Bind the package's tensors, checking every name and shape the forward pass uses.
+    pub fn load(pkg: Arc<Package>) -> Result<Decoder, ModelError> {
+        let c = pkg.meta.model.clone();
+        let h = c.hidden_size;
+        let m = |name: &str, shape: &[usize]| pkg.require(name, shape, false);
+        let v = |name: &str| pkg.require(name, &[h], true);
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        let mut moe_layers = 0;
+        for l in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{l}.");
+            let post_norm = v(&format!("{p}post_attention_layernorm.weight"))?;
+            let ffn = if c.is_moe_layer(l) {
+                moe_layers += 1;
+                Ffn::Moe(Moe::load(&pkg, &format!("{p}mlp."), &c, moe_layers - 1, post_norm)?)
+            } else {
+                Ffn::Dense(DenseMlp::load(&pkg, &format!("{p}mlp."), h, c.intermediate_size)?)
+            };
+            let mixer = match (c.layer_kind(l), &c.hybrid) {
+                (LayerKind::LinearAttention, Some(hy)) => {
+                    Mixer::Linear(DeltaNet::load(&pkg, &format!("{p}linear_attn."), hy, h, c.rms_norm_eps as f32)?)
+                }
+                _ => Mixer::Attention(Attention::load(&pkg, &format!("{p}self_attn."), &c)?),
+            };
+            layers.push(Layer { input_norm: v(&format!("{p}input_layernorm.weight"))?, post_norm, mixer, ffn });
+        }
+        let embed = m("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let lm_head = if c.tie_word_embeddings { embed } else { m("lm_head.weight", &[c.vocab_size, h])? };
+        Ok(Decoder {
+            norm: v("model.norm.weight")?,
+            embed,
+            lm_head,
+            layers,
+            rope: Rope::new(c.rope_theta, c.rotary_dim()),
+            steering: Steering::default(),
+            cfg: c,
+            pkg,
+        })
+    }
+
+    /// Take every MoE block's route from `replay` from now on (None: the routers' own again).
+    pub fn set_route_replay(&mut self, replay: Option<Arc<RouteReplay>>) -> Result<(), ModelError> {
+        self.steering.set_route_replay(replay, self.cfg.num_experts, self.cfg.num_experts_per_tok)
+    }
+
+    pub fn route_replay(&self) -> Option<&RouteReplay> {
+        self.steering.route_replay()
+    }
+
+    /// Cache-aware routing with tolerance `tol` (an absolute gap in router probability), or
+    /// exact routing (None). Not with replayed routes, and only over plain softmax routers.
+    pub fn set_cache_aware_routing(&mut self, tol: Option<f32>) -> Result<(), ModelError> {
+        let plain = self
+            .routers()
+            .iter()
+            .all(|r| r.rule.scoring == Scoring::Softmax && r.rule.groups.is_none() && r.correction.is_none());
+        if tol.is_some() && !plain {
+            return Err(ModelError::Unsupported("cache-aware routing needs plain softmax routers".into()));
+        }
+        self.steering.set_cache_aware_routing(tol)
+    }
+
+    pub fn cache_aware_routing(&self) -> Option<f32> {
+        self.steering.cache_aware_routing()
+    }
+
+    /// Routed experts cache-aware routing replaced so far.
+    pub fn substitutions(&self) -> u64 {
+        self.steering.substitutions()
+    }
+
+    /// The MoE layers' routers, in forward order (for the predictor).
+    pub fn routers(&self) -> Vec<Router> {
+        self.layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                Ffn::Moe(m) => Some(*m.router()),
+                Ffn::Dense(_) => None,
+            })
+            .collect()
+    }
+
+    pub fn package(&self) -> &Arc<Package> {
+        &self.pkg
+    }
+
+    /// Parameters of the whole model (every expert counted).
+    pub fn n_params(&self) -> u64 {
+        let dense: u64 = self.pkg.meta.tensors.iter().map(|t| t.shape.iter().product::<usize>() as u64).sum();
+        let experts = self.pkg.meta.experts.as_ref().map_or(0, |ex| {
+            let per: u64 = ex.parts_of(0).iter().map(|p| p.shape.iter().product::<usize>() as u64).sum();
+            per * ex.table.len() as u64
+        });
+        dense + experts
+    }
+
+    /// Weight bytes one decode token reads: every dense tensor except the embedding (of which
+    /// one row), and `top-k` experts' parts in each MoE layer. The roofline's numerator: decode
+    /// cannot beat (memory bandwidth / this).
+    pub fn decode_weight_bytes(&self) -> u64 {
+        let pkg = &self.pkg;
+        let c = &self.cfg;
+        let mut total = 0u64;
+        for (i, t) in pkg.meta.tensors.iter().enumerate() {
+            if i == self.embed.index() {
+                let f = t.format().unwrap_or(moescope_kernels::Format::F32);
+                total += (f.data_bytes(1, c.hidden_size) + f.scale_bytes(1, c.hidden_size)) as u64;
+                if c.tie_word_embeddings {
+                    total += t.length; // the lm_head reads it whole
+                }
+            } else {
+                total += t.length;
+            }
+        }
+        if let Some(ex) = &pkg.meta.experts {
+            let parts: u64 = (0..ex.layers.len()).flat_map(|i| ex.parts_of(i)).map(|p| p.length).sum();
+            total += parts * c.num_experts_per_tok as u64;
+        }
+        total
+    }
+
+    /// Run `tokens` at positions `kv.len()..` in the buffers of `st`, appending their keys and
+    /// values to `kv`; the routed experts come from `rt.experts`. The logits asked for, in
+    /// `st` (`[rows, vocab]`).
+    pub fn forward<'s>(
+        &self,
+        rt: Runtime<'_>,
+        st: &'s mut RunState,
+        kv: &mut KvCache,
+        tokens: &[u32],
+        want: Logits,
+        obs: &mut dyn Observer,
+    ) -> Result<&'s [f32], ModelError> {
+        let c = &self.cfg;
+        let (t_n, h) = (tokens.len(), c.hidden_size);
+        let pos0 = kv.len();
+        if pos0 + t_n > kv.capacity() {
+            return Err(ModelError::ContextFull { need: pos0 + t_n, ctx: kv.capacity() });
+        }
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange { id: bad, vocab: c.vocab_size });
+        }
+        if t_n > st.chunk {
+            return Err(ModelError::BatchTooLarge { tokens: t_n, chunk: st.chunk });
+        }
+        let (exec, pkg) = (rt.exec, &*self.pkg);
+        let _fwd = trace::span("forward").arg("tokens", t_n).arg("pos", pos0);
+        obs.begin_pass();
+        rt.experts.begin_pass();
+        self.embed(rt, st, tokens);
+        obs.hidden(0, &st.x[..t_n * h]);
+        // cos/sin of each position, shared by all layers
+        let half = c.rotary_dim() / 2;
+        for t in 0..t_n {
+            let (cs, sn) = (&mut st.cos[t * half..(t + 1) * half], &mut st.sin[t * half..(t + 1) * half]);
+            self.rope.cos_sin(pos0 + t, cs, sn);
+        }
+        let eps = c.rms_norm_eps as f32;
+        {
+            let mut pass = Pass {
+                exec,
+                pkg,
+                experts: rt.experts,
+                obs: &mut *obs,
+                kv: &mut *kv,
+                st: &mut *st,
+                steering: &self.steering,
+                t_n,
+                pos0,
+            };
+            for (l, layer) in self.layers.iter().enumerate() {
+                layer.forward(&mut pass, l, eps)?;
+            }
+        }
+        kv.set_len(pos0 + t_n);
+
+        let norm = pkg.f32_by_index(self.norm);
+        let x = &mut st.x[..t_n * h];
+        {
+            let _n = trace::span("final_norm");
+            exec.rows_mut("final_norm_rows", x, h, &|_, x| {
+                for x in x.chunks_exact_mut(h) {
+                    rms_norm_inplace(x, norm, eps);
+                }
+            });
+        }
+        obs.hidden(c.num_hidden_layers + 1, x);
+        // the positions asked for are the last `n` rows of the batch
+        let n = match want {
+            Logits::All => t_n,
+            Logits::Last => 1,
+            Logits::None => 0,
+        };
+        st.logits_len = n * c.vocab_size;
+        if n == 0 {
+            return Ok(&[]);
+        }
+        let v = c.vocab_size;
+        if st.logits.len() < n * v {
+            st.logits.resize(n * v, 0.0);
+        }
+        let (x, logits) = (&st.x[(t_n - n) * h..t_n * h], &mut st.logits[..n * v]);
+        exec.matmul("lm_head", &pkg.mat_by_index(self.lm_head), x, n, logits, &mut st.scratch);
+        Ok(st.logits())
+    }
+
+    /// The embeddings of `tokens` into `st.x`, the rows in parallel.
+    fn embed(&self, rt: Runtime<'_>, st: &mut RunState, tokens: &[u32]) {
+        let h = self.cfg.hidden_size;
+        let emb = self.pkg.mat_by_index(self.embed);
+        let _e = trace::span("embed");
+        rt.exec.rows_mut("embed_rows", &mut st.x[..tokens.len() * h], h, &|r, x| {
+            for (t, x) in r.zip(x.chunks_exact_mut(h)) {
+                emb.dequant_row(tokens[t] as usize, x);
+            }
+        });
+    }
+}

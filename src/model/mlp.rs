@@ -1,0 +1,162 @@
+//! The MLPs that are not routed, and the SwiGLU product every MLP and expert computes:
+//! ```text
+//! y = down(silu(gate x) * up x)                  gate, up [I, H], down [H, I]
+//! dense layer:    delta = y(hn)
+//! shared expert:  shared = sigmoid(hn · w_g) * y(hn)   (hybrids: every token, beside the routed ones)
+//! ```
+
+use moescope_kernels::ops::swiglu;
+
+use super::error::ModelError;
+use super::pass::Pass;
+use super::run_state::RunState;
+use crate::exec::{Exec, Scratch};
+use crate::package::{ExpertMats, Package, TensorId};
+use crate::trace;
+
+/// The products' names in a trace: gate and up as one (one token), gate, up (several), down.
+pub(super) type Labels = [&'static str; 4];
+
+/// The SwiGLU product's intermediate buffers, grown to the largest batch they have served:
+/// `g`, `u` `[n, I]` (several tokens) and `a` `[n, I]`.
+#[derive(Default)]
+pub struct MlpWork {
+    g: Vec<f32>,
+    u: Vec<f32>,
+    a: Vec<f32>,
+}
+
+impl MlpWork {
+    /// Buffers for `n` tokens of width `i`, allocated now.
+    pub fn new(n: usize, i: usize) -> MlpWork {
+        let mut w = MlpWork::default();
+        w.fit(n, i);
+        w
+    }
+
+    pub(super) fn fit(&mut self, n: usize, i: usize) {
+        for b in [&mut self.a, &mut self.g, &mut self.u] {
+            if b.len() < n * i {
+                b.resize(n * i, 0.0);
+            }
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        ((self.g.capacity() + self.u.capacity() + self.a.capacity()) * 4) as u64
+    }
+}
+
+/// `out = down(silu(gate x) * up x)` for `x` of `[n, H]`; `out` is `[n, H]`.
+pub(super) fn swiglu_mlp(
+    exec: &Exec,
+    labels: Labels,
+    m: &ExpertMats<'_>,
+    x: &[f32],
+    work: &mut MlpWork,
+    out: &mut [f32],
+    s: &mut Scratch,
+) {
+    let (i, n) = (m.gate.rows, x.len() / m.gate.cols);
+    work.fit(n, i);
+    let MlpWork { g, u, a } = work;
+    let a = &mut a[..n * i];
+    if n == 1 {
+        // one token (decode): gate and up with their SwiGLU in one parallel section, the input
+        // quantized once
+        exec.swiglu_pairs(labels[0], &[(&m.gate, &m.up)], x, a, s);
+    } else {
+        let (g, u) = (&mut g[..n * i], &mut u[..n * i]);
+        exec.matmul_shared(x, n, &mut [(labels[1], &m.gate, &mut *g), (labels[2], &m.up, &mut *u)], s);
+        swiglu(g, u, a);
+    }
+    exec.matmul(labels[3], &m.down, a, n, out, s);
+}
+
+/// The three matrices of an MLP (package names `{prefix}gate_proj.weight`, ...).
+#[derive(Debug, Clone, Copy)]
+struct Mats {
+    gate: TensorId,
+    up: TensorId,
+    down: TensorId,
+}
+
+impl Mats {
+    fn load(pkg: &Package, prefix: &str, hidden: usize, width: usize) -> Result<Mats, ModelError> {
+        let m = |name: &str, shape: &[usize]| pkg.require(&format!("{prefix}{name}.weight"), shape, false);
+        Ok(Mats {
+            gate: m("gate_proj", &[width, hidden])?,
+            up: m("up_proj", &[width, hidden])?,
+            down: m("down_proj", &[hidden, width])?,
+        })
+    }
+
+    fn bind<'p>(&self, pkg: &'p Package) -> ExpertMats<'p> {
+        ExpertMats {
+            gate: pkg.mat_by_index(self.gate),
+            up: pkg.mat_by_index(self.up),
+            down: pkg.mat_by_index(self.down),
+        }
+    }
+}
+
+/// A dense layer's MLP.
+pub struct DenseMlp {
+    mats: Mats,
+}
+
+impl DenseMlp {
+    /// The MLP named `{prefix}gate_proj.weight`, ... of width `width`.
+    pub fn load(pkg: &Package, prefix: &str, hidden: usize, width: usize) -> Result<DenseMlp, ModelError> {
+        Ok(DenseMlp { mats: Mats::load(pkg, prefix, hidden, width)? })
+    }
+
+    /// Layer `l`'s MLP of the pass's normed rows (`st.hn`) into `st.delta`.
+    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
+        let _m = trace::span("mlp").arg("layer", l);
+        let m = self.mats.bind(pass.pkg);
+        let rows = pass.t_n * m.gate.cols;
+        let RunState { hn, delta, mlp, scratch, .. } = &mut *pass.st;
+        let labels = ["gate_up_proj", "gate_proj", "up_proj", "down_proj"];
+        swiglu_mlp(pass.exec, labels, &m, &hn[..rows], mlp, &mut delta[..rows], scratch);
+    }
+}
+
+/// The hybrids' shared expert: a SwiGLU MLP every token runs, scaled by sigmoid(h · gate).
+pub struct SharedExpert {
+    mats: Mats,
+    /// `[1, H]` f32
+    gate: TensorId,
+}
+
+impl SharedExpert {
+    /// The shared expert of the MoE block under `prefix` (`{prefix}shared_expert.*`,
+    /// `{prefix}shared_expert_gate.weight`), of width `width`.
+    pub fn load(pkg: &Package, prefix: &str, hidden: usize, width: usize) -> Result<SharedExpert, ModelError> {
+        Ok(SharedExpert {
+            mats: Mats::load(pkg, &format!("{prefix}shared_expert."), hidden, width)?,
+            gate: pkg.require(&format!("{prefix}shared_expert_gate.weight"), &[1, hidden], true)?,
+        })
+    }
+
+    /// Layer `l`'s shared expert of the pass's normed rows (`st.hn`), scaled by its gate, into
+    /// `st.shared` (`[T, H]`, to be added to the routed sum).
+    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
+        let (pkg, t_n) = (pass.pkg, pass.t_n);
+        let _s = trace::span("shared_expert").arg("layer", l).arg("tokens", t_n);
+        let m = self.mats.bind(pkg);
+        let h = m.gate.cols;
+        let RunState { hn, shared, mlp, scratch, .. } = &mut *pass.st;
+        let (hn, y) = (&hn[..t_n * h], &mut shared[..t_n * h]);
+        let labels = ["shared_gate_up_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj"];
+        swiglu_mlp(pass.exec, labels, &m, hn, mlp, y, scratch);
+        let wg = pkg.f32_by_index(self.gate);
+        for (yt, x) in y.chunks_exact_mut(h).zip(hn.chunks_exact(h)) {
+            let z: f32 = wg.iter().zip(x).map(|(&w, &v)| w * v).sum();
+            let sg = 1.0 / (1.0 + (-z).exp());
+            for v in yt.iter_mut() {
+                *v *= sg;
+            }
+        }
+    }
+}
