@@ -3,7 +3,9 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::package::layout::EXPERT_ALIGN;
+/// What O_DIRECT asks of a buffer's address and length on every file system met: a page. The
+/// package aligns each expert blob to it, so one read lands whole in one buffer.
+pub const ALIGN: usize = 4096;
 
 /// Bytes of the process's buffers now, and the most there ever were: what the pool held at
 /// its fullest, for `run`'s report and the soak test (one pool per process there).
@@ -50,7 +52,7 @@ impl AlignedBuf {
     /// 4 KiB pages they miss the TLB every page (measured in the commit that added this). The
     /// DMA of an O_DIRECT read pins fewer pages too.
     pub fn new(len: usize) -> AlignedBuf {
-        let len = len.max(1).div_ceil(EXPERT_ALIGN as usize) * EXPERT_ALIGN as usize;
+        let len = len.max(1).div_ceil(ALIGN) * ALIGN;
         // room to move the start to a 2 MiB boundary; the slack is unmapped below
         let slack = if len >= HUGE_PAGE { HUGE_PAGE } else { 0 };
         // SAFETY: an anonymous private mapping with no address hint.
@@ -65,8 +67,7 @@ impl AlignedBuf {
             )
         };
         if ptr == libc::MAP_FAILED {
-            let layout = std::alloc::Layout::from_size_align(len, EXPERT_ALIGN as usize)
-                .unwrap_or(std::alloc::Layout::new::<u8>());
+            let layout = std::alloc::Layout::from_size_align(len, ALIGN).unwrap_or(std::alloc::Layout::new::<u8>());
             std::alloc::handle_alloc_error(layout);
         }
         let (p, a) = (ptr as usize, (ptr as usize).next_multiple_of(HUGE_PAGE));

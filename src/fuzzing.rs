@@ -87,9 +87,9 @@ pub fn gguf(data: &[u8]) -> u8 {
     if std::fs::write(&path, data).is_err() {
         return 0;
     }
-    let Ok(m) = crate::convert::gguf_model::GgufModel::open(&path) else { return 0 };
+    let Ok(m) = crate::convert::gguf::model::GgufModel::open(&path) else { return 0 };
     let _ = m.config();
-    let _ = crate::convert::gguf_vocab::tokenizer(&m);
+    let _ = crate::convert::gguf::vocab::tokenizer(&m);
     let out = d.join("out.moe");
     if crate::convert::convert_gguf(&path, &out, ConvertOptions::new(QuantMode::File)).is_err() {
         return 1;

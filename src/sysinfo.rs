@@ -136,7 +136,7 @@ impl ReadBuffer {
     pub fn new(bytes: usize) -> Option<ReadBuffer> {
         let words = (bytes / 8).max(64);
         // in transparent huge pages where the kernel gives them, as the resident weights are
-        // (4 KiB pages read ~20% slower here: benches/huge_pages.rs)
+        // (4 KiB pages read slower: benches/huge_pages.rs measures by how much)
         let mut map = memmap2::MmapMut::map_anon(words * 8).ok()?;
         let _ = map.advise(memmap2::Advice::HugePage);
         let v: &mut [u64] = bytemuck::cast_slice_mut(&mut map[..]);
@@ -365,9 +365,9 @@ pub fn utc_now() -> UtcTime {
 /// SCHED_BATCH for the calling thread and the threads it starts later (Linux): no wake-up
 /// preemption. Decode is a few compute threads meeting at barriers many times a token; with the
 /// default policy every wake-up of another thread (the terminal redrawing what the workbench
-/// prints, a shell, the UI) preempts a compute thread and stalls its peers at the next barrier.
-/// Measured on 2 cores: the workbench decoded ~6% slower than `run` (10 pairs, medians) until
-/// its threads were SCHED_BATCH. Every thread still gets its fair share of the CPU.
+/// prints, a shell, the UI) preempts a compute thread and stalls its peers at the next barrier
+/// (the workbench decoded slower than `run` until its threads were SCHED_BATCH: CHANGELOG).
+/// Every thread still gets its fair share of the CPU.
 /// `MOESCOPE_SCHED=other` keeps the default policy (for comparisons).
 pub fn batch_scheduling() {
     #[cfg(target_os = "linux")]

@@ -28,7 +28,7 @@ fn a_long_prompt_in_one_pass_matches_its_tokens_decoded_one_by_one() {
         for threads in [1, 3] {
             let opts = EngineOptions { threads, ctx_size: Some(n + 8), isa, stream: None };
             let mut eng = Engine::load(&pkg, opts).expect("load");
-            let v = eng.model.cfg.vocab_size;
+            let v = eng.config().vocab_size;
             let one = eng.eval(&ids, Logits::All, &mut NoObserver).expect("one pass").to_vec();
             assert_eq!(one.len(), n * v);
             assert!(one.iter().all(|x| x.is_finite()), "{isa} {threads}T: non-finite logits");

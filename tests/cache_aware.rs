@@ -36,7 +36,7 @@ fn engine(pkg: &Path, slots: u64, tol: Option<f32>) -> Engine {
         force: false,
     };
     let mut eng = Engine::load(pkg, o(Some(stream))).unwrap();
-    eng.model.set_cache_aware_routing(tol).unwrap();
+    eng.set_cache_aware_routing(tol).unwrap();
     eng
 }
 
@@ -67,8 +67,7 @@ fn substitutes_come_from_the_next_candidates_within_the_tolerance() {
         let cfg =
             Engine::load(&pkg, EngineOptions { threads: 1, ctx_size: Some(320), isa: Isa::detect(), stream: None })
                 .unwrap()
-                .model
-                .cfg
+                .config()
                 .clone();
         let (e_n, k) = (cfg.num_experts, cfg.num_experts_per_tok);
         let slots = (e_n * cfg.moe_layers().len() / 3) as u64;
@@ -101,12 +100,12 @@ fn substitutes_come_from_the_next_candidates_within_the_tolerance() {
             subs += added.len();
         }
         assert!(subs > 0, "{name}: a third of the experts in the pool must leave something to substitute");
-        assert_eq!(subs as u64, eng.model.substitutions(), "{name}: substitutions counted");
+        assert_eq!(subs as u64, eng.model().substitutions(), "{name}: substitutions counted");
         // prefetch off: the same pool gives the same substitutions and the same bits
         let mut again = engine(&pkg, slots, Some(tol));
         let (logits2, _) = run(&mut again, &prompt, &forced);
         assert!(logits.iter().zip(&logits2).all(|(a, b)| a.to_bits() == b.to_bits()), "{name}: deterministic");
-        assert_eq!(again.model.substitutions(), subs as u64);
+        assert_eq!(again.model().substitutions(), subs as u64);
         // tolerance 0 is the exact model
         let (exact, _) = run(&mut engine(&pkg, slots, None), &prompt, &forced);
         let (zero, _) = run(&mut engine(&pkg, slots, Some(0.0)), &prompt, &forced);

@@ -56,7 +56,7 @@ fn a_turn_streams_its_reply_and_records_it_and_the_next_reuses_the_cache() {
     let eos = engine.eos_ids().to_vec();
     assert_eq!(seen.ids, t.stats.generated, "every sampled id is streamed");
     // the reply is the text of the ids without end-of-sequence, as the tokenizer decodes it
-    let tok = engine.tok.clone().unwrap();
+    let tok = engine.tokenizer().cloned().unwrap();
     let kept: Vec<u32> = seen.ids.iter().copied().filter(|i| !eos.contains(i)).collect();
     assert_eq!(t.reply, tok.decode(&kept, true).unwrap());
     assert_eq!(seen.text, t.reply, "the streamed pieces and tail are the reply");
@@ -87,20 +87,20 @@ fn a_prompt_too_long_for_the_context_leaves_the_engine_and_history_alone() {
     let mut engine = demo_engine(dir.path(), 64);
     let mut session = ChatSession::new(None, None);
     turn(&mut engine, &mut session, "Hi", 4).0.expect("a short turn");
-    let (history, cached) = (session.messages.clone(), engine.kv.len());
+    let (history, cached) = (session.messages.clone(), engine.cached_len());
     let long = "borrow ".repeat(200);
     let (res, seen) = turn(&mut engine, &mut session, &long, 4);
     assert!(matches!(res, Err(EngineError::PromptTooLong { ctx: 64, .. })), "{:?}", res.err());
     assert!(seen.prompt.is_none() && seen.ids.is_empty(), "nothing was generated");
     assert_eq!(session.messages, history, "not recorded");
-    assert_eq!(engine.kv.len(), cached, "the cache is kept for the next turn");
+    assert_eq!(engine.cached_len(), cached, "the cache is kept for the next turn");
 }
 
 #[test]
 fn a_turn_without_a_tokenizer_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = demo_engine(dir.path(), 64);
-    engine.tok = None;
+    engine.set_tokenizer(None);
     let mut session = ChatSession::new(None, None);
     let (res, _) = turn(&mut engine, &mut session, "Hi", 4);
     let e = res.expect_err("no tokenizer");

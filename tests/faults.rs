@@ -31,7 +31,7 @@ fn setup_with(io: IoMode, prefetch: bool) -> (tempfile::TempDir, Engine, Arc<Fau
     let want = run(&mut load(&pkg, None)).expect("the resident run");
     let faults = inject(&pkg);
     let probe = load(&pkg, Some(stream(1, io)));
-    let cache = &probe.experts.as_ref().expect("streamed").cache;
+    let cache = probe.pool().expect("streamed");
     let res = cache.residency();
     let all = cache.blob_len() as u64 * (res.n_layers * res.num_experts) as u64;
     drop(probe);
@@ -97,7 +97,7 @@ fn fails_then_recovers(io: IoMode, nth: u64, fault: Fault, says: &str) {
     };
     assert!(err.contains(says) && err.contains("expert blob (layer"), "{fault:?}: {err}");
     assert_eq!(faults.counts().1, 1, "the fault fired once");
-    let cache = eng.experts.as_ref().unwrap().cache.clone();
+    let cache = eng.streamed().unwrap().cache.clone();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while cache.queue_depth() != QueueDepth::default() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));

@@ -49,7 +49,7 @@ fn qwen35moe_q8_0_gguf_within_the_q8_bounds() {
 /// The config the GGUF's metadata gives and the checkpoint's config.json, with what GGUF states
 /// otherwise or not at all (token ids, context length, the eps as f32) taken from the checkpoint.
 fn configs(gguf: &str, checkpoint: &str) -> (ModelConfig, ModelConfig) {
-    let g = moescope::convert::gguf_model::GgufModel::open(&fixture(gguf)).expect("open");
+    let g = moescope::convert::gguf::model::GgufModel::open(&fixture(gguf)).expect("open");
     let mut from_gguf = g.config().expect("config");
     let hf = moescope::convert::hf_config::read_config(&fixture(checkpoint)).expect("config.json");
     from_gguf.eos_token_ids = hf.eos_token_ids.clone();

@@ -136,7 +136,7 @@ fn inspect_says_how_each_type_runs() {
 /// bit (gguf-py's, by kernels/tests/ggml_blocks.rs): dense tensors and every expert.
 #[test]
 fn packages_hold_the_files_values_exactly() {
-    use moescope::convert::gguf_source::GgufSource;
+    use moescope::convert::gguf::source::GgufSource;
     use moescope::convert::source::TensorSource;
     use moescope::package::Package;
     for file in ["split/tiny-bf16-00001-of-00003.gguf", "tiny-q8_0.gguf", "tiny-q4_0.gguf", "tiny-q4_k_m.gguf"] {

@@ -9,8 +9,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use common::fixture;
-use moescope::convert::gguf_model::GgufModel;
-use moescope::convert::gguf_vocab;
+use moescope::convert::gguf::model::GgufModel;
+use moescope::convert::gguf::vocab as gguf_vocab;
 use moescope::engine::tokenizer::Tok;
 use serde_json::Value;
 

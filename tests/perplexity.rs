@@ -214,7 +214,7 @@ fn second_half_scores_whole_windows_from_their_middle() {
     let cap = std::env::var("MOESCOPE_ISA").ok().filter(|v| !v.is_empty()).map(|v| v.parse().expect("MOESCOPE_ISA"));
     let isa = moescope_kernels::Isa::detect_capped(cap);
     let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(w), isa, stream: None }).expect("load");
-    let v = eng.model.cfg.vocab_size;
+    let v = eng.config().vocab_size;
     let (mut sum, mut n) = (0f64, 0usize);
     for win in ids.chunks_exact(w) {
         eng.reset();

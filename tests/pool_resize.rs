@@ -37,7 +37,7 @@ fn set_limit(dir: &Path, bytes: u64) {
 }
 
 fn budget(eng: &Engine) -> u64 {
-    eng.experts.as_ref().expect("a pool").cache.budget_bytes()
+    eng.streamed().expect("a pool").cache.budget_bytes()
 }
 
 #[test]
@@ -55,7 +55,7 @@ fn auto_pool_shrinks_and_grows_with_the_limit_and_logits_stay_the_same() {
     unsafe { std::env::set_var("MOESCOPE_CGROUP_DIR", cg.path()) };
     let mut eng = engine(&pkg, Some(StreamConfig { auto: true, ..StreamConfig::default() }));
     let (all, blob) = {
-        let ex = eng.experts.as_ref().expect("a pool");
+        let ex = eng.streamed().expect("a pool");
         (ex.total_bytes, ex.cache.blob_len() as u64)
     };
     assert_eq!(budget(&eng), all, "a limit far past the package: every expert");
@@ -71,7 +71,7 @@ fn auto_pool_shrinks_and_grows_with_the_limit_and_logits_stay_the_same() {
     // headroom (256 MiB below 6.4 GiB)
     let plan = eng.memory_plan();
     let fixed = plan.total - plan.experts;
-    let k = eng.model.cfg.num_experts_per_tok as u64;
+    let k = eng.config().num_experts_per_tok as u64;
     let third = (all / 3).max((k + 1) * blob);
     set_limit(cg.path(), fixed + 256 * MIB + third);
     let line = eng.resize_auto_pool().expect("a third of the experts: the pool shrinks");
@@ -79,7 +79,7 @@ fn auto_pool_shrinks_and_grows_with_the_limit_and_logits_stay_the_same() {
     let small = budget(&eng);
     assert!(small <= third && small + blob > third, "pool {small} for a room of {third} (blob {blob})");
     same(&run(&mut eng, &prompt, &forced), "a third of the experts");
-    let st = eng.experts.as_ref().expect("a pool").cache.total_stats();
+    let st = eng.streamed().expect("a pool").cache.total_stats();
     assert!(st.evictions > 0, "a pool smaller than the experts must evict");
 
     // a few bytes more: within 5%, left alone

@@ -60,13 +60,13 @@ fn the_predictor_scores_as_transformers_one_and_two_layers_ahead() {
     let mut eng =
         Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream: Some(stream) })
             .expect("load");
-    eng.experts.as_ref().unwrap().predictor.set_lossless(true);
+    eng.streamed().unwrap().predictor.set_lossless(true);
     eng.reset();
     eng.eval(&prompt, Logits::Last, &mut NoObserver).unwrap();
     for &id in &forced {
         eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap();
     }
-    let p = eng.experts.as_ref().unwrap().predictor.stats();
+    let p = eng.streamed().unwrap().predictor.stats();
     assert_scored_as("one ahead", &p.next, &want["one_ahead"]);
     assert_scored_as("two ahead", &p.two_ahead, &want["two_ahead"]);
 }

@@ -121,7 +121,7 @@ fn check_fixture(name: &str) {
             let tag = format!("{name} {quant} {isa}");
             let mut eng =
                 Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(ctx), isa, stream: None }).expect("load");
-            let moe_layers = eng.model.cfg.moe_layers();
+            let moe_layers = eng.config().moe_layers();
             let mut m = Measured::new();
             let bounds = quant_bounds(quant);
             let flip = bounds.map_or(1e-3, |(b, _, _)| (2.0 * b * sigma) as f32);

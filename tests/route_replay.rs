@@ -93,7 +93,7 @@ fn engine(pkg: &Path, stream: Option<StreamConfig>, trace: Option<&Path>) -> Eng
     if let Some(t) = trace {
         let (h, recs) = routing_log::read(t).expect("trace");
         let r = routing_log::replay(&t.display().to_string(), &h, recs).expect("replay");
-        eng.model.set_route_replay(Some(std::sync::Arc::new(r))).expect("replay fits");
+        eng.set_route_replay(Some(std::sync::Arc::new(r))).expect("replay fits");
     }
     eng
 }
@@ -123,7 +123,7 @@ fn the_engine_routes_as_the_trace_says_layers_and_tokens_wrapping() {
     let trace = dir.path().join("t.jsonl.gz");
     write_trace(&trace, 8, 2, &routes, 4);
     let mut eng = engine(&pkg, None, Some(&trace));
-    let moe_layers = eng.model.cfg.moe_layers();
+    let moe_layers = eng.config().moe_layers();
     let (_, seen) = run(&mut eng, &prompt, &forced, n_dec);
     // the prompt's pass routes layer by layer (all its tokens in a layer), decode one token
     let mut want = Vec::new();
@@ -142,7 +142,7 @@ fn the_engine_routes_as_the_trace_says_layers_and_tokens_wrapping() {
         let (te, tw, _) = &routes[t % tokens][li % 2];
         assert_eq!((*layer, e, w), (wl, te, tw), "token {t} MoE layer {li}");
     }
-    assert_eq!(eng.model.route_replay().unwrap().tokens_replayed(), prompt.len() + n_dec);
+    assert_eq!(eng.model().route_replay().unwrap().tokens_replayed(), prompt.len() + n_dec);
     // and the routes are not the model's own: its logits differ from the unreplayed run's
     let (own, _) = run(&mut engine(&pkg, None, None), &prompt, &forced, n_dec);
     let (replayed, _) = run(&mut engine(&pkg, None, Some(&trace)), &prompt, &forced, n_dec);
@@ -156,7 +156,7 @@ fn replayed_logits_are_bit_identical_streamed_with_prefetch_on_and_off() {
         let r = Reference::load(name);
         let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
         let probe = engine(&pkg, None, None);
-        let cfg = probe.model.cfg.clone();
+        let cfg = probe.config().clone();
         drop(probe);
         let (e, k, n_moe) = (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_layers().len());
         let routes = make_routes(e, k, n_moe.max(2) - 1, prompt.len() + 12, 11);
@@ -182,7 +182,7 @@ fn replayed_logits_are_bit_identical_streamed_with_prefetch_on_and_off() {
                 let tag = format!("{name}: prefetch {prefetch}, {}", policy.name());
                 let same = got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{tag}: logits differ from the resident replay (max {})", max_abs_diff(&got, &want));
-                let st = eng.experts.as_ref().unwrap().cache.total_stats();
+                let st = eng.streamed().unwrap().cache.total_stats();
                 assert!(st.evictions > 0, "{tag}: a third of the experts must evict");
             }
         }
@@ -260,9 +260,9 @@ fn predictor_stats_of(seed: u64, reshape: impl FnOnce(&mut [Vec<Route>])) -> moe
     };
     let mut eng = engine(&pkg, Some(s), Some(&trace));
     // every prediction made and scored, however loaded the cores are
-    eng.experts.as_ref().unwrap().predictor.set_lossless(true);
+    eng.streamed().unwrap().predictor.set_lossless(true);
     run(&mut eng, &prompt, &forced, n_dec);
-    eng.experts.as_ref().unwrap().predictor.stats()
+    eng.streamed().unwrap().predictor.stats()
 }
 
 #[test]

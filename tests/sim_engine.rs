@@ -34,7 +34,7 @@ fn sim_counts_the_engines_hits_and_misses_exactly_with_prefetch_off() {
             };
             let opts = EngineOptions { threads: 2, ctx_size: Some(128), isa: Isa::detect(), stream: Some(stream) };
             let mut eng = Engine::load(&pkg, opts).expect("load");
-            let cfg = eng.model.cfg.clone();
+            let cfg = eng.config().clone();
             let h = Header {
                 moescope_routing: 1,
                 model: "wide".into(),
@@ -51,7 +51,7 @@ fn sim_counts_the_engines_hits_and_misses_exactly_with_prefetch_off() {
                 eng.eval(&[id], Logits::Last, &mut log).unwrap();
             }
             log.finish().unwrap();
-            let ex = eng.experts.as_ref().unwrap();
+            let ex = eng.streamed().unwrap();
             let (cap, st) = (ex.cache.capacity_slots(), ex.cache.total_stats());
             assert_eq!(cap as u64, slots);
             let (h, recs) = routing_log::read(&path).unwrap();

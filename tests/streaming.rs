@@ -49,8 +49,8 @@ fn logits_are_bit_identical_at_every_budget() {
         let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
         let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
         let probe = engine(&pkg, Some(stream(1, true, PolicyKind::Foresight, IoMode::Buffered)));
-        let blob = probe.experts.as_ref().unwrap().cache.blob_len() as u64;
-        let cfg = probe.model.cfg.clone();
+        let blob = probe.pool().unwrap().blob_len() as u64;
+        let cfg = probe.config().clone();
         drop(probe);
         let all = (cfg.num_experts * cfg.moe_layers().len()) as u64;
         let k = cfg.num_experts_per_tok as u64;
@@ -64,7 +64,7 @@ fn logits_are_bit_identical_at_every_budget() {
                     assert_eq!(got.len(), want.len(), "{tag}");
                     let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{tag}: logits differ from the resident run (max {})", max_abs_diff(&got, &want));
-                    let st = eng.experts.as_ref().unwrap().cache.total_stats();
+                    let st = eng.streamed().unwrap().cache.total_stats();
                     assert!(st.hits + st.misses > 0, "{tag}: the pool was used");
                     if slots < all {
                         assert!(st.evictions > 0, "{tag}: a pool smaller than the experts must evict");
@@ -88,7 +88,7 @@ fn experts_copied_into_memory_give_the_mappings_logits() {
     let want = run(&mut mapped, &prompt, &forced).unwrap();
     let default = StreamConfig { budget_bytes: None, ..stream(0, true, PolicyKind::Foresight, IoMode::Direct) };
     let mut copied = engine(&pkg, Some(default));
-    assert!(copied.experts.is_none(), "no pool when the package fits");
+    assert!(copied.streamed().is_none(), "no pool when the package fits");
     assert!(copied.package().experts_resident(), "the experts are copied with the dense weights");
     let got = run(&mut copied, &prompt, &forced).unwrap();
     assert_eq!(got.len(), want.len());
@@ -109,14 +109,11 @@ fn prefetch_reads_predicted_experts_during_decode() {
     eng.reset();
     let mut got = eng.eval(&prompt, Logits::All, &mut NoObserver).unwrap().to_vec();
     for &id in &forced[..12] {
-        assert!(
-            eng.experts.as_ref().unwrap().predictor.wait_idle(std::time::Duration::from_secs(10)),
-            "predictor stuck"
-        );
+        assert!(eng.streamed().unwrap().predictor.wait_idle(std::time::Duration::from_secs(10)), "predictor stuck");
         got.extend_from_slice(eng.eval(&[id], Logits::Last, &mut NoObserver).unwrap());
     }
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "logits differ from the resident run");
-    let ex = eng.experts.as_ref().unwrap();
+    let ex = eng.streamed().unwrap();
     let p = ex.predictor.stats();
     // 12 decode steps x 2 MoE layers, each predicted from the layer before; the 11 first-layer
     // predictions after the first step were waited for (the first step's came from the prompt,
@@ -139,7 +136,7 @@ fn budget_policy_and_prefetch_change_between_tokens() {
     let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
     let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
     let mut eng = engine(&pkg, Some(stream(1 << 30, true, PolicyKind::Lru, IoMode::Buffered)));
-    let cache = eng.experts.as_ref().unwrap().cache.clone();
+    let cache = eng.streamed().unwrap().cache.clone();
     eng.reset();
     let mut got = eng.eval(&prompt, Logits::All, &mut NoObserver).unwrap().to_vec();
     let blob = cache.blob_len() as u64;
@@ -241,7 +238,7 @@ fn after_prompt(pkg: &Path, prompt: &[u32]) -> (Engine, Vec<f32>, Vec<usize>) {
     let mut eng = engine(pkg, Some(stream(1 << 30, true, PolicyKind::Foresight, IoMode::Direct)));
     eng.reset();
     let logits = eng.eval(prompt, Logits::All, &mut NoObserver).unwrap().to_vec();
-    let ex = eng.experts.as_ref().unwrap();
+    let ex = eng.streamed().unwrap();
     assert!(ex.predictor.wait_idle(std::time::Duration::from_secs(10)), "predictor stuck");
     assert!(eventually(|| ex.cache.queue_depth() == QueueDepth::default()), "reads drained");
     let res = ex.cache.residency();
@@ -258,7 +255,7 @@ fn speculative_reads_fill_free_slots_and_evict_nothing_worth_more() {
     let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
     let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
     let (mut eng, mut got, free) = after_prompt(&pkg, &prompt);
-    let cache = eng.experts.as_ref().unwrap().cache.clone();
+    let cache = eng.streamed().unwrap().cache.clone();
     let idle = || cache.queue_depth() == QueueDepth::default();
     assert!(free.len() >= 4, "the prompt left layer 0 experts unread: {free:?}");
     let res = cache.residency();
@@ -295,10 +292,10 @@ fn speculative_reads_fill_free_slots_and_evict_nothing_worth_more() {
 fn the_pool_allocates_its_buffers_ahead_up_to_the_budget() {
     let (_d, pkg) = convert("wide", "q8");
     let probe = engine(&pkg, Some(stream(1, false, PolicyKind::Lru, IoMode::Direct)));
-    let blob = probe.experts.as_ref().unwrap().cache.blob_len() as u64;
+    let blob = probe.pool().unwrap().blob_len() as u64;
     drop(probe);
     let eng = engine(&pkg, Some(stream(5 * blob, false, PolicyKind::Lru, IoMode::Direct)));
-    let cache = eng.experts.as_ref().unwrap().cache.clone();
+    let cache = eng.streamed().unwrap().cache.clone();
     let slots = cache.capacity_slots() as u64;
     assert!(
         eventually(|| cache.allocated_bytes() == slots * blob),
@@ -321,7 +318,7 @@ fn a_damaged_blob_read_speculatively_is_dropped() {
     let (_d, pkg) = convert("wide", "q8");
     let prompt = Reference::load("wide").ids("input_ids");
     let (eng, _, free) = after_prompt(&pkg, &prompt);
-    let cache = eng.experts.as_ref().unwrap().cache.clone();
+    let cache = eng.streamed().unwrap().cache.clone();
     let idle = || cache.queue_depth() == QueueDepth::default();
     assert!(!free.is_empty());
     let orig = damage_layer0(&pkg);

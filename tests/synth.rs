@@ -47,7 +47,7 @@ fn full_depth_synthetic_model_gives_finite_logits_over_512_tokens() {
         EngineOptions { threads: 2, ctx_size: Some(512), isa: Isa::detect(), stream: Some(StreamConfig::default()) },
     )
     .expect("load");
-    let cfg = eng.model.cfg.clone();
+    let cfg = eng.config().clone();
     assert_eq!((cfg.num_hidden_layers, cfg.hidden_size), (48, 2048));
     assert!(eng.package().meta.synthetic.is_some());
     let mut rng = moescope::rng::Rng::new(3);

@@ -211,8 +211,8 @@ fn avx512_available() -> bool {
 
 /// [`quantize_group`] 16 values at a time, the same operations per value (the max is exact in
 /// any order; the rounding is the same add and subtract; a NaN, which `f32::max` skips and `as
-/// i8` turns into 0, is skipped and zeroed here too), so the same bits. Run serially on the
-/// calling thread before every product, it was 1.1-1.3% of decode in the SSE2 loop.
+/// i8` turns into 0, is skipped and zeroed here too), so the same bits. It runs serially on the
+/// calling thread before every product, where the other threads wait for it.
 ///
 /// # Safety
 /// The CPU must support AVX-512 F and BW; `xs.len() == q.len()`, a multiple of 16.

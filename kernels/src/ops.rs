@@ -28,8 +28,8 @@ pub fn l2_norm_inplace(x: &mut [f32], eps: f32, scale: f32) {
 }
 
 /// `sum(x^2)` in f64, over 8 interleaved lanes added in a fixed order at the end: the same bits
-/// on every CPU, and vector code (one chain of dependent adds cost ~2.5 µs a 2048-wide norm, 16
-/// norms a layer's decode counting q's and k's heads, all on the engine thread between sections).
+/// on every CPU, and vector code (one chain of dependent adds is slow, and a layer's decode runs
+/// many norms, q's and k's heads among them, on the engine thread between sections).
 fn sum_squares(x: &[f32]) -> f64 {
     let mut acc = [0f64; 8];
     let mut chunks = x.chunks_exact(8);
@@ -84,8 +84,8 @@ pub fn softmax_inplace(x: &mut [f32]) {
 
 /// The indices of the `k` largest values of `p`, largest first, ties to the lower index (by
 /// `total_cmp`): the first `k` of all indices sorted that way, found in one pass that keeps the
-/// best `k` in order (sorting a router's 128 probabilities took ~3 µs a layer on the engine
-/// thread while the compute threads waited).
+/// best `k` in order (a sort of all of a router's probabilities runs on the engine thread while
+/// the compute threads wait).
 pub fn top_k(p: &[f32], k: usize, out: &mut Vec<usize>) {
     use std::cmp::Ordering;
     out.clear();

@@ -10,7 +10,7 @@ use moescope::trace::recorder;
 use moescope::tui::{self, theme::Theme, worker::ChatSettings};
 use serde_json::json;
 
-use super::run::RunConfig;
+use super::run_config::RunConfig;
 use super::{experts_report, trace_out};
 use crate::cli::ChatArgs;
 

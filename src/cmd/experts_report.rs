@@ -16,7 +16,7 @@ fn mib(b: u64) -> f64 {
 
 /// One line about the expert pool (or that experts are read through the mapping).
 pub fn describe(engine: &Engine) -> String {
-    match &engine.experts {
+    match engine.streamed() {
         None if engine.package().experts_resident() => "experts: copied into memory at start with the dense weights, in huge pages (no pool: the package fits in half the memory; --cache-mb streams)".into(),
         None => "experts: read through the package mapping, resident once touched (--no-stream; --cache-mb streams)".into(),
         Some(ex) => {
@@ -51,7 +51,7 @@ pub fn memory_line(engine: &Engine) -> String {
 
 /// Counters since `before`, with the predictor's accuracy, as JSON.
 pub fn experts_json(engine: &Engine, before: &LayerStats, tokens: usize) -> Value {
-    let Some(ex) = &engine.experts else {
+    let Some(ex) = engine.streamed() else {
         return json!(null);
     };
     let d = ex.cache.total_stats().sub(before);
@@ -103,8 +103,8 @@ pub fn experts_json(engine: &Engine, before: &LayerStats, tokens: usize) -> Valu
                 "precision": p.two_ahead_precision(),
             },
         },
-        "route_from": engine.model.route_replay().map(|r| r.name()),
-        "route_tokens_replayed": engine.model.route_replay().map(|r| r.tokens_replayed()),
+        "route_from": engine.model().route_replay().map(|r| r.name()),
+        "route_tokens_replayed": engine.model().route_replay().map(|r| r.tokens_replayed()),
     })
 }
 
@@ -114,7 +114,7 @@ pub fn start_route_replay(engine: &mut Engine, path: Option<&Path>) -> Result<Op
     let (h, recs) = routing_log::read(path).map_err(anyhow::Error::msg)?;
     let replay = routing_log::replay(&path.display().to_string(), &h, recs).map_err(anyhow::Error::msg)?;
     let line = replay.describe();
-    engine.model.set_route_replay(Some(std::sync::Arc::new(replay)))?;
+    engine.set_route_replay(Some(std::sync::Arc::new(replay)))?;
     Ok(Some(line))
 }
 
@@ -124,8 +124,9 @@ pub fn start_cache_aware(engine: &mut Engine, tol: Option<f32>) -> Result<Option
     if !tol.is_finite() {
         anyhow::bail!("--cache-aware-routing: {tol} is not a probability gap");
     }
-    engine.model.set_cache_aware_routing(Some(tol)).map_err(|e| anyhow::anyhow!("--cache-aware-routing: {e}"))?;
-    let note = if engine.experts.is_none() { " (every expert is in memory here: nothing to substitute)" } else { "" };
+    engine.set_cache_aware_routing(Some(tol)).map_err(|e| anyhow::anyhow!("--cache-aware-routing: {e}"))?;
+    let note =
+        if engine.streamed().is_none() { " (every expert is in memory here: nothing to substitute)" } else { "" };
     Ok(Some(format!(
         "cache-aware routing: a missing expert gives way to a pooled one within {tol} of its router probability (not the exact model){note}"
     )))
@@ -133,10 +134,10 @@ pub fn start_cache_aware(engine: &mut Engine, tol: Option<f32>) -> Result<Option
 
 /// Cache-aware routing's setting and substitutions so far (null when off).
 pub fn cache_aware_json(engine: &Engine, tokens: usize) -> Value {
-    match engine.model.cache_aware_routing() {
+    match engine.model().cache_aware_routing() {
         None => json!(null),
         Some(tol) => {
-            let n = engine.model.substitutions();
+            let n = engine.model().substitutions();
             json!({"tol": tol, "substitutions": n, "per_token": if tokens == 0 { 0.0 } else { n as f64 / tokens as f64 }})
         }
     }
@@ -180,7 +181,7 @@ pub fn finish_routing_log(log: Option<RoutingLog>) -> Result<()> {
 /// One line on how full the pool's buffers ever were against what they may hold: at most the
 /// budget plus one blob per I/O worker (a read in flight).
 pub fn pool_peak_line(engine: &Engine) -> Option<String> {
-    let ex = engine.experts.as_ref()?;
+    let ex = engine.streamed()?;
     let (budget, blob, workers) = (ex.cache.budget_bytes(), ex.cache.blob_len() as u64, ex.cache.io_workers() as u64);
     Some(format!(
         "expert pool: at most {:.2} MiB of buffers at once (budget {:.2} MiB + {workers} I/O workers x {:.2} MiB = {:.2} MiB allowed)",

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
+use moescope::convert::gguf::source::runs_as;
 use moescope::convert::gguf::{self, Value};
-use moescope::convert::gguf_source::runs_as;
 use moescope::model::LayerKind;
 use moescope::package::{OpenOptions, Package};
 use serde_json::json;

@@ -1,8 +1,6 @@
 //! One module per subcommand.
 
 pub mod bench;
-pub mod bench_probes;
-pub mod bench_report;
 pub mod chat;
 pub mod convert;
 pub mod experts_report;
@@ -13,6 +11,7 @@ pub mod perplexity;
 pub mod plan;
 pub mod repl;
 pub mod run;
+pub mod run_config;
 pub mod serve;
 pub mod sim;
 pub mod synth;

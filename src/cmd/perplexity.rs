@@ -19,7 +19,7 @@ use serde_json::json;
 
 use moescope::experts::{PolicyKind, StreamConfig};
 
-use super::run::{self, isa_from_env};
+use super::run_config::{self as run, isa_from_env};
 use super::{experts_report, model_arg};
 use crate::cli::PerplexityArgs;
 
@@ -108,7 +108,7 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
         ..stream
     };
     let mut eng = Engine::load(&path, opts(Some(stream))?).with_context(|| format!("loading {}", path.display()))?;
-    if let Some(s) = &eng.sizing {
+    if let Some(s) = eng.sizing() {
         eprintln!("moescope perplexity: memory: {s}");
     }
     if let Some(line) = experts_report::start_cache_aware(&mut eng, a.aware.cache_aware_routing)? {
@@ -120,20 +120,20 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
             let quant = (!moescope::convert::gguf::is_gguf(b)).then_some("bf16");
             let bp = model_arg::resolve(Some(b), quant)?;
             let be = Engine::load(&bp, opts(None)?).with_context(|| format!("loading {}", bp.display()))?;
-            if be.model.cfg.vocab_size != eng.model.cfg.vocab_size {
+            if be.config().vocab_size != eng.config().vocab_size {
                 bail!(
                     "{}: vocabulary of {} tokens, {} has {}: not the same model",
                     bp.display(),
-                    be.model.cfg.vocab_size,
+                    be.config().vocab_size,
                     path.display(),
-                    eng.model.cfg.vocab_size
+                    eng.config().vocab_size
                 );
             }
             Some(be)
         }
         None => None,
     };
-    let Some(tok) = eng.tok.clone() else {
+    let Some(tok) = eng.tokenizer().cloned() else {
         bail!("{}: this package has no tokenizer", path.display());
     };
     let mut ids =
@@ -144,7 +144,7 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     if ids.len() < 2 {
         bail!("{}: fewer than 2 tokens: nothing to predict", a.file.display());
     }
-    let vocab = eng.model.cfg.vocab_size;
+    let vocab = eng.config().vocab_size;
     let t0 = Instant::now();
     let mut nll = Vec::with_capacity(ids.len());
     let (mut base_nll, mut div) = (Vec::new(), Vec::new());
@@ -190,7 +190,7 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
             "model": name, "file": a.file.display().to_string(), "window": a.window, "windows": windows, "second_half": a.second_half,
             "tokens": ids.len(), "predicted": nll.len(), "nll": mean, "nll_stderr": se, "perplexity": ppl,
             "perplexity_stderr": ppl * se, "seconds": secs, "tokens_per_second": ids.len() as f64 / secs,
-            "threads": threads, "isa": eng.exec.isa.name(),
+            "threads": threads, "isa": eng.isa().name(),
             "cache_aware_routing": experts_report::cache_aware_json(&eng, ids.len()),
             "experts": experts_report::experts_json(&eng, &Default::default(), ids.len()),
         });
@@ -218,11 +218,11 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
                 same * 100.0
             );
         }
-        if let Some(tol) = eng.model.cache_aware_routing() {
+        if let Some(tol) = eng.model().cache_aware_routing() {
             println!(
                 "cache-aware routing (tolerance {tol}): {} experts substituted ({:.2} per token)",
-                eng.model.substitutions(),
-                eng.model.substitutions() as f64 / ids.len() as f64
+                eng.model().substitutions(),
+                eng.model().substitutions() as f64 / ids.len() as f64
             );
         }
     }

@@ -10,17 +10,17 @@ use moescope::engine::{Engine, EngineError, GenRequest};
 use moescope::experts::routing_log::RoutingLog;
 
 use super::interrupt::{self, Interruptible};
-use super::run::{RunConfig, stats_line};
+use super::run_config::{RunConfig, stats_line};
 
 /// `log`: the routing log being recorded, if any.
 pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) -> Result<()> {
-    if engine.tok.is_none() {
+    if engine.tokenizer().is_none() {
         bail!(
             "{}: this package has no tokenizer, so it cannot chat: give a prompt with --prompt-ids",
             cfg.model.display()
         );
     };
-    let chat = engine.template.is_some();
+    let chat = engine.template().is_some();
     let interactive = std::io::stdin().is_terminal();
     if !chat {
         eprintln!("moescope: this model has no chat template: each line is continued as plain text");

@@ -1,188 +1,29 @@
 //! `moescope run`: one prompt (text, chat-templated text or token ids), or the REPL.
 
 use std::io::Write;
-use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
 use moescope::engine::chat_template::Message;
-use moescope::engine::sampler::{Sampler, SamplerParams};
+use moescope::engine::sampler::Sampler;
 use moescope::engine::tokenizer::StreamDecoder;
-use moescope::engine::{Engine, EngineOptions, GenRequest, GenStats, Reuse};
+use moescope::engine::{Engine, GenRequest};
 use moescope::experts::routing_log::RoutingLog;
-use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::KvCache;
-use moescope::trace::hist::Latency;
-use moescope_kernels::Isa;
 use serde_json::json;
 
 use super::interrupt::{self, Interruptible};
-use super::{experts_report, model_arg, trace_out};
-use crate::cli::{ExpertArgs, RunArgs};
-
-/// Tokens `run` and `chat` generate at most when `-n` is not given.
-pub const DEFAULT_N_PREDICT: usize = 256;
-
-/// The prompt, as given.
-pub enum Prompt {
-    Text(String),
-    Ids(Vec<u32>),
-}
-
-/// Validated arguments.
-pub struct RunConfig {
-    pub model: PathBuf,
-    pub prompt: Option<Prompt>,
-    pub max_tokens: usize,
-    pub ignore_eos: bool,
-    pub sampler: SamplerParams,
-    pub chat: bool,
-    pub system: Option<String>,
-    pub enable_thinking: Option<bool>,
-    pub engine: EngineOptions,
-    pub json: bool,
-    pub logits_out: Option<PathBuf>,
-}
-
-/// `--prefetch on|off`.
-pub fn parse_on_off(flag: &str, v: &str) -> Result<bool> {
-    match v {
-        "on" | "true" | "1" => Ok(true),
-        "off" | "false" | "0" => Ok(false),
-        o => bail!("{flag}: '{o}' (expected on or off)"),
-    }
-}
-
-/// `--cache-mb`: a number of MiB or `auto`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum CacheMb {
-    Auto,
-    Mib(f64),
-}
-
-pub fn parse_cache_mb(v: &str) -> Result<CacheMb> {
-    match v.trim() {
-        "auto" => Ok(CacheMb::Auto),
-        x => match x.parse::<f64>() {
-            Ok(m) if m > 0.0 && m.is_finite() => Ok(CacheMb::Mib(m)),
-            _ => bail!("--cache-mb: '{x}' is not a positive number of MiB or auto"),
-        },
-    }
-}
-
-/// The streaming settings from the command line.
-pub fn stream_config(e: &ExpertArgs, cache_mb: Option<&str>, prefetch: bool) -> Result<StreamConfig> {
-    let cache = cache_mb.map(parse_cache_mb).transpose()?;
-    if e.io_workers == 0 {
-        bail!("--io-workers must be at least 1");
-    }
-    let io = match e.io.as_deref() {
-        None => None,
-        Some("direct") => Some(IoMode::Direct),
-        Some("buffered") => Some(IoMode::Buffered),
-        Some(o) => bail!("--io: '{o}' (expected direct or buffered)"),
-    };
-    Ok(StreamConfig {
-        budget_bytes: match cache {
-            Some(CacheMb::Mib(mb)) => Some((mb * (1u64 << 20) as f64) as u64),
-            _ => None,
-        },
-        auto: cache == Some(CacheMb::Auto),
-        force: e.force,
-        policy: PolicyKind::parse(&e.policy).map_err(anyhow::Error::msg)?,
-        prefetch,
-        io_workers: e.io_workers,
-        io,
-        verify: !e.no_verify_experts,
-    })
-}
-
-pub fn isa_from_env() -> Result<Isa> {
-    let cap = match std::env::var("MOESCOPE_ISA") {
-        Ok(v) if !v.is_empty() => Some(v.parse::<Isa>().map_err(|e| anyhow::anyhow!("MOESCOPE_ISA: {e}"))?),
-        _ => None,
-    };
-    Ok(Isa::detect_capped(cap))
-}
-
-fn parse_ids(s: &str) -> Result<Vec<u32>> {
-    let ids: Vec<u32> = s
-        .split(',')
-        .map(|x| x.trim())
-        .filter(|x| !x.is_empty())
-        .map(|x| x.parse::<u32>().with_context(|| format!("--prompt-ids: '{x}' is not a token id")))
-        .collect::<Result<_>>()?;
-    if ids.is_empty() {
-        bail!("--prompt-ids: no token ids given");
-    }
-    Ok(ids)
-}
-
-impl RunConfig {
-    pub fn from_args(a: &RunArgs) -> Result<RunConfig> {
-        let sampler = SamplerParams {
-            temperature: a.temperature,
-            top_k: a.top_k,
-            top_p: a.top_p,
-            min_p: a.min_p,
-            repeat_penalty: a.repeat_penalty,
-            repeat_last_n: a.repeat_last_n,
-            seed: a.seed.unwrap_or_else(|| {
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-            }),
-        };
-        sampler.validate().map_err(anyhow::Error::msg)?;
-        super::output_path("--logits-out", a.logits_out.as_deref())?;
-        super::output_path("--routing-out", a.experts.routing_out.as_deref())?;
-        super::output_path("--trace", a.trace.trace.as_deref())?;
-        let prompt = match (&a.prompt, &a.prompt_ids) {
-            (Some(t), None) => Some(Prompt::Text(t.clone())),
-            (None, Some(ids)) => Some(Prompt::Ids(parse_ids(ids)?)),
-            _ => None,
-        };
-        if a.chat && matches!(prompt, Some(Prompt::Ids(_))) {
-            bail!("--chat applies the chat template to --prompt text, not to --prompt-ids");
-        }
-        if prompt.is_none() && (a.json || a.logits_out.is_some()) {
-            bail!("--json and --logits-out need a prompt (--prompt or --prompt-ids)");
-        }
-        let threads = super::thread_count("--threads", a.threads, moescope::sysinfo::physical_cores())?;
-        if a.ctx_size == Some(0) {
-            bail!("--ctx-size must be positive");
-        }
-        let model = model_arg::resolve(a.model.as_deref(), a.quant.as_deref())?;
-        Ok(RunConfig {
-            model,
-            prompt,
-            max_tokens: a.n_predict.unwrap_or(DEFAULT_N_PREDICT),
-            ignore_eos: a.ignore_eos,
-            sampler,
-            chat: a.chat,
-            system: a.system.clone(),
-            enable_thinking: a.no_think.then_some(false),
-            engine: EngineOptions {
-                threads,
-                ctx_size: a.ctx_size,
-                isa: isa_from_env()?,
-                stream: if a.experts.no_stream {
-                    None
-                } else {
-                    Some(stream_config(&a.experts, a.cache_mb.as_deref(), parse_on_off("--prefetch", &a.prefetch)?)?)
-                },
-            },
-            json: a.json,
-            logits_out: a.logits_out.clone(),
-        })
-    }
-}
+use super::run_config::{Prompt, RunConfig, stats_line, timings_json};
+use super::{experts_report, trace_out};
+use crate::cli::RunArgs;
 
 pub fn run(a: &RunArgs) -> Result<()> {
     let cfg = RunConfig::from_args(a)?;
     let trace = trace_out::begin(&a.trace);
     let mut engine = Engine::load(&cfg.model, cfg.engine)?;
-    for w in &engine.warnings {
+    for w in engine.warnings() {
         eprintln!("warning: {w}");
     }
-    if let Some(s) = &engine.sizing {
+    if let Some(s) = engine.sizing() {
         eprintln!("moescope: memory: {s}");
     }
     if let Some(line) = experts_report::start_route_replay(&mut engine, a.experts.route_from.as_deref())? {
@@ -193,15 +34,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     let mut log =
         a.experts.routing_out.as_deref().map(|p| experts_report::start_routing_log(&engine, p)).transpose()?;
-    let kv_mb = KvCache::bytes_at_capacity(&engine.model.cfg, engine.kv.capacity()) as f64 / 1e6;
+    let kv_mb = KvCache::bytes_at_capacity(engine.config(), engine.ctx_size()) as f64 / 1e6;
     eprintln!(
         "moescope: {} ({}), {} threads, {} kernels, {}, context {} tokens (KV cache up to {kv_mb:.1} MB)",
         engine.package().meta.display_name(),
         engine.package().meta.quant.mode,
-        engine.exec.threads(),
-        engine.exec.isa,
+        engine.threads(),
+        engine.isa(),
         moescope_kernels::prefetch::describe(),
-        engine.kv.capacity()
+        engine.ctx_size()
     );
     eprintln!("moescope: {}", experts_report::describe(&engine));
     eprintln!("moescope: {}", experts_report::memory_line(&engine));
@@ -229,12 +70,12 @@ pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::
         "package": cfg.model.display().to_string(),
         "quant": m.quant.mode,
         "config": m.model,
-        "threads": engine.exec.threads(),
-        "isa": engine.exec.isa.name(),
+        "threads": engine.threads(),
+        "isa": engine.isa().name(),
         "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
-        "ctx_size": engine.kv.capacity(),
-        "route_from": engine.model.route_replay().map(|r| r.name()),
-        "cache_aware_routing": engine.model.cache_aware_routing(),
+        "ctx_size": engine.ctx_size(),
+        "route_from": engine.model().route_replay().map(|r| r.name()),
+        "cache_aware_routing": engine.model().cache_aware_routing(),
         "settings": {
             "n_predict": cfg.max_tokens, "temperature": a.temperature, "top_k": a.top_k, "top_p": a.top_p,
             "min_p": a.min_p, "repeat_penalty": a.repeat_penalty, "seed": cfg.sampler.seed, "chat": a.chat,
@@ -244,15 +85,15 @@ pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::
 }
 
 fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Option<RoutingLog>) -> Result<()> {
-    let before = engine.experts.as_ref().map(|e| e.cache.total_stats()).unwrap_or_default();
+    let before = engine.pool().map(|p| p.total_stats()).unwrap_or_default();
     let ids = match prompt {
         Prompt::Ids(ids) => ids.clone(),
         Prompt::Text(text) => {
-            let Some(tok) = &engine.tok else {
+            let Some(tok) = engine.tokenizer() else {
                 bail!("{}: this package has no tokenizer: give the prompt as --prompt-ids", cfg.model.display());
             };
             let text = if cfg.chat {
-                let tmpl = engine.template.as_ref().ok_or_else(|| {
+                let tmpl = engine.template().ok_or_else(|| {
                     anyhow::anyhow!("{}: this package has no chat template (drop --chat)", cfg.model.display())
                 })?;
                 let mut msgs = vec![];
@@ -267,7 +108,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
             tok.encode(&text).map_err(anyhow::Error::msg)?
         }
     };
-    let vocab = engine.model.cfg.vocab_size;
+    let vocab = engine.config().vocab_size;
     if let Some(bad) = ids.iter().find(|&&i| i as usize >= vocab) {
         bail!("prompt token id {bad} is out of range (the vocabulary has {vocab} tokens)");
     }
@@ -275,7 +116,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
     let mut logits_rows: Vec<f32> = Vec::new();
     let keep_logits = cfg.logits_out.is_some();
     let stream = !cfg.json;
-    let tok = engine.tok.clone();
+    let tok = engine.tokenizer().cloned();
     let mut dec = tok.as_deref().map(|t| StreamDecoder::new(t, true));
     let mut out = std::io::stdout().lock();
     let mut write_err: Option<std::io::Error> = None;
@@ -318,21 +159,21 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
         let _ = writeln!(out);
     }
     if let Some(path) = &cfg.logits_out {
-        moescope::npy::write_f32(path, &[stats.generated.len(), engine.model.cfg.vocab_size], &logits_rows)
+        moescope::npy::write_f32(path, &[stats.generated.len(), engine.config().vocab_size], &logits_rows)
             .with_context(|| format!("writing {}", path.display()))?;
     }
     if cfg.json {
         let text =
-            engine.tok.as_ref().map(|t| t.decode(&stats.generated, true)).transpose().map_err(anyhow::Error::msg)?;
+            engine.tokenizer().map(|t| t.decode(&stats.generated, true)).transpose().map_err(anyhow::Error::msg)?;
         let v = json!({
             "model": engine.package().meta.name,
             "synthetic": engine.package().meta.synthetic.is_some(),
             "quant": engine.package().meta.quant.mode,
-            "threads": engine.exec.threads(),
-            "isa": engine.exec.isa.name(),
+            "threads": engine.threads(),
+            "isa": engine.isa().name(),
             "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
             "seed": cfg.sampler.seed,
-            "route_from": engine.model.route_replay().map(|r| r.name()),
+            "route_from": engine.model().route_replay().map(|r| r.name()),
             "cache_aware_routing": experts_report::cache_aware_json(&engine, ids.len() + stats.generated.len()),
             "prompt_ids": ids,
             "generated_ids": stats.generated,
@@ -345,7 +186,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
         writeln!(out, "{v}")?;
     } else {
         eprintln!("{}", stats_line(&stats, cfg.sampler.seed));
-        if engine.experts.is_some() {
+        if engine.streamed().is_some() {
             let e = experts_report::experts_json(&engine, &before, stats.generated.len());
             eprintln!(
                 "[experts: {:.1}% hits, {:.1} MB read ({:.1} MB/token), {:.0} ms stalled; predictor recall {:.0}% \
@@ -364,50 +205,15 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
                 100.0 * e["predictor"]["two_ahead"]["recall"].as_f64().unwrap_or(0.0),
                 e["predictor"]["two_ahead"]["reads"].as_u64().unwrap_or(0),
                 100.0 * e["predictor"]["two_ahead"]["precision"].as_f64().unwrap_or(0.0),
-                engine.model.route_replay().map_or(String::new(), |r| format!("; routes from {}", r.name())),
+                engine.model().route_replay().map_or(String::new(), |r| format!("; routes from {}", r.name())),
             );
         }
-        if let Some(tol) = engine.model.cache_aware_routing() {
-            eprintln!("[cache-aware routing (tolerance {tol}): {} experts substituted]", engine.model.substitutions());
+        if let Some(tol) = engine.model().cache_aware_routing() {
+            eprintln!(
+                "[cache-aware routing (tolerance {tol}): {} experts substituted]",
+                engine.model().substitutions()
+            );
         }
     }
     Ok(())
-}
-
-pub fn timings_json(s: &GenStats) -> serde_json::Value {
-    let mut lat = Latency::new();
-    for &ms in &s.token_ms {
-        lat.record_ms(ms);
-    }
-    json!({
-        "decode_latency_ms": lat.summary(),
-        "prompt_tokens": s.prompt_evaluated,
-        "prompt_cached": s.prompt_cached,
-        "prompt_reuse": s.reuse.name(),
-        "generated_tokens": s.generated.len(),
-        "prefill_ms": s.prefill_ms,
-        "decode_ms": s.decode_ms,
-        "ttft_ms": s.ttft_ms,
-        "prefill_tps": s.prefill_tps(),
-        "decode_tps": s.decode_tps(),
-    })
-}
-
-pub fn stats_line(s: &GenStats, seed: u64) -> String {
-    format!(
-        "[prefill {} tokens in {:.0} ms ({:.1} tok/s){} | decode {} tokens, {:.1} tok/s | ttft {:.0} ms | stop: {} | seed {seed}]",
-        s.prompt_evaluated,
-        s.prefill_ms,
-        s.prefill_tps(),
-        match s.reuse {
-            Reuse::None => String::new(),
-            Reuse::Prefix => format!(", {} cached", s.prompt_cached),
-            Reuse::Snapshot => format!(", {} cached from the last turn's state", s.prompt_cached),
-            Reuse::Recomputed => ", recomputed: the model's recurrent state cannot go back to the common prefix".into(),
-        },
-        s.generated.len(),
-        s.decode_tps(),
-        s.ttft_ms,
-        s.stop.name()
-    )
 }

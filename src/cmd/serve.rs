@@ -17,7 +17,7 @@ use moescope::tui::{
 };
 use serde_json::json;
 
-use super::run::RunConfig;
+use super::run_config::RunConfig;
 use super::{experts_report, trace_out};
 use crate::cli::ServeArgs;
 
@@ -60,10 +60,10 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             experts_report::start_cache_aware(&mut engine, aware).map_err(|e| format!("{e:#}"))?;
             return Ok(engine);
         }
-        for w in &engine.warnings {
+        for w in engine.warnings() {
             eprintln!("warning: {w}");
         }
-        if let Some(s) = &engine.sizing {
+        if let Some(s) = engine.sizing() {
             eprintln!("moescope: memory: {s}");
         }
         for line in [
@@ -79,9 +79,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             "moescope: {} ({}), {} threads, {} kernels, context {} tokens",
             engine.package().meta.display_name(),
             engine.package().meta.quant.mode,
-            engine.exec.threads(),
-            engine.exec.isa,
-            engine.kv.capacity()
+            engine.threads(),
+            engine.isa(),
+            engine.ctx_size()
         );
         eprintln!("moescope: {}", experts_report::describe(&engine));
         eprintln!("moescope: {}", experts_report::memory_line(&engine));

@@ -3,10 +3,6 @@
 
 pub mod error;
 pub mod gguf;
-mod gguf_codes;
-pub mod gguf_model;
-pub mod gguf_source;
-pub mod gguf_vocab;
 pub mod hf_config;
 pub mod hybrid;
 pub mod plan;
@@ -113,14 +109,14 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
 /// requantizes from them.
 pub fn convert_gguf(path: &Path, out: &Path, opts: ConvertOptions) -> Result<ConvertReport, ConvertError> {
     let t0 = Instant::now();
-    let src = gguf_source::GgufSource::open(path)?;
+    let src = gguf::source::GgufSource::open(path)?;
     let mut cfg = src.model.config()?;
     // every tensor's type is one moescope reads, before a byte is written
     for t in src.model.tensors() {
         src.model.block_type(&t.name)?;
     }
     let mut warnings = vec![];
-    let tok = or_no_tokenizer(gguf_vocab::tokenizer(&src.model)?, path, "no tokenizer metadata", &mut warnings);
+    let tok = or_no_tokenizer(gguf::vocab::tokenizer(&src.model)?, path, "no tokenizer metadata", &mut warnings);
     add_tokenizer_eos(&mut cfg, &tok);
     let name = src
         .model
@@ -236,7 +232,8 @@ pub fn write_package(
     write_package_with(src, &EncodedBlobs { src, cfg }, cfg, tokenizer, origin, opts, out)
 }
 
-/// [`write_package`] with the expert blobs from `blobs` (the dense tensors still from `src`).
+/// [`write_package`] with the expert blobs from `blobs` (the dense tensors still from `src`):
+/// the source checked, the package planned, then its dense tensors and its experts written.
 pub fn write_package_with(
     src: &dyn TensorSource,
     blobs: &dyn BlobSource,
@@ -246,9 +243,31 @@ pub fn write_package_with(
     opts: ConvertOptions,
     out: &Path,
 ) -> Result<u64, ConvertError> {
+    let (dense, moe_layers) = check_source(src, cfg, out)?;
+    let mut meta = plan_meta(src, cfg, &opts, (tokenizer, origin), &dense, &moe_layers);
+    let header = plan_offsets(&mut meta);
+    let total = header.file_size;
+    check_free_space(out, total)?;
+    let mut w = PackageWriter::create(out, meta, header)?;
+    let bar = progress_bar(&opts, total);
+    write_dense(src, &mut w, &dense, &opts, &bar)?;
+    if let Some(region) = w.meta().experts.clone() {
+        write_experts(blobs, &mut w, (&region, &moe_layers), &opts, &bar)?;
+    }
+    w.finish()?;
+    bar.finish_and_clear();
+    Ok(total)
+}
+
+/// Everything the package needs from `src` is there with the right shape, before a byte is
+/// written: its dense tensors and its MoE layers, in the plan's order.
+fn check_source(
+    src: &dyn TensorSource,
+    cfg: &ModelConfig,
+    out: &Path,
+) -> Result<(Vec<plan::DenseTensor>, Vec<usize>), ConvertError> {
     cfg.validate()
         .map_err(|msg| ConvertError::File { path: out.to_path_buf(), msg: format!("model config: {msg}") })?;
-    // everything must be there, with the right shape, before a byte is written
     let check = |name: &str, want: &[usize]| -> Result<(), ConvertError> {
         match src.shape(name) {
             None => {
@@ -280,7 +299,19 @@ pub fn write_package_with(
             }
         }
     }
+    Ok((dense, moe_layers))
+}
 
+/// The package's metadata: every dense tensor and the expert region's parts in their formats
+/// (offsets still to plan).
+fn plan_meta(
+    src: &dyn TensorSource,
+    cfg: &ModelConfig,
+    opts: &ConvertOptions,
+    (tokenizer, origin): (TokenizerInfo, Origin<'_>),
+    dense: &[plan::DenseTensor],
+    moe_layers: &[usize],
+) -> Meta {
     let entry = |name: &str, (f, mins): (Format, bool), shape: &[usize]| TensorEntry {
         name: name.into(),
         dtype: DType::of(f),
@@ -322,9 +353,9 @@ pub fn write_package_with(
         };
         let each: Vec<Vec<TensorEntry>> = moe_layers.iter().map(|&l| layer_parts(l)).collect();
         let parts = if each.iter().all(|p| *p == each[0]) { each[0].clone() } else { each.concat() };
-        ExpertRegion { layers: moe_layers.clone(), num_experts: cfg.num_experts, parts, blob_len: 0, table: vec![] }
+        ExpertRegion { layers: moe_layers.to_vec(), num_experts: cfg.num_experts, parts, blob_len: 0, table: vec![] }
     });
-    let mut meta = Meta {
+    Meta {
         format: FORMAT_NAME.into(),
         version: VERSION,
         name: origin.name.into(),
@@ -337,30 +368,36 @@ pub fn write_package_with(
         default_pool_fraction: opts.default_pool_fraction,
         ignored: origin.ignored,
         synthetic: origin.synthetic,
-    };
-    let header = plan_offsets(&mut meta);
-    let total = header.file_size;
-    check_free_space(out, total)?;
-    let mut w = PackageWriter::create(out, meta, header)?;
+    }
+}
 
-    let bar = if opts.progress && std::io::stderr().is_terminal() {
-        let b = ProgressBar::new(total);
-        b.set_style(
-            ProgressStyle::with_template(&format!(
-                "{} {{bar:40}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}} {{msg}}",
-                opts.verb
-            ))
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b
-    } else {
-        ProgressBar::hidden()
-    };
+/// A progress bar of `total` bytes on a terminal (hidden elsewhere).
+fn progress_bar(opts: &ConvertOptions, total: u64) -> ProgressBar {
+    if !(opts.progress && std::io::stderr().is_terminal()) {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(total);
+    b.set_style(
+        ProgressStyle::with_template(&format!(
+            "{} {{bar:40}} {{bytes}}/{{total_bytes}} {{bytes_per_sec}} eta {{eta}} {{msg}}",
+            opts.verb
+        ))
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    b
+}
 
-    // dense tensors, in row chunks of at most ~16 M values
+/// The dense tensors, in row chunks of at most ~16 M values.
+fn write_dense(
+    src: &dyn TensorSource,
+    w: &mut PackageWriter,
+    dense: &[plan::DenseTensor],
+    opts: &ConvertOptions,
+    bar: &ProgressBar,
+) -> Result<(), ConvertError> {
     let mut x = Vec::new();
     let (mut vals, mut scales, mut mins) = (Vec::new(), Vec::new(), Vec::new());
-    for t in &dense {
+    for t in dense {
         opts.check_cancel()?;
         let e = w.begin_dense()?;
         let has_mins = e.has_mins();
@@ -390,52 +427,55 @@ pub fn write_package_with(
         }
         w.end_dense()?;
     }
+    Ok(())
+}
 
-    // experts: made a batch at a time on all cores while the batch before is written, in table
-    // order (made, then written, the two took turns and synth wrote at half the disk's speed)
-    if let Some(region) = w.meta().experts.clone() {
-        let batches: Vec<(usize, Vec<usize>)> = moe_layers
-            .iter()
-            .flat_map(|&l| {
-                (0..cfg.num_experts).collect::<Vec<_>>().chunks(8).map(|c| (l, c.to_vec())).collect::<Vec<_>>()
-            })
-            .collect();
-        type Made = Result<(usize, Vec<Vec<u8>>), ConvertError>;
-        std::thread::scope(|scope| -> Result<(), ConvertError> {
-            // two batches ahead at most: ~50 MB of blobs at the largest shapes
-            let (tx, rx) = std::sync::mpsc::sync_channel::<Made>(2);
-            let region = &region;
-            let opts = &opts;
-            scope.spawn(move || {
-                for (l, batch) in batches {
-                    let made = opts.check_cancel().and_then(|()| {
-                        batch.par_iter().map(|&e| blobs.blob(region, l, e)).collect::<Result<Vec<_>, _>>()
-                    });
-                    let failed = made.is_err();
-                    // a closed channel: the writer failed and returned its own error
-                    if tx.send(made.map(|m| (l, m))).is_err() || failed {
-                        return;
-                    }
-                }
-            });
-            let mut layer = None;
-            for made in rx {
-                let (l, made) = made?;
-                if layer != Some(l) {
-                    bar.set_message(format!("experts of layer {l}"));
-                    layer = Some(l);
-                }
-                for blob in made {
-                    w.write_expert(&blob)?;
-                    bar.inc(blob.len() as u64);
+/// The experts of `region` (its MoE layers `moe_layers`): made a batch at a time on all cores
+/// while the batch before is written, in table order (made, then written, the two took turns
+/// and synth wrote at half the disk's speed).
+fn write_experts(
+    blobs: &dyn BlobSource,
+    w: &mut PackageWriter,
+    (region, moe_layers): (&ExpertRegion, &[usize]),
+    opts: &ConvertOptions,
+    bar: &ProgressBar,
+) -> Result<(), ConvertError> {
+    let batches: Vec<(usize, Vec<usize>)> = moe_layers
+        .iter()
+        .flat_map(|&l| {
+            (0..region.num_experts).collect::<Vec<_>>().chunks(8).map(|c| (l, c.to_vec())).collect::<Vec<_>>()
+        })
+        .collect();
+    type Made = Result<(usize, Vec<Vec<u8>>), ConvertError>;
+    std::thread::scope(|scope| -> Result<(), ConvertError> {
+        // two batches ahead at most: ~50 MB of blobs at the largest shapes
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Made>(2);
+        scope.spawn(move || {
+            for (l, batch) in batches {
+                let made = opts
+                    .check_cancel()
+                    .and_then(|()| batch.par_iter().map(|&e| blobs.blob(region, l, e)).collect::<Result<Vec<_>, _>>());
+                let failed = made.is_err();
+                // a closed channel: the writer failed and returned its own error
+                if tx.send(made.map(|m| (l, m))).is_err() || failed {
+                    return;
                 }
             }
-            Ok(())
-        })?;
-    }
-    w.finish()?;
-    bar.finish_and_clear();
-    Ok(total)
+        });
+        let mut layer = None;
+        for made in rx {
+            let (l, made) = made?;
+            if layer != Some(l) {
+                bar.set_message(format!("experts of layer {l}"));
+                layer = Some(l);
+            }
+            for blob in made {
+                w.write_expert(&blob)?;
+                bar.inc(blob.len() as u64);
+            }
+        }
+        Ok(())
+    })
 }
 
 /// Fail before writing when the file system holding `out` has less than `bytes` free (a

@@ -44,7 +44,7 @@ pub enum QuantMode {
         max_group: usize,
     },
     /// Each tensor in the format that holds its source's values exactly (a GGUF file's types;
-    /// see `convert::gguf_source::exact_format`), none requantized.
+    /// see `convert::gguf::source::exact_format`), none requantized.
     File,
 }
 

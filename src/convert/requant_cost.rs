@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use super::error::ConvertError;
-use super::gguf_source::GgufSource;
+use super::gguf::source::GgufSource;
 use super::source::TensorSource;
 use crate::package::Package;
 

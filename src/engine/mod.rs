@@ -3,11 +3,14 @@
 //! logits through a callback.
 
 pub mod chat_template;
+mod counters;
+mod memory;
 pub mod outcome;
 pub mod sampler;
 pub mod session;
 pub mod sizing;
 pub mod tokenizer;
+mod view;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,18 +20,15 @@ use std::time::{Duration, Instant};
 use moescope_kernels::Isa;
 
 use crate::exec::Exec;
-use crate::experts::pool::ExpertCache;
-use crate::experts::stats::LayerStats;
 use crate::experts::{Experts, StreamConfig};
-use crate::model::{
-    Decoder, ExpertSource, KvCache, Logits, ModelConfig, ModelError, Observer, Resident, RouteReplay, RunState, Runtime,
-};
+use crate::model::{Decoder, ExpertSource, KvCache, Logits, ModelError, Observer, Resident, RunState, Runtime};
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
 use sampler::Sampler;
 use tokenizer::Tok;
 
+pub use memory::MemoryPlan;
 pub use outcome::{GenStats, Reuse, Stop};
 
 #[derive(Debug, thiserror::Error)]
@@ -62,131 +62,37 @@ pub struct EngineOptions {
     pub stream: Option<StreamConfig>,
 }
 
-/// The memory the engine expects to use, by part (bytes).
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
-pub struct MemoryPlan {
-    /// Dense weights (mapped; resident once touched).
-    pub dense: u64,
-    /// The expert pool, or all experts when they are read through the mapping.
-    pub experts: u64,
-    /// The KV cache at full context.
-    pub kv: u64,
-    /// The forward pass's buffers as allocated for a prompt chunk, and one position's logits
-    /// (each expert's own temporaries, a few rows of its width per token, come on top).
-    pub buffers: u64,
-    /// Code, tokenizer, metadata and thread stacks: measured at load (the resident size then,
-    /// less the dense weights, which loading reads once to verify them).
-    pub runtime: u64,
-    pub total: u64,
-}
-
 /// Prompts are evaluated in chunks of this many tokens (bounds the activation buffers).
 pub const PREFILL_CHUNK: usize = 256;
 
 pub struct Engine {
-    pub model: Decoder,
+    model: Decoder,
     /// Streamed experts (None: every expert through the package), for their counters and knobs.
-    pub experts: Option<Arc<Experts>>,
+    experts: Option<Arc<Experts>>,
     /// Said once at load (an O_DIRECT fallback, say).
-    pub warnings: Vec<String>,
+    warnings: Vec<String>,
     /// How `auto` sized the pool (and the context), in one line; None when it did not.
-    pub sizing: Option<String>,
+    sizing: Option<String>,
     /// The pool is auto-sized: [`Engine::resize_auto_pool`] re-checks it between replies.
     auto_pool: bool,
     /// Resident bytes of everything but weights and buffers, measured at load.
     runtime_bytes: u64,
-    pub exec: Exec,
-    pub kv: KvCache,
+    exec: Exec,
+    kv: KvCache,
     /// The forward pass's buffers, sized at load for a prompt chunk.
     state: RunState,
     /// The ids whose keys and values are in `kv`, in order.
     cached: Vec<u32>,
     /// Every position's logits of an evaluation of several chunks (tests, perplexity).
     all_logits: Vec<f32>,
-    pub tok: Option<Arc<Tok>>,
-    pub template: Option<Arc<ChatTemplate>>,
+    tok: Option<Arc<Tok>>,
+    template: Option<Arc<ChatTemplate>>,
     /// Experts read through the mapping: the thread checking their checksums ahead of their
     /// first use, and its stop flag.
     verifier: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
 }
 
-/// What the front ends see of an engine: its model, its streamed experts, its settings.
 impl Engine {
-    /// The model: its configuration, its routing switches' state, its sizes.
-    pub fn model(&self) -> &Decoder {
-        &self.model
-    }
-
-    pub fn config(&self) -> &ModelConfig {
-        &self.model.cfg
-    }
-
-    pub fn package(&self) -> &Package {
-        self.model.package()
-    }
-
-    /// The streamed experts (pool, predictor, I/O), None when every expert is read through the
-    /// package's mapping.
-    pub fn streamed(&self) -> Option<&Arc<Experts>> {
-        self.experts.as_ref()
-    }
-
-    /// The expert pool, when experts stream.
-    pub fn pool(&self) -> Option<&ExpertCache> {
-        self.experts.as_deref().map(|e| &*e.cache)
-    }
-
-    /// Take every MoE block's route from `replay` from now on (None: the routers' own).
-    pub fn set_route_replay(&mut self, replay: Option<Arc<RouteReplay>>) -> Result<(), EngineError> {
-        Ok(self.model.set_route_replay(replay)?)
-    }
-
-    /// Cache-aware routing with tolerance `tol`, or exact routing (None).
-    pub fn set_cache_aware_routing(&mut self, tol: Option<f32>) -> Result<(), EngineError> {
-        Ok(self.model.set_cache_aware_routing(tol)?)
-    }
-
-    /// What loading had to say once (an O_DIRECT fallback, say).
-    pub fn warnings(&self) -> &[String] {
-        &self.warnings
-    }
-
-    /// How `auto` sized the pool (and the context), in one line; None when it did not.
-    pub fn sizing(&self) -> Option<&str> {
-        self.sizing.as_deref()
-    }
-
-    pub fn threads(&self) -> usize {
-        self.exec.threads()
-    }
-
-    pub fn isa(&self) -> Isa {
-        self.exec.isa
-    }
-
-    /// Positions the KV cache holds.
-    pub fn ctx_size(&self) -> usize {
-        self.kv.capacity()
-    }
-
-    /// Positions cached now.
-    pub fn cached_len(&self) -> usize {
-        self.kv.len()
-    }
-
-    pub fn tokenizer(&self) -> Option<&Arc<Tok>> {
-        self.tok.as_ref()
-    }
-
-    pub fn template(&self) -> Option<&Arc<ChatTemplate>> {
-        self.template.as_ref()
-    }
-
-    /// Run without a tokenizer (ids in, ids out) or with another one.
-    pub fn set_tokenizer(&mut self, tok: Option<Arc<Tok>>) {
-        self.tok = tok;
-    }
-
     /// Wait until the background check of the mapped experts' checksums has finished (at once
     /// when there is none). It shares the cores with decode until then: `bench` waits for it
     /// before its first test, so no repetition measures that one-time work (hashing every
@@ -337,95 +243,6 @@ impl Engine {
         })
     }
 
-    /// The pool `auto` would size now, from the memory the process may use and the plan's
-    /// measured parts at this context (None without streamed experts).
-    pub fn auto_pool_bytes(&self) -> Option<u64> {
-        let ex = self.experts.as_ref()?;
-        let plan = self.memory_plan();
-        let fixed = |_: usize| plan.total - plan.experts;
-        let pool = sizing::largest_pool(&fixed, self.kv.capacity(), &sizing::allowance(), self.package().sizes().blob);
-        Some(pool.min(ex.total_bytes))
-    }
-
-    /// Check a pool of `bytes` against the memory the process may use, as at load: Err when its
-    /// plan does not fit (unless `force`, which gives a warning instead).
-    pub fn check_pool(&self, bytes: u64, force: bool) -> Result<Option<String>, String> {
-        let plan = self.memory_plan();
-        let fixed = |_: usize| plan.total - plan.experts;
-        let blob = self.package().sizes().blob;
-        sizing::check_explicit(&fixed, self.kv.capacity(), bytes, &sizing::allowance(), blob, force)
-    }
-
-    /// Between replies: size an `auto` pool again from the memory the process may use now
-    /// (MemAvailable moves with other programs; a cgroup's limit may be changed), growing or
-    /// shrinking it when that moves it by more than 5%. Outputs never depend on the pool. Returns
-    /// what changed, in words.
-    pub fn resize_auto_pool(&self) -> Option<String> {
-        let ex = self.experts.as_ref().filter(|_| self.auto_pool)?;
-        let pool = self.auto_pool_bytes()?;
-        let now = ex.cache.budget_bytes();
-        let min = self.package().sizes().blob * self.model.cfg.num_experts_per_tok as u64;
-        if pool < min || (pool as f64 - now as f64).abs() <= 0.05 * now as f64 {
-            return None;
-        }
-        ex.cache.set_budget(pool);
-        Some(format!("expert pool {} -> {} MiB (auto, re-checked after the reply)", now >> 20, pool >> 20))
-    }
-
-    /// What the engine expects to use: dense weights, the expert pool, the KV cache at full
-    /// context and the activations of a prompt chunk.
-    pub fn memory_plan(&self) -> MemoryPlan {
-        let c = &self.model.cfg;
-        let sizes = self.package().sizes();
-        let (dense, all_experts) = (sizes.dense, sizes.experts);
-        let experts = self.experts.as_ref().map_or(all_experts, |e| e.cache.budget_bytes());
-        let kv = KvCache::bytes_at_capacity(c, self.kv.capacity());
-        // the run state as allocated (the last position's logits among them)
-        let buffers = self.state.bytes();
-        let runtime = self.runtime_bytes;
-        MemoryPlan { dense, experts, kv, buffers, runtime, total: dense + experts + kv + buffers + runtime }
-    }
-
-    /// The pool's counters now, for [`trace_step_counters`](Self::trace_step_counters)'s
-    /// per-step differences (None without a pool).
-    pub fn expert_counters(&self) -> Option<LayerStats> {
-        self.experts.as_ref().map(|e| e.cache.total_stats())
-    }
-
-    /// Counter tracks after a step of `tokens` tokens that took `step_ms` (when tracing): the
-    /// step's tokens/s on track `track` ("decode" for one token), and the expert pool's hit
-    /// rate, bytes, queue and read rates since `prev` (which it moves on).
-    pub fn trace_step_counters(&self, track: &'static str, tokens: usize, step_ms: f64, prev: &mut Option<LayerStats>) {
-        if !trace::enabled() {
-            return;
-        }
-        trace::counter(track, &[("tok_s", tokens as f64 * 1000.0 / step_ms.max(1e-6))]);
-        let (Some(ex), Some(p)) = (self.experts.as_ref(), prev.as_mut()) else { return };
-        let snap = ex.cache.snapshot();
-        let now = snap.totals.stats;
-        let d = now.sub(p);
-        *p = now;
-        let (res, q) = (&snap.residency, snap.queue);
-        trace::counter("expert hit %", &[("token", d.hit_pct()), ("run", now.hit_pct())]);
-        trace::counter(
-            "expert pool MB",
-            &[("resident", res.resident_bytes as f64 / 1e6), ("budget", res.budget_bytes as f64 / 1e6)],
-        );
-        let queue = [("demand", q.demand as f64), ("prefetch", q.prefetch as f64), ("in_flight", q.in_flight as f64)];
-        trace::counter("read queue", &queue);
-        trace::counter(
-            "read MB/s",
-            &[
-                ("demand", d.bytes_demand as f64 / 1e3 / step_ms.max(1e-6)),
-                ("prefetch", d.bytes_prefetch as f64 / 1e3 / step_ms.max(1e-6)),
-            ],
-        );
-        trace::counter(
-            "prefetch MB",
-            &[("useful", now.prefetch_useful_bytes as f64 / 1e6), ("wasted", now.prefetch_wasted_bytes as f64 / 1e6)],
-        );
-    }
-
     /// Run on `threads` compute threads from now on.
     pub fn set_threads(&mut self, threads: usize) -> Result<(), EngineError> {
         if threads != self.exec.threads() {
@@ -497,7 +314,7 @@ impl Engine {
             let l = self.model.forward(rt, &mut self.state, &mut self.kv, chunk, w, obs)?;
             // a NaN or infinity anywhere in the weights ends here; sampling would pick a token
             // from it silently. The cache holds the same poison: cleared, so the next request
-            // starts clean. (A scan of the vocabulary per token, ~20 us beside a token's ms.)
+            // starts clean. (A scan of the vocabulary per token: small beside the token's pass.)
             if let Some(i) = l.iter().position(|x| !x.is_finite()) {
                 // the rows are the chunk's last ones (one for Logits::Last)
                 let vocab = self.model.cfg.vocab_size.max(1);

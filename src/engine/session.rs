@@ -64,8 +64,8 @@ impl ChatSession {
     /// Prompt ids for `user`'s new message: through the model's chat template with the history
     /// when it has one, else the message alone as plain text to continue.
     pub fn prompt(&self, engine: &Engine, user: &str) -> Result<Vec<u32>, EngineError> {
-        let tok = engine.tok.as_deref().ok_or_else(no_tokenizer)?;
-        match engine.template.as_deref() {
+        let tok = engine.tokenizer().map(|t| &**t).ok_or_else(no_tokenizer)?;
+        match engine.template().map(|t| &**t) {
             Some(t) => self.prompt_with(tok, t, user),
             None => tok.encode(user).map_err(EngineError::Tokenizer),
         }
@@ -85,10 +85,10 @@ impl ChatSession {
         obs: &mut dyn Observer,
         on_event: &mut dyn FnMut(TurnEvent<'_>),
     ) -> Result<Turn, EngineError> {
-        let tok = engine.tok.clone().ok_or_else(no_tokenizer)?;
+        let tok = engine.tokenizer().cloned().ok_or_else(no_tokenizer)?;
         let ids = self.prompt(engine, user)?;
-        if ids.len() >= engine.kv.capacity() {
-            return Err(EngineError::PromptTooLong { n: ids.len(), ctx: engine.kv.capacity() });
+        if ids.len() >= engine.ctx_size() {
+            return Err(EngineError::PromptTooLong { n: ids.len(), ctx: engine.ctx_size() });
         }
         let res = generate(engine, &tok, &ids, sampler, req, obs, on_event);
         match &res {

@@ -244,11 +244,10 @@ fn chance(e: &Entry) -> f32 {
 /// from some layer's route at every later eviction until the kept expert's turn comes (each
 /// layer that then misses evicts another route entry in its place). So it costs at least the
 /// cheapest route entry's chance once more: that is subtracted from its weighted chance.
-/// Measured with `moescope sim`: on the trained demo's routing (6 layers x top-4 of 16) at exactly 24 slots
-/// foresight kept older experts and trailed lru's "keep each layer's last route" by 24 misses
-/// of 12,065; with the hole counted it leads by 1. On the 12-layer x 128-expert traces at 5-6%
-/// (below one token's 96 routed experts) it costs 1.4-2.0 points of hit rate and stays above
-/// lru and least-stale. Larger pools are not affected.
+/// Without it, a pool of exactly one token's routes kept older experts and trailed lru's "keep
+/// each layer's last route"; with it, a pool smaller than one token's routed experts loses a
+/// little hit rate yet stays above lru and least-stale, and larger pools are not affected
+/// (`moescope sim`'s figures: CHANGELOG).
 fn route_bound_hole(cands: &[Entry], ctx: &Ctx) -> f32 {
     if ctx.capacity > ctx.n_layers * ctx.top_k {
         return 0.0;

@@ -39,9 +39,8 @@ pub const MIN_ACCURACY: f64 = 0.8;
 /// again. A wasted read takes disk time from the demand reads that follow it, a useful one
 /// only moves a read earlier (and one not routed at once may still be used later, which this
 /// share does not count); a read is worth making when its layer routes it more often than
-/// not. Measured under a 1.62 GB cap on the 8-layer benchmark package with a 180 MiB pool:
-/// random weights' routing scores 14% and prefetch cost 10-35% of decode speed there; a
-/// trained model's routing (replayed) scores 72% and prefetch gained up to 15%.
+/// not. Random weights' routing scores far below that and prefetch costs decode speed there; a
+/// trained model's scores far above it and prefetch pays (the figures: CHANGELOG).
 #[derive(Debug, Clone, Copy)]
 pub struct Payoff {
     reads: f64,
@@ -476,8 +475,8 @@ fn guess_two_ahead(
     let cands: Vec<(usize, f32)> = {
         let s = st.lock().unwrap_or_else(|p| p.into_inner());
         // prior: the guesses' recall so far, starting from chance (k / E, 8 pseudo-samples):
-        // a guess two ahead is not read on before it has been seen to be right (on random
-        // weights' routing an optimistic start read ~40 guesses at 17% a run)
+        // a guess two ahead is not read on before it has been seen to be right (an optimistic
+        // start reads many wrong guesses on routing that cannot be guessed)
         let r = &s.stats.two_ahead;
         let chance = k as f64 / router.probs.len().max(1) as f64;
         let acc = (r.routed_predicted as f64 + 8.0 * chance) / (r.routed as f64 + 8.0);

@@ -20,7 +20,8 @@ pub const MAGIC: [u8; 8] = *b"MOESCOPE";
 pub const VERSION: u32 = 1;
 pub const HEADER_SIZE: u64 = 4096;
 pub const DENSE_ALIGN: u64 = 64;
-pub const EXPERT_ALIGN: u64 = 4096;
+/// Each expert blob starts on a page, so that one O_DIRECT read lands in one aligned buffer.
+pub const EXPERT_ALIGN: u64 = crate::aligned_buf::ALIGN as u64;
 
 pub fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a

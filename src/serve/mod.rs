@@ -250,7 +250,7 @@ fn engine_thread(
             return;
         }
     };
-    let Some(tok) = engine.tok.clone() else {
+    let Some(tok) = engine.tokenizer().cloned() else {
         let _ = fail.send("this package has no tokenizer, so it cannot be served".into());
         return;
     };
@@ -259,12 +259,12 @@ fn engine_thread(
     card["id"] = id.clone().into();
     let _ = s.loaded.set(Loaded {
         id,
-        vocab: tok.vocab_size().max(engine.model.cfg.vocab_size),
+        vocab: tok.vocab_size().max(engine.config().vocab_size),
         tok,
-        template: engine.template.clone(),
-        ctx: engine.kv.capacity(),
+        template: engine.template().cloned(),
+        ctx: engine.ctx_size(),
         card,
-        experts: engine.experts.clone(),
+        experts: engine.streamed().cloned(),
     });
     let mut watch = watch.map(|w| w(&engine));
     while !s.stopping.load(Ordering::Relaxed) {
@@ -301,14 +301,14 @@ fn engine_thread(
 /// `/v1/models`' entry (llama-server's `meta`, plus the experts and the package's format).
 fn model_card(e: &Engine) -> Value {
     let p = e.package();
-    let c = &e.model.cfg;
+    let c = e.config();
     serde_json::json!({
         "id": "", "object": "model", "created": http::unix_now(), "owned_by": "moescope",
         "meta": {
-            "n_vocab": c.vocab_size, "n_ctx_train": c.max_position_embeddings, "n_ctx": e.kv.capacity(),
+            "n_vocab": c.vocab_size, "n_ctx_train": c.max_position_embeddings, "n_ctx": e.ctx_size(),
             "n_embd": c.hidden_size, "n_layer": c.num_hidden_layers, "size": p.file_size(),
             "n_experts": c.num_experts, "n_experts_used": c.num_experts_per_tok, "quant": p.meta.quant.mode,
-            "expert_pool_bytes": e.experts.as_ref().map(|x| x.cache.budget_bytes()),
+            "expert_pool_bytes": e.pool().map(|p| p.budget_bytes()),
         },
     })
 }

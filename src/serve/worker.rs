@@ -123,7 +123,7 @@ fn run(
     watch: &mut dyn Watch,
 ) -> (String, Option<GenStats>) {
     let _span = trace::span("request").arg("id", job.id.as_str()).arg("prompt_tokens", job.prompt.len());
-    let Some(tok) = engine.tok.clone() else {
+    let Some(tok) = engine.tokenizer().cloned() else {
         let message = "this model has no tokenizer".to_string();
         let _ = job.events.send(Event::Error { message: message.clone() });
         return (message, None);
@@ -134,7 +134,7 @@ fn run(
     }
     let mut sampler = Sampler::new(job.params.sampler).with_adjustments(job.params.adjust.clone());
     let mut reply = Reply::new(&tok, job, engine.eos_ids().to_vec());
-    let left = engine.kv.capacity().saturating_sub(job.prompt.len());
+    let left = engine.ctx_size().saturating_sub(job.prompt.len());
     let progress = |n: usize| {
         Metrics::add(&metrics.prompt_tokens, n as u64);
         Metrics::add(&metrics.decodes, 1);

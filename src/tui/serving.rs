@@ -107,9 +107,16 @@ pub fn watch(ui: Sender<Event>, cmds: Receiver<Cmd>) -> WatchStart {
         };
         let (tap, data) = tap(engine, &ui);
         send(EngineEvent::Ready(Box::new(model_info(engine))));
-        send(EngineEvent::Step(Box::new(step(&data, engine.experts.as_deref(), 0, 0.0, true))));
+        send(EngineEvent::Step(Box::new(step(&data, engine.streamed().map(|e| e.as_ref()), 0, 0.0, true))));
         let sink = Box::new(|_: u32| {});
-        Box::new(ServeWatch { tap, data, ui: ui.clone(), cmds: Rc::new(cmds), experts: engine.experts.clone(), sink })
+        Box::new(ServeWatch {
+            tap,
+            data,
+            ui: ui.clone(),
+            cmds: Rc::new(cmds),
+            experts: engine.streamed().cloned(),
+            sink,
+        })
     })
 }
 

@@ -127,7 +127,7 @@ impl Worker {
 }
 
 pub(crate) fn knobs(engine: &Engine) -> Knobs {
-    knobs_of(engine.experts.as_deref())
+    knobs_of(engine.streamed().map(|e| e.as_ref()))
 }
 
 /// The knobs of a pool (all off without one).
@@ -156,15 +156,15 @@ pub fn model_info(engine: &Engine) -> ModelInfo {
         blob_bytes: pkg.sizes().blob,
         experts_bytes: pkg.sizes().experts,
         expected_memory: engine.memory_plan().total,
-        threads: engine.exec.threads(),
-        ctx: engine.kv.capacity(),
-        isa: engine.exec.isa.name().into(),
-        io: engine.experts.as_ref().map_or("mapped".into(), |e| e.io.name().into()),
-        has_template: engine.template.is_some(),
-        warnings: engine.warnings.clone(),
-        sizing: engine.sizing.clone(),
+        threads: engine.threads(),
+        ctx: engine.ctx_size(),
+        isa: engine.isa().name().into(),
+        io: engine.streamed().map_or("mapped".into(), |e| e.io.name().into()),
+        has_template: engine.template().is_some(),
+        warnings: engine.warnings().to_vec(),
+        sizing: engine.sizing().map(str::to_string),
         knobs: knobs(engine),
-        steering: match (engine.model.route_replay(), engine.model.cache_aware_routing()) {
+        steering: match (engine.model().route_replay(), engine.model().cache_aware_routing()) {
             (Some(r), _) => {
                 let file = std::path::Path::new(r.name()).file_name().map(|f| f.to_string_lossy().into_owned());
                 Some(format!("routes from {}", file.unwrap_or_else(|| r.name().into())))
@@ -184,7 +184,7 @@ fn run(loaded: &mut Loaded, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
     let mut obs = Tee(routing_log, &mut tap);
     send(EngineEvent::Ready(Box::new(model_info(engine))));
     // the pool as loading left it, before any message
-    send(EngineEvent::Step(Box::new(step(&data, engine.experts.as_deref(), 0, 0.0, true))));
+    send(EngineEvent::Step(Box::new(step(&data, engine.streamed().map(|e| e.as_ref()), 0, 0.0, true))));
     let mut session = ChatSession::new(settings.system.clone(), settings.enable_thinking);
     let mut sampler = Sampler::new(settings.sampler);
     let mut last_user: Option<String> = None;
@@ -198,19 +198,19 @@ fn run(loaded: &mut Loaded, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
                 send(EngineEvent::Notice("conversation cleared".into()));
             }
             Cmd::SetPrefetch(on) => {
-                if let Some(ex) = &engine.experts {
+                if let Some(ex) = engine.streamed() {
                     ex.cache.set_prefetch(on);
                 }
                 send(EngineEvent::Knobs(knobs(engine)));
             }
             Cmd::SetBudget(b) => {
-                if let Some(ex) = &engine.experts {
+                if let Some(ex) = engine.streamed() {
                     ex.cache.set_budget(b);
                 }
                 send(EngineEvent::Knobs(knobs(engine)));
             }
             Cmd::SetPolicy(p) => {
-                if let Some(ex) = &engine.experts {
+                if let Some(ex) = engine.streamed() {
                     ex.cache.set_policy(p);
                 }
                 send(EngineEvent::Knobs(knobs(engine)));
@@ -250,8 +250,8 @@ fn run(loaded: &mut Loaded, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
 
 /// The routing tap for `engine`'s MoE layers, and the data it shares with the token callback.
 pub(crate) fn tap(engine: &Engine, ui: &Sender<Event>) -> (Tap, Rc<RefCell<TapData>>) {
-    let moe_layers = engine.model.cfg.moe_layers();
-    let e_n = engine.model.cfg.num_experts;
+    let moe_layers = engine.config().moe_layers();
+    let e_n = engine.config().num_experts;
     let data = Rc::new(RefCell::new(TapData {
         counts: vec![vec![0; e_n]; moe_layers.len()],
         last: vec![Vec::new(); moe_layers.len()],
@@ -308,7 +308,7 @@ impl Reply<'_> {
     ) {
         cancel.store(false, Ordering::SeqCst);
         let data = self.data;
-        let experts = self.engine.experts.clone();
+        let experts = self.engine.streamed().cloned();
         let before = experts.as_ref().map(|e| e.cache.total_stats()).unwrap_or_default();
         let mut generated = 0;
         let mut last = Instant::now();

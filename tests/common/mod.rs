@@ -80,7 +80,7 @@ pub fn slot_bytes(pkg: &Path) -> u64 {
     let probe = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
     let opts =
         EngineOptions { threads: 1, ctx_size: Some(64), isa: moescope_kernels::Isa::detect(), stream: Some(probe) };
-    Engine::load(pkg, opts).expect("load").experts.as_ref().expect("streamed").cache.blob_len() as u64
+    Engine::load(pkg, opts).expect("load").pool().expect("streamed").blob_len() as u64
 }
 
 /// The moescope binary, run with a private cache folder.

@@ -117,8 +117,8 @@ unsafe fn token_tiles<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, 
     let mut t0 = 0;
     while t0 < n {
         // SAFETY (all calls): the caller's guarantees; tiles stay inside rows and 0..n
-        // 2 rows x 4 tokens when the batch allows (the tile shape measured best for prefill;
-        // 4 x 2, 1 x 8 and 2 x 2 were no better), else one token and, interleaved, a block of
+        // 2 rows x 4 tokens when the batch allows (the best of the tile shapes tried for
+        // prefill: see CHANGELOG), else one token and, interleaved, a block of
         // rows at a time (decode: one stream of weights either way), else one row
         // (an expert's few tokens leave 2 or 3 at the end more often than not: a tile of them
         // reads the weights once, not once per token)
@@ -458,8 +458,8 @@ unsafe fn chunk_nibbles<const SIX: bool, const IL: usize>(m: &QMat<'_>, r: usize
 /// The groups of 16 float lanes per (row, token), `f`, to the tile's products: the bias term,
 /// 16 groups at a time (`sum_g wd_g * (-bias * sum_g a * as_g)`, or with mins
 /// `sum_g mins_g * (-sum_g a * as_g)`, added to the float lanes
-/// before the one reduction; a scalar loop over the groups was one long chain: 17% of decode at
-/// 1 thread; `sum_g a * as_g` comes made per token, `scaled_sums`), then the lanes summed.
+/// before the one reduction: a scalar loop over the groups is one long chain of dependent adds;
+/// `sum_g a * as_g` comes made per token, `scaled_sums`), then the lanes summed.
 ///
 /// # Safety
 /// AVX-512 F; rows `r0..r0 + R` and tokens `t0..t0 + T` exist.

@@ -140,7 +140,8 @@ impl ExpertCache {
 
     /// Wait, at most `limit`, until the filler has allocated every buffer the budget holds
     /// (spare or in use); how long it waited. The filler runs on idle cores only, and a disk
-    /// probe beside it (its threads mostly wait on the disk) measured a quarter less.
+    /// probe's threads (mostly waiting on the disk) leave it cores, so a probe beside it reads
+    /// less than the disk gives.
     pub fn wait_filled(&self, limit: std::time::Duration) -> std::time::Duration {
         let t0 = std::time::Instant::now();
         while t0.elapsed() < limit {

@@ -9,11 +9,8 @@
 //! time, which costs only when reads are what the engine waits for (share s of layers). So it is
 //! issued when p * f > (1 - p) * s. A read beyond the window (f = 0) starts only once the layer
 //! has asked, as a demand read would, so it never pays, and the wrong ones among such reads are
-//! read all the same and evict what was resident.
-//!
-//! Measured under the 1.62 GB cap on the 8-layer benchmark package with replayed trained
-//! routing (180 and 359 MiB pools, 4 alternated runs each): uncapped prefetch decoded at 0.97
-//! and 1.01x prefetch off, one read per layer at 1.06 and 1.27x.
+//! read all the same and evict what was resident. (Prefetch with no such cap decoded no faster
+//! than no prefetch under a memory cap, the capped one faster: the figures are in CHANGELOG.)
 
 use std::time::Instant;
 

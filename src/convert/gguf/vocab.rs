@@ -8,9 +8,9 @@
 
 use serde_json::{Value as Json, json};
 
-use super::error::ConvertError;
-use super::gguf::Value;
-use super::gguf_model::GgufModel;
+use super::file::Value;
+use super::model::GgufModel;
+use crate::convert::error::ConvertError;
 use crate::engine::tokenizer::Tok;
 use crate::package::TokenizerInfo;
 

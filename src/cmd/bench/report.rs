@@ -1,10 +1,16 @@
 //! `moescope bench` results: one row per test, printed as llama-bench does (markdown table,
 //! CSV, or JSON with llama-bench's field names where they exist, plus ours).
 
+use std::io::Write;
+
+use anyhow::Result;
 use serde::Serialize;
 use serde_json::Value;
 
+use moescope::sysinfo;
 use moescope::trace::hist::LatencySummary;
+
+use super::matrix::Done;
 
 /// One test's result. Field names follow llama-bench's JSON where one exists.
 #[derive(Debug, Clone, Serialize)]
@@ -179,6 +185,71 @@ pub fn csv_row(r: &Row) -> String {
     .chain(expert_cols(r))
     .collect::<Vec<_>>()
     .join(",")
+}
+
+/// The table's header (markdown, CSV; JSON has none).
+pub(super) fn print_header(out: &mut impl Write, format: Format) -> Result<()> {
+    match format {
+        Format::Md => writeln!(out, "{MD_HEADER}")?,
+        Format::Csv => writeln!(out, "{CSV_HEADER}")?,
+        Format::Json => {}
+    }
+    Ok(())
+}
+
+/// One row as soon as it is measured (JSON's rows come all at once at the end).
+pub(super) fn print_row(out: &mut impl Write, format: Format, row: &Row) -> Result<()> {
+    match format {
+        Format::Md => writeln!(out, "{}", md_row(row))?,
+        Format::Csv => writeln!(out, "{}", csv_row(row))?,
+        Format::Json => {}
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// After the last test: JSON's rows, or markdown's footer (the build, the CPU, the weights a
+/// decode token reads, and the probes' summaries).
+pub(super) fn finish(out: &mut impl Write, format: Format, done: &Done, weight_bytes: u64) -> Result<()> {
+    match format {
+        Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&done.rows)?)?,
+        Format::Md => writeln!(
+            out,
+            "\nbuild: moescope {} ({}) | CPU: {} ({} cores) | {:.1} MB of weights per decode token{}",
+            env!("CARGO_PKG_VERSION"),
+            if cfg!(debug_assertions) { "debug" } else { "release" },
+            sysinfo::cpu_model(),
+            sysinfo::logical_cores(),
+            weight_bytes as f64 / 1e6,
+            probe_notes(done, weight_bytes)
+        )?,
+        Format::Csv => {}
+    }
+    Ok(())
+}
+
+/// The footer's words on the memory and disk probes, one ` | ...` part per thread count.
+fn probe_notes(done: &Done, weight_bytes: u64) -> String {
+    let memory = done.probes.iter().map(|(t, p)| {
+        let g = mean_sd(p).0;
+        let (lo, hi) = p.iter().fold((f64::MAX, 0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        format!(
+            " | read {g:.1} GB/s at {t}T: roofline {:.1} t/s ({} probes beside the decode repetitions, {lo:.1}-{hi:.1}; roof % is each repetition's share of the probes around it, median)",
+            g * 1e9 / weight_bytes.max(1) as f64,
+            p.len()
+        )
+    });
+    let disk = done.disks.iter().map(|d| {
+        format!(
+            " | expert reads {:.0} MB/s at {t}T (probed {:.0} before, {:.0} after): disk roofline = that / SSD MB per token; {:.0} MB/s while {t} thread(s) stream memory as decode's do (JSON: disk_loaded_roofline_pct)",
+            d.bps() / 1e6,
+            d.before / 1e6,
+            d.after / 1e6,
+            d.loaded / 1e6,
+            t = d.threads
+        )
+    });
+    memory.chain(disk).collect()
 }
 
 /// Mean and sample standard deviation.

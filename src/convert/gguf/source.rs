@@ -12,10 +12,10 @@ use moescope_kernels::Format;
 use moescope_kernels::ggml::{BlockType, dequantize};
 use moescope_kernels::quant::{interleave_rows, put_q6};
 
-use super::error::ConvertError;
-use super::gguf_codes::each_block;
-use super::gguf_model::GgufModel;
-use super::source::TensorSource;
+use super::codes::each_block;
+use super::model::GgufModel;
+use crate::convert::error::ConvertError;
+use crate::convert::source::TensorSource;
 
 /// Where an HF tensor's rows are: a GGUF tensor, and the first of its rows (an expert's slice).
 #[derive(Debug, Clone)]

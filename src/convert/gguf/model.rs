@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use moescope_kernels::ggml::BlockType;
 
-use super::error::ConvertError;
-use super::gguf::{self, Gguf, GgufError, TensorInfo, Value};
+use super::file::{self as gguf, Gguf, GgufError, TensorInfo, Value};
+use crate::convert::error::ConvertError;
 use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
 
 /// A GGUF model in one or more parts.

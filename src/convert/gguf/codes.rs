@@ -1,5 +1,5 @@
 //! The codes, scales and mins of ggml's quantized blocks: what a lossless relayout into a
-//! moescope format (`gguf_source::exact_format`) copies, so that `scale * code - min` gives
+//! moescope format (`source::exact_format`) copies, so that `scale * code - min` gives
 //! every value gguf-py's dequantizer gives, bit for bit.
 
 use moescope_kernels::ggml::{BlockType, dequantize};
@@ -93,7 +93,7 @@ pub(super) fn each_block(t: BlockType, raw: &[u8], mut f: impl FnMut(&[i8], &[f3
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::gguf_source::exact_format;
+    use crate::convert::gguf::source::exact_format;
 
     /// A block of `t` with random bytes and f16 scales in [1/1024, 1024).
     fn random_block(t: BlockType, seed: u64) -> Vec<u8> {

@@ -1,0 +1,92 @@
+//! What the front ends (run, chat, bench, the workbench, the server) see of an engine: its
+//! model, its streamed experts, its settings, through methods rather than its fields.
+
+use std::sync::Arc;
+
+use moescope_kernels::Isa;
+
+use super::chat_template::ChatTemplate;
+use super::tokenizer::Tok;
+use super::{Engine, EngineError};
+use crate::experts::Experts;
+use crate::experts::pool::ExpertCache;
+use crate::model::{Decoder, ModelConfig, RouteReplay};
+use crate::package::Package;
+
+/// What the front ends see of an engine: its model, its streamed experts, its settings.
+impl Engine {
+    /// The model: its configuration, its routing switches' state, its sizes.
+    pub fn model(&self) -> &Decoder {
+        &self.model
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.model.cfg
+    }
+
+    pub fn package(&self) -> &Package {
+        self.model.package()
+    }
+
+    /// The streamed experts (pool, predictor, I/O), None when every expert is read through the
+    /// package's mapping.
+    pub fn streamed(&self) -> Option<&Arc<Experts>> {
+        self.experts.as_ref()
+    }
+
+    /// The expert pool, when experts stream.
+    pub fn pool(&self) -> Option<&ExpertCache> {
+        self.experts.as_deref().map(|e| &*e.cache)
+    }
+
+    /// Take every MoE block's route from `replay` from now on (None: the routers' own).
+    pub fn set_route_replay(&mut self, replay: Option<Arc<RouteReplay>>) -> Result<(), EngineError> {
+        Ok(self.model.set_route_replay(replay)?)
+    }
+
+    /// Cache-aware routing with tolerance `tol`, or exact routing (None).
+    pub fn set_cache_aware_routing(&mut self, tol: Option<f32>) -> Result<(), EngineError> {
+        Ok(self.model.set_cache_aware_routing(tol)?)
+    }
+
+    /// What loading had to say once (an O_DIRECT fallback, say).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// How `auto` sized the pool (and the context), in one line; None when it did not.
+    pub fn sizing(&self) -> Option<&str> {
+        self.sizing.as_deref()
+    }
+
+    pub fn threads(&self) -> usize {
+        self.exec.threads()
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.exec.isa
+    }
+
+    /// Positions the KV cache holds.
+    pub fn ctx_size(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    /// Positions cached now.
+    pub fn cached_len(&self) -> usize {
+        self.kv.len()
+    }
+
+    pub fn tokenizer(&self) -> Option<&Arc<Tok>> {
+        self.tok.as_ref()
+    }
+
+    pub fn template(&self) -> Option<&Arc<ChatTemplate>> {
+        self.template.as_ref()
+    }
+
+    /// Run without a tokenizer (ids in, ids out) or with another one.
+    pub fn set_tokenizer(&mut self, tok: Option<Arc<Tok>>) {
+        self.tok = tok;
+    }
+}
