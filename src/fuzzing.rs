@@ -21,12 +21,13 @@ use crate::model::{Logits, NoObserver};
 pub type Target = fn(&[u8]) -> u8;
 
 /// The targets, by name (the replay harness's and the fuzz/ binaries' names).
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("gguf", gguf),
     ("package", package),
     ("checkpoint", checkpoint),
     ("chat_template", chat_template),
     ("request", request),
+    ("routing_trace", routing_trace),
 ];
 
 /// The target called `name`.
@@ -116,6 +117,24 @@ pub fn package(data: &[u8]) -> u8 {
     }
     drop(p);
     1 + u8::from(dense) + u8::from(run_package(&path))
+}
+
+/// A routing trace (plain, gzipped or xz; `sim` and `--route-from` read them): read back record
+/// by record, made into a replay, and simulated against a pool of a few experts.
+pub fn routing_trace(data: &[u8]) -> u8 {
+    use crate::experts::{routing_log, sim};
+    let path = scratch().join("case.jsonl");
+    if std::fs::write(&path, data).is_err() {
+        return 0;
+    }
+    let Ok((h, recs)) = routing_log::read(&path) else { return 0 };
+    let steps = sim::steps(&recs);
+    let capacity = (h.top_k * h.moe_layers.len()).clamp(1, 4096);
+    let _ = sim::simulate(&h, &steps, capacity, sim::SimPolicy::Policy(crate::experts::PolicyKind::Foresight));
+    match routing_log::replay("case", &h, recs) {
+        Ok(_) => 2,
+        Err(_) => 1,
+    }
 }
 
 /// File names a checkpoint bundle may write (anything else is skipped, so no input writes

@@ -19,6 +19,7 @@ pub mod model_config;
 pub mod npy;
 pub mod out_file;
 pub mod package;
+pub mod packed;
 pub mod rng;
 pub mod serve;
 pub mod synth;

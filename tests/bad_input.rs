@@ -114,7 +114,7 @@ fn huge_counts_in_config_fail_at_once() {
 #[test]
 fn truncated_tokenizer_json_is_a_clean_error() {
     let (d, ck) = copy_single();
-    let tok = std::fs::read_to_string(fixture("../../src/demo/tokenizer.json")).expect("demo tokenizer");
+    let tok = std::fs::read_to_string(fixture("demo").join("tokenizer.json")).expect("demo tokenizer");
     let tok = serde_json::from_str::<serde_json::Value>(&tok).expect("json").to_string();
     let cut = tok.find("\"decoder\":{").expect("a decoder") + "\"decoder\":{\"type\":\"ByteLevel\",".len();
     std::fs::write(ck.join("tokenizer.json"), &tok[..cut]).unwrap();

@@ -5,39 +5,22 @@
 
 mod common;
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
-
-use common::fixture;
+use common::{asset, fixture};
 use moescope::convert::gguf::model::GgufModel;
 use moescope::convert::gguf::vocab as gguf_vocab;
 use moescope::engine::tokenizer::Tok;
 use serde_json::Value;
 
-fn gunzip(p: &Path) -> Vec<u8> {
-    let gz = std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    let mut v = vec![];
-    flate2::read::GzDecoder::new(&gz[..]).read_to_end(&mut v).expect("gunzip");
-    v
-}
-
-fn asset(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tokenizers").join(name)
-}
-
 /// The rebuilt tokenizer and what the GGUF says beside it.
 fn from_gguf(name: &str) -> (Tok, moescope::package::TokenizerInfo) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join(format!("{name}.gguf"));
-    std::fs::write(&path, gunzip(&fixture("gguf").join(format!("{name}.gguf.gz")))).expect("write");
-    let m = GgufModel::open(&path).expect("open");
+    let m = GgufModel::open(&fixture("gguf").join(format!("{name}.gguf"))).expect("open");
     let info = gguf_vocab::tokenizer(&m).expect("rebuild").expect("a tokenizer");
     let tok = Tok::from_json(info.tokenizer_json.as_deref().expect("json")).expect("load");
     (tok, info)
 }
 
 fn original(name: &str) -> Tok {
-    Tok::from_json(&String::from_utf8(gunzip(&asset(&format!("{name}/tokenizer.json.gz")))).expect("utf-8"))
+    Tok::from_json(&std::fs::read_to_string(asset(&format!("{name}/tokenizer.json"))).expect("tokenizer.json"))
         .expect("load")
 }
 

@@ -207,7 +207,7 @@ fn second_half_scores_whole_windows_from_their_middle() {
     let (_d, pkg) = convert("demo", "bf16");
     let w = 128;
     let got = perplexity_with(&pkg, cache.path(), &["--window", "128", "--second-half", "--tokens", "1000"]);
-    let json = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/demo/tokenizer.json")).unwrap();
+    let json = std::fs::read_to_string(fixture("demo").join("tokenizer.json")).unwrap();
     let ids = Tok::from_json(&json).unwrap().encode(&std::fs::read_to_string(heldout()).unwrap()).unwrap();
     let ids = &ids[..1000];
     // the tier the command runs at (CI runs the tests again with MOESCOPE_ISA capped)

@@ -27,7 +27,7 @@ fn hit_rates(trace: &str, pct: usize) -> [SimResult; 4] {
 #[test]
 fn the_default_beats_lru_and_least_stale_and_reaches_90_percent_of_belady_on_trained_routing() {
     for pct in [25, 50, 75] {
-        let [lru, ls, ours, best] = hit_rates("routing-heldout.jsonl.gz", pct);
+        let [lru, ls, ours, best] = hit_rates("routing-heldout.jsonl.xz", pct);
         let (o, b) = (ours.hit_pct, best.hit_pct);
         assert!(
             o >= lru.hit_pct && o >= ls.hit_pct,
@@ -42,7 +42,7 @@ fn the_default_beats_lru_and_least_stale_and_reaches_90_percent_of_belady_on_tra
 #[test]
 fn the_default_holds_its_own_on_the_demo_models_routing() {
     for pct in [25, 30, 50, 75] {
-        let [lru, ls, ours, _] = hit_rates("demo-routing-500.jsonl", pct);
+        let [lru, ls, ours, _] = hit_rates("demo-routing-500.jsonl.xz", pct);
         let o = ours.hit_pct;
         assert!(o >= ls.hit_pct, "{pct}%: ours {o:.2} < least-stale {:.2}", ls.hit_pct);
         // at 25% the pool holds exactly one token's experts (6 layers x top-4 = 24 slots), where
@@ -56,7 +56,7 @@ fn the_default_holds_its_own_on_the_demo_models_routing() {
 fn below_one_tokens_routes_the_default_still_beats_lru_and_least_stale() {
     // 5% of 1,536 experts: 76 slots, fewer than one token's 96 routed experts; and the demo's
     // 20% (19 slots of its 24)
-    for (trace, pct) in [("routing-heldout.jsonl.gz", 5), ("demo-routing-500.jsonl", 20)] {
+    for (trace, pct) in [("routing-heldout.jsonl.xz", 5), ("demo-routing-500.jsonl.xz", 20)] {
         let [lru, ls, ours, _] = hit_rates(trace, pct);
         let o = ours.hit_pct;
         assert!(

@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::io::Read;
-
 use common::fixture;
 use moescope::engine::chat_template::{ChatTemplate, Message};
 use moescope::engine::tokenizer::{StreamDecoder, Tok};
@@ -13,18 +11,16 @@ use serde_json::Value;
 
 /// The tokenizers `moescope synth` embeds (assets/tokenizers/).
 fn asset(name: &str) -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/tokenizers").join(name)
+    common::asset(name)
 }
 
 fn qwen3_json() -> String {
-    let gz = std::fs::read(asset("qwen3/tokenizer.json.gz")).expect("qwen3 tokenizer");
-    let mut s = String::new();
-    flate2::read::GzDecoder::new(&gz[..]).read_to_string(&mut s).expect("gunzip");
-    s
+    std::fs::read_to_string(asset("qwen3/tokenizer.json")).expect("qwen3 tokenizer")
 }
 
+/// The demo's checkpoint (its tokenizer files among them).
 fn demo_dir() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/demo")
+    fixture("demo")
 }
 
 fn tokenizer(name: &str) -> Tok {

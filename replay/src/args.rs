@@ -222,11 +222,11 @@ impl Files {
         for d in [self.dir.join("cwd"), self.named["CKPT"].clone(), self.named["DIR"].clone()] {
             std::fs::create_dir_all(&d).map_err(|e| at(&d, e))?;
         }
-        let demo = self.root.join("tests/fixtures/demo");
+        let demo = crate::seeds::fixtures(&self.root).join("demo");
         for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "heldout.txt"] {
             std::fs::copy(demo.join(f), self.named["CKPT"].join(f)).map_err(|e| at(&demo.join(f), e))?;
         }
-        let gguf = self.root.join("tests/fixtures/gguf/tiny.gguf");
+        let gguf = crate::seeds::fixtures(&self.root).join("gguf/tiny.gguf");
         std::fs::copy(&gguf, &self.named["GGUF"]).map_err(|e| at(&gguf, e))?;
         let mut junk = Rng::new(5);
         let bytes: Vec<u8> = (0..4096).map(|_| junk.next() as u8).collect();

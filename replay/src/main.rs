@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 use mutate::{Rng, Shape};
 
 /// Each target's share of the cases (its inputs cost more or less to run) and its inputs' shape.
-const PLAN: [(&str, usize, Shape); 6] = [
+const PLAN: [(&str, usize, Shape); 7] = [
     ("gguf", 3, Shape::Whole),
+    ("routing_trace", 1, Shape::Whole),
     ("package", 3, Shape::Package),
     ("checkpoint", 2, Shape::Bundle),
     ("chat_template", 3, Shape::Bundle),

@@ -3,7 +3,7 @@
 //! a tiny Qwen3-MoE checkpoint made here (its package too), so each reader sees whole, valid
 //! files of every kind before it sees damaged ones.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use moescope::convert::{ConvertOptions, QuantMode, plan};
 use moescope::fuzzing::bundle;
@@ -157,9 +157,28 @@ pub fn tiny_sharded_checkpoint() -> Vec<u8> {
     ])
 }
 
+/// The repository's tests/fixtures as the tests read it (its packed files unpacked, see
+/// `moescope::packed`), in the target folder; the packed folder itself if that fails.
+pub fn fixtures(root: &Path) -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let from = root.join("tests/fixtures");
+        let key = moescope::packed::tree_key(&from).unwrap_or(0);
+        let to = root.join("target").join(format!("replay-fixtures-{key:08x}"));
+        match moescope::packed::unpack_tree(&from, &to) {
+            Ok(()) => to,
+            Err(e) => {
+                eprintln!("moescope-replay: {e}: fixture seeds left out");
+                from
+            }
+        }
+    })
+    .clone()
+}
+
 /// A checkpoint bundle of a test fixture's files (those present), None if it has no config.
 fn fixture_checkpoint(root: &Path, name: &str) -> Option<Vec<u8>> {
-    let dir = root.join("tests/fixtures").join(name);
+    let dir = fixtures(root).join(name);
     let read: Vec<(&str, Vec<u8>)> = moescope::fuzzing::CHECKPOINT_FILES
         .iter()
         .filter_map(|f| Some((*f, std::fs::read(dir.join(f)).ok()?)))
@@ -220,12 +239,29 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
         }
         "gguf" => {
             for p in [
-                "tests/fixtures/gguf/tiny.gguf",
-                "tests/fixtures/gguf/next/next-moe-q8_0.gguf",
-                "tests/fixtures/gguf/qwen35/qwen35-q8_0.gguf",
-                "tests/fixtures/gguf/tiny/tiny-q4_k_m.gguf",
+                "gguf/tiny.gguf",
+                "gguf/next/next-moe-q8_0.gguf",
+                "gguf/qwen35/qwen35-q8_0.gguf",
+                "gguf/tiny/tiny-q4_k_m.gguf",
             ] {
-                out.extend(file(p));
+                out.extend(std::fs::read(fixtures(root).join(p)).ok().map(|b| (format!("tests/fixtures/{p}"), b)));
+            }
+        }
+        "routing_trace" => {
+            // the demo's trace (its first 300 records), plain, gzipped and in xz
+            let trace = std::fs::read(root.join("traces/demo-routing-500.jsonl.xz"))
+                .ok()
+                .and_then(|xz| moescope::packed::xz_decompress(&xz, 1 << 24).ok())
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
+            let head: String = trace.lines().take(301).map(|l| format!("{l}\n")).collect();
+            out.push(("demo trace".into(), head.clone().into_bytes()));
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+            let _ = std::io::Write::write_all(&mut gz, head.as_bytes());
+            out.extend(gz.finish().ok().map(|b| ("demo trace, gzipped".into(), b)));
+            let mut xz = Vec::new();
+            if lzma_rs::xz_compress(&mut head.as_bytes(), &mut xz).is_ok() {
+                out.push(("demo trace, xz".into(), xz));
             }
         }
         "chat_template" => {

@@ -16,8 +16,11 @@ use crate::convert::{
 };
 use crate::package::layout::VERSION;
 
+/// The weights packed (`crate::packed`: 14 MB of bf16 in ~10 MB), and what the packed files
+/// unpack to.
 #[cfg(feature = "embedded-demo")]
-const WEIGHTS: &[u8] = include_bytes!("model/model.safetensors");
+const WEIGHTS: &[u8] = include_bytes!("model/model.safetensors.xz");
+const MANIFEST: &str = include_str!("MANIFEST");
 /// Built without the `embedded-demo` feature: no weights (see [`EMBEDDED`]).
 #[cfg(not(feature = "embedded-demo"))]
 const WEIGHTS: &[u8] = &[];
@@ -25,13 +28,40 @@ const WEIGHTS: &[u8] = &[];
 /// Whether this binary carries the demo model.
 pub const EMBEDDED: bool = cfg!(feature = "embedded-demo");
 
-/// The checkpoint's files, as `train_demo.py` saved them (plus src/demo's tokenizer).
-const FILES: [(&str, &[u8]); 4] = [
+/// The checkpoint's files, as `train_demo.py` saved them (plus src/demo's tokenizer), but for
+/// the packed ones (see [`packed_files`]).
+const FILES: [(&str, &[u8]); 2] = [
     ("config.json", include_bytes!("model/config.json")),
-    ("model.safetensors", WEIGHTS),
-    ("tokenizer.json", include_bytes!("tokenizer.json")),
     ("tokenizer_config.json", include_bytes!("tokenizer_config.json")),
 ];
+
+/// The packed files: the weights and the tokenizer, each with its path in `MANIFEST`.
+const PACKED: [(&str, &str, &[u8]); 2] = [
+    ("model.safetensors", "model/model.safetensors", WEIGHTS),
+    ("tokenizer.json", "tokenizer.json", include_bytes!("tokenizer.json.xz")),
+];
+
+/// Each packed file's name and its unpacked bytes.
+type Unpacked = Vec<(&'static str, Vec<u8>)>;
+
+/// The packed files unpacked (once per process), each checked against its MANIFEST line.
+fn packed_files() -> Result<&'static [(&'static str, Vec<u8>)], ConvertError> {
+    static PLAIN: std::sync::OnceLock<Result<Unpacked, String>> = std::sync::OnceLock::new();
+    let plain = PLAIN.get_or_init(|| {
+        let mut out = Vec::new();
+        for (name, path, packed) in PACKED.into_iter().filter(|p| !p.2.is_empty()) {
+            let b = crate::packed::unpack(name, packed)?;
+            let want = MANIFEST.lines().find(|l| l.ends_with(&format!(" {path}")));
+            let got = format!("{:08x} {} {path}", crate::packed::crc32(&b), b.len());
+            if want != Some(got.as_str()) {
+                return Err(format!("the embedded demo's {name} unpacks to '{got}', its MANIFEST says {want:?}"));
+            }
+            out.push((name, b));
+        }
+        Ok(out)
+    });
+    plain.as_deref().map_err(|msg| ConvertError::File { path: PathBuf::from("src/demo"), msg: msg.clone() })
+}
 
 /// Bumped whenever the demo's weights or shape change, so a stale cached package is replaced.
 const DEMO_REVISION: u32 = 3;
@@ -55,7 +85,8 @@ impl Drop for TempDir {
 /// Write the embedded checkpoint into `dir` (created), as a HuggingFace model directory.
 pub fn unpack_checkpoint(dir: &Path) -> Result<(), ConvertError> {
     std::fs::create_dir_all(dir).map_err(|error| ConvertError::Io { path: dir.to_path_buf(), error })?;
-    for (name, bytes) in FILES {
+    let packed = packed_files()?.iter().map(|(n, b)| (*n, b.as_slice()));
+    for (name, bytes) in FILES.into_iter().chain(packed) {
         let p = dir.join(name);
         std::fs::write(&p, bytes).map_err(|error| ConvertError::Io { path: p, error })?;
     }

@@ -12,7 +12,8 @@
 //! Traces recorded outside the engine (`tests/reference/train_routing.py`) may add `ph`
 //! (`"prefill"` or `"decode"`), and the predictor's candidates for the next MoE layer made from
 //! this layer's input: `c` (experts, most probable first) and `cs` (their probabilities); their
-//! header then says how many candidates a record has (`candidates`). A trace may be gzipped.
+//! header then says how many candidates a record has (`candidates`). A trace may be gzipped,
+//! or in xz (read whole into memory, up to [`MAX_XZ`] bytes unpacked).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
@@ -135,18 +136,29 @@ impl Drop for RoutingLog {
     }
 }
 
-/// A routing trace read back (plain or gzipped): the header and the records in order, each
-/// checked against the header.
 /// The longest line a trace may hold: a record of 512 experts with candidates is a few KB (a
 /// path to a device without line ends, such as /dev/zero, grew one line until memory ran out).
 const MAX_LINE: u64 = 1 << 24;
 
+/// The most bytes an xz trace may unpack to (it is read whole; a larger trace can be plain or
+/// gzipped, which are read a line at a time).
+pub const MAX_XZ: usize = 1 << 30;
+
+/// A routing trace read back (plain, gzipped or xz): the header and the records in order, each
+/// checked against the header.
 pub fn read(path: &Path) -> Result<(Header, Vec<Record>), String> {
     let at = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
     let mut f = BufReader::new(File::open(path).map_err(|e| at(&e))?);
-    let gz = f.fill_buf().map_err(|e| at(&e))?.starts_with(&[0x1f, 0x8b]);
-    let mut reader: Box<dyn BufRead> =
-        if gz { Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(f))) } else { Box::new(f) };
+    let start = f.fill_buf().map_err(|e| at(&e))?;
+    let (gz, xz) = (start.starts_with(&[0x1f, 0x8b]), start.starts_with(&crate::packed::XZ_MAGIC));
+    let mut reader: Box<dyn BufRead> = if gz {
+        Box::new(BufReader::new(flate2::bufread::MultiGzDecoder::new(f)))
+    } else if xz {
+        let packed = crate::bounded_read::read_file(path, MAX_XZ as u64).map_err(|e| at(&e))?;
+        Box::new(std::io::Cursor::new(crate::packed::xz_decompress(&packed, MAX_XZ).map_err(|e| at(&e))?))
+    } else {
+        Box::new(f)
+    };
     let mut next_line = move || crate::bounded_read::read_line(&mut reader, MAX_LINE).transpose();
     let first = next_line().ok_or_else(|| at(&"empty file"))?.map_err(|e| at(&e))?;
     let h: Header = serde_json::from_str(&first)

@@ -2,22 +2,21 @@
 //! embedded in the binary by default; a build without the `embedded-tokenizers` feature (the
 //! lean device binary) reads them from `$MOESCOPE_ASSETS` or `./assets`.
 
-use std::io::Read;
 use std::path::PathBuf;
 
 use super::shapes::TokFamily;
 use crate::package::TokenizerInfo;
 
-/// gzip of tokenizer.json, and the chat template source.
+/// tokenizer.json packed (`crate::packed`), and the chat template source.
 #[cfg(feature = "embedded-tokenizers")]
 fn embedded(f: TokFamily) -> Option<(&'static [u8], &'static str)> {
     Some(match f {
         TokFamily::Qwen3 => (
-            include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json.gz"),
+            include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json.xz"),
             include_str!("../../assets/tokenizers/qwen3/tokenizer_config.json"),
         ),
         TokFamily::Qwen35 => (
-            include_bytes!("../../assets/tokenizers/qwen3.5/tokenizer.json.gz"),
+            include_bytes!("../../assets/tokenizers/qwen3.5/tokenizer.json.xz"),
             include_str!("../../assets/tokenizers/qwen3.5/chat_template.jinja"),
         ),
     })
@@ -44,8 +43,8 @@ fn template_file(f: TokFamily) -> &'static str {
 
 /// The family's tokenizer as a package embeds it.
 pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
-    let (gz, tmpl): (Vec<u8>, String) = match embedded(f) {
-        Some((gz, t)) => (gz.to_vec(), t.to_string()),
+    let (xz, tmpl): (Vec<u8>, String) = match embedded(f) {
+        Some((xz, t)) => (xz.to_vec(), t.to_string()),
         None => {
             let root = std::env::var_os("MOESCOPE_ASSETS").map_or_else(|| PathBuf::from("assets"), PathBuf::from);
             let dir = root.join("tokenizers").join(folder(f));
@@ -56,13 +55,12 @@ pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
                 })
             };
             let t = read(template_file(f))?;
-            (read("tokenizer.json.gz")?, String::from_utf8_lossy(&t).into_owned())
+            (read("tokenizer.json.xz")?, String::from_utf8_lossy(&t).into_owned())
         }
     };
-    let mut json = String::new();
-    flate2::read::GzDecoder::new(&gz[..])
-        .read_to_string(&mut json)
-        .map_err(|e| format!("{} tokenizer: cannot gunzip: {e}", folder(f)))?;
+    let json = crate::packed::unpack("tokenizer.json", &xz)
+        .and_then(|b| String::from_utf8(b).map_err(|e| e.to_string()))
+        .map_err(|e| format!("{} tokenizer: {e}", folder(f)))?;
     let info = match f {
         TokFamily::Qwen3 => {
             let v: serde_json::Value =

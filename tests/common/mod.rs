@@ -8,16 +8,35 @@ pub mod trace_check;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::OnceLock;
 
 use moescope::convert::{ConvertOptions, QuantMode, convert_hf};
 use safetensors::SafeTensors;
 
-/// A committed fixture by name, or any fixture directory by absolute path.
+/// A committed fixture by name (a path under tests/fixtures, its packed files unpacked), or any
+/// fixture directory by absolute path.
 pub fn fixture(name: &str) -> PathBuf {
     if Path::new(name).is_absolute() {
         return PathBuf::from(name);
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| unpacked("tests/fixtures")).join(name)
+}
+
+/// A file of assets/tokenizers (the real tokenizers `moescope synth` embeds), unpacked.
+pub fn asset(name: &str) -> PathBuf {
+    static ROOT: OnceLock<PathBuf> = OnceLock::new();
+    ROOT.get_or_init(|| unpacked("assets/tokenizers")).join(name)
+}
+
+/// The repository's folder `rel` as its readers see it: its packed files unpacked
+/// (`moescope::packed`) into the target folder, once per state of the folder's files.
+fn unpacked(rel: &str) -> PathBuf {
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    let key = moescope::packed::tree_key(&from).unwrap_or_else(|e| panic!("{e}"));
+    let to = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{}-{key:08x}", rel.replace('/', "-")));
+    moescope::packed::unpack_tree(&from, &to).unwrap_or_else(|e| panic!("unpacking {rel}: {e}"));
+    to
 }
 
 pub const MODEL_FIXTURES: [&str; 8] =

@@ -8,6 +8,8 @@
 # Results in $OUT: steps.log, qwen35-oracle.safetensors (input_ids, logits_bf16, logits_q8_0).
 set -uo pipefail
 : "${OUT:?OUT must name the results folder}"
+# the fixtures, the demo's weights and the tokenizers are packed in the tree: as files here
+python3 tests/reference/pack_fixtures.py unpack
 W=/tmp/go
 mkdir -p "$W/site"
 LOG=$OUT/steps.log

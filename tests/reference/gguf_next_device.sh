@@ -12,6 +12,8 @@
 # reference.safetensors with input_ids and the checkpoint's logits, reference.json).
 set -uo pipefail
 : "${OUT:?OUT must name the results folder}"
+# the fixtures, the demo's weights and the tokenizers are packed in the tree: as files here
+python3 tests/reference/pack_fixtures.py unpack
 W=/tmp/gn
 mkdir -p "$W/llama" "$W/site" "$W/g" "$W/ck"
 LOG=$OUT/steps.log

@@ -12,6 +12,8 @@
 # Results in $OUT: steps.log, llama-tools-static.tar.xz, demo-gguf.tgz, qwen35-gguf.tgz.
 set -uo pipefail
 : "${OUT:?OUT must name the results folder}"
+# the fixtures, the demo's weights and the tokenizers are packed in the tree: as files here
+python3 tests/reference/pack_fixtures.py unpack
 W=/tmp/gp
 mkdir -p "$W/llama" "$W/site" "$W/g"
 LOG=$OUT/steps.log

@@ -30,6 +30,9 @@ How: the model is built in fp32 with a fixed seed, its norm weights perturbed (1
 an ignored norm weight shows) and its router scaled by 4 (wider top-k margins), saved in bf16;
 then the *saved files* are loaded back in fp32 with eager attention and eager experts, so every
 reference is exact fp32 math on the bf16-rounded weights.
+
+The tree keeps large fixtures packed (tests/reference/pack_fixtures.py): `unpack` before
+this, `pack` after.
 """
 import json
 import os

@@ -21,6 +21,8 @@
 # qwen35-vocab.gguf.gz, llama-tools.tar.xz.
 set -uo pipefail
 : "${OUT:?OUT must name the results folder}"
+# the fixtures, the demo's weights and the tokenizers are packed in the tree: as files here
+python3 tests/reference/pack_fixtures.py unpack
 W=/tmp/gg
 mkdir -p "$W/llama" "$W/site" "$W/t" "$W/g"
 LOG=$OUT/steps.log
@@ -68,11 +70,11 @@ json.dump(c, open(f"{d}/config.json", "w"))
 EOF
 }
 mkq "$W/v3" 151936
-gunzip -c assets/tokenizers/qwen3/tokenizer.json.gz >"$W/v3/tokenizer.json"
+cp assets/tokenizers/qwen3/tokenizer.json "$W/v3/tokenizer.json"
 cp assets/tokenizers/qwen3/tokenizer_config.json "$W/v3/"
 conv "$W/v3" --vocab-only --outfile "$W/qwen3-vocab.gguf" >"$W/conv-v3.log" 2>&1 || { tail -20 "$W/conv-v3.log" >>"$LOG"; log "qwen3 vocab failed"; }
 mkq "$W/v35" 248320
-gunzip -c assets/tokenizers/qwen3.5/tokenizer.json.gz >"$W/v35/tokenizer.json"
+cp assets/tokenizers/qwen3.5/tokenizer.json "$W/v35/tokenizer.json"
 cp assets/tokenizers/qwen3.5/chat_template.jinja "$W/v35/"
 conv "$W/v35" --vocab-only --outfile "$W/qwen35-vocab.gguf" >"$W/conv-v35.log" 2>&1 || { tail -20 "$W/conv-v35.log" >>"$LOG"; log "qwen35 vocab failed"; }
 grep -h "tokenizer.ggml.pre\|pre-tokenizer" "$W"/conv-v3*.log | head >>"$LOG"

@@ -20,6 +20,9 @@ assume it either:
           non-periodic layer_types (linear, full, linear, linear), dk 24 != dv 16, 2 / 4 heads.
 Both prompts are ~270 tokens: past transformers' 64-token delta-rule chunks and the engine's
 256-token prefill chunk.
+
+The tree keeps large fixtures packed (tests/reference/pack_fixtures.py): `unpack` before
+this, `pack` after.
 """
 import json
 import os

@@ -7,6 +7,9 @@ own checkpoint (float32 from its bf16 weights).
 
 usage: python make_lookahead_reference.py tests/fixtures/qwen35 [tests/fixtures/next ...]
 writes lookahead.json beside each checkpoint.
+
+The tree keeps large fixtures packed (tests/reference/pack_fixtures.py): `unpack` before
+this, `pack` after.
 """
 import json
 import os

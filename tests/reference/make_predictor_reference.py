@@ -13,6 +13,9 @@ Computed with transformers in float32 from the fixture's bf16 checkpoint.
 
 usage: python make_predictor_reference.py tests/fixtures/demo
 writes predictor.json beside the checkpoint.
+
+The tree keeps large fixtures packed (tests/reference/pack_fixtures.py): `unpack` before
+this, `pack` after.
 """
 import json
 import os

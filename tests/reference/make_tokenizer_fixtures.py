@@ -9,10 +9,14 @@ usage: make_tokenizer_fixtures.py QWEN3_TOKENIZER_DIR OUT_DIR
           copies the template to assets/tokenizers/qwen3.5/chat_template.jinja)
 
 Writes into the repository's assets/tokenizers/qwen3/ (which `moescope synth` embeds):
-  tokenizer.json.gz, tokenizer_config.json   (the real files, gzip to keep the repo small)
+  tokenizer.json.gz, tokenizer_config.json   (the real files; pack_fixtures.py pack then keeps
+                                             tokenizer.json as .xz)
 and into OUT_DIR:
   tokenizer_reference.json   {tokenizer: [{text, ids, decoded}]} for "qwen3" and "demo"
   chat_reference.json        [{tokenizer, messages, add_generation_prompt, enable_thinking?, text}]
+
+The tree keeps large fixtures packed (tests/reference/pack_fixtures.py): `unpack` before
+this, `pack` after.
 """
 import gzip
 import json
