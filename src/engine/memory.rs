@@ -13,9 +13,9 @@ pub struct MemoryPlan {
     pub experts: u64,
     /// The KV cache at full context.
     pub kv: u64,
-    /// The forward pass's buffers as allocated for a prompt chunk and one position's logits,
-    /// with those that grow with the batches served (each thread's expert buffers) as they
-    /// have grown so far.
+    /// The forward pass's buffers as allocated for a prompt chunk, and one position's logits
+    /// (each thread's expert buffers and attention's states, which grow with the batches and
+    /// the context served, come on top: `RunState::bytes`).
     pub buffers: u64,
     /// Code, tokenizer, metadata and thread stacks: measured at load (the resident size then,
     /// less the dense weights, which loading reads once to verify them).

@@ -105,6 +105,7 @@ impl Scratch {
     /// (several tokens' products are computed weight-row-major, then transposed).
     pub fn reserve(&mut self, values: usize, outputs: usize) {
         self.qa.reserve(values);
+        self.other.reserve(values);
         self.t.reserve(outputs.saturating_sub(self.t.len()));
     }
 

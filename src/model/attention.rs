@@ -227,16 +227,6 @@ impl AttnWork {
             self.parts.resize_with(n, || Mutex::new(State::new(nq, hd)));
         }
     }
-
-    pub fn bytes(&self) -> u64 {
-        let st = |s: &State| ((s.m.capacity() + s.l.capacity() + s.o.capacity()) * 4) as u64;
-        let tile = |t: &Tile| {
-            st(&t.acc) + st(&t.part) + ((t.qt.capacity() + t.o.capacity()) * 4 + t.ends.capacity() * 8) as u64
-        };
-        self.parts.iter().map(|p| p.lock().map_or(0, |p| st(&p))).sum::<u64>()
-            + st(&self.acc)
-            + self.tiles.iter().map(|t| t.lock().map_or(0, |t| tile(&t))).sum::<u64>()
-    }
 }
 
 /// Where a batch's queries attend: layer `layer`'s cache, heads of shape `heads`, the first

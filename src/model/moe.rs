@@ -141,10 +141,6 @@ impl ExpertWork {
         self.ye.reserve((n * h).saturating_sub(self.ye.len()));
         self.mlp.fit(n, i);
     }
-
-    pub fn bytes(&self) -> u64 {
-        ((self.xe.capacity() + self.ye.capacity()) * 4 + self.s.bytes()) as u64 + self.mlp.bytes()
-    }
 }
 
 /// Where [`routed_sum`] works and leaves its result.

@@ -118,7 +118,11 @@ impl RunState {
         self.chunk
     }
 
-    /// Bytes of the buffers (the quantized activations' as they have grown so far).
+    /// Bytes of the buffers made at creation (the quantized activations' as they have grown so
+    /// far). Those that grow with what the passes serve come on top, as temporaries would, so
+    /// that the memory plan does not move with every reply: each thread's buffers for the experts
+    /// it computes (up to a prompt chunk's rows of the widest expert) and attention's states (one
+    /// per KV head and split of the context).
     pub fn bytes(&self) -> u64 {
         let f = [
             &self.x,
@@ -138,13 +142,10 @@ impl RunState {
             &self.logits,
         ];
         let linear = self.linear.as_ref().map_or(0, delta_net::Buffers::bytes);
-        let experts: u64 = self.expert_work.iter().map(|w| w.lock().map_or(0, |w| w.bytes())).sum();
         (f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.scratch.bytes()) as u64
             + linear
             + self.mlp.bytes()
             + self.routing.bytes()
-            + self.attn_work.bytes()
-            + experts
     }
 }
 
