@@ -125,12 +125,25 @@ fn against_reports_kl_and_top1_agreement_with_the_base() {
     assert_clean_failure(&o, &["/nonexistent/base.moe"]);
 }
 
-/// The demo checkpoint with its output layer untied: `lm_head.weight` a copy of the embedding and
-/// `tie_word_embeddings` false, the same function of the same weights. A q4 package of it stores
-/// the output layer at q6 (the tied demo keeps q8: it is the embedding).
+/// The demo checkpoint with its output layer untied: `lm_head.weight` a copy of the embedding (in
+/// the embedding's shard, the index naming it) and `tie_word_embeddings` false, the same function
+/// of the same weights. A q4 package of it stores the output layer at q6 (the tied demo keeps q8:
+/// it is the embedding).
 fn untied_demo(dir: &Path) {
     let src = fixture("demo");
-    let b = std::fs::read(src.join("model.safetensors")).expect("demo weights");
+    let index_name = "model.safetensors.index.json";
+    let mut index: Value =
+        serde_json::from_slice(&std::fs::read(src.join(index_name)).expect("demo index")).expect("index json");
+    let shard = index["weight_map"]["model.embed_tokens.weight"].as_str().expect("embedding's shard").to_string();
+    for f in [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).expect("copy checkpoint file");
+    }
+    let b = std::fs::read(src.join(&shard)).expect("demo weights");
     let n = u64::from_le_bytes(b[..8].try_into().expect("header length")) as usize;
     let mut h: Value = serde_json::from_slice(&b[8..8 + n]).expect("header");
     let data = &b[8 + n..];
@@ -146,13 +159,12 @@ fn untied_demo(dir: &Path) {
     out.extend_from_slice(&hj);
     out.extend_from_slice(data);
     out.extend_from_slice(&data[s..t]);
-    std::fs::write(dir.join("model.safetensors"), out).expect("write weights");
+    std::fs::write(dir.join(&shard), out).expect("write weights");
+    index["weight_map"]["lm_head.weight"] = Value::String(shard);
+    std::fs::write(dir.join(index_name), serde_json::to_vec(&index).expect("json")).expect("write index");
     let mut c: Value = serde_json::from_slice(&std::fs::read(src.join("config.json")).expect("config")).expect("json");
     c["tie_word_embeddings"] = Value::Bool(false);
     std::fs::write(dir.join("config.json"), serde_json::to_vec(&c).expect("json")).expect("write config");
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(src.join(f), dir.join(f)).expect("copy tokenizer");
-    }
 }
 
 /// The q6 output layer on a trained model: against the bf16 package it diverges as little as the

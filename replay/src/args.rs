@@ -223,7 +223,9 @@ impl Files {
             std::fs::create_dir_all(&d).map_err(|e| at(&d, e))?;
         }
         let demo = crate::seeds::fixtures(&self.root).join("demo");
-        for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "heldout.txt"] {
+        let shards =
+            ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"];
+        for f in ["config.json", "tokenizer.json", "tokenizer_config.json", "heldout.txt"].into_iter().chain(shards) {
             std::fs::copy(demo.join(f), self.named["CKPT"].join(f)).map_err(|e| at(&demo.join(f), e))?;
         }
         let gguf = crate::seeds::fixtures(&self.root).join("gguf/tiny.gguf");

@@ -16,14 +16,17 @@ use crate::convert::{
 };
 use crate::package::layout::VERSION;
 
-/// The weights packed (`crate::packed`: 14 MB of bf16 in ~10 MB), and what the packed files
-/// unpack to.
+/// The weights packed (`crate::packed`: 14 MB of bf16 in ~10 MB), in two shards (no tracked
+/// file of the repository passes 8 MB), and what the packed files unpack to.
 #[cfg(feature = "embedded-demo")]
-const WEIGHTS: &[u8] = include_bytes!("model/model.safetensors.xz");
-const MANIFEST: &str = include_str!("MANIFEST");
+const WEIGHTS: [&[u8]; 2] = [
+    include_bytes!("model/model-00001-of-00002.safetensors.xz"),
+    include_bytes!("model/model-00002-of-00002.safetensors.xz"),
+];
 /// Built without the `embedded-demo` feature: no weights (see [`EMBEDDED`]).
 #[cfg(not(feature = "embedded-demo"))]
-const WEIGHTS: &[u8] = &[];
+const WEIGHTS: [&[u8]; 2] = [&[], &[]];
+const MANIFEST: &str = include_str!("MANIFEST");
 
 /// Whether this binary carries the demo model.
 pub const EMBEDDED: bool = cfg!(feature = "embedded-demo");
@@ -35,9 +38,16 @@ const FILES: [(&str, &[u8]); 2] = [
     ("tokenizer_config.json", include_bytes!("tokenizer_config.json")),
 ];
 
-/// The packed files: the weights and the tokenizer, each with its path in `MANIFEST`.
-const PACKED: [(&str, &str, &[u8]); 2] = [
-    ("model.safetensors", "model/model.safetensors", WEIGHTS),
+/// The packed files: the weights' shards and index, and the tokenizer, each with its path in
+/// `MANIFEST`.
+const PACKED: [(&str, &str, &[u8]); 4] = [
+    ("model-00001-of-00002.safetensors", "model/model-00001-of-00002.safetensors", WEIGHTS[0]),
+    ("model-00002-of-00002.safetensors", "model/model-00002-of-00002.safetensors", WEIGHTS[1]),
+    (
+        "model.safetensors.index.json",
+        "model/model.safetensors.index.json",
+        include_bytes!("model/model.safetensors.index.json.xz"),
+    ),
     ("tokenizer.json", "tokenizer.json", include_bytes!("tokenizer.json.xz")),
 ];
 

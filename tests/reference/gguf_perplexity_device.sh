@@ -32,7 +32,7 @@ log "start"
 BUILD=$!
 . tests/reference/llama_convert.sh
 mkdir -p "$W/demo"
-cp src/demo/model/config.json src/demo/model/model.safetensors src/demo/tokenizer.json src/demo/tokenizer_config.json "$W/demo/"
+cp src/demo/model/config.json src/demo/model/model-0000*.safetensors src/demo/model/model.safetensors.index.json src/demo/tokenizer.json src/demo/tokenizer_config.json "$W/demo/"
 for t in bf16 q8_0; do
     conv "$W/demo" --outtype $t --outfile "$W/g/demo-$t.gguf" >"$W/conv-demo-$t.log" 2>&1 || { tail -5 "$W/conv-demo-$t.log" >>"$LOG"; log "demo $t failed"; }
 done

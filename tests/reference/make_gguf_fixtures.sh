@@ -83,7 +83,7 @@ log "vocab done"
 
 # the demo model
 mkdir -p "$W/demo"
-cp src/demo/model/config.json src/demo/model/model.safetensors src/demo/tokenizer.json src/demo/tokenizer_config.json "$W/demo/"
+cp src/demo/model/config.json src/demo/model/model-0000*.safetensors src/demo/model/model.safetensors.index.json src/demo/tokenizer.json src/demo/tokenizer_config.json "$W/demo/"
 conv "$W/demo" --outtype bf16 --outfile "$W/g/demo-bf16.gguf" >"$W/conv-demo.log" 2>&1 || { tail -20 "$W/conv-demo.log" >>"$LOG"; log "demo failed"; }
 conv "$W/demo" --outtype q8_0 --outfile "$W/g/demo-q8_0.gguf" >>"$W/conv-demo.log" 2>&1
 log "demo converted"

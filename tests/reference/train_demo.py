@@ -7,7 +7,7 @@ usage: train_demo.py CORPUS_DIR OUT_DIR [--minutes 7] [--max-steps 750]
 
 CORPUS_DIR holds train.txt and heldout.txt from rust_docs_corpus.py (every 20th block held
 out). OUT_DIR gets:
-  demo/            the checkpoint (config.json, bf16 model.safetensors) and
+  demo/            the checkpoint (config.json, bf16 model-*.safetensors and their index) and
                    what transformers computes on it (reference.safetensors / reference.json,
                    as make_fixtures.py writes them) on a held-out prompt
   heldout_excerpt.txt   the first ~24k characters of heldout.txt (whole blocks): the text the
@@ -221,7 +221,9 @@ def main():
     # ---- save in bf16, then the oracle on the saved files --------------------------------
     out = os.path.join(args.out, "demo")
     os.makedirs(out, exist_ok=True)
-    model.to("cpu").to(torch.bfloat16).save_pretrained(out)
+    # shards of at most 8 MB: no tracked file of the repository passes 8 MB (the committed
+    # checkpoint is this one's tensors in two shards, cut in the file's order)
+    model.to("cpu").to(torch.bfloat16).save_pretrained(out, max_shard_size="8MB")
     gc = os.path.join(out, "generation_config.json")
     if os.path.exists(gc):
         os.remove(gc)
