@@ -122,20 +122,42 @@ pub fn crc32(b: &[u8]) -> u32 {
     c.sum()
 }
 
-/// A `MANIFEST`: each unpacked file's path (relative to the manifest's folder), size and CRC-32.
-pub fn read_manifest(path: &Path) -> Result<HashMap<PathBuf, (u64, u32)>, String> {
+/// What a `MANIFEST` says: each unpacked file's path (relative to the manifest's folder), size
+/// and CRC-32.
+pub type Manifest = HashMap<PathBuf, (u64, u32)>;
+
+/// The `MANIFEST` at `path`.
+pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    parse_manifest(&text, &path.display().to_string())
+}
+
+/// A `MANIFEST`'s text (`origin` names it in errors): lines of `CRC32 SIZE PATH`, `#` comments.
+pub fn parse_manifest(text: &str, origin: &str) -> Result<Manifest, String> {
     let mut m = HashMap::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#')) {
         let mut w = line.split_whitespace();
         let (Some(crc), Some(size), Some(name)) = (w.next(), w.next(), w.next()) else {
-            return Err(format!("{}:{}: expected 'CRC32 SIZE PATH'", path.display(), i + 1));
+            return Err(format!("{origin}:{}: expected 'CRC32 SIZE PATH'", i + 1));
         };
-        let crc = u32::from_str_radix(crc, 16).map_err(|_| format!("{}:{}: CRC '{crc}'", path.display(), i + 1))?;
-        let size = size.parse().map_err(|_| format!("{}:{}: size '{size}'", path.display(), i + 1))?;
+        let crc = u32::from_str_radix(crc, 16).map_err(|_| format!("{origin}:{}: CRC '{crc}'", i + 1))?;
+        let size = size.parse().map_err(|_| format!("{origin}:{}: size '{size}'", i + 1))?;
         m.insert(PathBuf::from(name), (size, crc));
     }
     Ok(m)
+}
+
+/// The file `plain` (its path in `manifest`) unpacked from `packed`, checked against its line.
+pub fn unpack_checked(plain: &Path, packed: &[u8], manifest: &Manifest) -> Result<Vec<u8>, String> {
+    let name = plain.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let b = unpack(&name, packed)?;
+    let Some(&(size, crc)) = manifest.get(plain) else {
+        return Err(format!("{}: not in its MANIFEST", plain.display()));
+    };
+    if b.len() as u64 != size || crc32(&b) != crc {
+        return Err(format!("{}: unpacked, not the bytes its MANIFEST names", plain.display()));
+    }
+    Ok(b)
 }
 
 /// A key of the state of the folder `from`: a CRC-32 over each file's path, size and
@@ -188,7 +210,7 @@ pub fn unpack_tree(from: &Path, to: &Path) -> Result<(), String> {
     Ok(())
 }
 
-fn copy_dir(from: &Path, to: &Path, rel: &Path, manifest: &HashMap<PathBuf, (u64, u32)>) -> Result<(), String> {
+fn copy_dir(from: &Path, to: &Path, rel: &Path, manifest: &Manifest) -> Result<(), String> {
     let err = |p: &Path, e: std::io::Error| format!("{}: {e}", p.display());
     std::fs::create_dir_all(to.join(rel)).map_err(|e| err(to, e))?;
     let dir = from.join(rel);
@@ -206,13 +228,7 @@ fn copy_dir(from: &Path, to: &Path, rel: &Path, manifest: &HashMap<PathBuf, (u64
         let (out, bytes) = match name.to_str().and_then(|n| n.strip_suffix(&format!(".{EXT}"))) {
             Some(stem) => {
                 let plain = rel.join(stem);
-                let b = unpack(stem, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
-                let Some(&(size, crc)) = manifest.get(&plain) else {
-                    return Err(format!("{}: not in {}", plain.display(), from.join("MANIFEST").display()));
-                };
-                if b.len() as u64 != size || crc32(&b) != crc {
-                    return Err(format!("{}: unpacked, not the bytes MANIFEST names", path.display()));
-                }
+                let b = unpack_checked(&plain, &bytes, manifest).map_err(|e| format!("{}: {e}", path.display()))?;
                 (to.join(plain), b)
             }
             None => (to.join(&r), bytes),

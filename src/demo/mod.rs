@@ -32,7 +32,7 @@ const MANIFEST: &str = include_str!("MANIFEST");
 pub const EMBEDDED: bool = cfg!(feature = "embedded-demo");
 
 /// The checkpoint's files, as `train_demo.py` saved them (plus src/demo's tokenizer), but for
-/// the packed ones (see [`packed_files`]).
+/// the packed ones (`PACKED`).
 const FILES: [(&str, &[u8]); 2] = [
     ("config.json", include_bytes!("model/config.json")),
     ("tokenizer_config.json", include_bytes!("tokenizer_config.json")),
@@ -50,28 +50,6 @@ const PACKED: [(&str, &str, &[u8]); 4] = [
     ),
     ("tokenizer.json", "tokenizer.json", include_bytes!("tokenizer.json.xz")),
 ];
-
-/// Each packed file's name and its unpacked bytes.
-type Unpacked = Vec<(&'static str, Vec<u8>)>;
-
-/// The packed files unpacked (once per process), each checked against its MANIFEST line.
-fn packed_files() -> Result<&'static [(&'static str, Vec<u8>)], ConvertError> {
-    static PLAIN: std::sync::OnceLock<Result<Unpacked, String>> = std::sync::OnceLock::new();
-    let plain = PLAIN.get_or_init(|| {
-        let mut out = Vec::new();
-        for (name, path, packed) in PACKED.into_iter().filter(|p| !p.2.is_empty()) {
-            let b = crate::packed::unpack(name, packed)?;
-            let want = MANIFEST.lines().find(|l| l.ends_with(&format!(" {path}")));
-            let got = format!("{:08x} {} {path}", crate::packed::crc32(&b), b.len());
-            if want != Some(got.as_str()) {
-                return Err(format!("the embedded demo's {name} unpacks to '{got}', its MANIFEST says {want:?}"));
-            }
-            out.push((name, b));
-        }
-        Ok(out)
-    });
-    plain.as_deref().map_err(|msg| ConvertError::File { path: PathBuf::from("src/demo"), msg: msg.clone() })
-}
 
 /// Bumped whenever the demo's weights or shape change, so a stale cached package is replaced.
 const DEMO_REVISION: u32 = 3;
@@ -95,10 +73,19 @@ impl Drop for TempDir {
 /// Write the embedded checkpoint into `dir` (created), as a HuggingFace model directory.
 pub fn unpack_checkpoint(dir: &Path) -> Result<(), ConvertError> {
     std::fs::create_dir_all(dir).map_err(|error| ConvertError::Io { path: dir.to_path_buf(), error })?;
-    let packed = packed_files()?.iter().map(|(n, b)| (*n, b.as_slice()));
-    for (name, bytes) in FILES.into_iter().chain(packed) {
+    for (name, bytes) in FILES {
         let p = dir.join(name);
         std::fs::write(&p, bytes).map_err(|error| ConvertError::Io { path: p, error })?;
+    }
+    // the packed ones one at a time (the weights are 14 MB unpacked), each checked against its
+    // MANIFEST line
+    let bad =
+        |msg: String| ConvertError::File { path: PathBuf::from("src/demo"), msg: format!("embedded demo: {msg}") };
+    let manifest = crate::packed::parse_manifest(MANIFEST, "src/demo/MANIFEST").map_err(bad)?;
+    for (name, path, packed) in PACKED.into_iter().filter(|p| !p.2.is_empty()) {
+        let b = crate::packed::unpack_checked(Path::new(path), packed, &manifest).map_err(bad)?;
+        let p = dir.join(name);
+        std::fs::write(&p, b).map_err(|error| ConvertError::Io { path: p, error })?;
     }
     Ok(())
 }

@@ -237,9 +237,9 @@ impl Buffers {
     }
 
     pub fn bytes(&self) -> u64 {
+        // the tasks' buffers, one per compute thread, come on top (see `RunState::bytes`)
         let f = [&self.p, &self.z, &self.b, &self.a, &self.proj, &self.c, &self.beta, &self.decay, &self.y];
-        let tasks: usize = self.tasks.iter().map(|t| t.lock().map_or(0, |t| t.capacity())).sum();
-        (f.iter().map(|v| v.capacity()).sum::<usize>() + tasks) as u64 * 4
+        f.iter().map(|v| v.capacity() as u64 * 4).sum()
     }
 }
 

@@ -85,7 +85,7 @@ impl Moe {
         if let Some(se) = &self.shared {
             se.forward(pass, l);
         }
-        let steer = self.router.route(pass, l, self.moe_layer)?;
+        let steer = self.router.route(pass, l, self.moe_layer);
         let (exec, experts, norm) = (pass.exec, pass.experts, pass.pkg.f32_by_index(self.norm));
         let h = norm.len();
         let RunState { x, hn, delta, shared, routing, yk, expert_work, expert_order, .. } = &mut *pass.st;

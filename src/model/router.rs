@@ -240,15 +240,16 @@ pub struct Routing {
 }
 
 impl Routing {
-    /// Buffers for batches of up to `chunk` tokens (the choice scores, which few rules read,
-    /// grow at their first use).
+    /// Buffers for batches of up to `chunk` tokens (choice scores where the rule reads them: a
+    /// sigmoid router's corrected scores, expert groups).
     pub fn new(rule: &RouterRule, chunk: usize) -> Routing {
+        let choice = rule.scoring == Scoring::Sigmoid || rule.groups.is_some();
         let (e_n, k_n) = (rule.num_experts, rule.top_k);
         Routing {
             top_k: k_n,
             num_experts: e_n,
             picks: Vec::with_capacity(chunk * k_n),
-            choice: Vec::new(),
+            choice: if choice { vec![0f32; chunk * e_n] } else { Vec::new() },
             uses: Vec::with_capacity(chunk * k_n),
             starts: Vec::with_capacity(e_n + 1),
             fill: Vec::with_capacity(e_n),
@@ -350,7 +351,7 @@ impl Router {
     /// layer, into `st.routing`; every token's choice goes to the observer, and `st.probs`
     /// (`[T, E]`) keeps its scores.
     /// Returns what steered the choice.
-    pub fn route<'a>(&self, pass: &mut Pass<'a>, l: usize, moe_layer: usize) -> Result<Steer<'a>, ModelError> {
+    pub fn route<'a>(&self, pass: &mut Pass<'a>, l: usize, moe_layer: usize) -> Steer<'a> {
         let (exec, pkg, t_n, pos0) = (pass.exec, pass.pkg, pass.t_n, pass.pos0);
         let rule = self.rule;
         let (e_n, k_n) = (rule.num_experts, rule.top_k);
@@ -369,9 +370,7 @@ impl Router {
         routing.picks.resize(t_n * k_n, Pick::default());
         routing.substituted = 0;
         if let Steer::CacheAware { source, moe_layer, tol } = steer {
-            if rule.scoring != Scoring::Softmax || correction.is_some() || rule.groups.is_some() {
-                return Err(ModelError::Unsupported("cache-aware routing needs a plain softmax router".into()));
-            }
+            // (only over plain softmax routers: `Decoder::set_cache_aware_routing` refuses others)
             // asks the expert source per token: one token after another
             let (mut top, mut wide) = (Vec::with_capacity(e_n), Vec::new());
             for (t, picks) in routing.picks.chunks_exact_mut(k_n).enumerate() {
@@ -395,6 +394,7 @@ impl Router {
                 let scores = &*probs;
                 let has_choice = rule.needs_choice_scores(correction.is_some());
                 if has_choice && routing.choice.len() < t_n * e_n {
+                    // a correction on a router `Routing::new` made none for
                     routing.choice.resize(t_n * e_n, 0.0);
                 }
                 let choice = Chunks::new(&mut routing.choice);
@@ -441,7 +441,13 @@ impl Router {
             span.set("substituted", routing.substituted);
             pass.steering.count_substitutions(routing.substituted);
         }
-        Ok(steer)
+        steer
+    }
+
+    /// A softmax over every expert, its top-k chosen as they are: what cache-aware routing can
+    /// steer.
+    pub fn plain_softmax(&self) -> bool {
+        self.rule.scoring == Scoring::Softmax && self.rule.groups.is_none() && self.correction.is_none()
     }
 
     /// A token's logits (`[E]`, from `weight`) in place become the scores its experts are
