@@ -34,7 +34,18 @@ fn main() {
             let reps = (20_000_000 / pairs).clamp(3, 200);
             for _ in 0..reps {
                 let t = Instant::now();
-                attn::attend(isa, &q, &ends, &packed, &vals, 0.088, &mut acc, &mut part, &mut out);
+                attn::attend(
+                    isa,
+                    &q,
+                    &ends,
+                    &packed,
+                    &vals,
+                    attn::Scoring::full(0.088),
+                    &[],
+                    &mut acc,
+                    &mut part,
+                    &mut out,
+                );
                 times.push(t.elapsed().as_secs_f64());
                 std::hint::black_box(&out);
             }

@@ -31,16 +31,21 @@ pub enum Arch {
     /// `Qwen3_5MoeForConditionalGeneration`, Qwen3-Next's layers with flat projections.
     #[serde(rename = "qwen3_5_moe")]
     Qwen35Moe,
+    /// gpt-oss (gpt-oss-20b, gpt-oss-120b): `GptOssForCausalLM`, attention with biases, sinks
+    /// and sliding windows, a top-k-then-softmax router with a bias, experts with biases and a
+    /// clamped SwiGLU.
+    GptOss,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 3] = [Arch::Qwen3Moe, Arch::Qwen3Next, Arch::Qwen35Moe];
+    pub const ALL: [Arch; 4] = [Arch::Qwen3Moe, Arch::Qwen3Next, Arch::Qwen35Moe, Arch::GptOss];
 
     pub fn hf_class(self) -> &'static str {
         match self {
             Arch::Qwen3Moe => "Qwen3MoeForCausalLM",
             Arch::Qwen3Next => "Qwen3NextForCausalLM",
             Arch::Qwen35Moe => "Qwen3_5MoeForConditionalGeneration",
+            Arch::GptOss => "GptOssForCausalLM",
         }
     }
 
@@ -50,12 +55,89 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3_moe",
             Arch::Qwen3Next => "qwen3_next",
             Arch::Qwen35Moe => "qwen3_5_moe",
+            Arch::GptOss => "gpt_oss",
         }
     }
 
     /// Hybrid models: Gated DeltaNet and gated attention layers, (1 + w) norms, a shared expert.
     pub fn is_hybrid(self) -> bool {
-        !matches!(self, Arch::Qwen3Moe)
+        matches!(self, Arch::Qwen3Next | Arch::Qwen35Moe)
+    }
+
+    /// Attention heads normed per head (`q_norm`, `k_norm`) before RoPE: the Qwen families.
+    pub fn has_qk_norm(self) -> bool {
+        !matches!(self, Arch::GptOss)
+    }
+}
+
+/// Sliding-window attention in some layers (gpt-oss's `layer_types` `sliding_attention`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Sliding {
+    /// `sliding_window` W: a query attends the W latest positions, itself included.
+    pub window: usize,
+    /// The layers that slide, ascending; the others attend every position.
+    pub layers: Vec<usize>,
+}
+
+/// YaRN RoPE scaling (`rope_scaling` / `rope_parameters` with `rope_type` "yarn"), as
+/// transformers' `_compute_yarn_parameters` computes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Yarn {
+    pub factor: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub original_max_position_embeddings: usize,
+    /// Round the correction range outward to whole dims (transformers' default: true).
+    pub truncate: bool,
+    /// What cos and sin are multiplied by (`attention_factor`, or 0.1 ln(factor) + 1).
+    pub attention_factor: f64,
+}
+
+impl Yarn {
+    /// The `dim / 2` frequencies of a head's `dim` rotary dims at base `theta`: each blends
+    /// the plain frequency (fast dims, many turns over the original context) and the one
+    /// interpolated by `factor` (slow dims), by a ramp between the dims that turn `beta_fast`
+    /// and `beta_slow` times; in f32, in the order transformers computes them.
+    pub fn inv_freq(&self, theta: f64, dim: usize) -> Vec<f32> {
+        let correction_dim = |turns: f64| {
+            dim as f64 * (self.original_max_position_embeddings as f64 / (turns * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * theta.ln())
+        };
+        let (mut low, mut high) = (correction_dim(self.beta_fast), correction_dim(self.beta_slow));
+        if self.truncate {
+            (low, high) = (low.floor(), high.ceil());
+        }
+        let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+        if low == high {
+            high += 0.001; // transformers' guard against a zero-width ramp
+        }
+        (0..dim / 2)
+            .map(|i| {
+                let pos_freq = (theta as f32).powf((2 * i) as f32 / dim as f32);
+                let (extra, inter) = (1.0 / pos_freq, 1.0 / (self.factor as f32 * pos_freq));
+                let ramp = ((i as f32 - low as f32) / (high as f32 - low as f32)).clamp(0.0, 1.0);
+                let keep = 1.0 - ramp;
+                inter * (1.0 - keep) + extra * keep
+            })
+            .collect()
+    }
+}
+
+/// The activation between an expert's gate and up products and its down product.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertAct {
+    /// `silu(gate) * up`
+    #[default]
+    Silu,
+    /// gpt-oss: `g = min(gate, limit)`, `u = clamp(up, -limit, limit)`,
+    /// `(u + 1) * g * sigmoid(alpha g)`
+    ClampedSwiglu { alpha: f32, limit: f32 },
+}
+
+impl ExpertAct {
+    fn is_silu(&self) -> bool {
+        *self == ExpertAct::Silu
     }
 }
 
@@ -190,6 +272,30 @@ pub struct ModelConfig {
     /// Qwen3-Next / Qwen3.5: the linear-attention layers and the shared expert.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hybrid: Option<HybridConfig>,
+    /// What the family adds to the common layer (none for the Qwen families).
+    #[serde(flatten)]
+    pub features: Features,
+}
+
+/// What a family adds to the common layer, each off by default (and then absent from a
+/// package's metadata, so packages made before these existed read the same).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Features {
+    /// q, k, v and o projections with biases (gpt-oss's `attention_bias`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_bias: bool,
+    /// One learned sink logit per attention head (gpt-oss).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_sinks: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sliding: Option<Sliding>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_yarn: Option<Yarn>,
+    /// Routed experts with biases on gate, up and down (gpt-oss).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expert_bias: bool,
+    #[serde(default, skip_serializing_if = "ExpertAct::is_silu")]
+    pub expert_act: ExpertAct,
 }
 
 impl ModelConfig {
@@ -217,6 +323,11 @@ impl ModelConfig {
     /// Layers with softmax attention (and so a KV cache).
     pub fn attention_layers(&self) -> usize {
         (0..self.num_hidden_layers).filter(|&l| self.layer_kind(l) == LayerKind::FullAttention).count()
+    }
+
+    /// The window of layer `layer`'s attention, if it slides.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.features.sliding.as_ref().filter(|s| s.layers.contains(&layer)).map(|s| s.window)
     }
 
     /// RoPE dims of an attention head (all of them for Qwen3-MoE).
@@ -271,6 +382,26 @@ impl ModelConfig {
         }
         if let Some(hy) = &self.hybrid {
             hy.validate(self.num_hidden_layers, self.head_dim)?;
+        }
+        let f = &self.features;
+        if let Some(s) = &f.sliding {
+            if s.window == 0 {
+                return Err("sliding_window must be positive".into());
+            }
+            if let Some(&l) = s.layers.iter().find(|&&l| l >= self.num_hidden_layers) {
+                return Err(format!("layer_types marks layer {l} sliding, past num_hidden_layers"));
+            }
+        }
+        if let Some(y) = &f.rope_yarn {
+            let finite = [y.factor, y.beta_fast, y.beta_slow, y.attention_factor].iter().all(|x| x.is_finite());
+            if !finite || y.factor <= 0.0 || y.original_max_position_embeddings == 0 {
+                return Err("rope_scaling (yarn) needs a positive factor and original_max_position_embeddings".into());
+            }
+        }
+        if let ExpertAct::ClampedSwiglu { alpha, limit } = f.expert_act
+            && !(alpha.is_finite() && limit.is_finite() && limit > 0.0)
+        {
+            return Err("swiglu_limit must be a positive number".into());
         }
         if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim));

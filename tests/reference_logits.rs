@@ -50,10 +50,19 @@ impl Observer for Routes {
 /// fixtures have nearly flat logits (top-2 margins mostly below 0.05), not because q4 is
 /// broken: q4 rounds weights to 1/8 of their group's range, 16x coarser than q8, so its KL is
 /// expected ~100-250x q8's (observed ~60x).
-fn quant_bounds(quant: &str) -> Option<(f64, f64, f64)> {
+///
+/// gpt-oss's fixture is more sensitive to weight rounding, and not through the engine: its
+/// engine measurements (q8 1.77σ / 1.9e-3σ² / 0.969, q4 3.49σ / 6.0e-2σ² / 0.563, q4g32 3.88σ /
+/// 5.0e-2σ² / 0.569) match what transformers itself gives on the same checkpoint with its
+/// weights rounded to q8 / q4 in groups of 32 (1.98σ and 3.34σ max |Δ| over the prompt), so it
+/// has bounds of its own, with the same 1.6x headroom.
+fn quant_bounds(name: &str, quant: &str) -> Option<(f64, f64, f64)> {
+    let gpt_oss = name.contains("gpt-oss");
     match quant {
         "bf16" => None,
+        "q8" if gpt_oss => Some((2.9, 3e-3, 0.85)),
         "q8" => Some((0.6, 1.2e-3, 0.85)),
+        _ if gpt_oss => Some((6.2, 9.5e-2, 0.35)),
         _ => Some((2.5, 7e-2, 0.35)),
     }
 }
@@ -123,7 +132,7 @@ fn check_fixture(name: &str) {
                 Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(ctx), isa, stream: None }).expect("load");
             let moe_layers = eng.config().moe_layers();
             let mut m = Measured::new();
-            let bounds = quant_bounds(quant);
+            let bounds = quant_bounds(name, quant);
             let flip = bounds.map_or(1e-3, |(b, _, _)| (2.0 * b * sigma) as f32);
 
             // 1. the prompt in one batch: every position's logits, and the routing
@@ -221,6 +230,7 @@ fixture_tests! {
     trained_demo_model => "demo",
     qwen3_next_grouped_projections_dense_layer => "next",
     qwen3_5_vision_mtp_fused_tied => "qwen35",
+    gpt_oss_sinks_windows_yarn_biases_clamp => "gpt-oss",
 }
 
 /// Checkpoints made outside the repository (see the module comment); nothing to do when unset.

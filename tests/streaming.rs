@@ -43,7 +43,7 @@ fn stream(budget: u64, prefetch: bool, policy: PolicyKind, io: IoMode) -> Stream
 
 #[test]
 fn logits_are_bit_identical_at_every_budget() {
-    for name in ["single", "odd", "wide", "next", "qwen35"] {
+    for name in ["single", "odd", "wide", "next", "qwen35", "gpt-oss"] {
         let (_d, pkg) = convert(name, "q4");
         let r = Reference::load(name);
         let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));

@@ -61,6 +61,40 @@ pub fn silu_inplace(x: &mut [f32]) {
     }
 }
 
+/// How an MLP's gate and up results become its down product's input.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Glu {
+    /// `silu(g) * u`: the SwiGLU of Qwen's MLPs and experts
+    Silu,
+    /// gpt-oss's experts: `g = min(g, limit)`, `u = clamp(u, -limit, limit)`,
+    /// `(u + 1) * g * sigmoid(alpha g)`
+    Clamped { alpha: f32, limit: f32 },
+}
+
+impl Glu {
+    /// `out[i] = act(gate[i] + bg[i], up[i] + bu[i])`, the biases `(bg, bu)` where given.
+    pub fn apply(self, gate: &[f32], up: &[f32], bias: Option<(&[f32], &[f32])>, out: &mut [f32]) {
+        match (self, bias) {
+            (Glu::Silu, None) => swiglu(gate, up, out),
+            (Glu::Silu, Some((bg, bu))) => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = silu(gate[i] + bg[i]) * (up[i] + bu[i]);
+                }
+            }
+            (Glu::Clamped { alpha, limit }, bias) => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let (g, u) = match bias {
+                        Some((bg, bu)) => (gate[i] + bg[i], up[i] + bu[i]),
+                        None => (gate[i], up[i]),
+                    };
+                    let (g, u) = (g.min(limit), u.clamp(-limit, limit));
+                    *o = (u + 1.0) * (g / (1.0 + (-alpha * g).exp()));
+                }
+            }
+        }
+    }
+}
+
 /// `out[i] = silu(gate[i]) * up[i]` (the SwiGLU of Qwen's MLPs and experts).
 pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
@@ -116,21 +150,29 @@ pub fn add_inplace(x: &mut [f32], y: &[f32]) {
 pub struct Rope {
     pub rot_dim: usize,
     inv_freq: Vec<f32>,
+    /// What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    scale: f32,
 }
 
 impl Rope {
     pub fn new(theta: f64, rot_dim: usize) -> Rope {
         let inv_freq =
             (0..rot_dim / 2).map(|i| 1.0f32 / (theta as f32).powf((2 * i) as f32 / rot_dim as f32)).collect();
-        Rope { rot_dim, inv_freq }
+        Rope { rot_dim, inv_freq, scale: 1.0 }
+    }
+
+    /// Frequencies made elsewhere (a scaled RoPE such as YaRN: `rot_dim / 2` of them), cos and
+    /// sin multiplied by `scale`.
+    pub fn with_freqs(inv_freq: Vec<f32>, scale: f32) -> Rope {
+        Rope { rot_dim: 2 * inv_freq.len(), inv_freq, scale }
     }
 
     /// cos and sin of position `pos`, each `rot_dim / 2` long.
     pub fn cos_sin(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
         for (i, &f) in self.inv_freq.iter().enumerate() {
             let a = pos as f32 * f;
-            cos[i] = a.cos();
-            sin[i] = a.sin();
+            cos[i] = a.cos() * self.scale;
+            sin[i] = a.sin() * self.scale;
         }
     }
 }

@@ -227,15 +227,16 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
         "checkpoint" => {
             out.push(("tiny qwen3-moe".into(), tiny_checkpoint()));
             out.push(("tiny qwen3-moe in two shards".into(), tiny_sharded_checkpoint()));
-            for f in ["next", "qwen35", "odd"] {
+            for f in ["next", "qwen35", "odd", "gpt-oss"] {
                 out.extend(fixture_checkpoint(root, f).map(|b| (format!("tests/fixtures/{f}"), b)));
             }
         }
         "package" => {
             out.extend(package_of(&tiny_checkpoint()).map(|b| ("tiny qwen3-moe package".into(), b)));
-            out.extend(
-                fixture_checkpoint(root, "next").and_then(|c| package_of(&c)).map(|b| ("next package".into(), b)),
-            );
+            for f in ["next", "gpt-oss"] {
+                let pkg = fixture_checkpoint(root, f).and_then(|c| package_of(&c));
+                out.extend(pkg.map(|b| (format!("{f} package"), b)));
+            }
         }
         "gguf" => {
             for p in [

@@ -6,6 +6,7 @@ use anyhow::Result;
 use moescope::convert::gguf::source::runs_as;
 use moescope::convert::gguf::{self, Value};
 use moescope::model::LayerKind;
+use moescope::model_config::{ExpertAct, ModelConfig};
 use moescope::package::{OpenOptions, Package};
 use serde_json::json;
 
@@ -98,6 +99,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             String::new()
         }
     );
+    print_features(c);
     if let Some(hy) = &c.hybrid {
         // one letter a layer: L linear attention (Gated DeltaNet), F full attention
         let kinds: String = hy
@@ -216,4 +218,34 @@ fn inspect_gguf(a: &InspectArgs) -> Result<()> {
         println!("  {:<36} {:<8} {:?}  {}", t.name, t.ty.name, t.ne, mb(t.bytes));
     }
     Ok(())
+}
+
+/// What a family adds to the common layer (gpt-oss's windows, sinks, biases, YaRN, activation).
+fn print_features(c: &ModelConfig) {
+    let f = &c.features;
+    if let Some(s) = &f.sliding {
+        // one letter a layer: S sliding window, F full attention
+        let kinds: String = (0..c.num_hidden_layers).map(|l| if c.window(l).is_some() { 'S' } else { 'F' }).collect();
+        println!("layer kinds   {kinds} (window {} in {} of {} layers)", s.window, s.layers.len(), c.num_hidden_layers);
+    }
+    let mut extras = vec![];
+    if f.attention_bias {
+        extras.push("q/k/v/o biases".to_string());
+    }
+    if f.attention_sinks {
+        extras.push("a sink per head".to_string());
+    }
+    if let Some(y) = &f.rope_yarn {
+        extras.push(format!(
+            "YaRN x{} over {} positions (attention factor {:.4})",
+            y.factor, y.original_max_position_embeddings, y.attention_factor
+        ));
+    }
+    if !extras.is_empty() {
+        println!("attention +   {}", extras.join(", "));
+    }
+    if let ExpertAct::ClampedSwiglu { alpha, limit } = f.expert_act {
+        let bias = if f.expert_bias { "biases on gate, up and down; " } else { "" };
+        println!("experts +     {bias}clamped SwiGLU (limit {limit}, alpha {alpha}, (up + 1) * glu)");
+    }
 }

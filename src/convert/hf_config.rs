@@ -8,7 +8,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::ConvertError;
-use crate::model_config::{Arch, HybridConfig, LayerKind, MAX_LAYERS, ModelConfig};
+use crate::model_config::{Arch, ExpertAct, Features, HybridConfig, LayerKind, MAX_LAYERS, ModelConfig, Sliding, Yarn};
 
 /// Read `dir/config.json` (+ `dir/generation_config.json` for extra end-of-sequence ids).
 pub fn read_config(dir: &Path) -> Result<ModelConfig, ConvertError> {
@@ -59,8 +59,13 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
     };
     let k = Keys { v: t, prefix, path };
 
-    if k.bool("attention_bias", false)? {
+    let gpt_oss = arch == Arch::GptOss;
+    if !gpt_oss && k.bool("attention_bias", false)? {
         return Err(k.err("attention_bias", "true is not supported (these models have no attention biases)"));
+    }
+    if let Some(q) = t.get("quantization_config").filter(|q| !q.is_null()) {
+        let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("unknown");
+        return Err(k.err("quantization_config", &format!("quant_method '{method}' is not supported yet")));
     }
     if k.bool("use_sliding_window", false)? {
         return Err(k.err("use_sliding_window", "sliding-window attention is not supported"));
@@ -73,11 +78,15 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
     // rope: top-level (hub) or rope_parameters (transformers 5); only plain RoPE. Qwen3.5's
     // interleaved MRoPE is plain RoPE for text, where all three position ids are equal.
     let rp = t.get("rope_parameters").filter(|x| !x.is_null());
+    // gpt-oss's YaRN (read below)
+    let mut yarn_at = None;
     for (key, scaling) in [("rope_scaling", t.get("rope_scaling")), ("rope_parameters", rp)] {
         if let Some(s) = scaling.filter(|x| !x.is_null()) {
             let ty = s.get("rope_type").or_else(|| s.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
-            if ty != "default" {
-                return Err(k.err(key, &format!("RoPE scaling '{ty}' is not supported yet")));
+            match ty {
+                "default" => {}
+                "yarn" if gpt_oss => yarn_at = Some((key, s)),
+                _ => return Err(k.err(key, &format!("RoPE scaling '{ty}' is not supported yet"))),
             }
         }
     }
@@ -120,6 +129,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(k.err("mlp_only_layers", "expected a list of layer indices")),
     };
+    let features = if gpt_oss { gpt_oss_features(&k, num_hidden_layers, yarn_at)? } else { Features::default() };
     let hybrid = if arch.is_hybrid() {
         let factor = rope_key("partial_rotary_factor")?.unwrap_or(0.25);
         if !(factor > 0.0 && factor <= 1.0) {
@@ -163,7 +173,10 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
         num_key_value_heads: k.usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
         head_dim,
         intermediate_size: k.usize("intermediate_size")?.unwrap_or(0),
-        moe_intermediate_size: k.usize("moe_intermediate_size")?.unwrap_or(0),
+        // gpt-oss's experts are `intermediate_size` wide (it has no dense layers)
+        moe_intermediate_size: k
+            .usize(if gpt_oss { "intermediate_size" } else { "moe_intermediate_size" })?
+            .unwrap_or(0),
         num_experts,
         num_experts_per_tok: k.req("num_experts_per_tok")?,
         // Qwen3.5 always renormalises the top-k (the key is gone); Qwen3-Next defaults to it
@@ -171,6 +184,8 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
             Arch::Qwen35Moe => true,
             Arch::Qwen3Next => k.bool("norm_topk_prob", true)?,
             Arch::Qwen3Moe => k.bool("norm_topk_prob", false)?,
+            // the softmax over the chosen k already sums to one
+            Arch::GptOss => false,
         },
         decoder_sparse_step: if arch == Arch::Qwen35Moe { 1 } else { k.usize("decoder_sparse_step")?.unwrap_or(1) },
         mlp_only_layers,
@@ -181,6 +196,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
         bos_token_id: bos.first().copied(),
         eos_token_ids: eos,
         hybrid,
+        features,
     };
     cfg.validate().map_err(|msg| {
         let key = msg.split_whitespace().next().unwrap_or("config").to_string();
@@ -201,12 +217,14 @@ fn detect_arch(v: &Value, path: &Path) -> Result<Arch, ConvertError> {
         "Qwen3MoeForCausalLM" => Some(Arch::Qwen3Moe),
         "Qwen3NextForCausalLM" => Some(Arch::Qwen3Next),
         "Qwen3_5MoeForConditionalGeneration" | "Qwen3_5MoeForCausalLM" => Some(Arch::Qwen35Moe),
+        "GptOssForCausalLM" => Some(Arch::GptOss),
         _ => None,
     };
     let by_type = match model_type {
         "qwen3_moe" => Some(Arch::Qwen3Moe),
         "qwen3_next" => Some(Arch::Qwen3Next),
         "qwen3_5_moe" | "qwen3_5_moe_text" => Some(Arch::Qwen35Moe),
+        "gpt_oss" => Some(Arch::GptOss),
         _ => None,
     };
     let found = if archs.is_empty() { by_type } else { archs.iter().find_map(|c| by_class(c)) };
@@ -214,6 +232,93 @@ fn detect_arch(v: &Value, path: &Path) -> Result<Arch, ConvertError> {
         path: path.to_path_buf(),
         found: if archs.is_empty() { format!("model_type {model_type}") } else { archs.join(", ") },
         supported: Arch::ALL.map(|a| a.hf_class()).join(", "),
+    })
+}
+
+/// gpt-oss's attention and experts: biases (`attention_bias`, default true), sinks, the
+/// sliding layers (`layer_types`, in any order; transformers' default: every other layer from
+/// the first), YaRN from `yarn` (the key it sat under and its object) and the clamped SwiGLU
+/// (`swiglu_limit`, 7 by default; alpha is fixed at 1.702 in transformers).
+fn gpt_oss_features(k: &Keys, layers: usize, yarn: Option<(&str, &Value)>) -> Result<Features, ConvertError> {
+    let sliding_layers: Vec<usize> = match k.v.get("layer_types") {
+        Some(Value::Array(a)) => {
+            if a.len() != layers {
+                return Err(k.err("layer_types", &format!("{} entries for {layers} layers", a.len())));
+            }
+            let mut slide = vec![];
+            for (i, x) in a.iter().enumerate() {
+                match x.as_str() {
+                    Some("sliding_attention") => slide.push(i),
+                    Some("full_attention") => {}
+                    _ => {
+                        return Err(k.err(
+                            &format!("layer_types[{i}]"),
+                            &format!("unknown layer kind {x} (expected \"sliding_attention\" or \"full_attention\")"),
+                        ));
+                    }
+                }
+            }
+            slide
+        }
+        None | Some(Value::Null) => (0..layers).filter(|i| i % 2 == 0).collect(),
+        Some(_) => return Err(k.err("layer_types", "expected a list of layer kinds")),
+    };
+    let sliding = match k.usize("sliding_window")? {
+        Some(window) if !sliding_layers.is_empty() => Some(Sliding { window, layers: sliding_layers }),
+        None if !sliding_layers.is_empty() => {
+            return Err(k.err("sliding_window", "missing, but layer_types has sliding layers"));
+        }
+        _ => None,
+    };
+    let rope_yarn = match yarn {
+        Some((key, y)) => Some(yarn_of(k, key, y)?),
+        None => None,
+    };
+    let limit = k.f64("swiglu_limit")?.unwrap_or(7.0);
+    Ok(Features {
+        attention_bias: k.bool("attention_bias", true)?,
+        attention_sinks: true,
+        sliding,
+        rope_yarn,
+        expert_bias: true,
+        expert_act: ExpertAct::ClampedSwiglu { alpha: 1.702, limit: limit as f32 },
+    })
+}
+
+/// YaRN's parameters from the `key` object `y`, with transformers' defaults: beta_fast 32,
+/// beta_slow 1, truncate true, the attention factor `0.1 ln(factor) + 1` (1 for factor <= 1).
+fn yarn_of(k: &Keys, key: &str, y: &Value) -> Result<Yarn, ConvertError> {
+    let num = |name: &str| -> Result<Option<f64>, ConvertError> {
+        match y.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(x) => x.as_f64().map(Some).ok_or_else(|| k.err(&format!("{key}.{name}"), "expected a number")),
+        }
+    };
+    let orig = num("original_max_position_embeddings")?
+        .ok_or_else(|| k.err(&format!("{key}.original_max_position_embeddings"), "missing"))?;
+    let factor = match num("factor")? {
+        Some(f) => f,
+        None => k.usize("max_position_embeddings")?.unwrap_or(0) as f64 / orig,
+    };
+    if !(factor.is_finite() && factor > 0.0 && orig >= 1.0) {
+        return Err(k.err(key, "yarn needs a positive factor and original_max_position_embeddings"));
+    }
+    let truncate = match y.get("truncate") {
+        None | Some(Value::Null) => true,
+        Some(x) => x.as_bool().ok_or_else(|| k.err(&format!("{key}.truncate"), "expected true or false"))?,
+    };
+    let default_factor = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+    if num("mscale")?.is_some() || num("mscale_all_dim")?.is_some() {
+        return Err(k.err(key, "yarn with mscale / mscale_all_dim is not supported yet"));
+    }
+    Ok(Yarn {
+        factor,
+        // transformers takes a 0 as unset too (`get(...) or 32`)
+        beta_fast: num("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
+        beta_slow: num("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
+        original_max_position_embeddings: orig as usize,
+        truncate,
+        attention_factor: num("attention_factor")?.unwrap_or(default_factor),
     })
 }
 
@@ -342,6 +447,54 @@ mod tests {
         v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
         let e = parse_config(&v, Path::new("config.json")).unwrap_err().to_string();
         assert!(e.contains("rope_scaling") && e.contains("yarn"), "{e}");
+    }
+
+    fn gpt_oss() -> Value {
+        json!({"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 100,
+               "hidden_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 32, "intermediate_size": 64, "num_local_experts": 8, "num_experts_per_tok": 3,
+               "sliding_window": 20, "rope_theta": 150000.0, "swiglu_limit": 7.0,
+               "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+               "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                "truncate": false, "original_max_position_embeddings": 4096}})
+    }
+
+    #[test]
+    fn gpt_oss_reads_windows_in_any_order_yarn_and_its_experts() {
+        let c = parse_config(&gpt_oss(), Path::new("c.json")).unwrap();
+        assert_eq!(c.arch, Arch::GptOss);
+        assert_eq!((c.moe_intermediate_size, c.num_experts, c.norm_topk_prob), (64, 8, false));
+        assert_eq!((c.window(0), c.window(1), c.window(2), c.window(3)), (None, Some(20), Some(20), None));
+        let f = &c.features;
+        assert!(f.attention_bias && f.attention_sinks && f.expert_bias);
+        assert_eq!(f.expert_act, ExpertAct::ClampedSwiglu { alpha: 1.702, limit: 7.0 });
+        let y = f.rope_yarn.clone().unwrap();
+        // transformers' default attention factor: 0.1 ln(32) + 1
+        assert!((y.attention_factor - (0.1 * 32f64.ln() + 1.0)).abs() < 1e-12);
+        // YaRN keeps the fastest dims as they are and divides the slowest by the factor
+        let plain = |i: usize| 1.0 / 150000f32.powf((2 * i) as f32 / 32.0);
+        let inv = y.inv_freq(150000.0, 32);
+        assert_eq!(inv[0], plain(0));
+        assert!((inv[15] - plain(15) / 32.0).abs() <= 1e-6 * plain(15));
+        // transformers 5's spelling, and its default layer kinds (every other layer slides)
+        let mut t5 = gpt_oss();
+        let o = t5.as_object_mut().unwrap();
+        let mut rp = o.remove("rope_scaling").unwrap();
+        rp["rope_theta"] = o.remove("rope_theta").unwrap();
+        o.insert("rope_parameters".into(), rp);
+        o.remove("layer_types");
+        let d = parse_config(&t5, Path::new("c.json")).unwrap();
+        assert_eq!(d.features.rope_yarn, f.rope_yarn);
+        assert_eq!((d.window(0), d.window(1), d.window(2), d.window(3)), (Some(20), None, Some(20), None));
+        // what is refused names its key
+        let mut v = gpt_oss();
+        v["layer_types"][2] = json!("chunked_attention");
+        let e = parse_config(&v, Path::new("c.json")).unwrap_err().to_string();
+        assert!(e.contains("layer_types[2]") && e.contains("chunked_attention"), "{e}");
+        let mut v = gpt_oss();
+        v["quantization_config"] = json!({"quant_method": "gptq"});
+        let e = parse_config(&v, Path::new("c.json")).unwrap_err().to_string();
+        assert!(e.contains("quantization_config") && e.contains("gptq"), "{e}");
     }
 
     fn next() -> Value {

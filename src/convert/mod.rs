@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod gguf;
+pub mod gpt_oss;
 pub mod hf_config;
 pub mod hybrid;
 pub mod plan;
@@ -95,9 +96,11 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
         warnings.push(format!("{}: not converted (text model only): {}", dir.display(), ignored.join("; ")));
     }
     let hybrid = hybrid::HybridSource::new(&ck, &cfg);
-    let src: &dyn TensorSource = match &hybrid {
-        Some(h) => h,
-        None => &ck,
+    let gpt_oss = gpt_oss::GptOssSource::new(&ck);
+    let src: &dyn TensorSource = match (&hybrid, cfg.arch) {
+        (Some(h), _) => h,
+        (None, crate::model_config::Arch::GptOss) => &gpt_oss,
+        (None, _) => &ck,
     };
     let origin = Origin { name: &name, ignored, synthetic: None };
     let bytes = write_package(src, &cfg, tok, origin, opts, out)?;

@@ -29,11 +29,17 @@
 //! (`in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`), the attention's query rows and its
 //! output gate rows as two matrices (`q_proj`, `o_gate_proj`), `conv1d` as `[channels, K]`, and
 //! the zero-centred norms stored as the (1 + w) they multiply by.
+//!
+//! gpt-oss packages (see `convert::gpt_oss`) add f32 vectors kept exact: the attention biases
+//! (`self_attn.{q,k,v,o}_proj.bias`), the sinks (`self_attn.sinks`), the router's bias
+//! (`mlp.gate.bias`) and every expert's biases, a layer's in one `[E, width]` tensor each
+//! (`mlp.experts.{gate,up,down}_proj.bias`: in RAM with the dense weights, 0.3% of an
+//! expert's bytes, so the blobs keep their three parts); no q/k norms.
 
 use moescope_kernels::Format;
 use moescope_kernels::quant::pick_group;
 
-use crate::model_config::{LayerKind, ModelConfig};
+use crate::model_config::{Arch, LayerKind, ModelConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum QuantMode {
@@ -149,13 +155,34 @@ pub fn dense_tensors(c: &ModelConfig) -> Vec<DenseTensor> {
                 v.push(t(format!("{p}self_attn.k_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
                 v.push(t(format!("{p}self_attn.v_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
                 v.push(t(format!("{p}self_attn.o_proj.weight"), Kind::Linear, &[h, c.q_dim()]));
-                v.push(t(format!("{p}self_attn.q_norm.weight"), Kind::Norm, &[hd]));
-                v.push(t(format!("{p}self_attn.k_norm.weight"), Kind::Norm, &[hd]));
+                if c.arch.has_qk_norm() {
+                    v.push(t(format!("{p}self_attn.q_norm.weight"), Kind::Norm, &[hd]));
+                    v.push(t(format!("{p}self_attn.k_norm.weight"), Kind::Norm, &[hd]));
+                }
+                if c.features.attention_bias {
+                    for (name, len) in
+                        [("q_proj", c.q_dim()), ("k_proj", c.kv_dim()), ("v_proj", c.kv_dim()), ("o_proj", h)]
+                    {
+                        v.push(t(format!("{p}self_attn.{name}.bias"), Kind::Exact, &[len]));
+                    }
+                }
+                if c.features.attention_sinks {
+                    v.push(t(format!("{p}self_attn.sinks"), Kind::Exact, &[c.num_attention_heads]));
+                }
             }
         }
         v.push(t(format!("{p}post_attention_layernorm.weight"), Kind::Norm, &[h]));
         if c.is_moe_layer(l) {
             v.push(t(format!("{p}mlp.gate.weight"), Kind::Router, &[c.num_experts, h]));
+            if c.arch == Arch::GptOss {
+                v.push(t(format!("{p}mlp.gate.bias"), Kind::Router, &[c.num_experts]));
+            }
+            if c.features.expert_bias {
+                let (e, i) = (c.num_experts, c.moe_intermediate_size);
+                v.push(t(format!("{p}mlp.experts.gate_proj.bias"), Kind::Exact, &[e, i]));
+                v.push(t(format!("{p}mlp.experts.up_proj.bias"), Kind::Exact, &[e, i]));
+                v.push(t(format!("{p}mlp.experts.down_proj.bias"), Kind::Exact, &[e, h]));
+            }
             if let Some(hy) = &c.hybrid {
                 let i = hy.shared_expert_intermediate_size;
                 v.push(t(format!("{p}mlp.shared_expert.gate_proj.weight"), Kind::Linear, &[i, h]));

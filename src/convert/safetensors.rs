@@ -108,16 +108,15 @@ impl HfCheckpoint {
     }
 
     fn add(&mut self, name: String, loc: Loc, path: &Path) -> Result<(), ConvertError> {
-        // fused experts -> per-expert views
+        // fused experts -> per-expert views, beside the fused tensor itself (gpt-oss's
+        // transposed `[E, H, 2I]` is read whole, by `convert::gpt_oss`)
         let fused = name.strip_suffix(".weight").unwrap_or(&name);
         if let Some(prefix) = fused.strip_suffix(".experts.gate_up_proj") {
             let [e, two_i, h] = three(&loc, &name, path)?;
+            let prefix = prefix.to_string();
+            self.tensors.insert(name.clone(), loc.clone());
             if two_i % 2 != 0 {
-                return Err(ConvertError::Tensor {
-                    file: path.into(),
-                    name,
-                    msg: format!("fused gate_up_proj has an odd row count {two_i}"),
-                });
+                return Ok(()); // not Qwen3.5's layout; a reader of per-expert names finds none
             }
             let i = two_i / 2;
             let es = loc.dtype.size() as u64;
@@ -131,6 +130,8 @@ impl HfCheckpoint {
         }
         if let Some(prefix) = fused.strip_suffix(".experts.down_proj") {
             let [e, h, i] = three(&loc, &name, path)?;
+            let prefix = prefix.to_string();
+            self.tensors.insert(name.clone(), loc.clone());
             let es = loc.dtype.size() as u64;
             for x in 0..e {
                 let start = loc.start + (x * h * i) as u64 * es;

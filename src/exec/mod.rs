@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use moescope_kernels::act::QuantPart;
 use moescope_kernels::mat::Input;
-use moescope_kernels::ops::swiglu;
+use moescope_kernels::ops::Glu;
 use moescope_kernels::quant::{Format, ROW_BLOCK};
 use moescope_kernels::{Isa, Mat, QuantAct};
 
@@ -23,6 +23,15 @@ use rows::rows_per_task;
 /// threads; far past that, each thread's stack and signal stack exhaust the address space and
 /// the thread that cannot map its guard page aborts the process.
 pub const MAX_THREADS: usize = 512;
+
+/// One gate/up pair of [`Exec::swiglu_pairs`] (`[I, H]` each) and its biases (`[I]` each), if
+/// it has them.
+#[derive(Clone, Copy)]
+pub struct GatePair<'a> {
+    pub gate: &'a Mat<'a>,
+    pub up: &'a Mat<'a>,
+    pub bias: Option<(&'a [f32], &'a [f32])>,
+}
 
 /// Most rows of a gate (and of an up) one step of [`Exec::swiglu_pairs`] holds on the stack.
 const MAX_PIECE: usize = 1024;
@@ -282,50 +291,53 @@ impl Exec {
         });
     }
 
-    /// One token's SwiGLU activations of several gate/up pairs of one input size and format
-    /// (one token's experts), `act = [silu(G₀ x) ⊙ U₀ x | silu(G₁ x) ⊙ U₁ x | ...]`, in one
-    /// parallel section: each piece computes the same rows of a pair's gate and up and their
-    /// SwiGLU at once; `x` is quantized once. Pairs whose gate and
-    /// up differ in shape, or differ from the first in format, go through
-    /// [`matvec_concat`](Self::matvec_concat) and a SwiGLU afterwards (same result).
+    /// One token's gated activations of several gate/up pairs of one input size and format
+    /// (one token's experts), `act = [glu(G₀ x, U₀ x) | glu(G₁ x, U₁ x) | ...]` (each pair's
+    /// biases added first, where it has them), in one parallel section: each piece computes the
+    /// same rows of a pair's gate and up and their activation at once; `x` is quantized once.
+    /// Pairs whose gate and up differ in shape, or differ from the first in format, go through
+    /// [`matvec_concat`](Self::matvec_concat) and the activation afterwards (same result).
     pub fn swiglu_pairs(
         &self,
         label: &'static str,
-        pairs: &[(&Mat<'_>, &Mat<'_>)],
+        pairs: &[GatePair<'_>],
+        glu: Glu,
         x: &[f32],
         act: &mut [f32],
         s: &mut Scratch,
     ) {
-        let Some(&(first, _)) = pairs.first() else { return };
-        debug_assert_eq!(act.len(), pairs.iter().map(|(g, _)| g.rows).sum::<usize>());
+        let Some(first) = pairs.first().map(|p| p.gate) else { return };
+        debug_assert_eq!(act.len(), pairs.iter().map(|p| p.gate.rows).sum::<usize>());
         let same = |m: &Mat<'_>| m.cols == first.cols && m.format() == first.format();
-        if !pairs.iter().all(|(g, u)| g.rows == u.rows && same(g) && same(u)) {
+        if !pairs.iter().all(|p| p.gate.rows == p.up.rows && same(p.gate) && same(p.up)) {
             let mut a0 = 0;
-            for (g, u) in pairs {
+            for p in pairs {
+                let (g, u) = (p.gate, p.up);
                 let mut gu = vec![0f32; g.rows + u.rows];
                 self.matvec_concat(label, &[g, u], x, &mut gu, s);
                 let (gv, uv) = gu.split_at(g.rows);
-                swiglu(gv, uv, &mut act[a0..a0 + g.rows]);
+                glu.apply(gv, uv, p.bias, &mut act[a0..a0 + g.rows]);
                 a0 += g.rows;
             }
             return;
         }
         let input = self.quantized(first, x, &mut s.qa);
-        let rows: Few<usize> = pairs.iter().map(|(g, _)| g.rows).collect();
+        let rows: Few<usize> = pairs.iter().map(|p| p.gate.rows).collect();
         let isa = self.isa;
         // the trace counts both matrices' rows: what the section streams
         let span = product_span(label, first.format(), 2 * act.len(), first.cols, 1);
         // a row of the activation streams a gate row and an up row
         self.row_section(span, label, &rows, act, 2 * row_bytes(first), &|i, r, o| {
-            let (g, u) = pairs[i];
-            // the gate's and up's results of these rows, then their SwiGLU in place
+            let GatePair { gate: g, up: u, bias } = pairs[i];
+            // the gate's and up's results of these rows, then their activation in place
             let mut gu = [0f32; 2 * MAX_PIECE];
             for (r0, o) in (r.start..r.end).step_by(MAX_PIECE).zip(o.chunks_mut(MAX_PIECE)) {
                 let n = o.len();
                 let (gv, uv) = gu.split_at_mut(MAX_PIECE);
                 g.matmul_rows(isa, input, 1, r0..r0 + n, &mut gv[..n]);
                 u.matmul_rows(isa, input, 1, r0..r0 + n, &mut uv[..n]);
-                swiglu(&gv[..n], &uv[..n], o);
+                let b = bias.map(|(bg, bu)| (&bg[r0..r0 + n], &bu[r0..r0 + n]));
+                glu.apply(&gv[..n], &uv[..n], b, o);
             }
         });
     }

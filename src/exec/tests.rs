@@ -2,11 +2,11 @@
 //! cover their rows in order, and a capped exec quantizes with its own tier.
 
 use moescope_kernels::mat::MatData;
-use moescope_kernels::ops::swiglu;
+use moescope_kernels::ops::{Glu, swiglu};
 use moescope_kernels::quant::{interleave_rows, quantize_q4_row};
 use moescope_kernels::{Isa, Mat};
 
-use super::{Exec, Scratch};
+use super::{Exec, GatePair, Scratch};
 
 /// Seeded values in [-0.5, 0.5).
 fn uniform(seed: u64, n: usize) -> Vec<f32> {
@@ -106,9 +106,10 @@ fn row_sections_give_each_product_bits_as_computed_alone() {
                 let ex = Exec::new(threads, isa).expect("exec").with_min_piece_bytes(least);
                 let gm: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(n, h, &gates[i])).collect();
                 let um: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(n, h, &ups[i])).collect();
-                let pairs: Vec<(&Mat<'_>, &Mat<'_>)> = gm.iter().zip(&um).collect();
+                let pairs: Vec<GatePair<'_>> =
+                    gm.iter().zip(&um).map(|(gate, up)| GatePair { gate, up, bias: None }).collect();
                 let mut act = vec![0f32; want_act.len()];
-                ex.swiglu_pairs("gu", &pairs, &x, &mut act, &mut Scratch::default());
+                ex.swiglu_pairs("gu", &pairs, Glu::Silu, &x, &mut act, &mut Scratch::default());
                 let d = first_difference(&act, &want_act);
                 assert_eq!(d, None, "{isa} swiglu_pairs, {threads} threads, pieces of {least} B");
                 let dm: Vec<Mat<'_>> = sizes.iter().enumerate().map(|(i, &n)| mat(h, n, &downs[i])).collect();

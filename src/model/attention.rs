@@ -2,12 +2,14 @@
 //!
 //! For T tokens at positions `pos0..pos0+T`, `hn` normed (`[T, H]`):
 //! ```text
-//! q = hn Wq [T, nh*hd], k = hn Wk [T, nkv*hd], v = hn Wv
-//! q, k: rms_norm per head over hd (q_norm, k_norm), then rotate-half RoPE (on the first
-//!       rotary_dim dims: all of hd, or part in the hybrids); k, v -> KV cache
+//! q = hn Wq (+ bq) [T, nh*hd], k = hn Wk (+ bk) [T, nkv*hd], v = hn Wv (+ bv)
+//! q, k: rms_norm per head over hd (q_norm, k_norm: the Qwen families), then rotate-half RoPE
+//!       (on the first rotary_dim dims: all of hd, or part in the hybrids); k, v -> KV cache
 //! a = softmax(q k^T / sqrt(hd), causal) v   (GQA: query head j reads kv head j / (nh/nkv))
+//!     sliding layers (gpt-oss): only the `window` latest positions
+//!     sinks (gpt-oss): head j's softmax has one more term, exp(sink_j), in its denominator
 //! gated (Qwen3-Next, Qwen3.5): a *= sigmoid(hn Wg)   (one gate per output value)
-//! delta = a Wo
+//! delta = a Wo (+ bo)
 //! ```
 //! The score part is spread over the compute threads (the projections around it are products
 //! like any other). Each task takes one KV head and every query head of its GQA group, so a
@@ -29,7 +31,7 @@ use moescope_kernels::attn::{self, State};
 use super::error::ModelError;
 use super::kv_cache::KvCache;
 use super::pass::Pass;
-use super::rows::{Angles, HeadNorm, norm_rope_rows};
+use super::rows::{Angles, HeadPrep, add_bias_rows, prepare_heads};
 use super::run_state::RunState;
 use crate::exec::{Chunks, Exec};
 use crate::model_config::ModelConfig;
@@ -45,15 +47,28 @@ pub enum Output {
     Gated(TensorId),
 }
 
+/// gpt-oss's projection biases: `[nh*hd]`, `[nkv*hd]`, `[nkv*hd]`, `[H]` f32.
+#[derive(Debug, Clone, Copy)]
+struct Biases {
+    q: TensorId,
+    k: TensorId,
+    v: TensorId,
+    o: TensorId,
+}
+
 /// One attention layer's tensors (package names under `model.layers.{l}.self_attn.`) and shapes.
 pub struct Attention {
     q: TensorId,
     k: TensorId,
     v: TensorId,
     o: TensorId,
-    /// `[hd]` f32 each
-    q_norm: TensorId,
-    k_norm: TensorId,
+    /// q_norm and k_norm, `[hd]` f32 each (the Qwen families)
+    qk_norm: Option<(TensorId, TensorId)>,
+    bias: Option<Biases>,
+    /// `[nh]` f32: each head's sink logit (gpt-oss)
+    sinks: Option<TensorId>,
+    /// the positions a query attends, itself included, in a sliding layer
+    window: Option<usize>,
     output: Output,
     heads: Heads,
     /// RoPE turns the first `2 * rotary_half` dims of each head
@@ -63,18 +78,38 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// The block under `prefix`; gated where the model is a hybrid.
-    pub fn load(pkg: &Package, prefix: &str, c: &ModelConfig) -> Result<Attention, ModelError> {
+    /// The block under `prefix`; gated where the model is a hybrid, with the biases, sinks and
+    /// `window` (this layer's) where the model has them.
+    pub fn load(pkg: &Package, prefix: &str, c: &ModelConfig, window: Option<usize>) -> Result<Attention, ModelError> {
         let (h, hd) = (c.hidden_size, c.head_dim);
         let m = |name: &str, shape: &[usize]| pkg.require(&format!("{prefix}{name}.weight"), shape, false);
-        let v = |name: &str| pkg.require(&format!("{prefix}{name}.weight"), &[hd], true);
+        let v = |name: &str, len: usize| pkg.require(&format!("{prefix}{name}"), &[len], true);
+        let qk_norm = match c.arch.has_qk_norm() {
+            true => Some((v("q_norm.weight", hd)?, v("k_norm.weight", hd)?)),
+            false => None,
+        };
+        let bias = match c.features.attention_bias {
+            true => Some(Biases {
+                q: v("q_proj.bias", c.q_dim())?,
+                k: v("k_proj.bias", c.kv_dim())?,
+                v: v("v_proj.bias", c.kv_dim())?,
+                o: v("o_proj.bias", h)?,
+            }),
+            false => None,
+        };
+        let sinks = match c.features.attention_sinks {
+            true => Some(v("sinks", c.num_attention_heads)?),
+            false => None,
+        };
         Ok(Attention {
             q: m("q_proj", &[c.q_dim(), h])?,
             k: m("k_proj", &[c.kv_dim(), h])?,
             v: m("v_proj", &[c.kv_dim(), h])?,
             o: m("o_proj", &[h, c.q_dim()])?,
-            q_norm: v("q_norm")?,
-            k_norm: v("k_norm")?,
+            qk_norm,
+            bias,
+            sinks,
+            window,
             output: match c.hybrid {
                 Some(_) => Output::Gated(m("o_gate_proj", &[c.q_dim(), h])?),
                 None => Output::Plain,
@@ -135,16 +170,27 @@ impl Attention {
                 }
             }
         }
-        // each head of each token normed and rotated by its position (the rows in parallel)
+        // each head of each token biased, normed and rotated by its position (the rows in
+        // parallel)
         let rope = Angles { cos, sin, half: self.rotary_half };
-        let (qn, kn) = (pkg.f32_by_index(self.q_norm), pkg.f32_by_index(self.k_norm));
-        norm_rope_rows(exec, "q_norm_rope", q, HeadNorm { width: nh * hd, w: qn, eps: self.eps }, rope);
-        norm_rope_rows(exec, "k_norm_rope", k, HeadNorm { width: nkv * hd, w: kn, eps: self.eps }, rope);
+        let f = |id: TensorId| pkg.f32_by_index(id);
+        let (qn, kn) = match self.qk_norm {
+            Some((qn, kn)) => (Some((f(qn), self.eps)), Some((f(kn), self.eps))),
+            None => (None, None),
+        };
+        let bias = self.bias.map(|b| (f(b.q), f(b.k), f(b.v), f(b.o)));
+        let (qb, kb) = (bias.map(|b| b.0), bias.map(|b| b.1));
+        prepare_heads(exec, "q_norm_rope", q, HeadPrep { width: nh * hd, hd, bias: qb, norm: qn }, rope);
+        prepare_heads(exec, "k_norm_rope", k, HeadPrep { width: nkv * hd, hd, bias: kb, norm: kn }, rope);
+        if let Some(b) = bias {
+            add_bias_rows(exec, "v_bias", v, b.2);
+        }
         for t in 0..t_n {
             pass.kv.write(l, pos0 + t, &k[t * nkv * hd..(t + 1) * nkv * hd], &v[t * nkv * hd..(t + 1) * nkv * hd]);
         }
         let attn = &mut attn[..t_n * nh * hd];
-        attend(exec, pass.kv, At { layer: l, heads: self.heads, pos0 }, q, attn, attn_work);
+        let at = At { layer: l, heads: self.heads, pos0, window: self.window, sinks: self.sinks.map(f) };
+        attend(exec, pass.kv, at, q, attn, attn_work);
         // gated attention: each output value times sigmoid of its gate
         if !gate.is_empty() {
             let gate = &gate[..];
@@ -155,6 +201,9 @@ impl Attention {
             });
         }
         exec.matmul("o_proj", &pkg.mat_by_index(self.o), attn, t_n, out, s);
+        if let Some(b) = bias {
+            add_bias_rows(exec, "o_bias", out, b.3);
+        }
     }
 }
 
@@ -179,10 +228,12 @@ pub struct AttnWork {
     tiles: Vec<Mutex<Tile>>,
 }
 
-/// One prefill task's tile: its query rows, their ends, two softmax states and the output.
+/// One prefill task's tile: its query rows, their ends and sinks, two softmax states and the
+/// output.
 struct Tile {
     qt: Vec<f32>,
     ends: Vec<usize>,
+    sinks: Vec<f32>,
     acc: State,
     part: State,
     o: Vec<f32>,
@@ -204,6 +255,7 @@ impl AttnWork {
             Mutex::new(Tile {
                 qt: vec![0.0; rows * hd],
                 ends: vec![0; rows],
+                sinks: vec![0.0; rows],
                 acc: st(),
                 part: st(),
                 o: vec![0.0; rows * hd],
@@ -230,20 +282,24 @@ impl AttnWork {
 }
 
 /// Where a batch's queries attend: layer `layer`'s cache, heads of shape `heads`, the first
-/// token at position `pos0`.
+/// token at position `pos0`; the layer's window, if it slides, and its heads' sink logits
+/// (`[nh]`), if it has them.
 #[derive(Debug, Clone, Copy)]
-pub struct At {
+pub struct At<'a> {
     pub layer: usize,
     pub heads: Heads,
     pub pos0: usize,
+    pub window: Option<usize>,
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// `attn[t, h] = softmax(q[t, h] k^T / sqrt(hd)) v` over layer `at.layer`'s cached positions
-/// `0..=pos0 + t` of KV head `h / (nh / nkv)`, for the `t_n` tokens at positions
+/// `0..=pos0 + t` (the window's latest of them) of KV head `h / (nh / nkv)`, for the `t_n`
+/// tokens at positions
 /// `pos0..pos0 + t_n`; `q` and `attn` are `[t_n, nh, hd]`, and the cache already holds these
 /// tokens' keys and values.
-pub fn attend(exec: &Exec, kv: &KvCache, at: At, q: &[f32], attn: &mut [f32], work: &mut AttnWork) {
-    let At { layer: l, heads: shape, pos0 } = at;
+pub fn attend(exec: &Exec, kv: &KvCache, at: At<'_>, q: &[f32], attn: &mut [f32], work: &mut AttnWork) {
+    let At { layer: l, heads: shape, pos0, window, sinks } = at;
     let Heads { nh, nkv, hd } = shape;
     let t_n = q.len() / (nh * hd);
     debug_assert_eq!(attn.len(), q.len());
@@ -255,7 +311,8 @@ pub fn attend(exec: &Exec, kv: &KvCache, at: At, q: &[f32], attn: &mut [f32], wo
         trace::flow_in(flows.map(|b| b + p as u64), key);
         s
     };
-    let (isa, scale, group) = (exec.isa, 1.0 / (hd as f32).sqrt(), nh / nkv);
+    let (isa, group) = (exec.isa, nh / nkv);
+    let sc = attn::Scoring { scale: 1.0 / (hd as f32).sqrt(), window };
     if t_n == 1 {
         decode(exec, kv, at, q, attn, work, &task_span);
         drop(span);
@@ -273,17 +330,21 @@ pub fn attend(exec: &Exec, kv: &KvCache, at: At, q: &[f32], attn: &mut [f32], wo
         // the tile's query rows (token-major, the group's heads within a token) and their ends
         let rows = (t1 - t0) * group;
         let mut tile = tiles_work[p].lock().unwrap_or_else(|e| e.into_inner());
-        let Tile { qt, ends, acc, part, o } = &mut *tile;
+        let Tile { qt, ends, sinks: row_sinks, acc, part, o } = &mut *tile;
         qt.clear();
         ends.clear();
+        row_sinks.clear();
         for t in t0..t1 {
             let at = (t * nh + h * group) * hd;
             qt.extend_from_slice(&q[at..at + group * hd]);
             ends.extend(std::iter::repeat_n(pos0 + t + 1, group));
+            if let Some(s) = sinks {
+                row_sinks.extend_from_slice(&s[h * group..(h + 1) * group]);
+            }
         }
         let (keys, vals) = kv.head(l, h, pos0 + t1);
         o.resize(rows * hd, 0.0);
-        attn::attend(isa, qt, ends, keys, vals, scale, acc, part, o);
+        attn::attend(isa, qt, ends, keys, vals, sc, row_sinks, acc, part, o);
         for (i, t) in (t0..t1).enumerate() {
             let at = (t * nh + h * group) * hd;
             // SAFETY: this task alone writes token t's heads of KV head h, inside `attn`,
@@ -298,14 +359,15 @@ pub fn attend(exec: &Exec, kv: &KvCache, at: At, q: &[f32], attn: &mut [f32], wo
 fn decode(
     exec: &Exec,
     kv: &KvCache,
-    at: At,
+    at: At<'_>,
     q: &[f32],
     attn: &mut [f32],
     work: &mut AttnWork,
     task_span: &(dyn Fn(usize) -> trace::Span + Sync),
 ) {
-    let At { layer: l, heads: Heads { nh, nkv, hd }, pos0 } = at;
-    let (isa, scale, group) = (exec.isa, 1.0 / (hd as f32).sqrt(), nh / nkv);
+    let At { layer: l, heads: Heads { nh, nkv, hd }, pos0, window, sinks } = at;
+    let (isa, group) = (exec.isa, nh / nkv);
+    let sc = attn::Scoring { scale: 1.0 / (hd as f32).sqrt(), window };
     let n = pos0 + 1;
     let splits = n.div_ceil(attn::SPLIT).max(1);
     let split = |s: usize| attn::splits(n).nth(s).unwrap_or(0..0);
@@ -319,7 +381,10 @@ fn decode(
         let (keys, vals) = kv.head(l, h, n);
         let mut st = parts[task].lock().unwrap_or_else(|e| e.into_inner());
         st.reset(group);
-        attn::fold(isa, &q[h * group * hd..(h + 1) * group * hd], &ends, keys, vals, split(s), scale, &mut st);
+        // a split wholly before the window leaves the state empty, as prefill skips it
+        if split(s).end > sc.first(n) {
+            attn::fold(isa, &q[h * group * hd..(h + 1) * group * hd], &ends, keys, vals, split(s), sc, &mut st);
+        }
     });
     for h in 0..nkv {
         acc.reset(group);
@@ -329,7 +394,7 @@ fn decode(
         }
         for g in 0..group {
             let at = (h * group + g) * hd;
-            acc.finish(g, &mut attn[at..at + hd]);
+            acc.finish(g, sinks.map(|s| s[h * group + g]), &mut attn[at..at + hd]);
         }
     }
 }

@@ -135,7 +135,7 @@ impl Decoder {
                 (LayerKind::LinearAttention, Some(hy)) => {
                     Mixer::Linear(DeltaNet::load(&pkg, &format!("{p}linear_attn."), hy, h, c.rms_norm_eps as f32)?)
                 }
-                _ => Mixer::Attention(Attention::load(&pkg, &format!("{p}self_attn."), &c)?),
+                _ => Mixer::Attention(Attention::load(&pkg, &format!("{p}self_attn."), &c, c.window(l))?),
             };
             layers.push(Layer { input_norm: v(&format!("{p}input_layernorm.weight"))?, post_norm, mixer, ffn });
         }
@@ -146,7 +146,10 @@ impl Decoder {
             embed,
             lm_head,
             layers,
-            rope: Rope::new(c.rope_theta, c.rotary_dim()),
+            rope: match &c.features.rope_yarn {
+                Some(y) => Rope::with_freqs(y.inv_freq(c.rope_theta, c.rotary_dim()), y.attention_factor as f32),
+                None => Rope::new(c.rope_theta, c.rotary_dim()),
+            },
             steering: Steering::default(),
             cfg: c,
             pkg,

@@ -214,6 +214,7 @@ mod tests {
             bos_token_id: None,
             eos_token_ids: vec![],
             hybrid: None,
+            features: Default::default(),
         };
         let (n_kv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
         let mut kv = KvCache::new(&cfg, 70);

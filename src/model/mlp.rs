@@ -1,16 +1,18 @@
 //! The MLPs that are not routed, and the SwiGLU product every MLP and expert computes:
 //! ```text
 //! y = down(silu(gate x) * up x)                  gate, up [I, H], down [H, I]
+//! gpt-oss's experts: biases on all three, and a clamped activation (`ops::Glu`):
+//! y = down(glu(gate x + bg, up x + bu)) + bd
 //! dense layer:    delta = y(hn)
 //! shared expert:  shared = sigmoid(hn · w_g) * y(hn)   (hybrids: every token, beside the routed ones)
 //! ```
 
-use moescope_kernels::ops::swiglu;
+use moescope_kernels::ops::{Glu, add_inplace};
 
 use super::error::ModelError;
 use super::pass::Pass;
 use super::run_state::RunState;
-use crate::exec::{Exec, Scratch};
+use crate::exec::{Exec, GatePair, Scratch};
 use crate::package::{ExpertMats, Package, TensorId};
 use crate::trace;
 
@@ -47,11 +49,41 @@ impl MlpWork {
     }
 }
 
-/// `out = down(silu(gate x) * up x)` for `x` of `[n, H]`; `out` is `[n, H]`.
+/// An MLP's biases (gpt-oss's experts): gate `[I]`, up `[I]`, down `[H]`.
+#[derive(Debug, Clone, Copy)]
+pub struct MlpBias<'a> {
+    pub gate: &'a [f32],
+    pub up: &'a [f32],
+    pub down: &'a [f32],
+}
+
+/// What an MLP computes besides its three products: the activation between them and the
+/// biases, if any.
+#[derive(Debug, Clone, Copy)]
+pub struct Gating<'a> {
+    pub glu: Glu,
+    pub bias: Option<MlpBias<'a>>,
+}
+
+impl Gating<'_> {
+    /// Qwen's MLPs: SwiGLU, no biases.
+    pub const PLAIN: Gating<'static> = Gating { glu: Glu::Silu, bias: None };
+
+    /// The gate/up pair of `m` with this MLP's gate and up biases.
+    pub fn pair<'a>(&self, m: &'a ExpertMats<'_>) -> GatePair<'a>
+    where
+        Self: 'a,
+    {
+        GatePair { gate: &m.gate, up: &m.up, bias: self.bias.map(|b| (b.gate, b.up)) }
+    }
+}
+
+/// `out = down(glu(gate x, up x))` (with `gating`'s biases) for `x` of `[n, H]`; `out` is
+/// `[n, H]`.
 pub(super) fn swiglu_mlp(
     exec: &Exec,
     labels: Labels,
-    m: &ExpertMats<'_>,
+    (m, gating): (&ExpertMats<'_>, Gating<'_>),
     x: &[f32],
     work: &mut MlpWork,
     out: &mut [f32],
@@ -62,15 +94,25 @@ pub(super) fn swiglu_mlp(
     let MlpWork { g, u, a } = work;
     let a = &mut a[..n * i];
     if n == 1 {
-        // one token (decode): gate and up with their SwiGLU in one parallel section, the input
-        // quantized once
-        exec.swiglu_pairs(labels[0], &[(&m.gate, &m.up)], x, a, s);
+        // one token (decode): gate and up with their activation in one parallel section, the
+        // input quantized once
+        exec.swiglu_pairs(labels[0], &[gating.pair(m)], gating.glu, x, a, s);
     } else {
         let (g, u) = (&mut g[..n * i], &mut u[..n * i]);
         exec.matmul_shared(x, n, &mut [(labels[1], &m.gate, &mut *g), (labels[2], &m.up, &mut *u)], s);
-        swiglu(g, u, a);
+        match gating.bias {
+            None => gating.glu.apply(g, u, None, a),
+            Some(b) => {
+                for ((g, u), a) in g.chunks_exact(i).zip(u.chunks_exact(i)).zip(a.chunks_exact_mut(i)) {
+                    gating.glu.apply(g, u, Some((b.gate, b.up)), a);
+                }
+            }
+        }
     }
     exec.matmul(labels[3], &m.down, a, n, out, s);
+    if let Some(b) = gating.bias {
+        out.chunks_exact_mut(b.down.len()).for_each(|o| add_inplace(o, b.down));
+    }
 }
 
 /// The three matrices of an MLP (package names `{prefix}gate_proj.weight`, ...).
@@ -118,7 +160,7 @@ impl DenseMlp {
         let rows = pass.t_n * m.gate.cols;
         let RunState { hn, delta, mlp, scratch, .. } = &mut *pass.st;
         let labels = ["gate_up_proj", "gate_proj", "up_proj", "down_proj"];
-        swiglu_mlp(pass.exec, labels, &m, &hn[..rows], mlp, &mut delta[..rows], scratch);
+        swiglu_mlp(pass.exec, labels, (&m, Gating::PLAIN), &hn[..rows], mlp, &mut delta[..rows], scratch);
     }
 }
 
@@ -149,7 +191,7 @@ impl SharedExpert {
         let RunState { hn, shared, mlp, scratch, .. } = &mut *pass.st;
         let (hn, y) = (&hn[..t_n * h], &mut shared[..t_n * h]);
         let labels = ["shared_gate_up_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj"];
-        swiglu_mlp(pass.exec, labels, &m, hn, mlp, y, scratch);
+        swiglu_mlp(pass.exec, labels, (&m, Gating::PLAIN), hn, mlp, y, scratch);
         let wg = pkg.f32_by_index(self.gate);
         for (yt, x) in y.chunks_exact_mut(h).zip(hn.chunks_exact(h)) {
             let z: f32 = wg.iter().zip(x).map(|(&w, &v)| w * v).sum();

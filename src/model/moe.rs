@@ -4,7 +4,8 @@
 //! shared:  s = sigmoid(hn · w_g) * mlp(hn)              (hybrids; `mlp.rs`)
 //! route:   each token's top-k experts and weights        (`router.rs`: the rule is data)
 //! group:   the (token, rank) uses of each expert the batch chose
-//! compute: y = down(silu(gate x) * up x) of each expert for its tokens, weighted into
+//! compute: y = down(silu(gate x) * up x) of each expert for its tokens (gpt-oss: with the
+//!          expert's biases and its clamped activation, `mlp.rs`), weighted into
 //!          yk[t, j] ([T, k, H]) for the rank j that chose it
 //! sum:     out[t] = sum of yk[t, j] over j in rank order (+ s[t])
 //! ```
@@ -18,16 +19,16 @@ use std::sync::Mutex;
 use smallvec::SmallVec;
 
 use moescope_kernels::Mat;
-use moescope_kernels::ops::add_inplace;
+use moescope_kernels::ops::{Glu, add_inplace};
 
 use super::error::ModelError;
 use super::expert_source::{Ahead, ExpertQuery, ExpertSource, RouterInput};
-use super::mlp::{MlpWork, SharedExpert, swiglu_mlp};
+use super::mlp::{Gating, MlpBias, MlpWork, SharedExpert, swiglu_mlp};
 use super::pass::Pass;
 use super::router::{Router, RouterRule, Routing, Steer};
 use super::run_state::RunState;
-use crate::exec::{Chunks, Exec, Scratch};
-use crate::model_config::ModelConfig;
+use crate::exec::{Chunks, Exec, GatePair, Scratch};
+use crate::model_config::{ExpertAct, ModelConfig};
 use crate::package::{ExpertMats, Package, TensorId};
 use crate::trace;
 
@@ -43,6 +44,11 @@ pub struct Moe {
     eps: f32,
     /// One expert's bytes, for the trace.
     blob_bytes: u64,
+    /// The activation between the experts' gate/up and down products.
+    glu: Glu,
+    /// gpt-oss's expert biases: gate `[E, I]`, up `[E, I]`, down `[E, H]` f32
+    /// (`{prefix}experts.{gate,up,down}_proj.bias`).
+    bias: Option<[TensorId; 3]>,
 }
 
 impl Moe {
@@ -60,6 +66,14 @@ impl Moe {
             Some(hy) => Some(SharedExpert::load(pkg, prefix, h, hy.shared_expert_intermediate_size)?),
             None => None,
         };
+        let (e_n, i) = (c.num_experts, c.moe_intermediate_size);
+        let bias = match c.features.expert_bias {
+            true => {
+                let b = |name: &str, w: usize| pkg.require(&format!("{prefix}experts.{name}.bias"), &[e_n, w], true);
+                Some([b("gate_proj", i)?, b("up_proj", i)?, b("down_proj", h)?])
+            }
+            false => None,
+        };
         Ok(Moe {
             router: Router::load(pkg, prefix, RouterRule::of(c), h)?,
             moe_layer,
@@ -67,6 +81,11 @@ impl Moe {
             norm,
             eps: c.rms_norm_eps as f32,
             blob_bytes: pkg.sizes().blob,
+            glu: match c.features.expert_act {
+                ExpertAct::Silu => Glu::Silu,
+                ExpertAct::ClampedSwiglu { alpha, limit } => Glu::Clamped { alpha, limit },
+            },
+            bias,
         })
     }
 
@@ -112,7 +131,12 @@ impl Moe {
         };
         let k_n = routing.top_k();
         let bufs = SumBuffers { yk: &mut yk[..t_n * k_n * h], out, work: expert_work, order: expert_order };
-        routed_sum(exec, experts, &q, routing, hn, self.blob_bytes, bufs)?;
+        let f = |id: TensorId| pass.pkg.f32_by_index(id);
+        let how = How {
+            blob_bytes: self.blob_bytes,
+            gating: ExpertGating { glu: self.glu, bias: self.bias.map(|[g, u, d]| [f(g), f(u), f(d)]), h },
+        };
+        routed_sum(exec, experts, &q, routing, hn, how, bufs)?;
         if let Some(s) = shared {
             add_inplace(out, s);
         }
@@ -156,16 +180,44 @@ pub struct SumBuffers<'a> {
     pub order: &'a Mutex<Vec<usize>>,
 }
 
+/// Every expert's activation and biases: the biases of all of a layer's experts (gate `[E, I]`,
+/// up `[E, I]`, down `[E, H]`), if it has them.
+#[derive(Clone, Copy)]
+struct ExpertGating<'a> {
+    glu: Glu,
+    bias: Option<[&'a [f32]; 3]>,
+    h: usize,
+}
+
+impl<'a> ExpertGating<'a> {
+    /// Expert `e`'s, for an expert of width `i`.
+    fn of(&self, e: usize, i: usize) -> Gating<'a> {
+        let bias = self.bias.map(|[g, u, d]| MlpBias {
+            gate: &g[e * i..(e + 1) * i],
+            up: &u[e * i..(e + 1) * i],
+            down: &d[e * self.h..(e + 1) * self.h],
+        });
+        Gating { glu: self.glu, bias }
+    }
+}
+
+/// How a layer's experts compute, beside their matrices: one expert's bytes (for the trace) and
+/// the gating.
+#[derive(Clone, Copy)]
+struct How<'a> {
+    blob_bytes: u64,
+    gating: ExpertGating<'a>,
+}
+
 /// The weighted sum of the routed experts' outputs for the batch `hn` (`[T, H]`), computed as
-/// `source` hands the experts out, into `bufs.out`. `blob_bytes` (one expert's bytes) is for the
-/// trace.
+/// `source` hands the experts out, into `bufs.out`.
 fn routed_sum(
     exec: &Exec,
     source: &dyn ExpertSource,
     q: &ExpertQuery<'_>,
     routing: &Routing,
     hn: &[f32],
-    blob_bytes: u64,
+    how: How<'_>,
     bufs: SumBuffers<'_>,
 ) -> Result<(), ModelError> {
     let (t_n, k_n) = (q.tokens, routing.top_k());
@@ -177,7 +229,8 @@ fn routed_sum(
     }
     {
         let slots = WeightedOutputs { routing, slots: Chunks::new(yk), h };
-        let batch = Batch { exec, layer: q.layer, hn, h, blob_bytes, out: &slots, work, order };
+        let (blob_bytes, gating) = (how.blob_bytes, how.gating);
+        let batch = Batch { exec, layer: q.layer, hn, h, blob_bytes, gating, out: &slots, work, order };
         source.for_each_ready(q, &mut |ids, mats| {
             batch.compute(ids, mats);
             Ok(())
@@ -232,6 +285,7 @@ struct Batch<'a> {
     hn: &'a [f32],
     h: usize,
     blob_bytes: u64,
+    gating: ExpertGating<'a>,
     out: &'a WeightedOutputs<'a>,
     /// one per compute thread
     work: &'a [Mutex<ExpertWork>],
@@ -253,17 +307,20 @@ impl Batch<'_> {
                 trace::span("experts").arg("layer", self.layer).arg("bytes", self.blob_bytes * ids.len() as u64);
             span.set("experts", ids);
             let mut w = self.work[0].lock().unwrap_or_else(|e| e.into_inner());
+            let gating: Few<Gating<'_>> = ids.iter().zip(mats).map(|(&e, m)| self.gating.of(e, m.gate.rows)).collect();
             // SAFETY: each expert of the hand-out is put once, here on the calling thread
-            decode_experts(exec, mats, self.hn, &mut w, |i, y| unsafe { self.out.put(ids[i], y) });
+            decode_experts(exec, (mats, &gating), self.hn, &mut w, |i, y| unsafe { self.out.put(ids[i], y) });
         } else if ids.len() > 1 && exec.threads() > 1 {
             let mut order = self.order.lock().unwrap_or_else(|e| e.into_inner());
             order.clear();
             order.extend(0..ids.len());
             order.sort_by_key(|&i| std::cmp::Reverse(routing.uses_of(ids[i]).len()));
-            let most = order.first().map_or(0, |&i| routing.uses_of(ids[i]).len());
+            // room for an expert that every token of the batch chose: the buffers then grow
+            // with the batch size alone, not with how a batch happened to route
+            let tokens = self.hn.len() / self.h;
             let width = mats.iter().map(|m| m.gate.rows).max().unwrap_or(0);
             for w in self.work {
-                w.lock().unwrap_or_else(|e| e.into_inner()).fit(most, self.h, width);
+                w.lock().unwrap_or_else(|e| e.into_inner()).fit(tokens, self.h, width);
             }
             exec.run(order.len(), &|task, p| {
                 let i = order[task];
@@ -293,28 +350,30 @@ impl Batch<'_> {
         }
         ye.resize(users.len() * m.down.rows, 0.0);
         let labels = ["expert_gate_up", "expert_gate", "expert_up", "expert_down"];
-        swiglu_mlp(exec, labels, m, xe, mlp, ye, s);
+        swiglu_mlp(exec, labels, (m, self.gating.of(e, m.gate.rows)), xe, mlp, ye, s);
         // SAFETY: expert e is computed once per batch, by this task alone
         unsafe { self.out.put(e, ye) };
     }
 }
 
-/// One token's experts `mats` over the input `x` (`[H]`) as two parallel sections for all of
-/// them: every gate and up row with its SwiGLU in one, every down row in the other, each section
-/// cut into pieces across the experts' boundaries, so the threads finish
-/// together whatever expert they are in. `each(i, y)` gets expert `i`'s output (`[H]`).
+/// One token's experts `mats` (each with its `gating`) over the input `x` (`[H]`) as two
+/// parallel sections for all of them: every gate and up row with its activation in one, every
+/// down row in the other, each section cut into pieces across the experts' boundaries, so the
+/// threads finish together whatever expert they are in. `each(i, y)` gets expert `i`'s output
+/// (`[H]`).
 fn decode_experts(
     exec: &Exec,
-    mats: &[ExpertMats<'_>],
+    (mats, gating): (&[ExpertMats<'_>], &[Gating<'_>]),
     x: &[f32],
     w: &mut ExpertWork,
     mut each: impl FnMut(usize, &[f32]),
 ) {
     let ExpertWork { s, xe: act, ye: y, .. } = w;
-    // each expert's SwiGLU activation, [I_e] end to end
-    let pairs: Few<(&Mat<'_>, &Mat<'_>)> = mats.iter().map(|m| (&m.gate, &m.up)).collect();
+    // each expert's activation, [I_e] end to end (one activation for all: the layer's)
+    let glu = gating.first().map_or(Glu::Silu, |g| g.glu);
+    let pairs: Few<GatePair<'_>> = mats.iter().zip(gating).map(|(m, g)| g.pair(m)).collect();
     act.resize(mats.iter().map(|m| m.gate.rows).sum(), 0.0);
-    exec.swiglu_pairs("expert_gate_up", &pairs, x, act, s);
+    exec.swiglu_pairs("expert_gate_up", &pairs, glu, x, act, s);
     let mut downs: Few<(&Mat<'_>, &[f32])> = SmallVec::new();
     let mut a0 = 0;
     for m in mats {
@@ -324,8 +383,12 @@ fn decode_experts(
     y.resize(mats.iter().map(|m| m.down.rows).sum(), 0.0);
     exec.matvec_each("expert_down", &downs, y, s);
     let mut y0 = 0;
-    for (i, m) in mats.iter().enumerate() {
-        each(i, &y[y0..y0 + m.down.rows]);
+    for (i, (m, g)) in mats.iter().zip(gating).enumerate() {
+        let y = &mut y[y0..y0 + m.down.rows];
+        if let Some(b) = g.bias {
+            add_inplace(y, b.down);
+        }
+        each(i, y);
         y0 += m.down.rows;
     }
 }

@@ -23,7 +23,7 @@ use super::pass::Pass;
 use super::route_replay::ReplayAt;
 use super::run_state::RunState;
 use crate::exec::Chunks;
-use crate::model_config::ModelConfig;
+use crate::model_config::{Arch, ModelConfig};
 use crate::package::{Package, TensorId};
 use crate::trace;
 
@@ -68,7 +68,10 @@ impl RouterRule {
         RouterRule {
             num_experts: c.num_experts,
             top_k: c.num_experts_per_tok,
-            scoring: Scoring::Softmax,
+            scoring: match c.arch {
+                Arch::GptOss => Scoring::TopKSoftmax,
+                Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35Moe => Scoring::Softmax,
+            },
             groups: None,
             renormalize: c.norm_topk_prob,
             scale: 1.0,
@@ -341,10 +344,15 @@ pub struct Router {
 }
 
 impl Router {
-    /// The router of the MoE block whose tensors are named `{prefix}gate.weight`.
+    /// The router of the MoE block whose tensors are named `{prefix}gate.weight` (and
+    /// `{prefix}gate.bias` where the rule's family has one: gpt-oss).
     pub fn load(pkg: &Package, prefix: &str, rule: RouterRule, hidden: usize) -> Result<Router, ModelError> {
         let weight = pkg.require(&format!("{prefix}gate.weight"), &[rule.num_experts, hidden], true)?;
-        Ok(Router { weight, bias: None, correction: None, rule })
+        let bias = match rule.scoring {
+            Scoring::TopKSoftmax => Some(pkg.require(&format!("{prefix}gate.bias"), &[rule.num_experts], true)?),
+            Scoring::Softmax | Scoring::Sigmoid => None,
+        };
+        Ok(Router { weight, bias, correction: None, rule })
     }
 
     /// Route the pass's batch (`st.hn`, normed) of model layer `l`, the `moe_layer`-th MoE

@@ -24,28 +24,41 @@ pub(super) struct Angles<'a> {
     pub half: usize,
 }
 
-/// The per-head RMS norm of rows of `width` values: heads of `w.len()` values, each normed with
-/// weight `w`.
+/// How the heads of rows of `width` values (one token's heads, `hd` values each) are made
+/// ready for attention: a bias added to the row (gpt-oss), then each head RMS-normed with
+/// weight `norm.0` and eps `norm.1` (the Qwen families' q_norm / k_norm), then RoPE.
 #[derive(Clone, Copy)]
-pub(super) struct HeadNorm<'a> {
+pub(super) struct HeadPrep<'a> {
     pub width: usize,
-    pub w: &'a [f32],
-    pub eps: f32,
+    pub hd: usize,
+    pub bias: Option<&'a [f32]>,
+    pub norm: Option<(&'a [f32], f32)>,
 }
 
-/// Every head of every row (one token's heads) of `x`: RMS norm, then RoPE at the row's
-/// position; the rows in parallel.
-pub(super) fn norm_rope_rows(exec: &Exec, label: &'static str, x: &mut [f32], norm: HeadNorm<'_>, rope: Angles<'_>) {
-    let (half, HeadNorm { width, w, eps }) = (rope.half, norm);
-    let hd = w.len();
+/// Every head of every row (one token's heads) of `x` made ready as `prep` says, RoPE at the
+/// row's position; the rows in parallel.
+pub(super) fn prepare_heads(exec: &Exec, label: &'static str, x: &mut [f32], prep: HeadPrep<'_>, rope: Angles<'_>) {
+    let (half, HeadPrep { width, hd, bias, norm }) = (rope.half, prep);
     exec.rows_mut(label, x, width, &|r, rows| {
         for (t, row) in r.zip(rows.chunks_exact_mut(width)) {
+            if let Some(b) = bias {
+                add_inplace(row, b);
+            }
             let (cs, sn) = (&rope.cos[t * half..(t + 1) * half], &rope.sin[t * half..(t + 1) * half]);
             for head in row.chunks_exact_mut(hd) {
-                rms_norm_inplace(head, w, eps);
+                if let Some((w, eps)) = norm {
+                    rms_norm_inplace(head, w, eps);
+                }
                 apply_rope(head, cs, sn);
             }
         }
+    });
+}
+
+/// `x += bias` on every row (rows of `bias.len()` values), in parallel.
+pub(super) fn add_bias_rows(exec: &Exec, label: &'static str, x: &mut [f32], bias: &[f32]) {
+    exec.rows_mut(label, x, bias.len(), &|_, rows| {
+        rows.chunks_exact_mut(bias.len()).for_each(|r| add_inplace(r, bias))
     });
 }
 

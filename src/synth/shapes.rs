@@ -69,6 +69,7 @@ fn qwen3(hidden: usize, layers: usize, heads: usize, expert_width: usize, dense_
         bos_token_id: Some(151_643),
         eos_token_ids: vec![151_645, 151_643],
         hybrid: None,
+        features: Default::default(),
     }
 }
 
@@ -137,6 +138,7 @@ fn hybrid(
             value_heads_tiled: false,
             a_stored_negated_exp: false,
         }),
+        features: Default::default(),
     }
 }
 

@@ -84,9 +84,15 @@ impl State {
         merge(self, p);
     }
 
-    /// Query `i`'s attention output, `o / l`, into `out` (`[hd]`).
-    pub fn finish(&self, i: usize, out: &mut [f32]) {
-        let inv = 1.0 / self.l[i];
+    /// Query `i`'s attention output, `o / l`, into `out` (`[hd]`). A `sink` (gpt-oss's
+    /// learned per-head logit) is one more term of the softmax's denominator, `exp(sink - m)`,
+    /// with no value: it only takes weight away from the keys.
+    pub fn finish(&self, i: usize, sink: Option<f32>, out: &mut [f32]) {
+        let l = match sink {
+            Some(s) => self.l[i] + (s - self.m[i]).exp(),
+            None => self.l[i],
+        };
+        let inv = 1.0 / l;
         for (y, &x) in out.iter_mut().zip(&self.o[i * self.hd..(i + 1) * self.hd]) {
             *y = x * inv;
         }
@@ -113,6 +119,27 @@ pub fn merge(acc: &mut State, p: &State) {
     }
 }
 
+/// How a query's scores are made: `q · k * scale`, over the keys of its window: with
+/// `window` W, a query that sees positions `0..end` attends only `end - W..end` (the W latest,
+/// itself included: transformers' `kv_idx > q_idx - W`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scoring {
+    pub scale: f32,
+    pub window: Option<usize>,
+}
+
+impl Scoring {
+    /// Every key up to the query's own position.
+    pub fn full(scale: f32) -> Scoring {
+        Scoring { scale, window: None }
+    }
+
+    /// The first position a query that sees `0..end` attends.
+    pub fn first(&self, end: usize) -> usize {
+        self.window.map_or(0, |w| end.saturating_sub(w))
+    }
+}
+
 /// The splits a query at `end` keys (it sees positions `0..end`) is cut into.
 pub fn splits(end: usize) -> impl Iterator<Item = Range<usize>> {
     (0..end.div_ceil(SPLIT)).map(move |s| s * SPLIT..((s + 1) * SPLIT).min(end))
@@ -121,7 +148,8 @@ pub fn splits(end: usize) -> impl Iterator<Item = Range<usize>> {
 /// Fold the keys and values of positions `range` (`keys`: whole transposed blocks from
 /// position 0 as [`pack_keys`] lays them out; `vals`: `[positions, hd]`, row `j` at position
 /// `j`) into `st`, for the queries `q` (`[nq, hd]`), query `i` seeing only the
-/// positions below `ends[i]` (causal masking). Scores are `q · k * scale`. Blocks of
+/// positions below `ends[i]` (causal masking) and, with a window, none before
+/// `sc.first(ends[i])`. Scores are `q · k * sc.scale`. Blocks of
 /// [`KEY_BLOCK`] positions start at multiples of it, so where a range begins never changes how
 /// a query's keys are grouped. The element-wise loops (rescaling, exponentials, the weighted
 /// sum of values) are compiled for the tier `isa` names.
@@ -133,11 +161,11 @@ pub fn fold(
     keys: &[f32],
     vals: &[f32],
     range: Range<usize>,
-    scale: f32,
+    sc: Scoring,
     st: &mut State,
 ) {
     debug_assert!(q.len() == ends.len() * st.hd && st.queries() == ends.len());
-    let a = FoldArgs { isa, q, ends, keys, vals, range, scale };
+    let a = FoldArgs { isa, q, ends, keys, vals, range, sc };
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 {
@@ -160,7 +188,7 @@ struct FoldArgs<'a> {
     keys: &'a [f32],
     vals: &'a [f32],
     range: Range<usize>,
-    scale: f32,
+    sc: Scoring,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -181,7 +209,7 @@ unsafe fn fold_avx2(a: FoldArgs<'_>, st: &mut State) {
 
 #[inline(always)]
 fn fold_body(a: FoldArgs<'_>, st: &mut State) {
-    let FoldArgs { isa, q, ends, keys, vals, range, scale } = a;
+    let FoldArgs { isa, q, ends, keys, vals, range, sc } = a;
     let hd = st.hd;
     let mut b0 = range.start;
     while b0 < range.end {
@@ -189,13 +217,13 @@ fn fold_body(a: FoldArgs<'_>, st: &mut State) {
         let b1 = ((blk + 1) * KEY_BLOCK).min(range.end);
         // this block's keys, [hd, KEY_BLOCK]
         let kt = &keys[blk * hd * KEY_BLOCK..(blk + 1) * hd * KEY_BLOCK];
-        let blk_ = Block { isa, b0, b1, kt, vals, hd, scale };
+        let blk_ = Block { isa, b0, b1, kt, vals, hd, sc };
         // the queries that see part of this block, QUERIES at a time (the scores of each are
         // the same whatever it is grouped with)
         let mut group = [0usize; QUERIES];
         let mut n = 0;
         for (i, &end) in ends.iter().enumerate() {
-            if end.min(b1) > b0 {
+            if end.min(b1) > b0.max(sc.first(end)) {
                 group[n] = i;
                 n += 1;
                 if n == QUERIES {
@@ -223,7 +251,7 @@ struct Block<'a> {
     kt: &'a [f32],
     vals: &'a [f32],
     hd: usize,
-    scale: f32,
+    sc: Scoring,
 }
 
 impl Block<'_> {
@@ -238,10 +266,13 @@ impl Block<'_> {
         // mostly past the cache's end: its keys are neither read nor multiplied)
         let mut sc = scores::<Q>(self.isa, idx, q, self.kt, hd, self.b1 - lane0);
         for (sc, &i) in sc.iter_mut().zip(idx) {
+            // the query's keys in this block: from the block's start (or its window's, where
+            // that is later; the same either way a range is cut, as ranges start at blocks)
             let e = ends[i].min(self.b1);
-            let s = &mut sc[self.b0 - lane0..e - lane0];
+            let b0 = self.b0.max(self.sc.first(ends[i]));
+            let s = &mut sc[b0 - lane0..e - lane0];
             for sj in s.iter_mut() {
-                *sj *= self.scale;
+                *sj *= self.sc.scale;
             }
             let m = st.m[i].max(lanes(s, f32::NEG_INFINITY, f32::max));
             // the output so far is rescaled to the new maximum (0 before the first key)
@@ -251,7 +282,7 @@ impl Block<'_> {
             }
             let sum = lanes(s, 0.0, |a, b| a + b);
             let o = &mut st.o[i * hd..(i + 1) * hd];
-            let vb = &self.vals[self.b0 * hd..e * hd];
+            let vb = &self.vals[b0 * hd..e * hd];
             // VCHUNK dimensions per register, up to 8 registers at once; any rest alone
             let mut c = 0;
             while c < hd {
@@ -422,10 +453,12 @@ pub fn exp_le0(x: f32) -> f32 {
     if x < -87.3 { 0.0 } else { v }
 }
 
-/// Attention of the queries `q` (`[nq, hd]`, query `i` seeing positions `0..ends[i]`) over
-/// `keys` and `vals`, every split folded and merged in order, into `out` (`[nq, hd]`).
+/// Attention of the queries `q` (`[nq, hd]`, query `i` seeing positions `0..ends[i]`, or its
+/// window of them) over `keys` and `vals`, every split folded and merged in order, into `out`
+/// (`[nq, hd]`); `sinks` (`[nq]`, or empty for none) are the queries' sink logits.
 /// `acc` and `part` are scratch states of `hd`-sized rows. What prefill runs for a tile of
-/// queries; decode runs the splits in parallel and merges the same states in the same order.
+/// queries; decode runs the splits in parallel and merges the same states in the same order
+/// (a split no query reaches leaves nothing to merge, so it is skipped).
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     isa: Isa,
@@ -433,7 +466,8 @@ pub fn attend(
     ends: &[usize],
     keys: &[f32],
     vals: &[f32],
-    scale: f32,
+    sc: Scoring,
+    sinks: &[f32],
     acc: &mut State,
     part: &mut State,
     out: &mut [f32],
@@ -441,14 +475,15 @@ pub fn attend(
     let nq = ends.len();
     acc.reset(nq);
     let end = ends.iter().copied().max().unwrap_or(0);
-    for r in splits(end) {
+    let first = ends.iter().map(|&e| sc.first(e)).min().unwrap_or(0);
+    for r in splits(end).filter(|r| r.end > first) {
         part.reset(nq);
-        fold(isa, q, ends, keys, vals, r, scale, part);
+        fold(isa, q, ends, keys, vals, r, sc, part);
         acc.merge(part);
     }
     let hd = acc.hd;
     for i in 0..nq {
-        acc.finish(i, &mut out[i * hd..(i + 1) * hd]);
+        acc.finish(i, sinks.get(i).copied(), &mut out[i * hd..(i + 1) * hd]);
     }
 }
 

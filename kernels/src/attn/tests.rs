@@ -4,14 +4,33 @@ use super::*;
 
 use crate::testutil::uniform;
 
-/// softmax(q k^T * scale) v in f64, the whole score row at once: the textbook formula.
-fn reference(q: &[f32], keys: &[f32], vals: &[f32], end: usize, scale: f32, hd: usize) -> Vec<f64> {
-    let s: Vec<f64> =
-        (0..end).map(|j| (0..hd).map(|d| q[d] as f64 * keys[j * hd + d] as f64).sum::<f64>() * scale as f64).collect();
+/// softmax(q k^T * scale) v in f64 over positions `keys_seen`, the whole score row at once,
+/// a sink logit (if any) one more column of the softmax dropped after it: the textbook
+/// formula, written as transformers' eager gpt-oss attention writes it.
+fn reference_over(
+    q: &[f32],
+    keys: &[f32],
+    vals: &[f32],
+    keys_seen: std::ops::Range<usize>,
+    scale: f32,
+    sink: Option<f32>,
+    hd: usize,
+) -> Vec<f64> {
+    let mut s: Vec<f64> = keys_seen
+        .clone()
+        .map(|j| (0..hd).map(|d| q[d] as f64 * keys[j * hd + d] as f64).sum::<f64>() * scale as f64)
+        .collect();
+    s.extend(sink.map(f64::from));
     let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
     let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
     let l: f64 = p.iter().sum();
-    (0..hd).map(|d| (0..end).map(|j| p[j] * vals[j * hd + d] as f64).sum::<f64>() / l).collect()
+    (0..hd)
+        .map(|d| keys_seen.clone().enumerate().map(|(i, j)| p[i] * vals[j * hd + d] as f64).sum::<f64>() / l)
+        .collect()
+}
+
+fn reference(q: &[f32], keys: &[f32], vals: &[f32], end: usize, scale: f32, hd: usize) -> Vec<f64> {
+    reference_over(q, keys, vals, 0..end, scale, None, hd)
 }
 
 #[test]
@@ -32,7 +51,7 @@ fn attention_matches_the_textbook_formula_across_blocks_and_splits() {
             let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
             let mut out = vec![0f32; nq * hd];
             let packed = pack_keys(&keys, hd);
-            attend(isa, &q, &ends, &packed, &vals, scale, &mut acc, &mut part, &mut out);
+            attend(isa, &q, &ends, &packed, &vals, Scoring::full(scale), &[], &mut acc, &mut part, &mut out);
             for i in 0..nq {
                 let want = reference(&q[i * hd..(i + 1) * hd], &keys, &vals, ends[i], scale, hd);
                 for (d, (&a, &b)) in out[i * hd..(i + 1) * hd].iter().zip(&want).enumerate() {
@@ -56,20 +75,24 @@ fn a_query_gets_the_same_bits_alone_in_a_tile_and_from_parallel_splits() {
     let nq = 6;
     let q: Vec<f32> = (0..nq * hd).map(|_| r()).collect();
     let ends: Vec<usize> = (0..nq).map(|i| n - 37 * i).collect();
-    let scale = 0.125;
     let keys = pack_keys(&keys, hd);
-    for isa in Isa::available() {
+    // every key, and windows shorter than a block, ending mid-block, longer than a split
+    let windows = [None, Some(1), Some(37), Some(64), Some(200), Some(SPLIT + 5)];
+    for (isa, window) in Isa::available().into_iter().flat_map(|i| windows.map(|w| (i, w))) {
+        let scale = Scoring { scale: 0.125, window };
+        // a sink per query, large enough to take a share of the weight
+        let sinks: Vec<f32> = (0..nq).map(|i| i as f32 - 2.0).collect();
         // the tile, as prefill runs it
         let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
         let mut tile = vec![0f32; nq * hd];
-        attend(isa, &q, &ends, &keys, &vals, scale, &mut acc, &mut part, &mut tile);
+        attend(isa, &q, &ends, &keys, &vals, scale, &sinks, &mut acc, &mut part, &mut tile);
         for i in 0..nq {
             // alone
             let (mut a1, mut p1) = (State::new(1, hd), State::new(1, hd));
             let mut alone = vec![0f32; hd];
             let qi = &q[i * hd..(i + 1) * hd];
-            attend(isa, qi, &ends[i..=i], &keys, &vals, scale, &mut a1, &mut p1, &mut alone);
-            assert_eq!(alone, tile[i * hd..(i + 1) * hd], "{isa} query {i}: alone vs in the tile");
+            attend(isa, qi, &ends[i..=i], &keys, &vals, scale, &sinks[i..=i], &mut a1, &mut p1, &mut alone);
+            assert_eq!(alone, tile[i * hd..(i + 1) * hd], "{isa} {window:?} query {i}: alone vs in the tile");
             // as decode runs it: each split folded on its own (in reverse, as threads may
             // finish), the partial states merged in position order afterwards
             let parts: Vec<State> = splits(ends[i])
@@ -87,8 +110,42 @@ fn a_query_gets_the_same_bits_alone_in_a_tile_and_from_parallel_splits() {
                 acc1.merge(p);
             }
             let mut dec = vec![0f32; hd];
-            acc1.finish(0, &mut dec);
-            assert_eq!(dec, alone, "{isa} query {i}: merged splits vs one pass");
+            acc1.finish(0, Some(sinks[i]), &mut dec);
+            assert_eq!(dec, alone, "{isa} {window:?} query {i}: merged splits vs one pass");
+        }
+    }
+}
+
+#[test]
+fn a_window_and_a_sink_match_the_textbook_formula() {
+    // queries at staggered ends, windows inside a block, across blocks and across splits, sinks
+    // below, near and above the scores
+    let (hd, n) = (64, SPLIT + 150);
+    let mut r = uniform(99);
+    let keys: Vec<f32> = (0..n * hd).map(|_| r() * 5.0).collect();
+    let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
+    let nq = 7;
+    let q: Vec<f32> = (0..nq * hd).map(|_| r()).collect();
+    let ends: Vec<usize> = (0..nq).map(|i| n - 151 * i).collect();
+    let sinks: Vec<f32> = (0..nq).map(|i| i as f32 * 1.5 - 4.0).collect();
+    let packed = pack_keys(&keys, hd);
+    for isa in Isa::available() {
+        for window in [Some(1), Some(20), Some(64), Some(129), Some(SPLIT + 100), None] {
+            let sc = Scoring { scale: 0.125, window };
+            let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
+            let mut out = vec![0f32; nq * hd];
+            attend(isa, &q, &ends, &packed, &vals, sc, &sinks, &mut acc, &mut part, &mut out);
+            for i in 0..nq {
+                let seen = window.map_or(0, |w| ends[i].saturating_sub(w))..ends[i];
+                let want = reference_over(&q[i * hd..(i + 1) * hd], &keys, &vals, seen, 0.125, Some(sinks[i]), hd);
+                for (d, (&a, &b)) in out[i * hd..(i + 1) * hd].iter().zip(&want).enumerate() {
+                    assert!(
+                        (a as f64 - b).abs() <= 2e-5 * (1.0 + b.abs()),
+                        "{isa} window {window:?} query {i} (end {}) dim {d}: {a} vs {b}",
+                        ends[i]
+                    );
+                }
+            }
         }
     }
 }

@@ -275,6 +275,7 @@ impl GgufModel {
             bos_token_id: token("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: eos,
             hybrid,
+            features: Default::default(),
         };
         cfg.validate().map_err(|msg| self.config_err(arch, msg))?;
         Ok(cfg)
