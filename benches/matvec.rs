@@ -47,6 +47,7 @@ fn encode(format: Format, w: &[f32], rows: usize, cols: usize, x4: bool) -> (Vec
             }
             Format::Q4 { group } => quantize_q4_row(wr, group, qr, dr),
             Format::Q6 { group } => quantize_q6_row(wr, group, qr, dr),
+            Format::Mxfp4 => moescope_kernels::mxfp4::quantize_row(wr, qr),
             Format::F32 => unreachable!("not measured"),
         }
     }
@@ -114,8 +115,8 @@ fn main() {
     // the number is the kernel's own speed, the ceiling it would reach with infinite bandwidth
     // the output layer [151936, 2048] only in the formats packages give it
     let shapes: [(usize, usize, &[&str]); 4] = [
-        (768, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4"]),
-        (2048, 768, &["bf16", "q8", "q4", "q4x4"]),
+        (768, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4", "mxfp4"]),
+        (2048, 768, &["bf16", "q8", "q4", "q4x4", "mxfp4"]),
         (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4"]),
         (151936, 2048, &["q8", "q6", "q6x4"]),
     ];
@@ -123,8 +124,6 @@ fn main() {
         let w = rnd(rows * cols, 1);
         let x = rnd(cols, 2);
         let g = 128;
-        let mut qa = QuantAct::default();
-        qa.quantize(&x, cols, g, Isa::detect());
         for &fmt in fmts {
             // the matrix's value bytes (q4x4/q6x4: rows interleaved by 4, the layout packages
             // store; the row-major format beside each shows what that buys) and scales
@@ -132,8 +131,12 @@ fn main() {
                 "bf16" => Format::Bf16,
                 "q8" => Format::Q8 { group: g },
                 "q4" | "q4x4" => Format::Q4 { group: g },
+                "mxfp4" => Format::Mxfp4,
                 _ => Format::Q6 { group: g },
             };
+            // the activations quantized with the format's group (MXFP4: 32)
+            let mut qa = QuantAct::default();
+            qa.quantize(&x, cols, format.group().unwrap_or(g), Isa::detect());
             let x4 = fmt.ends_with("x4");
             let (vals, scales) = encode(format, &w, rows, cols, x4);
             let bytes = vals.len();
@@ -165,6 +168,7 @@ fn main() {
                             mins: None,
                         },
                         Format::Q4 { group } => MatData::Q4 { q: b, scales, group, x4, mins: None },
+                        Format::Mxfp4 => MatData::Mxfp4 { q: b },
                         _ => MatData::Q6 { q: b, scales, group: g, x4 },
                     };
                     Mat { rows, cols, data }
@@ -187,7 +191,7 @@ fn main() {
                     let (n, mut times) = (64, vec![]);
                     let xs = rnd(n * cols, 3);
                     let mut qn = QuantAct::default();
-                    qn.quantize(&xs, cols, g, Isa::detect());
+                    qn.quantize(&xs, cols, format.group().unwrap_or(g), Isa::detect());
                     let input = if fmt == "bf16" { Input::F32(&xs) } else { Input::Quant(&qn) };
                     let mut out = vec![0f32; rows * n];
                     for _ in 0..7 {

@@ -72,8 +72,9 @@ pub struct PerplexityArgs {
     /// Compute threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32; default q4) or
-    /// a GGUF file (default: each tensor as the file holds it; a mode given requantizes).
+    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32, mxfp4; default
+    /// q4, mxfp4 for a checkpoint released in MXFP4) or a GGUF file (default: each tensor as the
+    /// file holds it; a mode given requantizes).
     #[arg(long)]
     pub quant: Option<String>,
     /// Print one JSON object instead of a line.
@@ -216,8 +217,9 @@ pub struct RunArgs {
     /// Write the raw logits that chose each generated token as float32 [N, vocab] .npy.
     #[arg(long, value_name = "FILE.npy")]
     pub logits_out: Option<PathBuf>,
-    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32; default q4) or
-    /// a GGUF file (default: each tensor as the file holds it; a mode given requantizes).
+    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32, mxfp4; default
+    /// q4, mxfp4 for a checkpoint released in MXFP4) or a GGUF file (default: each tensor as the
+    /// file holds it; a mode given requantizes).
     #[arg(long)]
     pub quant: Option<String>,
     /// Size of the expert pool in MiB, or `auto`: the memory the process may use (its cgroup's
@@ -302,8 +304,10 @@ pub struct ConvertArgs {
     /// Output package.
     #[arg(short = 'o', long)]
     pub output: PathBuf,
-    /// bf16, q8, q4 (int4, group 128) or q4g32 (int4, group 32); default q4 for a HuggingFace
-    /// directory, and for a GGUF file each tensor as the file holds it (a mode given requantizes).
+    /// bf16, q8, q4 (int4, group 128), q4g32 (int4, group 32) or mxfp4 (the routed experts in
+    /// MXFP4, the rest q8); default q4 for a HuggingFace directory (mxfp4 for one released in
+    /// MXFP4: its experts kept as they are), and for a GGUF file each tensor as the file holds it
+    /// (a mode given requantizes).
     #[arg(long)]
     pub quant: Option<String>,
 }
@@ -425,8 +429,9 @@ pub struct BenchArgs {
     /// Output: md (a table), json (only JSON on stdout), csv.
     #[arg(short = 'o', long, default_value = "md")]
     pub output: String,
-    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32; default q4) or
-    /// a GGUF file (default: each tensor as the file holds it; a mode given requantizes).
+    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32, mxfp4; default
+    /// q4, mxfp4 for a checkpoint released in MXFP4) or a GGUF file (default: each tensor as the
+    /// file holds it; a mode given requantizes).
     #[arg(long)]
     pub quant: Option<String>,
     /// Expert pool sizes in MiB or `auto` (comma list; default as for `run`).

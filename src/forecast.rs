@@ -116,7 +116,7 @@ impl ModelSizes {
         }
         let moe = c.moe_layers();
         let blob = moe.first().map_or(0, |&l| {
-            let parts: u64 = tensors::expert_tensors(c, l, 0).iter().map(|(_, s)| bytes(Kind::Linear, s)).sum();
+            let parts: u64 = tensors::expert_tensors(c, l, 0).iter().map(|(_, s)| bytes(Kind::Expert, s)).sum();
             align_up(parts, EXPERT_ALIGN)
         });
         params += (moe.len() * c.num_experts_per_tok * 3 * h * c.moe_intermediate_size) as u64;

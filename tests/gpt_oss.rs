@@ -1,21 +1,22 @@
-//! gpt-oss's checkpoint layout: the experts transposed and their gate and up interleaved by
-//! column. The package's expert matrices, read back, are the ones transformers holds after
-//! loading the checkpoint (its `dequant_*` tensors of layer 0), value for value. (Its logits
-//! against transformers' are in reference_logits.rs, its streaming in streaming.rs.)
+//! gpt-oss's checkpoint layouts: the bf16 release's experts transposed with gate and up
+//! interleaved by column, and the MXFP4 release's blocks and exponents. The package's expert
+//! matrices, read back, are the ones transformers holds after loading each checkpoint (its
+//! `dequant_*` tensors of layer 0), value for value; the MXFP4 ones take the release's bytes.
+//! (Their logits against transformers' are in reference_logits.rs, streaming in streaming.rs.)
 
 mod common;
 
 use common::*;
 use moescope::package::Package;
 
-#[test]
-fn expert_matrices_are_transformers_own_values() {
-    let r = Reference::load("gpt-oss");
+/// Layer 0's experts of fixture `name` converted with `quant` against transformers' values.
+fn experts_match(name: &str, quant: &str) {
+    let r = Reference::load(name);
     let (gu, down) = (r.f32("dequant_gate_up"), r.f32("dequant_down"));
     // [E, H, 2I] and [E, I, H]
     let [e_n, h, two_i] = r.shape("dequant_gate_up")[..] else { panic!("gate_up shape") };
     let i = two_i / 2;
-    let (_d, path) = convert("gpt-oss", "bf16");
+    let (_d, path) = convert(name, quant);
     let pkg = Package::open(&path).expect("package");
     let (mut row_h, mut row_i) = (vec![0f32; h], vec![0f32; i]);
     for e in 0..e_n {
@@ -23,15 +24,39 @@ fn expert_matrices_are_transformers_own_values() {
         for j in 0..i {
             m.gate.dequant_row(j, &mut row_h);
             let want: Vec<f32> = (0..h).map(|c| gu[(e * h + c) * two_i + 2 * j]).collect();
-            assert_eq!(row_h, want, "expert {e} gate row {j}");
+            assert_eq!(row_h, want, "{name} {quant}: expert {e} gate row {j}");
             m.up.dequant_row(j, &mut row_h);
             let want: Vec<f32> = (0..h).map(|c| gu[(e * h + c) * two_i + 2 * j + 1]).collect();
-            assert_eq!(row_h, want, "expert {e} up row {j}");
+            assert_eq!(row_h, want, "{name} {quant}: expert {e} up row {j}");
         }
         for o in 0..h {
             m.down.dequant_row(o, &mut row_i);
             let want: Vec<f32> = (0..i).map(|j| down[(e * i + j) * h + o]).collect();
-            assert_eq!(row_i, want, "expert {e} down row {o}");
+            assert_eq!(row_i, want, "{name} {quant}: expert {e} down row {o}");
         }
     }
+}
+
+#[test]
+fn bf16_release_experts_are_transformers_own_values() {
+    experts_match("gpt-oss", "bf16");
+}
+
+#[test]
+fn mxfp4_release_experts_are_transformers_own_values_in_the_releases_bytes() {
+    // kept in MXFP4 (the default for this checkpoint), and widened to bf16 (exact: every e2m1
+    // value times a power of two is a bf16)
+    experts_match("gpt-oss-mxfp4", "mxfp4");
+    experts_match("gpt-oss-mxfp4", "bf16");
+    let dir = common::fixture("gpt-oss-mxfp4");
+    assert_eq!(moescope::convert::default_hf_quant(&dir), moescope::convert::QuantMode::Mxfp4);
+    let (_d, path) = convert("gpt-oss-mxfp4", "mxfp4");
+    let pkg = Package::open(&path).expect("package");
+    let ex = pkg.meta.experts.as_ref().expect("experts");
+    // an expert's three parts hold exactly the release's bytes: 16 of codes and 1 exponent per 32
+    let (h, i) = (pkg.meta.model.hidden_size, pkg.meta.model.moe_intermediate_size);
+    let release = (2 * i * h + h * i) / 32 * 17;
+    let parts: u64 = ex.parts_of(0).iter().map(|p| p.length).sum();
+    assert_eq!(parts, release as u64, "package bytes of one expert vs the release's");
+    assert!(ex.parts_of(0).iter().all(|p| p.format() == Some(moescope_kernels::Format::Mxfp4)));
 }

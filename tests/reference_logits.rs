@@ -124,7 +124,9 @@ fn check_fixture(name: &str) {
     let sigma = (ref_logits.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n).sqrt();
     // room for the longest sequence a check feeds (the hybrid fixtures' prompts pass 256)
     let ctx = (prompt.len() + gen_ids.len().max(forced.len())).next_multiple_of(64);
-    for quant in ["bf16", "q8", "q4", "q4g32"] {
+    // gpt-oss is also run with its experts in MXFP4 (from its released form, or quantized)
+    let mxfp4: &[&str] = if name.contains("gpt-oss") { &["mxfp4"] } else { &[] };
+    for &quant in ["bf16", "q8", "q4", "q4g32"].iter().chain(mxfp4) {
         let (_dir, pkg) = convert(name, quant);
         for isa in Isa::available() {
             let tag = format!("{name} {quant} {isa}");
@@ -231,6 +233,7 @@ fixture_tests! {
     qwen3_next_grouped_projections_dense_layer => "next",
     qwen3_5_vision_mtp_fused_tied => "qwen35",
     gpt_oss_sinks_windows_yarn_biases_clamp => "gpt-oss",
+    gpt_oss_released_as_mxfp4 => "gpt-oss-mxfp4",
 }
 
 /// Checkpoints made outside the repository (see the module comment); nothing to do when unset.

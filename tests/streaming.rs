@@ -43,8 +43,10 @@ fn stream(budget: u64, prefetch: bool, policy: PolicyKind, io: IoMode) -> Stream
 
 #[test]
 fn logits_are_bit_identical_at_every_budget() {
-    for name in ["single", "odd", "wide", "next", "qwen35", "gpt-oss"] {
-        let (_d, pkg) = convert(name, "q4");
+    let q4 = ["single", "odd", "wide", "next", "qwen35", "gpt-oss"].map(|n| (n, "q4"));
+    // MXFP4 blobs streamed as they are
+    for (name, quant) in q4.into_iter().chain([("gpt-oss-mxfp4", "mxfp4")]) {
+        let (_d, pkg) = convert(name, quant);
         let r = Reference::load(name);
         let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
         let want = run(&mut engine(&pkg, None), &prompt, &forced).unwrap();
@@ -60,7 +62,7 @@ fn logits_are_bit_identical_at_every_budget() {
                 for policy in [PolicyKind::Lru, PolicyKind::LeastStale, PolicyKind::Foresight] {
                     let mut eng = engine(&pkg, Some(stream(slots * blob, prefetch, policy, IoMode::Direct)));
                     let got = run(&mut eng, &prompt, &forced).unwrap();
-                    let tag = format!("{name}: {slots} slots, prefetch {prefetch}, {}", policy.name());
+                    let tag = format!("{name} {quant}: {slots} slots, prefetch {prefetch}, {}", policy.name());
                     assert_eq!(got.len(), want.len(), "{tag}");
                     let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{tag}: logits differ from the resident run (max {})", max_abs_diff(&got, &want));

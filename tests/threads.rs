@@ -31,7 +31,14 @@ fn logits(model: &Decoder, exec: &Exec, prompt: &[u32]) -> Vec<u32> {
 fn logits_are_the_same_bits_at_any_thread_count_and_piece_size() {
     // q4g32 through the AVX-512 group-32 tiles (rows of 128), q4 (group 128), a hybrid with
     // Gated DeltaNet layers and a shared expert, q8, gpt-oss (sliding windows, sinks, biases)
-    for (name, quant) in [("single", "q4g32"), ("single", "q4"), ("qwen35", "q4"), ("next", "q8"), ("gpt-oss", "q4")] {
+    for (name, quant) in [
+        ("single", "q4g32"),
+        ("single", "q4"),
+        ("qwen35", "q4"),
+        ("next", "q8"),
+        ("gpt-oss", "q4"),
+        ("gpt-oss-mxfp4", "mxfp4"),
+    ] {
         let r = Reference::load(name);
         let prompt = r.ids("input_ids");
         assert!(prompt.len() >= 8, "{name}: a prompt of several tokens");

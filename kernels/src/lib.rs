@@ -15,6 +15,7 @@ pub mod dot;
 pub mod ggml;
 pub mod isa;
 pub mod mat;
+pub mod mxfp4;
 pub mod ops;
 pub mod prefetch;
 pub mod quant;

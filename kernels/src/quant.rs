@@ -20,6 +20,10 @@
 //!   -2 bits, lines them up with the low nibbles. Layout name: `q6_lo4hi2`. This is the output
 //!   layer's format in q4 packages (6.25 bits a weight; llama.cpp's Q6_K: 6.56).
 //!
+//! - `Mxfp4`: blocks of 32 e2m1 values under a power-of-two scale, ggml's `block_mxfp4` bytes
+//!   (see [`crate::mxfp4`]); no f32 scales (the exponents are in the blocks), activations
+//!   quantized in groups of 32. Layout name: `mxfp4_ggml`.
+//!
 //! Row-interleaved storage (`q4_lohi32_x4`, `q6_lo4hi2_x4`): a q4 or q6 matrix whose rows are a
 //! multiple of [`ROW_BLOCK`] and whose row is whole 128-value chunks is stored in blocks of 4
 //! rows, the blocks' chunks alternating row by row: chunk `c` of row `r` lies at
@@ -38,6 +42,7 @@ pub enum Format {
     Q8 { group: usize },
     Q4 { group: usize },
     Q6 { group: usize },
+    Mxfp4,
 }
 
 /// Values per q6 chunk (a group is a whole number of chunks).
@@ -93,12 +98,15 @@ impl Format {
             Format::Q8 { .. } => "q8",
             Format::Q4 { .. } => "q4",
             Format::Q6 { .. } => "q6",
+            Format::Mxfp4 => "mxfp4",
         }
     }
 
+    /// The group the activations are quantized with (None: they stay f32).
     pub fn group(&self) -> Option<usize> {
         match self {
             Format::Q8 { group } | Format::Q4 { group } | Format::Q6 { group } => Some(*group),
+            Format::Mxfp4 => Some(crate::mxfp4::BLOCK),
             _ => None,
         }
     }
@@ -119,6 +127,7 @@ impl Format {
         match self {
             Format::Q4 { .. } => "q4_lohi32",
             Format::Q6 { .. } => "q6_lo4hi2",
+            Format::Mxfp4 => "mxfp4_ggml",
             _ => "row_major",
         }
     }
@@ -142,6 +151,7 @@ impl Format {
     pub fn fits(&self, cols: usize) -> bool {
         match self.group() {
             // q6: whole chunks per group, or 8 groups of 16 per chunk (GGUF's Q6_K)
+            Some(g) if matches!(self, Format::Mxfp4) => cols.is_multiple_of(g),
             Some(g) if matches!(self, Format::Q6 { .. }) => {
                 (g.is_multiple_of(Q6_CHUNK) || g == 16) && g > 0 && cols.is_multiple_of(g.max(Q6_CHUNK))
             }
@@ -162,12 +172,15 @@ impl Format {
             Format::Q8 { .. } => n,
             Format::Q4 { .. } => n / 2,
             Format::Q6 { .. } => n / Q6_CHUNK * Q6_CHUNK_BYTES,
+            Format::Mxfp4 => n / crate::mxfp4::BLOCK * crate::mxfp4::BLOCK_BYTES,
         }
     }
 
-    /// Bytes of the f32 scales of a `[rows, cols]` matrix.
+    /// Bytes of the f32 scales of a `[rows, cols]` matrix (none for MXFP4: its scales are in
+    /// its blocks).
     pub fn scale_bytes(&self, rows: usize, cols: usize) -> usize {
         match self.group() {
+            Some(_) if *self == Format::Mxfp4 => 0,
             Some(g) => rows * (cols / g) * 4,
             None => 0,
         }

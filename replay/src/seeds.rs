@@ -227,13 +227,13 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
         "checkpoint" => {
             out.push(("tiny qwen3-moe".into(), tiny_checkpoint()));
             out.push(("tiny qwen3-moe in two shards".into(), tiny_sharded_checkpoint()));
-            for f in ["next", "qwen35", "odd", "gpt-oss"] {
+            for f in ["next", "qwen35", "odd", "gpt-oss", "gpt-oss-mxfp4"] {
                 out.extend(fixture_checkpoint(root, f).map(|b| (format!("tests/fixtures/{f}"), b)));
             }
         }
         "package" => {
             out.extend(package_of(&tiny_checkpoint()).map(|b| ("tiny qwen3-moe package".into(), b)));
-            for f in ["next", "gpt-oss"] {
+            for f in ["next", "gpt-oss", "gpt-oss-mxfp4"] {
                 let pkg = fixture_checkpoint(root, f).and_then(|c| package_of(&c));
                 out.extend(pkg.map(|b| (format!("{f} package"), b)));
             }

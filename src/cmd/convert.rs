@@ -11,7 +11,7 @@ pub fn run(a: &ConvertArgs) -> Result<()> {
     let quant = match (&a.quant, is_gguf) {
         (Some(q), _) => QuantMode::parse(q).map_err(anyhow::Error::msg)?,
         (None, true) => QuantMode::File,
-        (None, false) => QuantMode::Q4 { max_group: 128 },
+        (None, false) => moescope::convert::default_hf_quant(&a.hf_dir),
     };
     interrupt::install();
     let _busy = Interruptible::start();

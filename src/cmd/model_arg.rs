@@ -38,7 +38,7 @@ pub fn resolve(model: Option<&Path>, quant: Option<&str>) -> Result<PathBuf> {
     let mode = match quant {
         Some(q) => QuantMode::parse(q).map_err(anyhow::Error::msg)?,
         None if is_gguf => QuantMode::File,
-        None => QuantMode::Q4 { max_group: 128 },
+        None => moescope::convert::default_hf_quant(m),
     };
     let out = cache_dir().map_err(anyhow::Error::msg)?.join("converted").join(cache_name(m, mode)?);
     if out.exists() {

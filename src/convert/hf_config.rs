@@ -64,8 +64,11 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
         return Err(k.err("attention_bias", "true is not supported (these models have no attention biases)"));
     }
     if let Some(q) = t.get("quantization_config").filter(|q| !q.is_null()) {
+        // gpt-oss's release: its experts in MXFP4 (convert::gpt_oss reads them)
         let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("unknown");
-        return Err(k.err("quantization_config", &format!("quant_method '{method}' is not supported yet")));
+        if !(gpt_oss && method == "mxfp4") {
+            return Err(k.err("quantization_config", &format!("quant_method '{method}' is not supported")));
+        }
     }
     if k.bool("use_sliding_window", false)? {
         return Err(k.err("use_sliding_window", "sliding-window attention is not supported"));

@@ -107,6 +107,18 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
 }
 
+/// The quantization for a HuggingFace checkpoint when none is asked for: q4, or `mxfp4` for a
+/// checkpoint released with MXFP4 experts (gpt-oss), whose experts it then keeps as they are.
+pub fn default_hf_quant(dir: &Path) -> QuantMode {
+    let method = hf_config::read_json(&dir.join("config.json"))
+        .ok()
+        .and_then(|v| v.pointer("/quantization_config/quant_method").and_then(|m| m.as_str()).map(String::from));
+    match method.as_deref() {
+        Some("mxfp4") => QuantMode::Mxfp4,
+        _ => QuantMode::Q4 { max_group: 128 },
+    }
+}
+
 /// Convert the GGUF file `path` (or the split model whose first part it is) into the package
 /// `out`. With [`QuantMode::File`] every tensor keeps the file's values exactly; another mode
 /// requantizes from them.
@@ -348,7 +360,7 @@ fn plan_meta(
                 .iter()
                 .zip(["gate_proj", "up_proj", "down_proj"])
                 .map(|((name, s), pname)| {
-                    let mut e = entry(pname, format(name, plan::Kind::Linear, s[1]), s);
+                    let mut e = entry(pname, format(name, plan::Kind::Expert, s[1]), s);
                     e.xxh3 = None;
                     e
                 })
@@ -536,6 +548,13 @@ pub fn encode_rows(f: Format, x: &[f32], cols: usize, x4: bool, vals: &mut Vec<u
                     &mut vals[r * cols / 2..(r + 1) * cols / 2],
                     &mut scales[r * ng..(r + 1) * ng],
                 );
+            }
+        }
+        Format::Mxfp4 => {
+            let rb = f.data_bytes(1, cols);
+            vals.resize(x.len() / cols * rb, 0);
+            for (r, row) in x.chunks_exact(cols).enumerate() {
+                moescope_kernels::mxfp4::quantize_row(row, &mut vals[r * rb..(r + 1) * rb]);
             }
         }
         Format::Q6 { group } => {

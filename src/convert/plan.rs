@@ -12,6 +12,9 @@
 //! |   gated q, shared expert        |      |      |                               |
 //! | routed experts (expert region)  | bf16 | q8   | q4 (q8 where no group fits)   |
 //!
+//! `mxfp4` is `q8` with the routed experts in MXFP4 (rows a multiple of 32; else q8): the
+//! layout gpt-oss is released in, for the experts of any checkpoint.
+//!
 //! q8 uses group 128, else the largest of 64/32/16 dividing the row, else the whole row.
 //! q4 uses group 128 (`q4g32`: 32), else the largest smaller power of two down to 16 dividing
 //! the row; a row none divides stays q8.
@@ -49,6 +52,8 @@ pub enum QuantMode {
     Q4 {
         max_group: usize,
     },
+    /// The routed experts in MXFP4, everything else as `Q8`.
+    Mxfp4,
     /// Each tensor in the format that holds its source's values exactly (a GGUF file's types;
     /// see `convert::gguf::source::exact_format`), none requantized.
     File,
@@ -61,7 +66,8 @@ impl QuantMode {
             "q8" => Ok(QuantMode::Q8),
             "q4" => Ok(QuantMode::Q4 { max_group: 128 }),
             "q4g32" => Ok(QuantMode::Q4 { max_group: 32 }),
-            other => Err(format!("unknown quantization '{other}' (expected bf16, q8, q4 or q4g32)")),
+            "mxfp4" => Ok(QuantMode::Mxfp4),
+            other => Err(format!("unknown quantization '{other}' (expected bf16, q8, q4, q4g32 or mxfp4)")),
         }
     }
 
@@ -71,6 +77,7 @@ impl QuantMode {
             QuantMode::Q8 => "q8",
             QuantMode::Q4 { max_group: 32 } => "q4g32",
             QuantMode::Q4 { .. } => "q4",
+            QuantMode::Mxfp4 => "mxfp4",
             QuantMode::File => "file",
         }
     }
@@ -79,6 +86,7 @@ impl QuantMode {
         match self {
             QuantMode::Bf16 => "norms and router f32; all other weights bf16".into(),
             QuantMode::Q8 => "norms and router f32; all other weights q8 (int8, group 128 or the largest of 64/32/16 dividing the row, else one group per row)".into(),
+            QuantMode::Mxfp4 => "norms and router f32; routed experts mxfp4 (e2m1 values, a power-of-two scale per 32; q8 where rows are not whole blocks); all other weights q8 (group 128 or the largest of 64/32/16 dividing the row)".into(),
             QuantMode::File => "each tensor as the file holds it: F32 and BF16 as they are; Q8_0, Q5_0 as q8 and Q4_0 as q4 at group 32, Q6_K as q6 group 16, Q4_K and Q4_1 as q4 group 32 with mins, Q5_K as q8 group 32 with mins (the same codes, scales and mins); F16 as f32".into(),
             QuantMode::Q4 { max_group } => format!(
                 "norms and router f32; embedding q8; lm_head q6 (int6, group 128; else q8); attention, dense MLP and experts q4 (int4, group {max_group} or the largest smaller one down to 16 dividing the row, else q8)"
@@ -92,12 +100,13 @@ impl QuantMode {
         match (k, self) {
             (Kind::Norm | Kind::Router | Kind::Exact, _) | (_, QuantMode::File) => Format::F32,
             (_, QuantMode::Bf16) => Format::Bf16,
-            (_, QuantMode::Q8) | (Kind::Embedding, QuantMode::Q4 { .. }) => q8(),
+            (Kind::Expert, QuantMode::Mxfp4) if Format::Mxfp4.fits(cols) => Format::Mxfp4,
+            (_, QuantMode::Q8 | QuantMode::Mxfp4) | (Kind::Embedding, QuantMode::Q4 { .. }) => q8(),
             (Kind::LmHead, QuantMode::Q4 { .. }) => {
                 let q6 = Format::Q6 { group: 128 };
                 if q6.fits(cols) { q6 } else { q8() }
             }
-            (Kind::Linear, QuantMode::Q4 { max_group }) => match pick_group(cols, max_group) {
+            (Kind::Linear | Kind::Expert, QuantMode::Q4 { max_group }) => match pick_group(cols, max_group) {
                 Some(group) => Format::Q4 { group },
                 None => q8(),
             },
@@ -112,6 +121,8 @@ pub enum Kind {
     Embedding,
     LmHead,
     Linear,
+    /// A routed expert's matrix (as `Linear`, but MXFP4 in the `mxfp4` mode).
+    Expert,
     /// Small tensors that stay exact: the linear mixer's conv, decay and gated norm.
     Exact,
 }
@@ -235,5 +246,11 @@ mod tests {
         assert_eq!(QuantMode::Q8.format(Kind::Linear, 96), Format::Q8 { group: 32 });
         assert_eq!(QuantMode::Bf16.format(Kind::Embedding, 96), Format::Bf16);
         assert_eq!(QuantMode::Bf16.format(Kind::Norm, 96), Format::F32);
+        let mx = QuantMode::Mxfp4;
+        assert_eq!(mx.format(Kind::Expert, 2880), Format::Mxfp4);
+        assert_eq!(mx.format(Kind::Expert, 80), Format::Q8 { group: 16 });
+        assert_eq!(mx.format(Kind::Linear, 2880), Format::Q8 { group: 64 });
+        assert_eq!(mx.format(Kind::Router, 2880), Format::F32);
+        assert_eq!(q4.format(Kind::Expert, 2048), Format::Q4 { group: 128 });
     }
 }

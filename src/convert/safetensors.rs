@@ -22,6 +22,8 @@ enum StDtype {
     F32,
     F16,
     Bf16,
+    /// Packed bytes (MXFP4's blocks and exponents): read with [`HfCheckpoint::read_bytes`].
+    U8,
 }
 
 impl StDtype {
@@ -29,6 +31,7 @@ impl StDtype {
         match self {
             StDtype::F32 => 4,
             StDtype::F16 | StDtype::Bf16 => 2,
+            StDtype::U8 => 1,
         }
     }
 }
@@ -158,6 +161,38 @@ impl HfCheckpoint {
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(|s| s.as_str())
     }
+
+    /// Rows `[r0, r0 + n)` of a U8 tensor (rows along its first dimension), as bytes.
+    pub fn read_bytes(&self, name: &str, r0: usize, n: usize, out: &mut Vec<u8>) -> Result<(), ConvertError> {
+        let (loc, path, file) = self.locate(name, r0, n)?;
+        if loc.dtype != StDtype::U8 {
+            return Err(ConvertError::Tensor {
+                file: path.clone(),
+                name: name.into(),
+                msg: "expected U8 bytes".into(),
+            });
+        }
+        out.resize(n * loc.row_len(), 0);
+        file.read_exact_at(out, loc.start + (r0 * loc.row_len()) as u64)
+            .map_err(|source| ConvertError::Io { path: path.clone(), error: source })
+    }
+
+    /// The tensor `name` whose rows `[r0, r0 + n)` are asked for, and its file.
+    fn locate(&self, name: &str, r0: usize, n: usize) -> Result<(&Loc, &PathBuf, &File), ConvertError> {
+        let loc = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ConvertError::MissingTensor { dir: self.dir.clone(), name: name.into() })?;
+        let (path, file) = &self.files[loc.file];
+        if r0 + n > loc.rows() {
+            return Err(ConvertError::Tensor {
+                file: path.clone(),
+                name: name.into(),
+                msg: format!("rows {r0}..{} out of range", r0 + n),
+            });
+        }
+        Ok((loc, path, file))
+    }
 }
 
 fn three(loc: &Loc, name: &str, path: &Path) -> Result<[usize; 3], ConvertError> {
@@ -198,7 +233,8 @@ fn parse_header(path: &Path, file: &File, fi: usize) -> Result<Vec<(String, Loc)
             Some("BF16") => StDtype::Bf16,
             Some("F16") => StDtype::F16,
             Some("F32") => StDtype::F32,
-            other => return Err(tbad(format!("dtype {other:?} is not supported (BF16, F16, F32)"))),
+            Some("U8") => StDtype::U8,
+            other => return Err(tbad(format!("dtype {other:?} is not supported (BF16, F16, F32, U8)"))),
         };
         let shape: Vec<usize> = t
             .get("shape")
@@ -228,18 +264,11 @@ impl TensorSource for HfCheckpoint {
     }
 
     fn read_rows(&self, name: &str, r0: usize, n: usize, out: &mut Vec<f32>) -> Result<(), ConvertError> {
-        let loc = self
-            .tensors
-            .get(name)
-            .ok_or_else(|| ConvertError::MissingTensor { dir: self.dir.clone(), name: name.into() })?;
-        let (path, file) = &self.files[loc.file];
+        let (loc, path, file) = self.locate(name, r0, n)?;
         let cols = loc.row_len();
-        if r0 + n > loc.rows() {
-            return Err(ConvertError::Tensor {
-                file: path.clone(),
-                name: name.into(),
-                msg: format!("rows {r0}..{} out of range", r0 + n),
-            });
+        if loc.dtype == StDtype::U8 {
+            let msg = "holds packed bytes (U8), not weights to read as numbers".into();
+            return Err(ConvertError::Tensor { file: path.clone(), name: name.into(), msg });
         }
         let es = loc.dtype.size();
         let mut raw = vec![0u8; n * cols * es];
@@ -251,6 +280,7 @@ impl TensorSource for HfCheckpoint {
             StDtype::Bf16 => out.extend(raw.chunks_exact(2).map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))),
             StDtype::F16 => out.extend(raw.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())),
             StDtype::F32 => out.extend(raw.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
+            StDtype::U8 => {}
         }
         if let Some(i) = out.iter().position(|v| !v.is_finite()) {
             return Err(ConvertError::NonFinite {

@@ -36,7 +36,7 @@ pub fn require_finite(
 pub fn first_non_finite(t: &TensorEntry, bytes: &[u8]) -> Option<u64> {
     let end = t.offset.checked_add(t.length)?;
     let from = match t.dtype {
-        DType::F32 | DType::Bf16 => t.offset,
+        DType::F32 | DType::Bf16 | DType::Mxfp4 => t.offset,
         DType::Q8 | DType::Q4 | DType::Q6 => t.scales_offset?,
     };
     let lo = usize::try_from(from).ok()?;
@@ -44,6 +44,8 @@ pub fn first_non_finite(t: &TensorEntry, bytes: &[u8]) -> Option<u64> {
     let region = bytes.get(lo..hi)?;
     let at = match t.dtype {
         DType::Bf16 => region.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80)? * 2,
+        // an exponent byte of 255 is NaN in the OCP MX spec (and 2^128 overflows)
+        DType::Mxfp4 => region.chunks_exact(moescope_kernels::mxfp4::BLOCK_BYTES).position(|b| b[0] == 255)? * 17,
         _ => region.chunks_exact(4).position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())? * 4,
     };
     Some(from + at as u64)
@@ -65,6 +67,18 @@ mod tests {
             scales_offset,
             xxh3: None,
         }
+    }
+
+    #[test]
+    fn finds_an_mxfp4_block_whose_exponent_is_nan() {
+        // 3 bytes before, then 3 blocks of 17: exponents 127, 254, 255
+        let mut b = vec![0xFFu8; 3];
+        for e in [127u8, 254, 255] {
+            b.push(e);
+            b.extend([0xFFu8; 16]);
+        }
+        assert_eq!(first_non_finite(&entry(DType::Mxfp4, 3, 51, None), &b), Some(3 + 34));
+        assert_eq!(first_non_finite(&entry(DType::Mxfp4, 3, 34, None), &b), None);
     }
 
     #[test]

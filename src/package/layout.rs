@@ -121,6 +121,7 @@ pub enum DType {
     Q8,
     Q4,
     Q6,
+    Mxfp4,
 }
 
 impl DType {
@@ -131,6 +132,7 @@ impl DType {
             DType::Q8 => Format::Q8 { group: group? },
             DType::Q4 => Format::Q4 { group: group? },
             DType::Q6 => Format::Q6 { group: group? },
+            DType::Mxfp4 => Format::Mxfp4,
         })
     }
 
@@ -141,6 +143,7 @@ impl DType {
             Format::Q8 { .. } => DType::Q8,
             Format::Q4 { .. } => DType::Q4,
             Format::Q6 { .. } => DType::Q6,
+            Format::Mxfp4 => DType::Mxfp4,
         }
     }
 }

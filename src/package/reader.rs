@@ -447,6 +447,7 @@ fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u64) -> Mat<'
         Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group, mins },
         Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), mins },
         Format::Q6 { group } => MatData::Q6 { q: data, scales: scales(), group, x4: interleaved(t) },
+        Format::Mxfp4 => MatData::Mxfp4 { q: data },
     };
     Mat { rows, cols, data }
 }

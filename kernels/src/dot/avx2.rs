@@ -197,6 +197,37 @@ pub unsafe fn dot_q4(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     acc
 }
 
+/// [`super::scalar::dot_mxfp4`]: a block's codes through a table of their doubled values
+/// (signed bytes), then `maddubs(|w|, sign(x, w))` (each pair at most 2 * 12 * 127: no
+/// saturation) and `madd` with ones: lane `l` holds the exact sum of values `4l..4l + 4`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_mxfp4(w: &[u8], a: QuantRow<'_>) -> f32 {
+    use crate::mxfp4::{BLOCK_BYTES, E2M1_X2, half_scale};
+    let t = E2M1_X2;
+    let lut = _mm256_setr_epi8(
+        t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], t[12], t[13], t[14], t[15], t[0],
+        t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], t[12], t[13], t[14], t[15],
+    );
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); 4];
+    for (gi, b) in w.chunks_exact(BLOCK_BYTES).enumerate() {
+        // SAFETY: the block's 16 code bytes follow its exponent; group gi's 32 activations are
+        // in the row (the caller's shapes)
+        let (n, x) =
+            unsafe { (q4_block(b.as_ptr().add(1)), _mm256_loadu_si256(a.q.as_ptr().add(gi * 32) as *const __m256i)) };
+        let wv = _mm256_shuffle_epi8(lut, n);
+        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv)), ones);
+        let s = _mm256_set1_ps(half_scale(b[0]) * a.scales[gi]);
+        acc[gi % 4] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[gi % 4]);
+    }
+    let mut lanes = [[0f32; 8]; 4];
+    for (l, v) in lanes.iter_mut().zip(acc) {
+        // SAFETY: 8 f32 into an array of 8
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
+    }
+    super::mxfp4_reduce(lanes)
+}
+
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn dot_q6(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     let g = a.group;

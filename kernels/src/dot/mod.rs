@@ -69,6 +69,32 @@ pub fn dot_q4(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     scalar::dot_q4(wq, wd, a)
 }
 
+/// `w · a` with `w` an MXFP4 row (`mxfp4_ggml` blocks) and `a` quantized in groups of 32.
+#[inline]
+pub fn dot_mxfp4(isa: Isa, w: &[u8], a: QuantRow<'_>) -> f32 {
+    debug_assert!(a.group == crate::mxfp4::BLOCK && w.len() / crate::mxfp4::BLOCK_BYTES * 32 == a.q.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        // SAFETY: as above; the row is whole blocks, one activation group each.
+        return unsafe { avx2::dot_mxfp4(w, a) };
+    }
+    let _ = isa;
+    scalar::dot_mxfp4(w, a)
+}
+
+/// The four accumulators of an MXFP4 dot product summed lane by lane, `(0 + 1) + (2 + 3)`,
+/// then the 8 lanes pairwise: `l + (l + 4)`, then `l + (l + 2)`, then the two. Every tier ends
+/// with this, on the lanes it stored.
+#[inline]
+pub(crate) fn mxfp4_reduce(acc: [[f32; 8]; 4]) -> f32 {
+    let mut v = [0f32; 8];
+    for l in 0..8 {
+        v[l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
+    }
+    let q = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+    (q[0] + q[2]) + (q[1] + q[3])
+}
+
 /// `w · a` with `w` a q6 row (`q6_lo4hi2` layout) and `a` quantized with the same group.
 #[inline]
 pub fn dot_q6(isa: Isa, wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
@@ -188,6 +214,25 @@ pub mod scalar {
             acc += isum as f32 * (wd[gi] * a.scales[gi]);
         }
         acc
+    }
+
+    /// The SIMD tiers' order, value for value: each block's doubled codes times the
+    /// activations in 8 exact integer sums of 4 consecutive values (a vector's lanes), each
+    /// fused-multiply-added with `2^(e - 128) * activation scale` into lane `l` of accumulator
+    /// `block % 4`; then [`super::mxfp4_reduce`].
+    pub fn dot_mxfp4(w: &[u8], a: QuantRow<'_>) -> f32 {
+        use crate::mxfp4::{BLOCK_BYTES, E2M1_X2, half_scale};
+        let mut acc = [[0f32; 8]; 4];
+        for (gi, b) in w.chunks_exact(BLOCK_BYTES).enumerate() {
+            let x = &a.q[gi * 32..(gi + 1) * 32];
+            let code = |i: usize| if i < 16 { b[1 + i] & 0x0F } else { b[1 + i - 16] >> 4 };
+            let s = half_scale(b[0]) * a.scales[gi];
+            for (l, lane) in acc[gi % 4].iter_mut().enumerate() {
+                let isum: i32 = (4 * l..4 * l + 4).map(|i| E2M1_X2[code(i) as usize] as i32 * x[i] as i32).sum();
+                *lane = (isum as f32).mul_add(s, *lane);
+            }
+        }
+        super::mxfp4_reduce(acc)
     }
 
     pub fn dot_q6(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
@@ -339,6 +384,51 @@ mod tests {
             let want = (wv * xv * 128.0) as f64;
             for isa in Isa::available() {
                 let got = dot_q6(isa, &q6, &d6, a.row(0)) as f64;
+                assert!((got - want).abs() <= 1e-4 * want.abs(), "{isa}: {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn mxfp4_kernels_match_brute_force_bit_identically_across_tiers() {
+        use crate::mxfp4::{BLOCK_BYTES, E2M1_X2, half_scale, quantize_row};
+        let mut s = 29;
+        for blocks in [1, 2, 3, 90] {
+            let k = 32 * blocks;
+            // scales far apart block to block, so the per-block float step matters
+            let w: Vec<f32> =
+                rnd(&mut s, k).iter().enumerate().map(|(i, v)| v * 4f32.powi((i / 32 % 5) as i32 - 2)).collect();
+            let x: Vec<f32> = rnd(&mut s, k).iter().map(|v| v * 4.0).collect();
+            let mut a = QuantAct::default();
+            a.quantize(&x, k, 32, Isa::detect());
+            let mut q = vec![0u8; blocks * BLOCK_BYTES];
+            quantize_row(&w, &mut q);
+            // the doubled codes as integers, the half scales as the groups' scales
+            let codes: Vec<i32> = q
+                .chunks_exact(BLOCK_BYTES)
+                .flat_map(|b| {
+                    let lo = b[1..].iter().map(|&c| E2M1_X2[(c & 15) as usize] as i32);
+                    let hi = b[1..].iter().map(|&c| E2M1_X2[(c >> 4) as usize] as i32);
+                    lo.chain(hi).collect::<Vec<_>>()
+                })
+                .collect();
+            let d: Vec<f32> = q.chunks_exact(BLOCK_BYTES).map(|b| half_scale(b[0])).collect();
+            let (want, tol) = brute_q(&codes, &d, &a, 32);
+            let got = scalar::dot_mxfp4(&q, a.row(0));
+            assert!((got as f64 - want).abs() <= tol, "{blocks} blocks: {got} vs {want} (bound {tol:e})");
+            for isa in Isa::available() {
+                assert_eq!(dot_mxfp4(isa, &q, a.row(0)).to_bits(), got.to_bits(), "{isa} mxfp4, {blocks} blocks");
+            }
+        }
+        // every code at its largest against int8 extremes: the largest pair sums
+        for (wv, xv) in [(6.0f32, 1.0f32), (-6.0, 1.0), (6.0, -1.0)] {
+            let mut q = vec![0u8; BLOCK_BYTES];
+            quantize_row(&[wv; 32], &mut q);
+            let mut a = QuantAct::default();
+            a.quantize(&[xv; 32], 32, 32, Isa::detect());
+            let want = (wv * xv * 32.0) as f64;
+            for isa in Isa::available() {
+                let got = dot_mxfp4(isa, &q, a.row(0)) as f64;
                 assert!((got - want).abs() <= 1e-4 * want.abs(), "{isa}: {got} vs {want}");
             }
         }

@@ -53,6 +53,11 @@ pub enum MatData<'a> {
         group: usize,
         x4: bool,
     },
+    /// `q`: `[rows, cols / 32 * 17]` bytes, ggml's MXFP4 blocks (`mxfp4_ggml`, see
+    /// [`crate::mxfp4`]).
+    Mxfp4 {
+        q: &'a [u8],
+    },
 }
 
 /// `[rows, cols]` weight matrix: `y = W x` maps `cols` inputs to `rows` outputs.
@@ -85,7 +90,14 @@ impl<'a> Mat<'a> {
             MatData::Q8 { group, .. } => Format::Q8 { group },
             MatData::Q4 { group, .. } => Format::Q4 { group },
             MatData::Q6 { group, .. } => Format::Q6 { group },
+            MatData::Mxfp4 { .. } => Format::Mxfp4,
         }
+    }
+
+    /// Row `r`'s blocks of an MXFP4 matrix.
+    fn mxfp4_row(&self, q: &'a [u8], r: usize) -> &'a [u8] {
+        let rb = Format::Mxfp4.data_bytes(1, self.cols);
+        &q[r * rb..(r + 1) * rb]
     }
 
     /// The group the activations must be quantized with, or None for float weights.
@@ -142,6 +154,7 @@ impl<'a> Mat<'a> {
                 let ng = c / group;
                 self.with_q_row(q, x4, r, |q| dequantize_q6_row(q, &scales[r * ng..(r + 1) * ng], group, out))
             }
+            MatData::Mxfp4 { q } => crate::mxfp4::dequantize_row(self.mxfp4_row(q, r), out),
         }
     }
 
@@ -185,6 +198,12 @@ impl<'a> Mat<'a> {
                         *o = dot::dot_q6(isa, q, wd, a.row(t));
                     }
                 })
+            }
+            (MatData::Mxfp4 { q }, Input::Quant(a)) => {
+                let w = self.mxfp4_row(q, r);
+                for (t, o) in out.iter_mut().enumerate() {
+                    *o = dot::dot_mxfp4(isa, w, a.row(t));
+                }
             }
             _ => panic!("moescope-kernels: input kind does not match the weight format (caller bug)"),
         }

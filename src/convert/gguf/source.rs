@@ -151,6 +151,7 @@ pub fn runs_as(id: u32) -> String {
                 (_, Format::Q8 { group }) => format!("q8, group {group}{m}"),
                 (_, Format::Q4 { group }) => format!("q4, group {group}{m}"),
                 (_, Format::Q6 { group }) => format!("q6, group {group}{m}"),
+                (_, Format::Mxfp4) => "mxfp4".into(),
             }
         }
     }
