@@ -31,6 +31,8 @@ pub enum BlockType {
     Q4K,
     Q5K,
     Q6K,
+    /// ggml's `block_mxfp4`: moescope's own MXFP4 layout (`crate::mxfp4`), byte for byte.
+    Mxfp4,
 }
 
 /// Values per K-quant super-block.
@@ -38,7 +40,7 @@ pub const QK_K: usize = 256;
 
 impl BlockType {
     /// Every supported type, in ggml id order.
-    pub const ALL: [BlockType; 10] = [
+    pub const ALL: [BlockType; 11] = [
         BlockType::F32,
         BlockType::F16,
         BlockType::Q4_0,
@@ -49,6 +51,7 @@ impl BlockType {
         BlockType::Q5K,
         BlockType::Q6K,
         BlockType::Bf16,
+        BlockType::Mxfp4,
     ];
 
     /// The type with ggml id `id` (`GGMLQuantizationType`), if moescope reads it.
@@ -68,6 +71,7 @@ impl BlockType {
             BlockType::Q5K => 13,
             BlockType::Q6K => 14,
             BlockType::Bf16 => 30,
+            BlockType::Mxfp4 => 39,
         }
     }
 
@@ -84,6 +88,7 @@ impl BlockType {
             BlockType::Q4K => "Q4_K",
             BlockType::Q5K => "Q5_K",
             BlockType::Q6K => "Q6_K",
+            BlockType::Mxfp4 => "MXFP4",
         }
     }
 
@@ -91,7 +96,7 @@ impl BlockType {
     pub fn block(self) -> usize {
         match self {
             BlockType::F32 | BlockType::F16 | BlockType::Bf16 => 1,
-            BlockType::Q4_0 | BlockType::Q4_1 | BlockType::Q5_0 | BlockType::Q8_0 => 32,
+            BlockType::Q4_0 | BlockType::Q4_1 | BlockType::Q5_0 | BlockType::Q8_0 | BlockType::Mxfp4 => 32,
             BlockType::Q4K | BlockType::Q5K | BlockType::Q6K => QK_K,
         }
     }
@@ -108,6 +113,7 @@ impl BlockType {
             BlockType::Q4K => 144,
             BlockType::Q5K => 176,
             BlockType::Q6K => 210,
+            BlockType::Mxfp4 => crate::mxfp4::BLOCK_BYTES,
         }
     }
 
@@ -144,6 +150,7 @@ pub fn dequantize(t: BlockType, bytes: &[u8], out: &mut [f32]) {
         BlockType::Q4K => blocks.for_each(|(b, o)| q4_k(b, o)),
         BlockType::Q5K => blocks.for_each(|(b, o)| q5_k(b, o)),
         BlockType::Q6K => blocks.for_each(|(b, o)| q6_k(b, o)),
+        BlockType::Mxfp4 => crate::mxfp4::dequantize_row(bytes, out),
     }
 }
 

@@ -244,6 +244,7 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
                 "gguf/next/next-moe-q8_0.gguf",
                 "gguf/qwen35/qwen35-q8_0.gguf",
                 "gguf/tiny/tiny-q4_k_m.gguf",
+                "gguf/gpt-oss/gpt-oss-mxfp4.gguf",
             ] {
                 out.extend(std::fs::read(fixtures(root).join(p)).ok().map(|b| (format!("tests/fixtures/{p}"), b)));
             }

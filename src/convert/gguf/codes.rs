@@ -16,6 +16,8 @@ pub(super) fn block_codes(
 ) -> Option<usize> {
     let f16 = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     match t {
+        // copied whole (`Format::Mxfp4` is ggml's block), never through codes
+        BlockType::Mxfp4 => None,
         BlockType::Q8_0 => {
             scales.push(f16(0));
             mins.push(0.0);
@@ -150,7 +152,7 @@ mod tests {
             }
         }
         let mut c = vec![0i8; 256];
-        for t in [BlockType::F16, BlockType::Bf16, BlockType::F32] {
+        for t in [BlockType::F16, BlockType::Bf16, BlockType::F32, BlockType::Mxfp4] {
             assert_eq!(
                 block_codes(t, &vec![0; t.block_bytes()], &mut c, &mut vec![], &mut vec![]),
                 None,

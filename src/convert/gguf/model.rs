@@ -10,7 +10,7 @@ use moescope_kernels::ggml::BlockType;
 
 use super::file::{self as gguf, Gguf, GgufError, TensorInfo, Value};
 use crate::convert::error::ConvertError;
-use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
+use crate::model_config::{Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, Sliding, Yarn};
 
 /// A GGUF model in one or more parts.
 pub struct GgufModel {
@@ -172,11 +172,12 @@ impl GgufModel {
             "qwen3moe" => Arch::Qwen3Moe,
             "qwen35moe" => Arch::Qwen35Moe,
             "qwen3next" => Arch::Qwen3Next,
+            "gpt-oss" => Arch::GptOss,
             other => {
                 return Err(ConvertError::Architecture {
                     path: self.path().to_path_buf(),
                     found: other.into(),
-                    supported: "qwen3moe, qwen35moe and qwen3next GGUF files".into(),
+                    supported: "qwen3moe, qwen35moe, qwen3next and gpt-oss GGUF files".into(),
                 });
             }
         };
@@ -204,8 +205,10 @@ impl GgufModel {
                 format!("partial RoPE ({r} of {head_dim} dims) is not supported for qwen3moe"),
             ));
         }
+        let gpt_oss = model_arch == Arch::GptOss;
         if let Some(t) = self.str_key(&k("rope.scaling.type"))?
             && t != "none"
+            && !(gpt_oss && t == "yarn")
         {
             return Err(self.config_err(&k("rope.scaling.type"), format!("RoPE scaling '{t}' is not supported yet")));
         }
@@ -265,7 +268,8 @@ impl GgufModel {
             moe_intermediate_size: moe_i,
             num_experts: experts,
             num_experts_per_tok: self.usize_req(&k("expert_used_count"))?,
-            norm_topk_prob: true,
+            // gpt-oss: the softmax over the chosen k already sums to one
+            norm_topk_prob: !gpt_oss,
             decoder_sparse_step: 1,
             mlp_only_layers: vec![],
             rms_norm_eps: self.f64_key(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
@@ -275,10 +279,64 @@ impl GgufModel {
             bos_token_id: token("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: eos,
             hybrid,
-            features: Default::default(),
+            features: if gpt_oss { self.gpt_oss_features(arch, layers)? } else { Default::default() },
         };
         cfg.validate().map_err(|msg| self.config_err(arch, msg))?;
         Ok(cfg)
+    }
+
+    /// gpt-oss's attention and experts (llama.cpp's `openai-moe.cpp`): biases, sinks, the
+    /// clamped SwiGLU (llama.cpp's fixed limit 7 and alpha 1.702), `attention.sliding_window`
+    /// in the layers `attention.sliding_window_pattern` marks (an array of booleans, or a
+    /// period: n - 1 sliding layers then a full one; every other layer from the first by
+    /// default), YaRN from `rope.scaling.*`. The files carry no `truncate`: gpt-oss's own
+    /// (false) is used, as transformers does with its config; llama.cpp always truncates.
+    fn gpt_oss_features(&self, arch: &str, layers: usize) -> Result<Features, ConvertError> {
+        let k = |s: &str| format!("{arch}.{s}");
+        let window = self.usize_req(&k("attention.sliding_window"))?;
+        let pattern_key = k("attention.sliding_window_pattern");
+        let slides: Vec<bool> = match self.get(&pattern_key) {
+            Some(Value::Array(_, v)) => {
+                if v.len() != layers {
+                    return Err(self.config_err(&pattern_key, format!("{} entries for {layers} layers", v.len())));
+                }
+                v.iter()
+                    .map(|x| match x {
+                        Value::Bool(b) => Ok(*b),
+                        _ => Err(self.config_err(&pattern_key, "expected booleans")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            _ => {
+                let n = self.u64_key(&pattern_key)?.unwrap_or(2) as usize;
+                (0..layers).map(|l| n == 0 || l % n.max(1) < n.saturating_sub(1)).collect()
+            }
+        };
+        let sliding_layers: Vec<usize> = (0..layers).filter(|&l| slides[l]).collect();
+        let rope_yarn = match self.str_key(&k("rope.scaling.type"))? {
+            Some("yarn") => {
+                let factor = self.f64_key(&k("rope.scaling.factor"))?.unwrap_or(1.0);
+                let orig = self.usize_req(&k("rope.scaling.original_context_length"))?;
+                let default_factor = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+                Some(Yarn {
+                    factor,
+                    beta_fast: self.f64_key(&k("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
+                    beta_slow: self.f64_key(&k("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+                    original_max_position_embeddings: orig,
+                    truncate: false,
+                    attention_factor: self.f64_key(&k("rope.scaling.yarn_attn_factor"))?.unwrap_or(default_factor),
+                })
+            }
+            _ => None,
+        };
+        Ok(Features {
+            attention_bias: true,
+            attention_sinks: true,
+            sliding: (!sliding_layers.is_empty()).then_some(Sliding { window, layers: sliding_layers }),
+            rope_yarn,
+            expert_bias: true,
+            expert_act: ExpertAct::ClampedSwiglu { alpha: 1.702, limit: 7.0 },
+        })
     }
 
     /// A hybrid's linear-attention layers and shared expert: `ssm.group_count` key heads of

@@ -43,6 +43,8 @@ pub struct GgufSource {
     files: Vec<(PathBuf, File)>,
     num_experts: usize,
     hybrid: Option<HybridRows>,
+    /// gpt-oss's tensor names (`layer_name_gpt_oss`)
+    gpt_oss: bool,
 }
 
 /// How a hybrid's (qwen35moe, qwen3next) fused tensors hold the package's.
@@ -118,6 +120,30 @@ fn layer_name(rest: &str) -> Option<&'static str> {
     })
 }
 
+/// gpt-oss's layer tensors (llama.cpp's `openai-moe.cpp`) under the package's names (after
+/// `model.layers.{l}.`), besides the experts' own matrices.
+fn layer_name_gpt_oss(rest: &str) -> Option<&'static str> {
+    Some(match rest {
+        "input_layernorm.weight" => "attn_norm.weight",
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "self_attn.q_proj.weight" => "attn_q.weight",
+        "self_attn.k_proj.weight" => "attn_k.weight",
+        "self_attn.v_proj.weight" => "attn_v.weight",
+        "self_attn.o_proj.weight" => "attn_output.weight",
+        "self_attn.q_proj.bias" => "attn_q.bias",
+        "self_attn.k_proj.bias" => "attn_k.bias",
+        "self_attn.v_proj.bias" => "attn_v.bias",
+        "self_attn.o_proj.bias" => "attn_output.bias",
+        "self_attn.sinks" => "attn_sinks.weight",
+        "mlp.gate.weight" => "ffn_gate_inp.weight",
+        "mlp.gate.bias" => "ffn_gate_inp.bias",
+        "mlp.experts.gate_proj.bias" => "ffn_gate_exps.bias",
+        "mlp.experts.up_proj.bias" => "ffn_up_exps.bias",
+        "mlp.experts.down_proj.bias" => "ffn_down_exps.bias",
+        _ => return None,
+    })
+}
+
 /// The moescope format that holds every value of a tensor of type `t` exactly, as the kernels
 /// run it, and whether its groups need mins (asymmetric: `scale * n - min`): F32 and BF16 as
 /// they are; Q8_0 as q8 and Q4_0 as q4 at group 32 (the same codes and scales); Q5_0 as q8
@@ -131,6 +157,7 @@ pub fn exact_format(t: BlockType) -> (Format, bool) {
         BlockType::Q8_0 | BlockType::Q5_0 => (Format::Q8 { group: 32 }, false),
         BlockType::Q4_0 => (Format::Q4 { group: 32 }, false),
         BlockType::Q6K => (Format::Q6 { group: 16 }, false),
+        BlockType::Mxfp4 => (Format::Mxfp4, false),
         BlockType::Q4K | BlockType::Q4_1 => (Format::Q4 { group: 32 }, true),
         BlockType::Q5K => (Format::Q8 { group: 32 }, true),
         BlockType::F32 | BlockType::F16 => (Format::F32, false),
@@ -167,12 +194,13 @@ impl GgufSource {
         }
         let cfg = model.config().ok();
         let num_experts = cfg.as_ref().map_or(0, |c| c.num_experts);
+        let gpt_oss = cfg.as_ref().is_some_and(|c| c.arch == crate::model_config::Arch::GptOss);
         let hybrid = cfg.and_then(|c| {
             let hy = c.hybrid.as_ref()?;
             let fused = c.arch == crate::model_config::Arch::Qwen3Next;
             Some(HybridRows { head_dim: c.head_dim, ba_fused: fused.then(|| hy.value_heads / hy.key_heads.max(1)) })
         });
-        Ok(GgufSource { model, files, num_experts, hybrid })
+        Ok(GgufSource { model, files, num_experts, hybrid, gpt_oss })
     }
 
     /// Where the HF tensor `name`'s rows are, with its HF shape `[rows, cols]`.
@@ -216,7 +244,7 @@ impl GgufSource {
                     ..s
                 });
             }
-        } else if let Some(g) = layer_name(rest) {
+        } else if let Some(g) = self.layer_name(rest) {
             return whole(&format!("blk.{l}.{g}"));
         }
         // mlp.experts.{e}.{gate,up,down}_proj.weight
@@ -260,6 +288,11 @@ impl GgufSource {
                 _ => ConvertError::MissingTensor { dir: self.model.path().to_path_buf(), name: self.source_name(name) },
             }),
         }
+    }
+
+    /// The llama.cpp name of a per-layer tensor of a model that is not a hybrid.
+    fn layer_name(&self, rest: &str) -> Option<&'static str> {
+        if self.gpt_oss { layer_name_gpt_oss(rest) } else { layer_name(rest) }
     }
 
     fn gguf_name(&self, name: &str) -> Option<String> {
@@ -350,6 +383,8 @@ impl TensorSource for GgufSource {
         let (exact, asym) = exact_format(t);
         match f {
             Format::Bf16 if t == BlockType::Bf16 && mins.is_none() => *vals = self.raw(name, &s, r0, n)?,
+            // moescope's MXFP4 rows are ggml's blocks
+            Format::Mxfp4 if t == BlockType::Mxfp4 && mins.is_none() => *vals = self.raw(name, &s, r0, n)?,
             // codes in [-8, 7] (Q4_0) or [0, 15] with mins (Q4_K, Q4_1; Q4_0 with mins 8 d)
             Format::Q4 { group: 32 } if exact == f && (mins.is_some() || !asym) => {
                 // the stored nibble: the unsigned code, or the signed one + 8
@@ -440,7 +475,7 @@ impl TensorSource for GgufSource {
                 let g = match self.hybrid {
                     Some(hy) if hy.ba_half(rest).is_some() => Some("ssm_ba.weight"),
                     Some(_) => hybrid_layer_name(rest),
-                    None => layer_name(rest),
+                    None => self.layer_name(rest),
                 };
                 match (g, rest.strip_prefix("mlp.experts.").and_then(|r| r.split_once('.'))) {
                     (Some(g), _) => format!("blk.{l}.{g}"),
