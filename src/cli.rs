@@ -330,9 +330,11 @@ pub struct SynthArgs {
     /// --prompt-ids only).
     #[arg(long)]
     pub vocab: Option<usize>,
-    /// q4 (int4, group 128), q4g32 (int4, group 32: llama.cpp's Q4_0 values), q8 or bf16.
-    #[arg(long, default_value = "q4g32")]
-    pub quant: String,
+    /// q4 (int4, group 128), q4g32 (int4, group 32: llama.cpp's Q4_0 values), q8, bf16 or mxfp4
+    /// (the experts in MXFP4, the rest q8); default: as the model is released (mxfp4 for
+    /// gpt-oss, q4g32 for the others).
+    #[arg(long)]
+    pub quant: Option<String>,
     /// Seed of the weights: the same seed gives the same file.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

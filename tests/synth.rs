@@ -122,3 +122,35 @@ fn stored_weights_have_the_documented_distribution_and_are_seed_determined() {
     let moescope_kernels::mat::MatData::Q4 { scales, .. } = ex.gate.data else { panic!("expert gate is not q4") };
     assert!(scales.iter().all(|&d| half::f16::from_f32(d).to_f32() == d && d != 0.0), "a scale is not an f16");
 }
+
+/// gpt-oss's shape in its released form: MXFP4 experts of exactly the release's bytes (17 per 32
+/// values), drawn with the documented spread, and a forward pass through them (windows, sinks,
+/// biases, YaRN) that stays finite.
+#[test]
+fn gpt_oss_shape_has_mxfp4_experts_of_the_releases_size() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shape = shapes::find("gpt-oss-20b").expect("shape");
+    assert_eq!(shape.default_quant(), QuantMode::Mxfp4);
+    let s = SynthSpec { quant: shape.default_quant(), ..spec("gpt-oss-20b", Some(3), 4, 512, 5) };
+    let path = dir.path().join("g.moe");
+    make(&s, &path);
+    let pkg = Package::open(&path).expect("open");
+    let c = &pkg.meta.model;
+    assert_eq!((c.hidden_size, c.moe_intermediate_size, c.num_experts_per_tok), (2880, 2880, 4));
+    assert_eq!(c.window(0), Some(128));
+    assert_eq!(c.window(1), None);
+    let ex = pkg.meta.experts.as_ref().expect("experts");
+    // gate_up [5760, 2880] and down [2880, 2880] of the hub's MXFP4: 16 bytes of codes and one
+    // exponent per 32 values
+    let release = (2 * 2880 * 2880 + 2880 * 2880) / 32 * 17;
+    assert_eq!(ex.parts_of(0).iter().map(|p| p.length).sum::<u64>(), release as u64);
+    let e = pkg.expert(2, 3).expect("expert");
+    let (mean, std) = moments(&e.gate, 64);
+    assert!(mean.abs() < 0.001 && (std - 0.02).abs() < 0.003, "expert gate: mean {mean} std {std}");
+    let mut eng =
+        Engine::load(&path, EngineOptions { threads: 2, ctx_size: Some(256), isa: Isa::detect(), stream: None })
+            .expect("load");
+    let ids: Vec<u32> = (0..200).map(|i| (i * 37 % 512) as u32).collect();
+    let logits = eng.eval(&ids, Logits::All, &mut NoObserver).expect("eval").to_vec();
+    assert!(logits.iter().all(|x| x.is_finite()), "a non-finite logit");
+}

@@ -1,4 +1,4 @@
-//! `moescope synth --shape NAME -o OUT.moe [--layers N] [--experts N] [--vocab N] [--quant q4g32]
+//! `moescope synth --shape NAME -o OUT.moe [--layers N] [--experts N] [--vocab N] [--quant Q]
 //! [--seed S]`.
 
 use anyhow::Result;
@@ -9,12 +9,16 @@ use super::interrupt::{self, Interruptible};
 use crate::cli::SynthArgs;
 
 pub fn run(a: &SynthArgs) -> Result<()> {
+    let shape = shapes::find(&a.shape).map_err(anyhow::Error::msg)?;
     let spec = SynthSpec {
-        shape: shapes::find(&a.shape).map_err(anyhow::Error::msg)?,
+        shape,
         layers: a.layers,
         experts: a.experts,
         vocab: a.vocab,
-        quant: QuantMode::parse(&a.quant).map_err(anyhow::Error::msg)?,
+        quant: match &a.quant {
+            Some(q) => QuantMode::parse(q).map_err(anyhow::Error::msg)?,
+            None => shape.default_quant(),
+        },
         seed: a.seed,
     };
     interrupt::install();

@@ -40,6 +40,9 @@ impl SynthSpec {
             if let Some(hy) = &mut c.hybrid {
                 hy.layer_types = shapes::layer_types(l, 4);
             }
+            if c.features.sliding.is_some() {
+                c.features.sliding = Some(shapes::gpt_oss_sliding(l));
+            }
         }
         if let Some(e) = self.experts {
             if e < c.num_experts_per_tok {

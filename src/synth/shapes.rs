@@ -1,8 +1,10 @@
 //! The real models `moescope synth` can imitate: their configurations as their config.json files
 //! give them (Qwen3-MoE from the HF configs; the hybrids from `Qwen3NextConfig` /
-//! `Qwen3_5MoeTextConfig` defaults and llama.cpp's qwen35moe type switch).
+//! `Qwen3_5MoeTextConfig` defaults and llama.cpp's qwen35moe type switch; gpt-oss from its
+//! released config.json files).
 
-use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
+use crate::convert::QuantMode;
+use crate::model_config::{Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, Sliding, Yarn};
 
 /// Which real tokenizer a shape ships with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,6 +13,9 @@ pub enum TokFamily {
     Qwen3,
     /// Qwen3.5 / 3.6 (248,077 tokens).
     Qwen35,
+    /// gpt-oss's o200k_harmony (201,088 rows): not shipped yet, so such a package takes token
+    /// ids only.
+    Harmony,
 }
 
 /// A named model shape.
@@ -27,15 +32,26 @@ impl Shape {
     pub fn config(&self) -> ModelConfig {
         (self.make)()
     }
+
+    /// The quantization the model is released in, as near as a package holds it: gpt-oss's
+    /// MXFP4 experts; q4g32 (llama.cpp's Q4_0 values) for the others.
+    pub fn default_quant(&self) -> QuantMode {
+        match self.tokenizer {
+            TokFamily::Harmony => QuantMode::Mxfp4,
+            TokFamily::Qwen3 | TokFamily::Qwen35 => QuantMode::Q4 { max_group: 32 },
+        }
+    }
 }
 
-pub const SHAPES: [Shape; 6] = [
+pub const SHAPES: [Shape; 8] = [
     Shape { name: "qwen3-30b-a3b", model: "Qwen3-30B-A3B", tokenizer: TokFamily::Qwen3, make: qwen3_30b },
     Shape { name: "qwen3-235b-a22b", model: "Qwen3-235B-A22B", tokenizer: TokFamily::Qwen3, make: qwen3_235b },
     Shape { name: "qwen3-next-80b-a3b", model: "Qwen3-Next-80B-A3B", tokenizer: TokFamily::Qwen3, make: next_80b },
     Shape { name: "qwen3.5-35b-a3b", model: "Qwen3.5-35B-A3B", tokenizer: TokFamily::Qwen35, make: q35_35b },
     Shape { name: "qwen3.5-122b-a10b", model: "Qwen3.5-122B-A10B", tokenizer: TokFamily::Qwen35, make: q35_122b },
     Shape { name: "qwen3.5-397b-a17b", model: "Qwen3.5-397B-A17B", tokenizer: TokFamily::Qwen35, make: q35_397b },
+    Shape { name: "gpt-oss-20b", model: "gpt-oss-20b", tokenizer: TokFamily::Harmony, make: gpt_oss_20b },
+    Shape { name: "gpt-oss-120b", model: "gpt-oss-120b", tokenizer: TokFamily::Harmony, make: gpt_oss_120b },
 ];
 
 pub fn find(name: &str) -> Result<Shape, String> {
@@ -156,6 +172,64 @@ fn q35_122b() -> ModelConfig {
 
 fn q35_397b() -> ModelConfig {
     hybrid(Arch::Qwen35Moe, 4096, 60, 32, 64, 512, 10, 1024)
+}
+
+/// gpt-oss (openai/gpt-oss-20b and -120b config.json): hidden 2880, 64 query heads and 8 KV
+/// heads of 64, experts as wide as the model, top-4, every other layer sliding over 128
+/// positions from the first, YaRN x32 over 4096 (beta 32 / 1, not truncated), theta 150000.
+fn gpt_oss(layers: usize, experts: usize) -> ModelConfig {
+    ModelConfig {
+        arch: Arch::GptOss,
+        vocab_size: 201_088,
+        hidden_size: 2880,
+        num_hidden_layers: layers,
+        num_attention_heads: 64,
+        num_key_value_heads: 8,
+        head_dim: 64,
+        intermediate_size: 2880,
+        moe_intermediate_size: 2880,
+        num_experts: experts,
+        num_experts_per_tok: 4,
+        norm_topk_prob: false,
+        decoder_sparse_step: 1,
+        mlp_only_layers: vec![],
+        rms_norm_eps: 1e-5,
+        rope_theta: 150_000.0,
+        max_position_embeddings: 131_072,
+        tie_word_embeddings: false,
+        bos_token_id: Some(199_998),
+        // <|return|>, <|endoftext|>, <|call|> (generation_config.json)
+        eos_token_ids: vec![200_002, 199_999, 200_012],
+        hybrid: None,
+        features: Features {
+            attention_bias: true,
+            attention_sinks: true,
+            sliding: Some(gpt_oss_sliding(layers)),
+            rope_yarn: Some(Yarn {
+                factor: 32.0,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max_position_embeddings: 4096,
+                truncate: false,
+                attention_factor: 0.1 * 32f64.ln() + 1.0,
+            }),
+            expert_bias: true,
+            expert_act: ExpertAct::ClampedSwiglu { alpha: 1.702, limit: 7.0 },
+        },
+    }
+}
+
+/// gpt-oss's layer kinds: every other layer slides over 128 positions, from the first.
+pub fn gpt_oss_sliding(layers: usize) -> Sliding {
+    Sliding { window: 128, layers: (0..layers).step_by(2).collect() }
+}
+
+fn gpt_oss_20b() -> ModelConfig {
+    gpt_oss(24, 32)
+}
+
+fn gpt_oss_120b() -> ModelConfig {
+    gpt_oss(36, 128)
 }
 
 #[cfg(test)]

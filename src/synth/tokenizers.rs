@@ -19,6 +19,7 @@ fn embedded(f: TokFamily) -> Option<(&'static [u8], &'static str)> {
             include_bytes!("../../assets/tokenizers/qwen3.5/tokenizer.json.xz"),
             include_str!("../../assets/tokenizers/qwen3.5/chat_template.jinja"),
         ),
+        TokFamily::Harmony => return None,
     })
 }
 
@@ -31,18 +32,22 @@ fn folder(f: TokFamily) -> &'static str {
     match f {
         TokFamily::Qwen3 => "qwen3",
         TokFamily::Qwen35 => "qwen3.5",
+        TokFamily::Harmony => "o200k_harmony",
     }
 }
 
 fn template_file(f: TokFamily) -> &'static str {
     match f {
         TokFamily::Qwen3 => "tokenizer_config.json",
-        TokFamily::Qwen35 => "chat_template.jinja",
+        TokFamily::Qwen35 | TokFamily::Harmony => "chat_template.jinja",
     }
 }
 
 /// The family's tokenizer as a package embeds it.
 pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
+    if f == TokFamily::Harmony {
+        return Ok(TokenizerInfo::default());
+    }
     let (xz, tmpl): (Vec<u8>, String) = match embedded(f) {
         Some((xz, t)) => (xz.to_vec(), t.to_string()),
         None => {
@@ -82,6 +87,7 @@ pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
             eos_token: Some("<|im_end|>".into()),
             pad_token: Some("<|endoftext|>".into()),
         },
+        TokFamily::Harmony => TokenizerInfo::default(),
     };
     Ok(info)
 }

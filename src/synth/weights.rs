@@ -58,7 +58,7 @@ const Q8_CODE_STD: f64 = 42.0;
 /// The weight distributions in words, for the package's metadata.
 pub fn description() -> String {
     format!(
-        "seeded random: matrices N(0, {WEIGHT_STD}^2), norms 1, router logits of std {ROUTER_LOGIT_STD}; experts drawn as q4/q8 codes of a discretized normal with f16-exact group scales (see src/synth/weights.rs)"
+        "seeded random: matrices N(0, {WEIGHT_STD}^2), norms 1, biases N(0, {WEIGHT_STD}^2), router logits of std {ROUTER_LOGIT_STD}; experts drawn as q4/q8/MXFP4 codes of a discretized normal with f16-exact group scales or power-of-two block scales (see src/synth/weights.rs)"
     )
 }
 
@@ -112,6 +112,11 @@ fn dist_of(name: &str, kind: plan::Kind, c: &ModelConfig) -> Dist {
         Dist::Normal(1.0 / conv.sqrt())
     } else if name.ends_with("shared_expert_gate.weight") {
         Dist::Normal(1.0 / h.sqrt())
+    } else if name.ends_with(".bias") {
+        // gpt-oss's projection, router and expert biases
+        Dist::Normal(WEIGHT_STD)
+    } else if name.ends_with("self_attn.sinks") {
+        Dist::Const(0.0)
     } else {
         match kind {
             plan::Kind::Norm | plan::Kind::Exact => Dist::Const(1.0),
@@ -263,16 +268,52 @@ pub fn code_table(std: f64, lo: i32, hi: i32) -> [i32; 256] {
     t
 }
 
-/// Lookup tables from a random byte to a q4 code (biased by 8) and a q8 code.
+/// Lookup tables from a random byte to a q4 code (biased by 8), a q8 code and an MXFP4 code.
 struct Codes {
     q4: [u8; 256],
     q8: [i8; 256],
+    mx: [u8; 256],
 }
+
+/// Standard deviation of the MXFP4 values in units of the block scale: a normal block of 32
+/// with its largest magnitude (~2.4 sigma) near 4.
+const MX_VALUE_STD: f64 = 1.7;
 
 impl Codes {
     fn new() -> Codes {
         let (t4, t8) = (code_table(Q4_CODE_STD, -8, 7), code_table(Q8_CODE_STD, -127, 127));
-        Codes { q4: t4.map(|q| (q + 8) as u8), q8: t8.map(|q| q as i8) }
+        // the e2m1 code of each of 256 equiprobable points of N(0, MX_VALUE_STD)
+        let mx = std::array::from_fn(|j| {
+            let u = (j as f64 + 0.5) / 256.0;
+            let (mut lo, mut hi) = (-10.0, 10.0);
+            for _ in 0..60 {
+                let mid = 0.5 * (lo + hi);
+                if normal_cdf(mid) < u { lo = mid } else { hi = mid }
+            }
+            let mut b = [0u8; moescope_kernels::mxfp4::BLOCK_BYTES];
+            let mut x = [0f32; 32];
+            x[0] = (0.5 * (lo + hi) * MX_VALUE_STD) as f32;
+            x[1] = 4.0; // pins the block's scale at 1
+            moescope_kernels::mxfp4::quantize_row(&x, &mut b);
+            b[1] & 0x0F
+        });
+        Codes { q4: t4.map(|q| (q + 8) as u8), q8: t8.map(|q| q as i8), mx }
+    }
+
+    /// MXFP4 blocks into `vals` (17 bytes each): codes from the table, and exponents that put
+    /// the values' standard deviation near `std` (one of two neighbouring powers of two).
+    fn draw_mxfp4(&self, rng: &mut Rng, std: f32, vals: &mut [u8]) {
+        let e0 = (std as f64 / MX_VALUE_STD).log2().floor() as i32 + 127;
+        for b in vals.chunks_exact_mut(moescope_kernels::mxfp4::BLOCK_BYTES) {
+            let r = rng.next_u64().to_le_bytes();
+            b[0] = (e0 + i32::from(r[7] & 1)).clamp(1, 254) as u8;
+            for eight in b[1..].chunks_exact_mut(8) {
+                let (lo, hi) = (rng.next_u64().to_le_bytes(), rng.next_u64().to_le_bytes());
+                for (j, byte) in eight.iter_mut().enumerate() {
+                    *byte = self.mx[lo[j] as usize] | (self.mx[hi[j] as usize] << 4);
+                }
+            }
+        }
     }
 
     /// Codes of format `f` into `vals` and their group scales into `scales` (sized by the
@@ -341,6 +382,10 @@ impl BlobSource for SynthBlobs {
             let at = part.offset as usize;
             let vals = &mut buf[at..at + f.data_bytes(rows, cols)];
             let std = matrix_std(&part.name, self.layers);
+            if f == Format::Mxfp4 {
+                self.codes.draw_mxfp4(&mut rng, std, vals);
+                continue;
+            }
             if f == Format::Bf16 {
                 let mut x = vec![0f32; rows * cols];
                 fill_normal(&mut rng, std, &mut x);
