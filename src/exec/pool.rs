@@ -72,6 +72,8 @@ struct Shared {
     epoch: Instant,
     finished: Mutex<()>,
     finished_cv: Condvar,
+    /// Workers that have begun running.
+    started: AtomicUsize,
 }
 
 impl Shared {
@@ -120,6 +122,7 @@ impl Pool {
             epoch: Instant::now(),
             finished: Mutex::new(()),
             finished_cv: Condvar::new(),
+            started: AtomicUsize::new(0),
         });
         let mut workers = Vec::new();
         for i in 1..threads.max(1) {
@@ -139,6 +142,11 @@ impl Pool {
                     return Err(e);
                 }
             }
+        }
+        // ready when every worker runs: a thread's start (the runtime's own allocations, the
+        // first scheduling on a loaded machine) then never lands in the first sections
+        while shared.started.load(Ordering::Acquire) < workers.len() {
+            std::thread::yield_now();
         }
         Ok(Pool { shared, workers, participants: threads.max(1), running: Mutex::new(()) })
     }
@@ -225,6 +233,7 @@ fn claim_and_run(sh: &Shared, me: usize) -> u64 {
 
 fn worker(sh: &Shared, me: usize) {
     crate::sysinfo::batch_scheduling();
+    sh.started.fetch_add(1, Ordering::Release);
     let mut seen = unpack(sh.state.load(Ordering::Acquire)).0;
     let (mut checked, mut switches) = (Instant::now(), crate::sysinfo::involuntary_switches());
     loop {

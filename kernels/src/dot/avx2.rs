@@ -197,28 +197,51 @@ pub unsafe fn dot_q4(wq: &[u8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     acc
 }
 
-/// [`super::scalar::dot_mxfp4`]: a block's codes through a table of their doubled values
-/// (signed bytes), then `maddubs(|w|, sign(x, w))` (each pair at most 2 * 12 * 127: no
-/// saturation) and `madd` with ones: lane `l` holds the exact sum of values `4l..4l + 4`.
+/// The table of the MXFP4 codes' doubled values, in both 128-bit lanes.
+#[inline]
 #[target_feature(enable = "avx2,fma")]
-pub unsafe fn dot_mxfp4(w: &[u8], a: QuantRow<'_>) -> f32 {
-    use crate::mxfp4::{BLOCK_BYTES, E2M1_X2, half_scale};
-    let t = E2M1_X2;
-    let lut = _mm256_setr_epi8(
+fn mxfp4_lut() -> __m256i {
+    let t = crate::mxfp4::E2M1_X2;
+    _mm256_setr_epi8(
         t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], t[12], t[13], t[14], t[15], t[0],
         t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8], t[9], t[10], t[11], t[12], t[13], t[14], t[15],
+    )
+}
+
+/// Block `gi` of an MXFP4 row (`b`: its 17 bytes onward) times its 32 activations: lane `l`
+/// the exact sum of values `4l..4l + 4`, as f32.
+///
+/// # Safety
+/// AVX2 and FMA must be present; `b` holds the block and `a` its group's activations.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn mxfp4_block_lanes(b: &[u8], a: QuantRow<'_>, gi: usize) -> __m256 {
+    // SAFETY: the block's 16 code bytes follow its exponent; group gi's 32 activations are in
+    // the row (the caller's)
+    let (n, x) =
+        unsafe { (q4_block(b.as_ptr().add(1)), _mm256_loadu_si256(a.q.as_ptr().add(gi * 32) as *const __m256i)) };
+    let wv = _mm256_shuffle_epi8(mxfp4_lut(), n);
+    // maddubs(|w|, sign(x, w)): each pair at most 2 * 12 * 127, no saturation
+    let p = _mm256_madd_epi16(
+        _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv)),
+        _mm256_set1_epi16(1),
     );
-    let ones = _mm256_set1_epi16(1);
+    _mm256_cvtepi32_ps(p)
+}
+
+/// [`super::scalar::dot_mxfp4`]: a block's codes through a table of their doubled values
+/// (signed bytes), then `maddubs(|w|, sign(x, w))` and `madd` with ones: lane `l` holds the
+/// exact sum of values `4l..4l + 4` ([`mxfp4_block_lanes`]), fused-multiply-added into
+/// accumulator `block % 4`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_mxfp4(w: &[u8], a: QuantRow<'_>) -> f32 {
+    use crate::mxfp4::{BLOCK_BYTES, half_scale};
     let mut acc = [_mm256_setzero_ps(); 4];
     for (gi, b) in w.chunks_exact(BLOCK_BYTES).enumerate() {
-        // SAFETY: the block's 16 code bytes follow its exponent; group gi's 32 activations are
-        // in the row (the caller's shapes)
-        let (n, x) =
-            unsafe { (q4_block(b.as_ptr().add(1)), _mm256_loadu_si256(a.q.as_ptr().add(gi * 32) as *const __m256i)) };
-        let wv = _mm256_shuffle_epi8(lut, n);
-        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(x, wv)), ones);
+        // SAFETY: the caller's shapes
+        let v = unsafe { mxfp4_block_lanes(b, a, gi) };
         let s = _mm256_set1_ps(half_scale(b[0]) * a.scales[gi]);
-        acc[gi % 4] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[gi % 4]);
+        acc[gi % 4] = _mm256_fmadd_ps(v, s, acc[gi % 4]);
     }
     let mut lanes = [[0f32; 8]; 4];
     for (l, v) in lanes.iter_mut().zip(acc) {

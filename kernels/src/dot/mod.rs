@@ -393,7 +393,8 @@ mod tests {
     fn mxfp4_kernels_match_brute_force_bit_identically_across_tiers() {
         use crate::mxfp4::{BLOCK_BYTES, E2M1_X2, half_scale, quantize_row};
         let mut s = 29;
-        for blocks in [1, 2, 3, 90] {
+        // odd and even counts (the AVX-512 kernel takes blocks in pairs), 8 rows of each
+        for blocks in [1, 2, 3, 5, 90, 91].into_iter().flat_map(|b| [b; 8]) {
             let k = 32 * blocks;
             // scales far apart block to block, so the per-block float step matters
             let w: Vec<f32> =
@@ -413,7 +414,18 @@ mod tests {
                 })
                 .collect();
             let d: Vec<f32> = q.chunks_exact(BLOCK_BYTES).map(|b| half_scale(b[0])).collect();
-            let (want, tol) = brute_q(&codes, &d, &a, 32);
+            let (want, _) = brute_q(&codes, &d, &a, 32);
+            // the lane order rounds each lane's term (4 values' exact sum times the scales):
+            // the scales' product, the fused add into its accumulator (a chain of blocks / 4),
+            // then 2 + 3 levels of the reduction; gamma(blocks + 8) of the lanes' magnitudes
+            let r = a.row(0);
+            let lanes: f64 = (0..blocks * 8)
+                .map(|l| {
+                    let isum: i64 = (4 * l..4 * l + 4).map(|j| codes[j] as i64 * r.q[j] as i64).sum();
+                    (isum as f64 * d[l / 8] as f64 * r.scales[l / 8] as f64).abs()
+                })
+                .sum();
+            let tol = gamma(blocks + 8) * lanes;
             let got = scalar::dot_mxfp4(&q, a.row(0));
             assert!((got as f64 - want).abs() <= tol, "{blocks} blocks: {got} vs {want} (bound {tol:e})");
             for isa in Isa::available() {

@@ -77,8 +77,12 @@ pub enum Input<'a> {
     Quant(&'a QuantAct),
 }
 
+/// Bytes of a gathered row kept on the stack.
+const STACK_ROW: usize = 16 << 10;
+
 thread_local! {
-    /// One row of a row-interleaved matrix, gathered for the kernels that take a row-major row.
+    /// One row of a row-interleaved matrix, gathered for the kernels that take a row-major row
+    /// (rows longer than [`STACK_ROW`] bytes).
     static ROW: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -114,6 +118,14 @@ impl<'a> Mat<'a> {
             return f(&q[r * rb..(r + 1) * rb]);
         }
         let cb = fmt.chunk_bytes().unwrap_or(rb);
+        // on the stack where it fits (rows of up to 32768 q4 values): a buffer of the thread's
+        // own would be allocated by whichever thread first meets such a row, and which thread
+        // takes which rows changes from pass to pass
+        if rb <= STACK_ROW {
+            let mut b = [0u8; STACK_ROW];
+            gather_row(q, r, cb, &mut b[..rb]);
+            return f(&b[..rb]);
+        }
         ROW.with(|b| {
             let mut b = b.borrow_mut();
             b.resize(rb, 0);
