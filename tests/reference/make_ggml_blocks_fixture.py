@@ -45,7 +45,7 @@ def blocks(t, n_blocks):
 
 out = open(sys.argv[1], "wb")
 for t, n_blocks in [(T.F32, 64), (T.F16, 256), (T.BF16, 256), (T.Q4_0, 48), (T.Q4_1, 48),
-                    (T.Q5_0, 48), (T.Q8_0, 48), (T.Q4_K, 12), (T.Q5_K, 12), (T.Q6_K, 12)]:
+                    (T.Q5_0, 48), (T.Q8_0, 48), (T.Q4_K, 12), (T.Q5_K, 12), (T.Q6_K, 12), (T.MXFP4, 48)]:
     b, size = blocks(t, n_blocks)
     vals = gguf.quants.dequantize(b.reshape(-1), t).astype(np.float32).reshape(-1)
     assert vals.size == n_blocks * size and np.isfinite(vals).all()
