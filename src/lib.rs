@@ -9,6 +9,7 @@ pub mod cache_dir;
 pub mod contained;
 pub mod convert;
 pub mod demo;
+pub mod derived_fixture;
 pub mod engine;
 pub mod exec;
 pub mod experts;

@@ -90,6 +90,6 @@ fn a_warm_forward_pass_allocates_nothing() {
     let (_d, next) = common::convert("next", "q8");
     check("next q8", &next);
     // biases, sinks, sliding windows, the clamped activation
-    let (_d, gpt_oss) = common::convert("gpt-oss", "q4");
+    let (_d, gpt_oss) = common::convert("gpt-oss-mxfp4", "q4");
     check("gpt-oss q4", &gpt_oss);
 }

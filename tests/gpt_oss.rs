@@ -47,7 +47,7 @@ fn package_experts_match(name: &str, tag: &str, path: &std::path::Path) {
 
 #[test]
 fn bf16_release_experts_are_transformers_own_values() {
-    experts_match("gpt-oss", "bf16");
+    experts_match(&gpt_oss_bf16(), "bf16");
 }
 
 #[test]

@@ -36,7 +36,7 @@ fn logits_are_the_same_bits_at_any_thread_count_and_piece_size() {
         ("single", "q4"),
         ("qwen35", "q4"),
         ("next", "q8"),
-        ("gpt-oss", "q4"),
+        ("gpt-oss-mxfp4", "q4"),
         ("gpt-oss-mxfp4", "mxfp4"),
     ] {
         let r = Reference::load(name);

@@ -188,6 +188,18 @@ fn fixture_checkpoint(root: &Path, name: &str) -> Option<Vec<u8>> {
         .then(|| bundle(&read.iter().map(|(f, b)| (*f, b.as_slice())).collect::<Vec<_>>()))
 }
 
+/// gpt-oss's bf16 release layout, derived from the MXFP4 fixture (moescope::derived_fixture).
+fn gpt_oss_bf16_checkpoint(root: &Path) -> Option<Vec<u8>> {
+    let d = std::env::temp_dir().join(format!("moescope-replay-gpt-oss-{}", std::process::id()));
+    std::fs::create_dir_all(&d).ok()?;
+    let ok = moescope::derived_fixture::gpt_oss_bf16_release(&fixtures(root).join("gpt-oss-mxfp4"), &d).is_ok();
+    let read = |f: &str| std::fs::read(d.join(f)).ok();
+    let parts = ok.then(|| Some((read("config.json")?, read("model.safetensors")?))).flatten();
+    let _ = std::fs::remove_dir_all(&d);
+    let (config, model) = parts?;
+    Some(bundle(&[("config.json", &config), ("model.safetensors", &model)]))
+}
+
 /// The package a checkpoint bundle converts into (in a scratch folder of its own).
 fn package_of(checkpoint: &[u8]) -> Option<Vec<u8>> {
     let d = std::env::temp_dir().join(format!("moescope-replay-seed-{}", std::process::id()));
@@ -227,16 +239,19 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
         "checkpoint" => {
             out.push(("tiny qwen3-moe".into(), tiny_checkpoint()));
             out.push(("tiny qwen3-moe in two shards".into(), tiny_sharded_checkpoint()));
-            for f in ["next", "qwen35", "odd", "gpt-oss", "gpt-oss-mxfp4"] {
+            for f in ["next", "qwen35", "odd", "gpt-oss-mxfp4"] {
                 out.extend(fixture_checkpoint(root, f).map(|b| (format!("tests/fixtures/{f}"), b)));
             }
+            out.extend(gpt_oss_bf16_checkpoint(root).map(|b| ("gpt-oss bf16 release layout".into(), b)));
         }
         "package" => {
             out.extend(package_of(&tiny_checkpoint()).map(|b| ("tiny qwen3-moe package".into(), b)));
-            for f in ["next", "gpt-oss", "gpt-oss-mxfp4"] {
+            for f in ["next", "gpt-oss-mxfp4"] {
                 let pkg = fixture_checkpoint(root, f).and_then(|c| package_of(&c));
                 out.extend(pkg.map(|b| (format!("{f} package"), b)));
             }
+            let pkg = gpt_oss_bf16_checkpoint(root).and_then(|c| package_of(&c));
+            out.extend(pkg.map(|b| ("gpt-oss bf16 package".into(), b)));
         }
         "gguf" => {
             for p in [

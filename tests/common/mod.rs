@@ -39,6 +39,24 @@ fn unpacked(rel: &str) -> PathBuf {
     to
 }
 
+/// gpt-oss's bf16 release layout, derived from the MXFP4 fixture (`moescope::derived_fixture`;
+/// the same weights, so the MXFP4 fixture's references are its own), written once per test
+/// binary; its absolute path, for [fixture] and [convert].
+pub fn gpt_oss_bf16() -> String {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let src = fixture("gpt-oss-mxfp4");
+        let to = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt-oss-bf16-{}", std::process::id()));
+        std::fs::create_dir_all(&to).expect("gpt-oss-bf16 folder");
+        moescope::derived_fixture::gpt_oss_bf16_release(&src, &to).unwrap_or_else(|e| panic!("gpt-oss bf16: {e}"));
+        for f in ["reference.json", "reference.safetensors"] {
+            std::fs::copy(src.join(f), to.join(f)).expect("reference");
+        }
+        to
+    });
+    dir.to_string_lossy().into_owned()
+}
+
 pub const MODEL_FIXTURES: [&str; 8] =
     ["single", "sharded", "dense-layer", "tied-demo-tok", "fused", "t5-config", "odd", "wide"];
 

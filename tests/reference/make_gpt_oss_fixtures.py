@@ -3,7 +3,7 @@
 them. Run once, by hand, with the oracle environment of make_fixtures.py (torch +
 transformers); the tests only read what this writes.
 
-usage: make_gpt_oss_fixtures.py OUT_DIR [NAME ...]   (default: gpt-oss and gpt-oss-mxfp4)
+usage: make_gpt_oss_fixtures.py OUT_DIR [NAME ...]   (default: gpt-oss-mxfp4, the one committed)
 
 Same reference.safetensors keys as make_fixtures.py (logits, generated_ids / gen_logits /
 gen_margin with 24 decoded tokens, forced_*), plus
@@ -23,6 +23,9 @@ The shapes share nothing the released models happen to share:
                  quantization_config mxfp4), quantized here to the nearest e2m1 value under a
                  power-of-two scale per 32; transformers dequantizes them on load
                  (Mxfp4Config(dequantize=True)), which is the oracle.
+Only gpt-oss-mxfp4 is committed (the tree's size budget): the tests derive the bf16 release
+layout from it (src/derived_fixture.rs), and its MXFP4 values are exact in bf16, so its
+references serve both.
 
 The tree keeps large fixtures packed (tests/reference/pack_fixtures.py): `unpack` before
 this, `pack` after.
@@ -218,7 +221,7 @@ def make(name, out_root):
 def main():
     out = sys.argv[1]
     torch.set_num_threads(4)
-    for n in sys.argv[2:] or ["gpt-oss", "gpt-oss-mxfp4"]:
+    for n in sys.argv[2:] or ["gpt-oss-mxfp4"]:
         make(n, out)
 
 

@@ -1,0 +1,105 @@
+//! Checkpoints the tests and the fuzz seeds derive from a committed fixture instead of
+//! committing them too (the tracked tree stays under 60 MiB, issue 41).
+//!
+//! [gpt_oss_bf16_release]: gpt-oss's bf16 release layout (experts `[E, in, out]`, gate and up
+//! interleaved by column) from the MXFP4 release fixture. MXFP4 values times a power of two are
+//! bf16 values, so the widened checkpoint holds the same weights and transformers' reference
+//! logits of the MXFP4 fixture are its references too. The decoding here is deliberately
+//! separate from the engine's (`moescope_kernels::mxfp4`): a plain table lookup, so a test that
+//! converts the widened checkpoint checks the converter's bf16 path against the MXFP4 one, and
+//! the tests compare layer 0 with transformers' own dequantized tensors.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+/// FP4 e2m1 codes (sign, 2 exponent bits, 1 mantissa bit) as values: OCP MX spec table.
+const E2M1: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
+
+/// Write into `out` (a folder that exists) the bf16 form of the hub MXFP4 gpt-oss checkpoint in
+/// `src` (one `model.safetensors`): `NAME_blocks` `[E, R, C/32, 16]` with `NAME_scales`
+/// `[E, R, C/32]` (row r's 32-value groups; low nibble first; scale = 2^(e8m0 - 127)) becomes
+/// `NAME` `[E, C, R]` in bf16, as transformers' dequantizer transposes it; every other tensor
+/// and config.json (without its `quantization_config`) are copied.
+pub fn gpt_oss_bf16_release(src: &Path, out: &Path) -> Result<(), String> {
+    let read = |f: &str| std::fs::read(src.join(f)).map_err(|e| format!("{}: {e}", src.join(f).display()));
+    let mut config: Value = serde_json::from_slice(&read("config.json")?).map_err(|e| format!("config.json: {e}"))?;
+    if let Some(c) = config.as_object_mut() {
+        c.remove("quantization_config");
+    }
+    let bytes = read("model.safetensors")?;
+    let (header, data) = split(&bytes)?;
+    let mut tensors: Vec<(String, Value, Vec<u8>)> = Vec::new();
+    for (name, t) in &header {
+        if name == "__metadata__" || name.ends_with("_scales") {
+            continue;
+        }
+        let body = slice(data, t, name)?;
+        let Some(stem) = name.strip_suffix("_blocks") else {
+            tensors.push((name.clone(), t.clone(), body.to_vec()));
+            continue;
+        };
+        let scales_name = format!("{stem}_scales");
+        let st = header.get(&scales_name).ok_or(format!("{name}: no {scales_name}"))?;
+        let [e_n, rows, groups, 16] = dims(t, name)?[..] else { return Err(format!("{name}: not [E, R, G, 16]")) };
+        let scales = slice(data, st, &scales_name)?;
+        if body.len() != e_n * rows * groups * 16 || scales.len() != e_n * rows * groups {
+            return Err(format!("{name}: sizes do not match its shape"));
+        }
+        let cols = groups * 32;
+        let mut wide = vec![0u8; e_n * cols * rows * 2];
+        for e in 0..e_n {
+            for r in 0..rows {
+                for c in 0..cols {
+                    let g = (e * rows + r) * groups + c / 32;
+                    let byte = body[g * 16 + (c % 32) / 2];
+                    let code = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+                    let v = E2M1[code as usize] * 2f32.powi(scales[g] as i32 - 127);
+                    let at = ((e * cols + c) * rows + r) * 2;
+                    wide[at..at + 2].copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+                }
+            }
+        }
+        let t = serde_json::json!({"dtype": "BF16", "shape": [e_n, cols, rows]});
+        tensors.push((stem.to_string(), t, wide));
+    }
+    let config = serde_json::to_vec_pretty(&config).map_err(|e| e.to_string())?;
+    let write =
+        |f: &str, b: &[u8]| std::fs::write(out.join(f), b).map_err(|e| format!("{}: {e}", out.join(f).display()));
+    write("config.json", &config)?;
+    write("model.safetensors", &join(tensors))
+}
+
+fn split(b: &[u8]) -> Result<(Map<String, Value>, &[u8]), String> {
+    let n = b.get(..8).map(|h| u64::from_le_bytes([h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]]) as usize);
+    let h = n.and_then(|n| b.get(8..8usize.checked_add(n)?)).ok_or("model.safetensors: short header")?;
+    let header: Map<String, Value> = serde_json::from_slice(h).map_err(|e| format!("model.safetensors: {e}"))?;
+    Ok((header, &b[8 + h.len()..]))
+}
+
+fn dims(t: &Value, name: &str) -> Result<Vec<usize>, String> {
+    let s = t["shape"].as_array().ok_or(format!("{name}: no shape"))?;
+    s.iter().map(|d| d.as_u64().map(|d| d as usize).ok_or(format!("{name}: bad shape"))).collect()
+}
+
+fn slice<'a>(data: &'a [u8], t: &Value, name: &str) -> Result<&'a [u8], String> {
+    let o = |i: usize| t["data_offsets"][i].as_u64().map(|v| v as usize);
+    let (Some(s), Some(e)) = (o(0), o(1)) else { return Err(format!("{name}: no data_offsets")) };
+    data.get(s..e).ok_or(format!("{name}: data_offsets past the file"))
+}
+
+/// A safetensors file of `tensors` (header entries without offsets, and their bytes), in order.
+fn join(tensors: Vec<(String, Value, Vec<u8>)>) -> Vec<u8> {
+    let (mut header, mut data) = (Map::new(), Vec::new());
+    for (name, mut t, body) in tensors {
+        t["data_offsets"] = serde_json::json!([data.len(), data.len() + body.len()]);
+        header.insert(name, t);
+        data.extend(body);
+    }
+    let mut h = Value::Object(header).to_string().into_bytes();
+    h.resize(h.len().next_multiple_of(8), b' ');
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    out
+}
