@@ -205,6 +205,10 @@ pub struct RunArgs {
     /// Ask the template to skip thinking (`enable_thinking=false`, Qwen3).
     #[arg(long)]
     pub no_think: bool,
+    /// gpt-oss's reasoning effort: low, medium or high (the template's `reasoning_effort`; a
+    /// system message saying `Reasoning: high` sets it too).
+    #[arg(long, value_name = "LEVEL")]
+    pub reasoning_effort: Option<String>,
     /// Compute threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,

@@ -186,8 +186,12 @@ pub fn chat_template(data: &[u8]) -> u8 {
     let messages = json("messages").unwrap_or_else(|| serde_json::json!([{"role": "user", "content": "hi"}]));
     let tools = json("tools");
     let mut rendered = 0;
-    for (gen_prompt, thinking) in [(true, None), (false, Some(false))] {
-        rendered += u8::from(t.render_json(&messages, tools.as_ref(), gen_prompt, thinking).is_ok());
+    use crate::engine::chat_template::TemplateArgs;
+    let effort = TemplateArgs { reasoning_effort: Some("high".into()), ..TemplateArgs::default() };
+    for (gen_prompt, args) in
+        [(true, TemplateArgs::default()), (false, TemplateArgs::thinking(Some(false))), (true, effort)]
+    {
+        rendered += u8::from(t.render_json(&messages, tools.as_ref(), gen_prompt, &args).is_ok());
     }
     1 + rendered
 }
@@ -212,7 +216,7 @@ fn server() -> Option<std::net::SocketAddr> {
                 sampler: crate::engine::sampler::SamplerParams::default(),
                 seed: Some(1),
                 max_tokens: Some(64),
-                enable_thinking: None,
+                template_args: Default::default(),
             },
             watch: None,
             on_queue: None,

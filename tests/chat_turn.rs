@@ -50,7 +50,7 @@ fn turn(
 fn a_turn_streams_its_reply_and_records_it_and_the_next_reuses_the_cache() {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = demo_engine(dir.path(), 512);
-    let mut session = ChatSession::new(None, None);
+    let mut session = ChatSession::new(None, Default::default());
     let (res, seen) = turn(&mut engine, &mut session, "What is a trait?", 12);
     let t = res.expect("first turn");
     let eos = engine.eos_ids().to_vec();
@@ -62,7 +62,7 @@ fn a_turn_streams_its_reply_and_records_it_and_the_next_reuses_the_cache() {
     assert_eq!(seen.text, t.reply, "the streamed pieces and tail are the reply");
     let (tokens, cached) = seen.prompt.expect("a prompt event");
     assert_eq!(cached, 0, "an empty cache");
-    assert_eq!(tokens, session_prompt_len(&engine, &ChatSession::new(None, None), "What is a trait?"));
+    assert_eq!(tokens, session_prompt_len(&engine, &ChatSession::new(None, Default::default()), "What is a trait?"));
     assert_eq!(
         session.messages,
         vec![Message::new("user", "What is a trait?"), Message::new("assistant", &t.reply)],
@@ -85,7 +85,7 @@ fn session_prompt_len(engine: &Engine, s: &ChatSession, user: &str) -> usize {
 fn a_prompt_too_long_for_the_context_leaves_the_engine_and_history_alone() {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = demo_engine(dir.path(), 64);
-    let mut session = ChatSession::new(None, None);
+    let mut session = ChatSession::new(None, Default::default());
     turn(&mut engine, &mut session, "Hi", 4).0.expect("a short turn");
     let (history, cached) = (session.messages.clone(), engine.cached_len());
     let long = "borrow ".repeat(200);
@@ -101,7 +101,7 @@ fn a_turn_without_a_tokenizer_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let mut engine = demo_engine(dir.path(), 64);
     engine.set_tokenizer(None);
-    let mut session = ChatSession::new(None, None);
+    let mut session = ChatSession::new(None, Default::default());
     let (res, _) = turn(&mut engine, &mut session, "Hi", 4);
     let e = res.expect_err("no tokenizer");
     assert!(e.to_string().contains("no tokenizer"), "{e}");

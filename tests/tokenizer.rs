@@ -103,7 +103,7 @@ fn chat_templates_render_byte_identical_to_transformers() {
                 .collect();
             let agp = row["add_generation_prompt"].as_bool().unwrap();
             let think = row.get("enable_thinking").and_then(|v| v.as_bool());
-            let got = tmpl.render(&msgs, agp, think).unwrap();
+            let got = tmpl.render(&msgs, agp, &moescope::engine::chat_template::TemplateArgs::thinking(think)).unwrap();
             assert_eq!(got, row["text"].as_str().unwrap(), "{name}: {msgs:?} agp={agp} thinking={think:?}");
         }
         assert!(checked >= 30, "{name}: {checked} renders compared");

@@ -47,7 +47,7 @@ fn recorded() -> &'static Vec<Event> {
             max_tokens: 40,
             ignore_eos: true,
             system: None,
-            enable_thinking: None,
+            template_args: Default::default(),
         };
         let w = Worker::start(load, settings, tx);
         w.tx.send(Cmd::Chat(PROMPT.into())).unwrap();

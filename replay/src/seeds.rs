@@ -291,8 +291,13 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
             {
                 templates.push(("qwen3".into(), s.to_string()));
             }
-            if let Some((_, b)) = file("assets/tokenizers/qwen3.5/chat_template.jinja") {
-                templates.push(("qwen3.5".into(), String::from_utf8_lossy(&b).into_owned()));
+            for (name, path) in [
+                ("qwen3.5", "assets/tokenizers/qwen3.5/chat_template.jinja"),
+                ("gpt-oss harmony", "assets/tokenizers/o200k_harmony/chat_template.jinja"),
+            ] {
+                if let Some((_, b)) = file(path) {
+                    templates.push((name.into(), String::from_utf8_lossy(&b).into_owned()));
+                }
             }
             for (name, t_src) in templates {
                 let b = bundle(&[("template", t_src.as_bytes()), ("messages", m.as_bytes()), ("tools", t.as_bytes())]);
@@ -313,6 +318,12 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
                     serde_json::json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 3, "logprobs": true,
                     "top_logprobs": 2, "logit_bias": {"5": -100}, "stop": ["x"], "presence_penalty": 0.5, "seed": 3,
                     "temperature": 0.7, "top_p": 0.9}),
+                ),
+                (
+                    0,
+                    serde_json::json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
+                    "reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low",
+                    "model_identity": "x", "builtin_tools": ["python"], "enable_thinking": false}}),
                 ),
                 (1, serde_json::json!({"prompt": "fn main", "max_tokens": 4, "echo": true})),
                 (1, serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 2, "stream": true})),

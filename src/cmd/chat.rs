@@ -56,7 +56,7 @@ pub fn run(a: &ChatArgs) -> Result<()> {
         max_tokens: cfg.max_tokens,
         ignore_eos: cfg.ignore_eos,
         system: cfg.system.clone(),
-        enable_thinking: cfg.enable_thinking,
+        template_args: cfg.template_args.clone(),
     };
     let meta = json!({
         "command": "chat",

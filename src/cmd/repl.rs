@@ -28,7 +28,7 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
     if interactive {
         eprintln!("moescope: type a message. /reset clears the conversation, /quit exits, Ctrl+C stops a reply.");
     }
-    let mut session = ChatSession::new(cfg.system.clone(), cfg.enable_thinking);
+    let mut session = ChatSession::new(cfg.system.clone(), cfg.template_args.clone());
     let mut sampler = Sampler::new(cfg.sampler);
     let mut lines = interrupt::StdinLines::default();
     loop {

@@ -101,7 +101,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
                     msgs.push(Message::new("system", s));
                 }
                 msgs.push(Message::new("user", text));
-                tmpl.render(&msgs, true, cfg.enable_thinking).map_err(anyhow::Error::msg)?
+                tmpl.render(&msgs, true, &cfg.template_args).map_err(anyhow::Error::msg)?
             } else {
                 text.clone()
             };

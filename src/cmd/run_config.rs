@@ -2,6 +2,7 @@
 //! flags other commands share (`--cache-mb`, `--prefetch`, the expert pool's settings,
 //! `MOESCOPE_ISA`), and the one-line and JSON summaries of a reply.
 
+use moescope::engine::chat_template::{TemplateArgs, reasoning_effort};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
@@ -33,7 +34,8 @@ pub struct RunConfig {
     pub sampler: SamplerParams,
     pub chat: bool,
     pub system: Option<String>,
-    pub enable_thinking: Option<bool>,
+    /// `enable_thinking`, `reasoning_effort` for the chat template.
+    pub template_args: TemplateArgs,
     pub engine: EngineOptions,
     pub json: bool,
     pub logits_out: Option<PathBuf>,
@@ -154,7 +156,16 @@ impl RunConfig {
             sampler,
             chat: a.chat,
             system: a.system.clone(),
-            enable_thinking: a.no_think.then_some(false),
+            template_args: TemplateArgs {
+                enable_thinking: a.no_think.then_some(false),
+                reasoning_effort: a
+                    .reasoning_effort
+                    .as_deref()
+                    .map(reasoning_effort)
+                    .transpose()
+                    .map_err(|e| anyhow::anyhow!("--reasoning-effort: {e}"))?,
+                extra: Default::default(),
+            },
             engine: EngineOptions {
                 threads,
                 ctx_size: a.ctx_size,

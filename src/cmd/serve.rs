@@ -100,7 +100,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             sampler: cfg.sampler,
             seed: r.seed,
             max_tokens: r.n_predict,
-            enable_thinking: cfg.enable_thinking,
+            template_args: cfg.template_args.clone(),
         },
         watch: None,
         on_queue: None,

@@ -1,6 +1,7 @@
 //! HuggingFace checkpoint -> `.moe` package, streamed tensor by tensor (and row chunk by row
 //! chunk), so peak memory is a few tensors whatever the model size.
 
+pub mod byte_level_bpe;
 pub mod error;
 pub mod gguf;
 pub mod gpt_oss;
@@ -10,6 +11,7 @@ pub mod plan;
 pub mod requant_cost;
 pub mod safetensors;
 pub mod source;
+pub mod tiktoken;
 pub mod tokenizer_files;
 
 use std::io::IsTerminal;

@@ -5,6 +5,8 @@
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Message {
@@ -18,10 +20,64 @@ impl Message {
     }
 }
 
+/// What the caller passes to the template besides the messages and tools, as transformers'
+/// `apply_chat_template(**kwargs)` and llama-server's `chat_template_kwargs` do. Each is passed
+/// only when set (templates test `is defined`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TemplateArgs {
+    /// Qwen3's switch (its template treats "undefined" and `true` alike).
+    pub enable_thinking: Option<bool>,
+    /// gpt-oss's `reasoning_effort`: low, medium or high (see [`reasoning_effort`]).
+    pub reasoning_effort: Option<String>,
+    /// Anything else a request names (`model_identity`, `builtin_tools`, ...); the two above
+    /// win over the same keys here.
+    pub extra: serde_json::Map<String, serde_json::Value>,
+}
+
+impl TemplateArgs {
+    pub fn thinking(enable_thinking: Option<bool>) -> TemplateArgs {
+        TemplateArgs { enable_thinking, ..TemplateArgs::default() }
+    }
+}
+
+/// The reasoning efforts gpt-oss was trained with.
+pub const REASONING_EFFORTS: [&str; 3] = ["low", "medium", "high"];
+
+/// `v` as a reasoning effort, or an error that names the choices.
+pub fn reasoning_effort(v: &str) -> Result<String, String> {
+    let l = v.trim().to_ascii_lowercase();
+    REASONING_EFFORTS
+        .contains(&l.as_str())
+        .then_some(l)
+        .ok_or_else(|| format!("reasoning effort '{v}' is not one of low, medium, high"))
+}
+
+/// The effort a system prompt asks for the way OpenAI's guide for gpt-oss says to
+/// (`Reasoning: high`, any case), if it does.
+pub fn effort_in_system_prompt(text: &str) -> Option<String> {
+    let lower = text.to_ascii_lowercase();
+    lower.match_indices("reasoning:").find_map(|(at, m)| {
+        let rest = lower[at + m.len()..].trim_start();
+        REASONING_EFFORTS
+            .iter()
+            .find(|e| rest.starts_with(*e) && !rest[e.len()..].starts_with(|c: char| c.is_alphanumeric()))
+            .map(|e| e.to_string())
+    })
+}
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// The clock `strftime_now` reads: 0 is the system's (UTC), else seconds since the epoch
+    /// (tests pin it to compare renders with transformers').
+    now: Arc<AtomicI64>,
+    /// The template reads `reasoning_effort` (gpt-oss's harmony format).
+    reads_effort: bool,
+    /// The template prints tool calls' `arguments` with `tojson` and never tests whether they
+    /// are a string (gpt-oss's): OpenAI's JSON-text arguments are given to it parsed, as
+    /// transformers' callers pass them (llama.cpp does the same for such templates).
+    object_arguments: bool,
 }
 
 impl ChatTemplate {
@@ -39,47 +95,187 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
+        let now = Arc::new(AtomicI64::new(0));
+        let clock = now.clone();
+        env.add_function("strftime_now", move |fmt: String| -> Result<Value, Error> {
+            let pinned = clock.load(Ordering::Relaxed);
+            let secs = if pinned != 0 {
+                pinned
+            } else {
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+            };
+            Ok(Value::from(strftime(secs, &fmt)))
+        });
         env.add_template_owned("chat", source.to_string()).map_err(|e| format!("chat template: {e}"))?;
-        Ok(ChatTemplate { env, bos_token, eos_token })
+        let reads_effort = source.contains("reasoning_effort");
+        let object_arguments = source.contains("arguments|tojson") && !source.contains("arguments is string");
+        Ok(ChatTemplate { env, bos_token, eos_token, now, reads_effort, object_arguments })
     }
 
-    /// The prompt text for `messages`; `enable_thinking` is passed only when given (the Qwen3
-    /// template treats "undefined" and `true` alike).
+    /// Pin the clock `strftime_now` reads to `secs` since the epoch (None: the system's).
+    pub fn pin_clock(&self, secs: Option<i64>) {
+        self.now.store(secs.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// The prompt text for `messages`.
     pub fn render(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
-        enable_thinking: Option<bool>,
+        args: &TemplateArgs,
     ) -> Result<String, String> {
         let messages = serde_json::to_value(messages).map_err(|e| e.to_string())?;
-        self.render_json(&messages, None, add_generation_prompt, enable_thinking)
+        self.render_json(&messages, None, add_generation_prompt, args)
     }
 
     /// [`render`](Self::render) for messages as OpenAI's API gives them (any fields: an
     /// assistant's `tool_calls`, a tool reply's `tool_call_id`), and the request's `tools`
-    /// (passed only when given: templates test `if tools`).
+    /// (passed only when given: templates test `if tools`). As transformers does, a message's
+    /// reasoning (`reasoning_content`, `thinking` or `reasoning`) is given under both
+    /// `thinking` (gpt-oss's template reads it) and `reasoning_content`. A template that reads
+    /// `reasoning_effort` gets the one a system prompt asks for when `args` sets none.
     pub fn render_json(
         &self,
         messages: &serde_json::Value,
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
-        enable_thinking: Option<bool>,
+        args: &TemplateArgs,
     ) -> Result<String, String> {
         let tmpl = self.env.get_template("chat").map_err(|e| e.to_string())?;
-        let mut ctx = minijinja::context! {
-            messages => minijinja::value::Serde(messages),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos_token.clone().unwrap_or_default(),
-            eos_token => self.eos_token.clone().unwrap_or_default(),
+        let mut ctx = args.extra.clone();
+        let mut put = |k: &str, v: serde_json::Value| {
+            ctx.insert(k.to_string(), v);
         };
-        if let Some(t) = enable_thinking {
-            ctx = minijinja::context! { enable_thinking => t, ..ctx };
+        put("messages", alias_reasoning(messages, self.object_arguments));
+        put("add_generation_prompt", add_generation_prompt.into());
+        put("bos_token", self.bos_token.clone().unwrap_or_default().into());
+        put("eos_token", self.eos_token.clone().unwrap_or_default().into());
+        if let Some(t) = args.enable_thinking {
+            put("enable_thinking", t.into());
+        }
+        let effort = args.reasoning_effort.clone().or_else(|| {
+            let first = messages.get(0).filter(|m| matches!(m["role"].as_str(), Some("system" | "developer")));
+            self.reads_effort.then(|| first.and_then(|m| m["content"].as_str()).and_then(effort_in_system_prompt))?
+        });
+        if let Some(e) = effort {
+            put("reasoning_effort", e.into());
         }
         if let Some(t) = tools {
-            ctx = minijinja::context! { tools => minijinja::value::Serde(t), ..ctx };
+            put("tools", t.clone());
         }
-        tmpl.render(ctx).map_err(|e| format!("chat template: {e}"))
+        tmpl.render(minijinja::value::Serde(&ctx)).map_err(|e| format!("chat template: {e}"))
     }
+}
+
+/// The messages with each one's reasoning under `thinking` and `reasoning_content` both, keys
+/// ordered as transformers' `{"thinking": r, **message, "reasoning_content": r}` leaves them
+/// (and, with `object_arguments`, tool calls' JSON-text arguments parsed).
+fn alias_reasoning(messages: &serde_json::Value, object_arguments: bool) -> serde_json::Value {
+    let Some(list) = messages.as_array() else { return messages.clone() };
+    let aliased = list.iter().map(|m| {
+        let mut m = m.clone();
+        if object_arguments && let Some(calls) = m.get_mut("tool_calls").and_then(|c| c.as_array_mut()) {
+            for c in calls {
+                let f = if c.get("function").is_some() { &mut c["function"] } else { c };
+                let parsed = f["arguments"].as_str().and_then(|a| serde_json::from_str::<serde_json::Value>(a).ok());
+                if let Some(p) = parsed.filter(|p| p.is_object()) {
+                    f["arguments"] = p;
+                }
+            }
+        }
+        let Some(obj) = m.as_object() else { return m };
+        let reasoning = ["reasoning_content", "thinking", "reasoning"]
+            .iter()
+            .find_map(|k| obj.get(*k).filter(|v| !v.is_null()))
+            .cloned();
+        let Some(r) = reasoning else { return m };
+        let mut out = serde_json::Map::new();
+        out.insert("thinking".into(), r.clone());
+        for (k, v) in obj {
+            out.insert(k.clone(), v.clone());
+        }
+        out.insert("reasoning_content".into(), r);
+        serde_json::Value::Object(out)
+    });
+    serde_json::Value::Array(aliased.collect())
+}
+
+/// `secs` (UTC) formatted as C's strftime does for the directives chat templates use: `%Y %m
+/// %d %e %H %M %S %j %B %b %A %a %y %%`; other directives are kept as written.
+fn strftime(secs: i64, fmt: &str) -> String {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
+    let days = secs.div_euclid(86_400);
+    let tod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let yday = days - days_from_civil(y, 1, 1) + 1;
+    let weekday = days.rem_euclid(7) as usize; // 1970-01-01 was a Thursday
+    let mut out = String::new();
+    let mut it = fmt.chars();
+    while let Some(c) = it.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match it.next() {
+            Some('Y') => out += &y.to_string(),
+            Some('y') => out += &format!("{:02}", y.rem_euclid(100)),
+            Some('m') => out += &format!("{m:02}"),
+            Some('d') => out += &format!("{d:02}"),
+            Some('e') => out += &format!("{d:2}"),
+            Some('j') => out += &format!("{yday:03}"),
+            Some('H') => out += &format!("{:02}", tod / 3600),
+            Some('M') => out += &format!("{:02}", tod / 60 % 60),
+            Some('S') => out += &format!("{:02}", tod % 60),
+            Some('B') => out += MONTHS[m as usize - 1],
+            Some('b') => out += &MONTHS[m as usize - 1][..3],
+            Some('A') => out += DAYS[weekday],
+            Some('a') => out += &DAYS[weekday][..3],
+            Some('%') => out.push('%'),
+            Some(o) => {
+                out.push('%');
+                out.push(o);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+/// Howard Hinnant's civil calendar: days since 1970-01-01 to (year, month, day).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y.rem_euclid(400);
+    let mp = (m as i64 + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d as i64 - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
 }
 
 /// `x | tojson` / `x | tojson(indent=2)`, printed as Python's `json.dumps(x, ensure_ascii=False)`
@@ -147,9 +343,32 @@ mod tests {
     }
 
     #[test]
+    fn strftime_matches_cs_for_dates_around_leap_days() {
+        // (seconds since the epoch, what Python's time.strftime gives in UTC)
+        for (secs, want) in [
+            (0, "1970-01-01 Thu Jan 001 00:00:00"),
+            (951_782_400, "2000-02-29 Tue Feb 060 00:00:00"),
+            (1_709_251_199, "2024-02-29 Thu Feb 060 23:59:59"),
+            (1_796_428_800, "2026-12-05 Sat Dec 339 00:00:00"),
+        ] {
+            assert_eq!(strftime(secs, "%Y-%m-%d %a %b %j %H:%M:%S"), want, "{secs}");
+        }
+        assert_eq!(strftime(1_796_428_800, "%d %B %Y, %A %%"), "05 December 2026, Saturday %");
+    }
+
+    #[test]
+    fn the_effort_a_system_prompt_asks_for() {
+        assert_eq!(effort_in_system_prompt("Be brief.\nReasoning: HIGH").as_deref(), Some("high"));
+        assert_eq!(effort_in_system_prompt("reasoning:low please").as_deref(), Some("low"));
+        assert_eq!(effort_in_system_prompt("Reasoning: lowest"), None);
+        assert_eq!(effort_in_system_prompt("No reasoning here"), None);
+        assert!(reasoning_effort("Medium").is_ok() && reasoning_effort("max").is_err());
+    }
+
+    #[test]
     fn raise_exception_is_an_error() {
         let t = ChatTemplate::new("{{ raise_exception('nope') }}", None, None).unwrap();
-        let e = t.render(&[], false, None).unwrap_err();
+        let e = t.render(&[], false, &TemplateArgs::default()).unwrap_err();
         assert!(e.contains("nope"), "{e}");
     }
 }

@@ -5,7 +5,7 @@
 //! the template-or-plain choice, streamed decoding, end-of-sequence filtering, the history, and
 //! the rule that a failed turn forgets the KV cache.
 
-use super::chat_template::{ChatTemplate, Message};
+use super::chat_template::{ChatTemplate, Message, TemplateArgs};
 use super::sampler::Sampler;
 use super::tokenizer::{StreamDecoder, Tok};
 use super::{Engine, EngineError, GenRequest, GenStats};
@@ -35,13 +35,13 @@ pub struct Turn {
 pub struct ChatSession {
     pub system: Option<String>,
     pub messages: Vec<Message>,
-    /// Passed to the template as `enable_thinking` when set.
-    pub enable_thinking: Option<bool>,
+    /// `enable_thinking`, `reasoning_effort`, ... for the template.
+    pub args: TemplateArgs,
 }
 
 impl ChatSession {
-    pub fn new(system: Option<String>, enable_thinking: Option<bool>) -> ChatSession {
-        ChatSession { system, messages: Vec::new(), enable_thinking }
+    pub fn new(system: Option<String>, args: TemplateArgs) -> ChatSession {
+        ChatSession { system, messages: Vec::new(), args }
     }
 
     pub fn reset(&mut self) {
@@ -57,7 +57,7 @@ impl ChatSession {
         }
         msgs.extend(self.messages.iter().cloned());
         msgs.push(Message::new("user", user));
-        let text = tmpl.render(&msgs, true, self.enable_thinking).map_err(EngineError::Template)?;
+        let text = tmpl.render(&msgs, true, &self.args).map_err(EngineError::Template)?;
         tok.encode(&text).map_err(EngineError::Tokenizer)
     }
 

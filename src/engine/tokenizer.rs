@@ -39,8 +39,10 @@ impl Tok {
         self.inner.token_to_id(token)
     }
 
+    /// The ids it can give: its largest id + 1 (two names may share an id, as o200k_harmony's
+    /// `<|endofprompt|>` and `<|reserved_200018|>` do, so this is not a count of names).
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        self.inner.get_vocab(true).values().max().map_or(0, |&m| m as usize + 1)
     }
 }
 

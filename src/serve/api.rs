@@ -3,6 +3,7 @@
 //! that names it. Unknown fields are ignored, as OpenAI's clients send ones we have no use for
 //! (`user`, `store`, `metadata`, `parallel_tool_calls`).
 
+use crate::engine::chat_template::{TemplateArgs, reasoning_effort};
 use serde_json::{Map, Value, json};
 
 use crate::engine::sampler::{Adjustments, SamplerParams};
@@ -51,7 +52,8 @@ pub struct Defaults {
     /// None: the request's seed, else a fresh one per request.
     pub seed: Option<u64>,
     pub max_tokens: Option<usize>,
-    pub enable_thinking: Option<bool>,
+    /// `enable_thinking`, `reasoning_effort` (`serve --no-think`, `--reasoning-effort`).
+    pub template_args: TemplateArgs,
 }
 
 /// How a reply is generated.
@@ -74,7 +76,7 @@ pub enum Prompt {
     Chat {
         messages: Value,
         tools: Option<Value>,
-        enable_thinking: Option<bool>,
+        args: Box<TemplateArgs>,
         prefill: Option<String>,
     },
     Text(String),
@@ -301,13 +303,7 @@ pub fn parse_chat(body: &Value, d: &Defaults) -> Res<Request> {
         }
         (Some(_), _) => return Err(ApiError::invalid("tools", "'tools' must be an array")),
     };
-    let enable_thinking = match f.get("chat_template_kwargs") {
-        Some(k) => object(k)
-            .map_err(|_| ApiError::invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object"))?
-            .bool("enable_thinking")?
-            .or(d.enable_thinking),
-        None => d.enable_thinking,
-    };
+    let args = template_args(&f, d)?;
     let reasoning = match f.get("reasoning_format").map(|v| v.as_str()) {
         None | Some(Some("deepseek" | "auto")) => true,
         Some(Some("none")) => false,
@@ -316,7 +312,7 @@ pub fn parse_chat(body: &Value, d: &Defaults) -> Res<Request> {
         }
     };
     Ok(Request {
-        prompt: Prompt::Chat { messages: Value::Array(messages), tools, enable_thinking, prefill },
+        prompt: Prompt::Chat { messages: Value::Array(messages), tools, args: Box::new(args), prefill },
         params,
         stream,
         include_usage,
@@ -326,6 +322,36 @@ pub fn parse_chat(body: &Value, d: &Defaults) -> Res<Request> {
 
 /// One message, normalized for the template: `content` a string (text parts joined; null for
 /// an assistant's tool calls), `developer` read as `system`, other fields kept.
+/// The template's arguments: the server's, then the request's `chat_template_kwargs` (any keys,
+/// as llama-server passes them; `enable_thinking` a boolean, `reasoning_effort` one of low,
+/// medium, high), then its top-level `reasoning_effort` (OpenAI's field for reasoning models).
+fn template_args(f: &Fields, d: &Defaults) -> Res<TemplateArgs> {
+    let mut args = d.template_args.clone();
+    let effort = |k: &str, v: &Value| -> Res<String> {
+        v.as_str()
+            .ok_or(())
+            .and_then(|s| reasoning_effort(s).map_err(|_| ()))
+            .map_err(|_| ApiError::invalid(k, format!("'{k}' must be low, medium or high")))
+    };
+    if let Some(k) = f.get("chat_template_kwargs") {
+        let kw = object(k)
+            .map_err(|_| ApiError::invalid("chat_template_kwargs", "'chat_template_kwargs' must be an object"))?;
+        for (name, v) in kw.0 {
+            match name.as_str() {
+                "enable_thinking" => args.enable_thinking = kw.bool(name)?.or(args.enable_thinking),
+                "reasoning_effort" if !v.is_null() => args.reasoning_effort = Some(effort("reasoning_effort", v)?),
+                _ => {
+                    args.extra.insert(name.clone(), v.clone());
+                }
+            }
+        }
+    }
+    if let Some(v) = f.get("reasoning_effort") {
+        args.reasoning_effort = Some(effort("reasoning_effort", v)?);
+    }
+    Ok(args)
+}
+
 fn message(i: usize, m: &Value) -> Res<Value> {
     let param = format!("messages[{i}]");
     let o = m.as_object().ok_or_else(|| ApiError::invalid(&param, format!("{param} must be an object")))?;
@@ -408,7 +434,12 @@ mod tests {
     use super::*;
 
     fn defaults() -> Defaults {
-        Defaults { sampler: SamplerParams::default(), seed: Some(5), max_tokens: None, enable_thinking: None }
+        Defaults {
+            sampler: SamplerParams::default(),
+            seed: Some(5),
+            max_tokens: None,
+            template_args: Default::default(),
+        }
     }
 
     fn chat(body: Value) -> Res<Request> {
@@ -427,9 +458,9 @@ mod tests {
             "chat_template_kwargs": {"enable_thinking": false}, "ignore_eos": true, "user": "ignored"
         }))
         .unwrap();
-        let Prompt::Chat { messages, tools, enable_thinking, prefill } = &r.prompt else { panic!() };
+        let Prompt::Chat { messages, tools, args, prefill } = &r.prompt else { panic!() };
         assert_eq!(messages, &json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "ab"}]));
-        assert_eq!((tools, *enable_thinking, prefill.as_deref()), (&None, Some(false), Some("Sure:")));
+        assert_eq!((tools, args.enable_thinking, prefill.as_deref()), (&None, Some(false), Some("Sure:")));
         let g = &r.params;
         assert_eq!((g.sampler.temperature, g.sampler.top_p, g.sampler.top_k, g.sampler.seed), (0.0, 0.5, 3, u64::MAX));
         assert_eq!(

@@ -229,16 +229,14 @@ fn encode(m: &Loaded, text: &str) -> Result<Vec<u32>, ApiError> {
 /// A chat prompt's text: the messages through the template, the generation prompt, and the
 /// prefill after it.
 fn render(m: &Loaded, p: &Prompt) -> Result<String, ApiError> {
-    let Prompt::Chat { messages, tools, enable_thinking, prefill } = p else {
+    let Prompt::Chat { messages, tools, args, prefill } = p else {
         return Err(ApiError::invalid("messages", "not a chat prompt"));
     };
     let t = m
         .template
         .as_ref()
         .ok_or_else(|| ApiError::invalid("messages", "this model has no chat template: use /v1/completions"))?;
-    let mut text = t
-        .render_json(messages, tools.as_ref(), true, *enable_thinking)
-        .map_err(|e| ApiError::invalid("messages", e))?;
+    let mut text = t.render_json(messages, tools.as_ref(), true, args).map_err(|e| ApiError::invalid("messages", e))?;
     text.push_str(prefill.as_deref().unwrap_or(""));
     Ok(text)
 }

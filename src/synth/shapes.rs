@@ -13,8 +13,7 @@ pub enum TokFamily {
     Qwen3,
     /// Qwen3.5 / 3.6 (248,077 tokens).
     Qwen35,
-    /// gpt-oss's o200k_harmony (201,088 rows): not shipped yet, so such a package takes token
-    /// ids only.
+    /// gpt-oss's o200k_harmony (201,088 ids: o200k_base's 199,998 BPE tokens, then specials).
     Harmony,
 }
 

@@ -19,7 +19,10 @@ fn embedded(f: TokFamily) -> Option<(&'static [u8], &'static str)> {
             include_bytes!("../../assets/tokenizers/qwen3.5/tokenizer.json.xz"),
             include_str!("../../assets/tokenizers/qwen3.5/chat_template.jinja"),
         ),
-        TokFamily::Harmony => return None,
+        TokFamily::Harmony => (
+            include_bytes!("../../assets/tokenizers/o200k_harmony/ranks.bin.xz"),
+            include_str!("../../assets/tokenizers/o200k_harmony/chat_template.jinja"),
+        ),
     })
 }
 
@@ -43,11 +46,15 @@ fn template_file(f: TokFamily) -> &'static str {
     }
 }
 
+fn packed_file(f: TokFamily) -> &'static str {
+    match f {
+        TokFamily::Qwen3 | TokFamily::Qwen35 => "tokenizer.json",
+        TokFamily::Harmony => "ranks.bin",
+    }
+}
+
 /// The family's tokenizer as a package embeds it.
 pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
-    if f == TokFamily::Harmony {
-        return Ok(TokenizerInfo::default());
-    }
     let (xz, tmpl): (Vec<u8>, String) = match embedded(f) {
         Some((xz, t)) => (xz.to_vec(), t.to_string()),
         None => {
@@ -60,12 +67,19 @@ pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
                 })
             };
             let t = read(template_file(f))?;
-            (read("tokenizer.json.xz")?, String::from_utf8_lossy(&t).into_owned())
+            (read(&format!("{}.xz", packed_file(f)))?, String::from_utf8_lossy(&t).into_owned())
         }
     };
-    let json = crate::packed::unpack("tokenizer.json", &xz)
-        .and_then(|b| String::from_utf8(b).map_err(|e| e.to_string()))
-        .map_err(|e| format!("{} tokenizer: {e}", folder(f)))?;
+    let bytes = crate::packed::unpack(packed_file(f), &xz).map_err(|e| format!("{} tokenizer: {e}", folder(f)))?;
+    let json = match f {
+        // o200k_base's ranks, made into a tokenizer.json here
+        TokFamily::Harmony => {
+            use crate::convert::{byte_level_bpe::O200K_SPLIT, tiktoken};
+            let ranks = tiktoken::parse_ranks(&bytes)?;
+            tiktoken::tokenizer_from_ranks(&ranks, &tiktoken::harmony_specials(), O200K_SPLIT)?
+        }
+        _ => String::from_utf8(bytes).map_err(|e| format!("{} tokenizer: {e}", folder(f)))?,
+    };
     let info = match f {
         TokFamily::Qwen3 => {
             let v: serde_json::Value =
@@ -87,7 +101,15 @@ pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
             eos_token: Some("<|im_end|>".into()),
             pad_token: Some("<|endoftext|>".into()),
         },
-        TokFamily::Harmony => TokenizerInfo::default(),
+        // gpt-oss's tokenizer_config.json: a reply ends with <|return|> (or <|call|>: the
+        // package's eos ids hold both)
+        TokFamily::Harmony => TokenizerInfo {
+            tokenizer_json: Some(json),
+            chat_template: Some(tmpl),
+            bos_token: None,
+            eos_token: Some("<|return|>".into()),
+            pad_token: Some("<|endoftext|>".into()),
+        },
     };
     Ok(info)
 }

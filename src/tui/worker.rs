@@ -1,6 +1,7 @@
 //! The engine worker: owns the engine on a thread of its own, takes commands from the UI and
 //! reports tokens, routing and pool state as events. The UI never touches the engine.
 
+use crate::engine::chat_template::{TemplateArgs, reasoning_effort};
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -40,7 +41,8 @@ pub struct ChatSettings {
     pub max_tokens: usize,
     pub ignore_eos: bool,
     pub system: Option<String>,
-    pub enable_thinking: Option<bool>,
+    /// `enable_thinking`, `reasoning_effort`, ... for the template.
+    pub template_args: TemplateArgs,
 }
 
 /// Collects routing per pass for the heatmap, and reports prompt progress. It and the token
@@ -185,7 +187,7 @@ fn run(loaded: &mut Loaded, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
     send(EngineEvent::Ready(Box::new(model_info(engine))));
     // the pool as loading left it, before any message
     send(EngineEvent::Step(Box::new(step(&data, engine.streamed().map(|e| e.as_ref()), 0, 0.0, true))));
-    let mut session = ChatSession::new(settings.system.clone(), settings.enable_thinking);
+    let mut session = ChatSession::new(settings.system.clone(), settings.template_args.clone());
     let mut sampler = Sampler::new(settings.sampler);
     let mut last_user: Option<String> = None;
     while let Ok(cmd) = rx.recv() {
@@ -218,7 +220,7 @@ fn run(loaded: &mut Loaded, mut settings: ChatSettings, rx: Receiver<Cmd>, ui: S
             Cmd::Set(k, v) => match apply_setting(&mut settings, &k, &v) {
                 Ok(msg) => {
                     sampler = Sampler::new(settings.sampler);
-                    session.enable_thinking = settings.enable_thinking;
+                    session.args = settings.template_args.clone();
                     send(EngineEvent::Notice(msg));
                 }
                 Err(e) => send(EngineEvent::Error(e)),
@@ -272,15 +274,18 @@ fn apply_setting(s: &mut ChatSettings, k: &str, v: &str) -> Result<String, Strin
         "seed" => s.sampler.seed = u()? as u64,
         "max_tokens" => s.max_tokens = u()?.max(1),
         "think" => {
-            s.enable_thinking = match v {
+            s.template_args.enable_thinking = match v {
                 "on" => None,
                 "off" => Some(false),
                 _ => return Err("/set think: on or off".into()),
             }
         }
+        "effort" => {
+            s.template_args.reasoning_effort = Some(reasoning_effort(v).map_err(|e| format!("/set effort: {e}"))?)
+        }
         _ => {
             return Err(format!(
-                "/set: unknown setting '{k}' (temperature, top_p, top_k, min_p, repeat_penalty, seed, max_tokens, think)"
+                "/set: unknown setting '{k}' (temperature, top_p, top_k, min_p, repeat_penalty, seed, max_tokens, think, effort)"
             ));
         }
     }

@@ -2,14 +2,15 @@
 //! as transformers' `gguf_tokenizer_mapping.py` and candle's `TokenizerFromGguf` do: a
 //! byte-level BPE from the tokens (index = id) and merges, the split regex chosen by
 //! `tokenizer.ggml.pre`, control tokens (type 3) as special added tokens and user-defined ones
-//! (type 4, `<think>`) as plain added tokens. Two things the file does not say but Qwen's
-//! tokenizer.json does are set from the pre-tokenizer's name: an NFC normalizer, and
-//! `ignore_merges` for Qwen3.5's vocabulary.
+//! (type 4, `<think>`) as plain added tokens. Two things the file does not say but the
+//! original tokenizer.json does are set from the pre-tokenizer's name: an NFC normalizer (Qwen's),
+//! and `ignore_merges` (Qwen3.5's vocabulary, and tiktoken's rule for gpt-oss's `gpt-4o`).
 
-use serde_json::{Value as Json, json};
+use serde_json::json;
 
 use super::file::Value;
 use super::model::GgufModel;
+use crate::convert::byte_level_bpe::{O200K_SPLIT, Parts, tokenizer_json};
 use crate::convert::error::ConvertError;
 use crate::engine::tokenizer::Tok;
 use crate::package::TokenizerInfo;
@@ -43,13 +44,16 @@ pub fn tokenizer(m: &GgufModel) -> Result<Option<TokenizerInfo>, ConvertError> {
         return Err(m.config_err("tokenizer.ggml.model", format!("'{model}' is not supported (gpt2, byte-level BPE)")));
     }
     let pre = m.str_key("tokenizer.ggml.pre")?.unwrap_or("default");
-    let (split, ignore_merges) = match pre {
-        "qwen2" => (QWEN2_SPLIT, false),
-        "qwen35" => (QWEN35_SPLIT, true),
+    // (split regex, NFC first, ignore_merges)
+    let (split, nfc, ignore_merges) = match pre {
+        "qwen2" => (QWEN2_SPLIT, true, false),
+        "qwen35" => (QWEN35_SPLIT, true, true),
+        // gpt-oss's o200k_harmony (tiktoken's rules: no normalizer, a token piece taken whole)
+        "gpt-4o" => (O200K_SPLIT, false, true),
         other => {
             return Err(m.config_err(
                 "tokenizer.ggml.pre",
-                format!("pre-tokenizer '{other}' is not supported (qwen2, qwen35)"),
+                format!("pre-tokenizer '{other}' is not supported (qwen2, qwen35, gpt-4o)"),
             ));
         }
     };
@@ -78,10 +82,7 @@ pub fn tokenizer(m: &GgufModel) -> Result<Option<TokenizerInfo>, ConvertError> {
     let mut added = vec![];
     for (id, (&t, &ty)) in tokens.iter().zip(&types).enumerate() {
         if ty == CONTROL || ty == USER_DEFINED {
-            added.push(json!({
-                "id": id, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
-                "normalized": false, "special": ty == CONTROL,
-            }));
+            added.push((id as u32, t.to_string(), ty == CONTROL));
         }
         if vocab.insert(t.to_string(), json!(id)).is_some() {
             return Err(m.config_err("tokenizer.ggml.tokens", format!("token {t:?} appears twice (id {id})")));
@@ -94,26 +95,8 @@ pub fn tokenizer(m: &GgufModel) -> Result<Option<TokenizerInfo>, ConvertError> {
             _ => return Err(m.config_err("tokenizer.ggml.merges", format!("merge {i} ({mg:?}) is not two tokens"))),
         }
     }
-    let byte_level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false});
-    let tj: Json = json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": {"type": "NFC"},
-        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": false},
-            byte_level.clone(),
-        ]},
-        "post_processor": byte_level.clone(),
-        "decoder": byte_level,
-        "model": {
-            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
-            "ignore_merges": ignore_merges, "vocab": vocab, "merges": pairs,
-        },
-    });
-    let json = tj.to_string();
+    let parts = Parts { vocab, merges: pairs, added, split, nfc, ignore_merges };
+    let json = tokenizer_json(parts);
     Tok::from_json(&json)
         .map_err(|e| m.config_err("tokenizer.ggml.tokens", format!("the rebuilt tokenizer does not load: {e}")))?;
     let token = |key: &str| -> Result<Option<String>, ConvertError> {
