@@ -13,6 +13,49 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
+/// The ids of the harmony tokenizer [gpt_oss_harmony_chat] gives the 1,024-row fixture: the
+/// first 1,015 o200k ranks, then these nine (by name, in o200k_harmony's order).
+pub const HARMONY_SPECIALS: [&str; 9] = [
+    "<|startoftext|>",
+    "<|endoftext|>",
+    "<|return|>",
+    "<|constrain|>",
+    "<|channel|>",
+    "<|start|>",
+    "<|end|>",
+    "<|message|>",
+    "<|call|>",
+];
+
+/// The MXFP4 fixture `src` (vocabulary 1,024) made a harmony chat model in `out`: its
+/// checkpoint with a tokenizer cut from o200k_harmony to fit (o200k_base's first 1,015 ranks, the
+/// nine named harmony tokens after them: [HARMONY_SPECIALS]), gpt-oss's chat template, and
+/// `<|return|>` and `<|call|>` as end of sequence. Its weights are random, so what it writes is
+/// noise, but in the format's frame: tests steer it with an assistant prefill.
+pub fn gpt_oss_harmony_chat(src: &Path, out: &Path) -> Result<(), String> {
+    use crate::convert::{byte_level_bpe::O200K_SPLIT, tiktoken};
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), out.join(f)).map_err(|e| format!("{}: {e}", src.join(f).display()))?;
+    }
+    let bin = crate::synth::tokenizers::harmony_ranks()?;
+    let ranks = tiktoken::parse_ranks(&bin)?;
+    let n = 1024 - HARMONY_SPECIALS.len();
+    let specials: Vec<(String, u32)> =
+        HARMONY_SPECIALS.iter().enumerate().map(|(i, s)| (s.to_string(), (n + i) as u32)).collect();
+    let json = tiktoken::tokenizer_from_ranks(&ranks[..n], &specials, O200K_SPLIT)?;
+    let info = crate::synth::tokenizers::load(crate::synth::shapes::TokFamily::Harmony)?;
+    let template = info.chat_template.ok_or("no harmony template")?;
+    let id = |name: &str| specials.iter().find(|(s, _)| s == name).map_or(0, |(_, i)| *i);
+    let write =
+        |f: &str, b: &[u8]| std::fs::write(out.join(f), b).map_err(|e| format!("{}: {e}", out.join(f).display()));
+    write("tokenizer.json", json.as_bytes())?;
+    write("chat_template.jinja", template.as_bytes())?;
+    let tc = serde_json::json!({"eos_token": "<|return|>", "pad_token": "<|endoftext|>"});
+    write("tokenizer_config.json", tc.to_string().as_bytes())?;
+    let gc = serde_json::json!({"eos_token_id": [id("<|return|>"), id("<|call|>")]});
+    write("generation_config.json", gc.to_string().as_bytes())
+}
+
 /// FP4 e2m1 codes (sign, 2 exponent bits, 1 mantissa bit) as values: OCP MX spec table.
 const E2M1: [f32; 16] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0];
 

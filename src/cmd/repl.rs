@@ -4,6 +4,7 @@
 use std::io::{IsTerminal, Write};
 
 use anyhow::{Result, bail};
+use moescope::engine::harmony::{HarmonySplitter, Part};
 use moescope::engine::sampler::Sampler;
 use moescope::engine::session::{ChatSession, TurnEvent};
 use moescope::engine::{Engine, EngineError, GenRequest};
@@ -11,6 +12,26 @@ use moescope::experts::routing_log::RoutingLog;
 
 use super::interrupt::{self, Interruptible};
 use super::run_config::{RunConfig, stats_line};
+
+/// A harmony reply's parts: content and calls to `out`; reasoning dimmed there when `out` is a
+/// terminal, else to `err`.
+pub(super) fn show_parts(
+    out: &mut impl Write,
+    err: &mut impl Write,
+    tty: bool,
+    parts: Vec<Part>,
+) -> std::io::Result<()> {
+    for part in parts {
+        match part {
+            Part::Content(c) => out.write_all(c.as_bytes())?,
+            Part::Reasoning(r) if tty => write!(out, "\x1b[2m{r}\x1b[0m")?,
+            Part::Reasoning(r) => err.write_all(r.as_bytes())?,
+            Part::Call { name, arguments } => write!(out, "[call {name} {arguments}]")?,
+        }
+    }
+    out.flush()?;
+    err.flush()
+}
 
 /// `log`: the routing log being recorded, if any.
 pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) -> Result<()> {
@@ -56,6 +77,13 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
             _ => {}
         }
         let mut out = std::io::stdout().lock();
+        // gpt-oss: the answer on stdout, the reasoning dimmed (or, when stdout is not a
+        // terminal, on stderr, so a redirected answer is the answer alone)
+        let mut harmony = engine.harmony().then(HarmonySplitter::default);
+        let tty = std::io::stdout().is_terminal();
+        let show = |out: &mut std::io::StdoutLock, parts: Vec<Part>| {
+            let _ = show_parts(out, &mut std::io::stderr(), tty, parts);
+        };
         let res = {
             let _g = Interruptible::start();
             let req = GenRequest {
@@ -66,11 +94,19 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
             };
             session.turn(&mut engine, &mut sampler, req, msg, &mut log, &mut |ev| {
                 if let TurnEvent::Token { piece: Some(p), .. } | TurnEvent::Tail(p) = ev {
-                    let _ = out.write_all(p.as_bytes());
-                    let _ = out.flush();
+                    match harmony.as_mut() {
+                        Some(h) => show(&mut out, h.push(p)),
+                        None => {
+                            let _ = out.write_all(p.as_bytes());
+                            let _ = out.flush();
+                        }
+                    }
                 }
             })
         };
+        if let Some(mut h) = harmony {
+            show(&mut out, h.finish());
+        }
         let _ = writeln!(out);
         drop(out);
         if let Some(n) = engine.resize_auto_pool() {
@@ -89,4 +125,25 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
         eprintln!("moescope: {l}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use moescope::engine::harmony::split_parts;
+
+    #[test]
+    fn a_harmony_reply_goes_out_split() {
+        let reply = "<|channel|>analysis<|message|>Add them.<|end|><|start|>assistant<|channel|>final<|message|>4";
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        show_parts(&mut out, &mut err, false, split_parts(reply)).unwrap();
+        assert_eq!(
+            (String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap()),
+            ("4".into(), "Add them.".into())
+        );
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        show_parts(&mut out, &mut err, true, split_parts(reply)).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), "\x1b[2mAdd them.\x1b[0m4");
+        assert!(err.is_empty());
+    }
 }

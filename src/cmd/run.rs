@@ -1,9 +1,10 @@
 //! `moescope run`: one prompt (text, chat-templated text or token ids), or the REPL.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use anyhow::{Context, Result, bail};
 use moescope::engine::chat_template::Message;
+use moescope::engine::harmony::HarmonySplitter;
 use moescope::engine::sampler::Sampler;
 use moescope::engine::tokenizer::StreamDecoder;
 use moescope::engine::{Engine, GenRequest};
@@ -117,7 +118,11 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
     let keep_logits = cfg.logits_out.is_some();
     let stream = !cfg.json;
     let tok = engine.tokenizer().cloned();
-    let mut dec = tok.as_deref().map(|t| StreamDecoder::new(t, true));
+    // gpt-oss with --chat: the channels split as the REPL splits them (markup kept to split on)
+    let mut harmony = (cfg.chat && engine.harmony()).then(HarmonySplitter::default);
+    let eos = engine.eos_ids().to_vec();
+    let mut dec = tok.as_deref().map(|t| StreamDecoder::new(t, harmony.is_none()));
+    let tty = std::io::stdout().is_terminal();
     let mut out = std::io::stdout().lock();
     let mut write_err: Option<std::io::Error> = None;
     let stats = {
@@ -134,12 +139,16 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
             }
             if stream {
                 let piece = match dec.as_mut() {
+                    Some(_) if harmony.is_some() && eos.contains(&id) => None,
                     Some(d) => d.push(id).unwrap_or(None),
                     None => Some(format!("{id} ")),
                 };
-                if let Some(p) = piece
-                    && let Err(e) = out.write_all(p.as_bytes()).and_then(|_| out.flush())
-                {
+                let written = match (piece, harmony.as_mut()) {
+                    (Some(p), Some(h)) => super::repl::show_parts(&mut out, &mut std::io::stderr(), tty, h.push(&p)),
+                    (Some(p), None) => out.write_all(p.as_bytes()).and_then(|_| out.flush()),
+                    (None, _) => Ok(()),
+                };
+                if let Err(e) = written {
                     write_err = Some(e);
                     return false;
                 }
@@ -153,8 +162,16 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
         return Err(e).context("writing to stdout");
     }
     if stream {
-        if let Some(p) = dec.as_mut().and_then(|d| d.flush().ok().flatten()) {
-            let _ = out.write_all(p.as_bytes());
+        let tail = dec.as_mut().and_then(|d| d.flush().ok().flatten()).unwrap_or_default();
+        match harmony.as_mut() {
+            Some(h) => {
+                let mut parts = h.push(&tail);
+                parts.extend(h.finish());
+                let _ = super::repl::show_parts(&mut out, &mut std::io::stderr(), tty, parts);
+            }
+            None => {
+                let _ = out.write_all(tail.as_bytes());
+            }
         }
         let _ = writeln!(out);
     }

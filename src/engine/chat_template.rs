@@ -78,6 +78,7 @@ pub struct ChatTemplate {
     /// are a string (gpt-oss's): OpenAI's JSON-text arguments are given to it parsed, as
     /// transformers' callers pass them (llama.cpp does the same for such templates).
     object_arguments: bool,
+    harmony: bool,
 }
 
 impl ChatTemplate {
@@ -109,7 +110,13 @@ impl ChatTemplate {
         env.add_template_owned("chat", source.to_string()).map_err(|e| format!("chat template: {e}"))?;
         let reads_effort = source.contains("reasoning_effort");
         let object_arguments = source.contains("arguments|tojson") && !source.contains("arguments is string");
-        Ok(ChatTemplate { env, bos_token, eos_token, now, reads_effort, object_arguments })
+        let harmony = source.contains("<|channel|>");
+        Ok(ChatTemplate { env, bos_token, eos_token, now, reads_effort, object_arguments, harmony })
+    }
+
+    /// A harmony template (gpt-oss): the model answers in channels (`engine::harmony`).
+    pub fn harmony(&self) -> bool {
+        self.harmony
     }
 
     /// Pin the clock `strftime_now` reads to `secs` since the epoch (None: the system's).

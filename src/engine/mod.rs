@@ -4,6 +4,7 @@
 
 pub mod chat_template;
 mod counters;
+pub mod harmony;
 mod memory;
 pub mod outcome;
 pub mod sampler;

@@ -27,8 +27,10 @@ pub enum TurnEvent<'a> {
 #[derive(Debug, Clone)]
 pub struct Turn {
     pub stats: GenStats,
-    /// The reply's text, end-of-sequence ids left out.
+    /// The reply's text, end-of-sequence ids left out (of a harmony reply: its content).
     pub reply: String,
+    /// A harmony reply's reasoning (its `analysis` channel).
+    pub reasoning: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -133,7 +135,9 @@ fn generate(
 ) -> Result<Turn, EngineError> {
     on_event(TurnEvent::Prompt { tokens: ids.len(), cached: engine.cached_prefix_len(ids) });
     let eos = engine.eos_ids().to_vec();
-    let mut dec = StreamDecoder::new(tok, true);
+    // a harmony reply's markup is special tokens, and the splitting needs it
+    let harmony = engine.harmony();
+    let mut dec = StreamDecoder::new(tok, !harmony);
     let stats = engine.generate(ids, sampler, req, obs, &mut |id, _logits| {
         let piece = if eos.contains(&id) { None } else { dec.push(id).ok().flatten() };
         on_event(TurnEvent::Token { id, piece: piece.as_deref() });
@@ -144,8 +148,17 @@ fn generate(
     }
     let stats = stats?;
     let reply_ids: Vec<u32> = stats.generated.iter().copied().filter(|i| !eos.contains(i)).collect();
-    let reply = tok.decode(&reply_ids, true).map_err(EngineError::Tokenizer)?;
-    Ok(Turn { stats, reply })
+    let text = tok.decode(&reply_ids, !harmony).map_err(EngineError::Tokenizer)?;
+    if !harmony {
+        return Ok(Turn { stats, reply: text, reasoning: None });
+    }
+    // the history keeps the answer (the template drops earlier turns' reasoning, and refuses
+    // channel markup in a message's content)
+    let (reasoning, mut reply, calls) = super::harmony::split(&text);
+    for (name, args) in calls {
+        reply.push_str(&format!("\n[call {name} {args}]"));
+    }
+    Ok(Turn { stats, reply, reasoning })
 }
 
 fn no_tokenizer() -> EngineError {

@@ -85,6 +85,12 @@ impl Engine {
         self.template.as_ref()
     }
 
+    /// Its replies are in gpt-oss's harmony format (its template says so): decoded with the
+    /// special tokens kept, and split by `harmony.rs`.
+    pub fn harmony(&self) -> bool {
+        self.template.as_ref().is_some_and(|t| t.harmony())
+    }
+
     /// Run without a tokenizer (ids in, ids out) or with another one.
     pub fn set_tokenizer(&mut self, tok: Option<Arc<Tok>>) {
         self.tok = tok;

@@ -168,6 +168,7 @@ async fn generate(s: &Arc<Server>, body: Result<Bytes, BytesRejection>, kind: Ki
         model: m.id.clone(),
         tools,
         think: req.reasoning,
+        harmony: m.template.as_ref().is_some_and(|t| t.harmony()),
         include_usage: req.include_usage,
         prefill,
     };

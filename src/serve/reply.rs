@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use super::think::{Part, ThinkSplitter, split_reasoning};
 use super::tools::{Piece, ToolCall, ToolSplitter, split_reply};
 use super::worker::{Event, Finish, TokenLogprob, Usage};
+use crate::engine::harmony::{self, HarmonySplitter};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -26,6 +27,10 @@ pub struct Shape {
     pub tools: bool,
     /// Send a leading `<think>` block as `reasoning_content` (chat only).
     pub think: bool,
+    /// The model answers in gpt-oss's harmony channels: with `think`, `analysis` is
+    /// `reasoning_content`, `final` the content and calls `tool_calls` (engine/harmony.rs),
+    /// instead of the `<think>` and `<tool_call>` splitters.
+    pub harmony: bool,
     pub include_usage: bool,
     /// A trailing assistant message the reply continues: tool calls in it count, its text is
     /// not sent again.
@@ -40,15 +45,18 @@ pub struct Chunks {
     shape: Shape,
     think: Option<ThinkSplitter>,
     split: Option<ToolSplitter>,
+    harmony: Option<HarmonySplitter>,
     calls: usize,
     ended: bool,
 }
 
 impl Chunks {
     pub fn new(shape: Shape) -> Chunks {
-        let split = shape.tools.then(ToolSplitter::default);
-        let think = (shape.think && shape.kind == Kind::Chat).then(ThinkSplitter::default);
-        Chunks { shape, think, split, calls: 0, ended: false }
+        let chat_think = shape.think && shape.kind == Kind::Chat;
+        let harmony = (chat_think && shape.harmony).then(HarmonySplitter::default);
+        let split = (shape.tools && harmony.is_none()).then(ToolSplitter::default);
+        let think = (chat_think && harmony.is_none()).then(ThinkSplitter::default);
+        Chunks { shape, think, split, harmony, calls: 0, ended: false }
     }
 
     /// True once `[DONE]` has been given.
@@ -112,6 +120,13 @@ impl Chunks {
 
     /// Text through the reasoning and tool splitters (`end`: flush what they hold).
     fn split_text(&mut self, text: &str, end: bool) -> Vec<Piece> {
+        if let Some(h) = self.harmony.as_mut() {
+            let mut parts = h.push(text);
+            if end {
+                parts.extend(h.finish());
+            }
+            return parts.into_iter().map(harmony_piece).collect();
+        }
         let parts = match self.think.as_mut() {
             Some(t) => {
                 let mut p = t.push(text);
@@ -181,6 +196,14 @@ impl Chunks {
         c["choices"] =
             json!([{"index": 0, "text": text, "logprobs": lp.map(|l| legacy_logprobs(l, 0)), "finish_reason": finish}]);
         c.to_string()
+    }
+}
+
+fn harmony_piece(p: harmony::Part) -> Piece {
+    match p {
+        harmony::Part::Reasoning(r) => Piece::Reasoning(r),
+        harmony::Part::Content(c) => Piece::Text(c),
+        harmony::Part::Call { name, arguments } => Piece::Call(ToolCall { name, arguments }),
     }
 }
 
@@ -304,6 +327,30 @@ impl Whole {
 
     /// The reply's reasoning, content and tool calls.
     fn chat_content(&self, shape: &Shape) -> (Option<String>, Option<String>, Vec<ToolCall>) {
+        if shape.think && shape.harmony {
+            // the prefill is the client's: only the calls in it count
+            let mut h = HarmonySplitter::default();
+            let mut calls: Vec<ToolCall> = h
+                .push(shape.prefill.as_deref().unwrap_or(""))
+                .into_iter()
+                .filter_map(|p| match harmony_piece(p) {
+                    Piece::Call(c) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            let (mut reasoning, mut content) = (String::new(), String::new());
+            let mut parts = h.push(&self.text);
+            parts.extend(h.finish());
+            for p in parts.into_iter().map(harmony_piece) {
+                match p {
+                    Piece::Reasoning(r) => reasoning.push_str(&r),
+                    Piece::Text(t) => content.push_str(&t),
+                    Piece::Call(c) => calls.push(c),
+                }
+            }
+            let content = (!content.is_empty() || calls.is_empty()).then_some(content);
+            return ((!reasoning.is_empty()).then_some(reasoning), content, calls);
+        }
         let (reasoning, prefill, text) = match shape.think {
             true => {
                 let s = split_reasoning(shape.prefill.as_deref(), &self.text);

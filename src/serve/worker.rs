@@ -133,7 +133,7 @@ fn run(
         return ("cancelled".into(), None);
     }
     let mut sampler = Sampler::new(job.params.sampler).with_adjustments(job.params.adjust.clone());
-    let mut reply = Reply::new(&tok, job, engine.eos_ids().to_vec());
+    let mut reply = Reply::new(&tok, job, engine.eos_ids().to_vec(), engine.harmony());
     let left = engine.ctx_size().saturating_sub(job.prompt.len());
     let progress = |n: usize| {
         Metrics::add(&metrics.prompt_tokens, n as u64);
@@ -207,10 +207,12 @@ struct Reply<'a> {
 }
 
 impl<'a> Reply<'a> {
-    fn new(tok: &'a Tok, job: &'a Job, eos: Vec<u32>) -> Reply<'a> {
+    /// `harmony`: the model answers in gpt-oss's channels, whose markup is special tokens the
+    /// text keeps (reply.rs splits it).
+    fn new(tok: &'a Tok, job: &'a Job, eos: Vec<u32>, harmony: bool) -> Reply<'a> {
         Reply {
             tok,
-            dec: StreamDecoder::new(tok, true),
+            dec: StreamDecoder::new(tok, !harmony),
             stops: StopText::new(job.params.stop.clone()),
             eos,
             stop_at_eos: !job.params.ignore_eos,

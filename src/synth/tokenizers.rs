@@ -53,6 +53,19 @@ fn packed_file(f: TokFamily) -> &'static str {
     }
 }
 
+/// o200k_base's ranks (`ranks.bin`, unpacked), for [`crate::convert::tiktoken`].
+pub fn harmony_ranks() -> Result<Vec<u8>, String> {
+    let xz: Vec<u8> = match embedded(TokFamily::Harmony) {
+        Some((xz, _)) => xz.to_vec(),
+        None => {
+            let root = std::env::var_os("MOESCOPE_ASSETS").map_or_else(|| PathBuf::from("assets"), PathBuf::from);
+            let p = root.join("tokenizers/o200k_harmony/ranks.bin.xz");
+            std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?
+        }
+    };
+    crate::packed::unpack("ranks.bin", &xz)
+}
+
 /// The family's tokenizer as a package embeds it.
 pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
     let (xz, tmpl): (Vec<u8>, String) = match embedded(f) {

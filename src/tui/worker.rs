@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::event::{Cmd, DoneInfo, EngineEvent, Event, Knobs, ModelInfo, PANE_PERIOD, PoolView, Step};
+use crate::engine::harmony::ThinkTags;
 use crate::engine::sampler::{Sampler, SamplerParams};
 use crate::engine::session::{ChatSession, TurnEvent};
 use crate::engine::{Engine, GenRequest};
@@ -319,6 +320,8 @@ impl Reply<'_> {
         let mut last = Instant::now();
         let mut last_full: Option<Instant> = None;
         let (mut started, mut tail) = (false, None);
+        // gpt-oss: the channels shown the way the chat pane shows Qwen's thinking
+        let mut harmony = self.engine.harmony().then(ThinkTags::default);
         let req =
             GenRequest { max_tokens: settings.max_tokens, stop_at_eos: !settings.ignore_eos, cancel, progress: None };
         let res = self.session.turn(self.engine, self.sampler, req, text, obs, &mut |ev| match ev {
@@ -339,7 +342,11 @@ impl Reply<'_> {
                     data.borrow_mut().prefill_total = 0;
                 }
                 generated += 1;
-                send(EngineEvent::Token { id, piece: piece.map(str::to_string) });
+                let piece = match (harmony.as_mut(), piece) {
+                    (Some(h), Some(p)) => Some(h.push(p)),
+                    (_, p) => p.map(str::to_string),
+                };
+                send(EngineEvent::Token { id, piece });
                 let step_ms = if first { 0.0 } else { last.elapsed().as_secs_f64() * 1000.0 };
                 last = Instant::now();
                 // the pool's full picture (grid, per-layer counters, latency percentiles) only as
@@ -353,6 +360,10 @@ impl Reply<'_> {
             }
             TurnEvent::Tail(p) => tail = Some(p.to_string()),
         });
+        if let Some(mut h) = harmony {
+            let rest = h.push(tail.as_deref().unwrap_or("")) + &h.finish();
+            tail = (!rest.is_empty()).then_some(rest);
+        }
         // the pool as the reply left it, then the text the decoder held back
         if started {
             send(EngineEvent::Step(Box::new(step(data, experts.as_deref(), generated, 0.0, true))));
