@@ -176,7 +176,10 @@ pub const COMMANDS: &[(&str, &str)] = &[
     ("/reset", "forget the conversation"),
     ("/regen", "generate the last reply again"),
     ("/save FILE", "write the conversation as Markdown"),
-    ("/set NAME VALUE", "temperature, top_p, top_k, min_p, repeat_penalty, seed, max_tokens, think on|off, effort low|medium|high"),
+    (
+        "/set NAME VALUE",
+        "temperature, top_p, top_k, min_p, repeat_penalty, seed, max_tokens, think on|off, effort low|medium|high",
+    ),
     ("/quit", "quit"),
 ];
 

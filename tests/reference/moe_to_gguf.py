@@ -3,6 +3,12 @@
 
 usage: moe_to_gguf.py PACKAGE.moe OUT.gguf
 
+gpt-oss packages (`moescope synth --shape gpt-oss-20b|gpt-oss-120b`, MXFP4 experts): the experts
+are ggml's MXFP4 blocks as they are (moescope keeps that layout), every q8 matrix (attention,
+embeddings, output; synth draws f16-exact scales) becomes Q8_0 blocks with its scales
+repeated, norms, biases, sinks and routers stay F32, and the tokenizer goes with llama.cpp's
+`gpt-4o` pre-tokenizer: both engines hold the same weights, so the logits agree too.
+
 For packages `moescope synth --quant q4g32` writes (qwen3_moe architecture). Its int4 matrices
 are llama.cpp's Q4_0 values exactly: codes in [-8, 7] biased by 8, value j of a group of 32 in the
 low nibble of byte j and value j + 16 in the high one, one scale per 32 values, and synth draws
@@ -103,12 +109,157 @@ def random_q6_k(rows, cols, std, seed):
     return out.reshape(rows, nb * 210)
 
 
+def add_tokenizer(w, meta, n, pre, eos_default):
+    tok = meta["tokenizer"]
+    if not tok.get("tokenizer_json"):
+        return
+    tj = json.loads(tok["tokenizer_json"])
+    vocab = dict(tj["model"]["vocab"])
+    special = {}
+    for a in tj.get("added_tokens", []):
+        vocab[a["content"]] = a["id"]
+        special[a["id"]] = a.get("special", False)
+    tokens, types = [f"[PAD{i}]" for i in range(n)], [gguf.TokenType.UNUSED] * n
+    for s, i in vocab.items():
+        if i < n:
+            tokens[i] = s
+            types[i] = gguf.TokenType.NORMAL
+    for i, sp in special.items():
+        if i < n:
+            types[i] = gguf.TokenType.CONTROL if sp else gguf.TokenType.USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    eos = vocab.get(tok.get("eos_token") or eos_default)
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    pad = vocab.get(tok.get("pad_token") or "<|endoftext|>")
+    if pad is not None:
+        w.add_pad_token_id(pad)
+        w.add_bos_token_id(pad)
+    w.add_add_bos_token(False)
+    if tok.get("chat_template"):
+        w.add_chat_template(tok["chat_template"])
+
+
+def write_plan(w, dst, plan):
+    for name, qt, bs, _ in plan:
+        f = qt == T.F32
+        w.add_tensor_info(name, bs, np.dtype(np.float32 if f else np.uint8), int(np.prod(bs)) * (4 if f else 1),
+                          raw_dtype=None if f else qt)
+    w.write_header_to_file(dst)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, qt, bs, make in plan:
+        arr = make()
+        assert arr.shape == tuple(bs), (name, arr.shape, bs)
+        w.write_tensor_data(np.ascontiguousarray(arr))
+        if name.endswith("ffn_down_exps.weight"):
+            print(f"\r{name}", end="", file=sys.stderr, flush=True)
+    w.close()
+    print(f"\nwrote {dst}", file=sys.stderr)
+
+
+def gpt_oss(src, dst, meta, mm):
+    c = meta["model"]
+    tensors = {t["name"]: t for t in meta["tensors"]}
+    L, H, E, V = c["num_hidden_layers"], c["hidden_size"], c["num_experts"], c["vocab_size"]
+    sliding = set(c["sliding"]["layers"])
+    y = c["rope_yarn"]
+    w = gguf.GGUFWriter(dst, "gpt-oss")
+    w.add_name(meta["name"] + " (synthetic)" if meta.get("synthetic") else meta["name"])
+    w.add_block_count(L)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(c["moe_intermediate_size"])
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_rope_freq_base(c["rope_theta"])
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(y["factor"])
+    w.add_rope_scaling_orig_ctx_len(y["original_max_position_embeddings"])
+    w.add_float32("gpt-oss.rope.scaling.yarn_beta_fast", y["beta_fast"])
+    w.add_float32("gpt-oss.rope.scaling.yarn_beta_slow", y["beta_slow"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_sliding_window(c["sliding"]["window"])
+    w.add_array("gpt-oss.attention.sliding_window_pattern", [l in sliding for l in range(L)])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
+    add_tokenizer(w, meta, V, "gpt-4o", "<|return|>")
+
+    def q8(name):
+        t = tensors[name]
+        r, cc = t["shape"]
+        if t["dtype"] != "q8" or t["layout"] != "row_major":
+            sys.exit(f"{name}: {t['dtype']} {t['layout']}; expected row-major q8")
+        return T.Q8_0, (r, cc // 32 * 34), lambda: q8_0_blocks(mm, t)
+
+    def f32_of(name):
+        return T.F32, tuple(tensors[name]["shape"]), lambda: f32(mm, tensors[name])
+
+    ex = meta["experts"]
+    parts = {p["name"]: p for p in ex["parts"]}
+
+    def experts(l, part):
+        p = parts[part]
+        if p["layout"] != "mxfp4_ggml":
+            sys.exit(f"{part}: layout {p['layout']}; expected MXFP4 experts (synth's default for gpt-oss)")
+        li = ex["layers"].index(l)
+        r, cc = p["shape"]
+
+        def make():
+            out = []
+            for e in range(E):
+                off = ex["table"][li * E + e][0] + p["offset"]
+                out.append(np.asarray(mm[off:off + p["length"]]).reshape(r, cc // 32 * 17))
+            return np.stack(out)
+        return T.MXFP4, (E, r, cc // 32 * 17), make
+
+    plan = [("token_embd.weight", *q8("model.embed_tokens.weight"))]
+    for l in range(L):
+        P = f"model.layers.{l}."
+        for name, made in [
+            ("attn_norm.weight", f32_of(P + "input_layernorm.weight")),
+            ("attn_q.weight", q8(P + "self_attn.q_proj.weight")),
+            ("attn_q.bias", f32_of(P + "self_attn.q_proj.bias")),
+            ("attn_k.weight", q8(P + "self_attn.k_proj.weight")),
+            ("attn_k.bias", f32_of(P + "self_attn.k_proj.bias")),
+            ("attn_v.weight", q8(P + "self_attn.v_proj.weight")),
+            ("attn_v.bias", f32_of(P + "self_attn.v_proj.bias")),
+            ("attn_output.weight", q8(P + "self_attn.o_proj.weight")),
+            ("attn_output.bias", f32_of(P + "self_attn.o_proj.bias")),
+            ("attn_sinks.weight", f32_of(P + "self_attn.sinks")),
+            ("post_attention_norm.weight", f32_of(P + "post_attention_layernorm.weight")),
+            ("ffn_gate_inp.weight", f32_of(P + "mlp.gate.weight")),
+            ("ffn_gate_inp.bias", f32_of(P + "mlp.gate.bias")),
+            ("ffn_gate_exps.weight", experts(l, "gate_proj")),
+            ("ffn_gate_exps.bias", f32_of(P + "mlp.experts.gate_proj.bias")),
+            ("ffn_up_exps.weight", experts(l, "up_proj")),
+            ("ffn_up_exps.bias", f32_of(P + "mlp.experts.up_proj.bias")),
+            ("ffn_down_exps.weight", experts(l, "down_proj")),
+            ("ffn_down_exps.bias", f32_of(P + "mlp.experts.down_proj.bias")),
+        ]:
+            plan.append((f"blk.{l}.{name}", *made))
+    plan.append(("output_norm.weight", *f32_of("model.norm.weight")))
+    plan.append(("output.weight", *q8("lm_head.weight")))
+    write_plan(w, dst, plan)
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     src, dst = sys.argv[1], sys.argv[2]
     meta, mm = read_package(src)
     c = meta["model"]
+    if c["arch"] == "gpt_oss":
+        return gpt_oss(src, dst, meta, mm)
     if c["arch"] != "qwen3_moe":
         sys.exit(f"{src}: architecture {c['arch']}; this script writes qwen3moe GGUFs only")
     if c["tie_word_embeddings"]:
@@ -133,39 +284,7 @@ def main():
     w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
 
-    tok = meta["tokenizer"]
-    if tok.get("tokenizer_json"):
-        tj = json.loads(tok["tokenizer_json"])
-        vocab = dict(tj["model"]["vocab"])
-        special = {}
-        for a in tj.get("added_tokens", []):
-            vocab[a["content"]] = a["id"]
-            special[a["id"]] = a.get("special", False)
-        n = c["vocab_size"]
-        tokens, types = [f"[PAD{i}]" for i in range(n)], [gguf.TokenType.UNUSED] * n
-        for s, i in vocab.items():
-            if i < n:
-                tokens[i] = s
-                types[i] = gguf.TokenType.NORMAL
-        for i, sp in special.items():
-            if i < n:
-                types[i] = gguf.TokenType.CONTROL if sp else gguf.TokenType.USER_DEFINED
-        merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
-        w.add_token_list(tokens)
-        w.add_token_types(types)
-        w.add_token_merges(merges)
-        eos = vocab.get(tok.get("eos_token") or "<|im_end|>")
-        if eos is not None:
-            w.add_eos_token_id(eos)
-        pad = vocab.get(tok.get("pad_token") or "<|endoftext|>")
-        if pad is not None:
-            w.add_pad_token_id(pad)
-            w.add_bos_token_id(pad)
-        w.add_add_bos_token(False)
-        if tok.get("chat_template"):
-            w.add_chat_template(tok["chat_template"])
+    add_tokenizer(w, meta, c["vocab_size"], "qwen2", "<|im_end|>")
 
     # (gguf name, type, byte shape, how to make it), in data-section order
     plan = []
@@ -219,21 +338,7 @@ def main():
     plan.append(("output_norm.weight", *dense_f32("model.norm.weight")))
     plan.append(("output.weight", T.Q6_K, (V, H // 256 * 210), lambda: random_q6_k(V, H, 0.02, 0)))
 
-    for name, qt, bs, _ in plan:
-        f = qt == T.F32
-        w.add_tensor_info(name, bs, np.dtype(np.float32 if f else np.uint8), int(np.prod(bs)) * (4 if f else 1),
-                          raw_dtype=None if f else qt)
-    w.write_header_to_file(dst)
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    for name, qt, bs, make in plan:
-        arr = make()
-        assert arr.shape == tuple(bs), (name, arr.shape, bs)
-        w.write_tensor_data(np.ascontiguousarray(arr))
-        if name.endswith("ffn_down_exps.weight"):
-            print(f"\r{name}", end="", file=sys.stderr, flush=True)
-    w.close()
-    print(f"\nwrote {dst}", file=sys.stderr)
+    write_plan(w, dst, plan)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ mod avx512_bf16;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod avx512_model;
 #[cfg(target_arch = "x86_64")]
+mod avx512_mxfp4;
+#[cfg(target_arch = "x86_64")]
 mod avx512_q8;
 mod mins;
 
@@ -360,6 +362,14 @@ impl Mat<'_> {
                     }
                 }
                 Some(avx512_q8::with_mins(group))
+            }
+            // several tokens (prefill); one token goes row by row through the AVX2 kernel, which
+            // is faster there (same bits: measured 14.9 vs 13.1 t/s decoding gpt-oss-20b's shape)
+            (MatData::Mxfp4 { q }, Input::Quant(a)) if n > 1 => {
+                // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; `q` is the
+                // matrix's blocks, `a` its `n` activation rows in groups of 32
+                unsafe { avx512_mxfp4::mxfp4_matmul(q, c, a, n, rows, out) };
+                Some(true)
             }
             // bf16 weights over several tokens (prefill): vdpbf16ps where the CPU has it
             (MatData::Bf16(w), Input::F32(x)) if n > 1 && Isa::Avx512.bf16_dot() => {

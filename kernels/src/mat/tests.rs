@@ -283,3 +283,46 @@ fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn mxfp4_products_are_the_scalar_bits_at_every_tier_and_batch() {
+    // one block, an odd count (a lone last block), gpt-oss's 2880 (90 blocks), tiles of 4
+    // tokens and their remainders
+    let mut r = uniform(29);
+    for cols in [32, 96, 224, 2880] {
+        for (rows, n) in [(1, 1), (3, 5), (2, 4), (5, 9), (4, 1)] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+            let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
+            let rb = cols / 32 * crate::mxfp4::BLOCK_BYTES;
+            let mut q = vec![0u8; rows * rb];
+            for i in 0..rows {
+                crate::mxfp4::quantize_row(&w[i * cols..(i + 1) * cols], &mut q[i * rb..(i + 1) * rb]);
+            }
+            let m = Mat { rows, cols, data: MatData::Mxfp4 { q: &q } };
+            let mut qa = QuantAct::default();
+            qa.quantize(&x, cols, 32, Isa::detect());
+            let mut want = vec![0f32; rows * n];
+            m.matmul_rows(Isa::Scalar, Input::Quant(&qa), n, 0..rows, &mut want);
+            for isa in Isa::available() {
+                for range in [0..rows, (rows / 2)..rows] {
+                    let mut got = vec![0f32; range.len() * n];
+                    m.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want[range.start * n..range.end * n]),
+                        "{isa} rows={rows} cols={cols} n={n}"
+                    );
+                    for t in 0..n {
+                        let mut one = QuantAct::default();
+                        one.quantize(&x[t * cols..(t + 1) * cols], cols, 32, Isa::detect());
+                        let mut single = vec![0f32; range.len()];
+                        m.matmul_rows(isa, Input::Quant(&one), 1, range.clone(), &mut single);
+                        let col: Vec<f32> = (0..range.len()).map(|i| got[i * n + t]).collect();
+                        assert_eq!(bits(&single), bits(&col), "{isa} cols={cols} n={n}: token {t} alone");
+                    }
+                }
+            }
+        }
+    }
+}
