@@ -81,3 +81,20 @@ fn qwen3_vocabulary_tokenizes_as_its_tokenizer_json() {
 fn qwen35_vocabulary_tokenizes_as_its_tokenizer_json() {
     same_as_tokenizer_json("qwen3.5");
 }
+
+/// gpt-oss's vocabulary (o200k_harmony cut to 1,024 ids) with llama.cpp's `gpt-4o`
+/// pre-tokenizer, against tiktoken on the same ranks (tests/reference/make_harmony_vocab_gguf.py).
+#[test]
+fn gpt_4o_vocabulary_tokenizes_as_tiktoken() {
+    let (tok, info) = from_gguf("harmony-vocab");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(fixture("gguf/harmony-vocab.json")).expect("fixture"))
+        .expect("json");
+    for row in r["rows"].as_array().expect("rows") {
+        let text = row["text"].as_str().unwrap();
+        let want: Vec<u32> = row["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(tok.encode(text).unwrap(), want, "ids of {text:?}");
+        assert_eq!(tok.decode(&want, false).unwrap(), text, "decode of {text:?}");
+    }
+    assert_eq!(tok.token_id("<|channel|>"), Some(1019));
+    assert_eq!(info.eos_token.as_deref(), Some("<|return|>"));
+}

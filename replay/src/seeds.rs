@@ -260,6 +260,7 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
                 "gguf/qwen35/qwen35-q8_0.gguf",
                 "gguf/tiny/tiny-q4_k_m.gguf",
                 "gguf/gpt-oss/gpt-oss-mxfp4.gguf",
+                "gguf/harmony-vocab.gguf",
             ] {
                 out.extend(std::fs::read(fixtures(root).join(p)).ok().map(|b| (format!("tests/fixtures/{p}"), b)));
             }
