@@ -157,7 +157,8 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         println!("  per expert  {} bytes (one read), 4096-aligned", blob);
         for (i, p) in e.parts.iter().enumerate() {
             let at = if e.per_layer() { format!("layer {:<3} ", e.layers[i / 3]) } else { String::new() };
-            println!("  {at}{:<10} {:?} {:?} group {:?}: {} bytes", p.name, p.dtype, p.shape, p.group, p.length);
+            let group = p.group.map_or(String::new(), |g| format!(" group {g}"));
+            println!("  {at}{:<10} {:?} {:?}{group}: {} bytes", p.name, p.dtype, p.shape, p.length);
         }
     }
     Ok(())
