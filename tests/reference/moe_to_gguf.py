@@ -163,6 +163,21 @@ def write_plan(w, dst, plan):
     print(f"\nwrote {dst}", file=sys.stderr)
 
 
+def common_keys(w, meta, c, ffn):
+    """The keys both architectures write the same way (`ffn`: feed_forward_length)."""
+    w.add_name(meta["name"] + " (synthetic)" if meta.get("synthetic") else meta["name"])
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_feed_forward_length(ffn)
+    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_head_count_kv(c["num_key_value_heads"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    w.add_rope_freq_base(c["rope_theta"])
+
+
 def gpt_oss(src, dst, meta, mm):
     c = meta["model"]
     tensors = {t["name"]: t for t in meta["tensors"]}
@@ -170,17 +185,7 @@ def gpt_oss(src, dst, meta, mm):
     sliding = set(c["sliding"]["layers"])
     y = c["rope_yarn"]
     w = gguf.GGUFWriter(dst, "gpt-oss")
-    w.add_name(meta["name"] + " (synthetic)" if meta.get("synthetic") else meta["name"])
-    w.add_block_count(L)
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(H)
-    w.add_feed_forward_length(c["moe_intermediate_size"])
-    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c["num_key_value_heads"])
-    w.add_key_length(c["head_dim"])
-    w.add_value_length(c["head_dim"])
-    w.add_rope_freq_base(c["rope_theta"])
+    common_keys(w, meta, c, c["moe_intermediate_size"])
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(y["factor"])
     w.add_rope_scaling_orig_ctx_len(y["original_max_position_embeddings"])
@@ -268,17 +273,7 @@ def main():
     L, H, E = c["num_hidden_layers"], c["hidden_size"], c["num_experts"]
 
     w = gguf.GGUFWriter(dst, "qwen3moe")
-    w.add_name(meta["name"] + " (synthetic)" if meta.get("synthetic") else meta["name"])
-    w.add_block_count(L)
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(H)
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_expert_feed_forward_length(c["moe_intermediate_size"])
-    w.add_head_count(c["num_attention_heads"])
-    w.add_head_count_kv(c["num_key_value_heads"])
-    w.add_key_length(c["head_dim"])
-    w.add_value_length(c["head_dim"])
-    w.add_rope_freq_base(c["rope_theta"])
+    common_keys(w, meta, c, c["intermediate_size"])
     w.add_layer_norm_rms_eps(c["rms_norm_eps"])
     w.add_expert_count(E)
     w.add_expert_used_count(c["num_experts_per_tok"])
