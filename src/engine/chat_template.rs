@@ -225,11 +225,12 @@ fn strftime(secs: i64, fmt: &str) -> String {
         "December",
     ];
     const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
-    let days = secs.div_euclid(86_400);
-    let tod = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    let yday = days - days_from_civil(y, 1, 1) + 1;
-    let weekday = days.rem_euclid(7) as usize; // 1970-01-01 was a Thursday
+    let t = crate::sysinfo::UtcTime::from_unix(secs.max(0) as u64);
+    let (y, m, d) = (t.year, t.month, t.day);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    const BEFORE: [u32; 12] = [0, 31, 59, 90, 120, 151, 181, 212, 243, 273, 304, 334];
+    let yday = BEFORE[m as usize - 1] + d + u32::from(leap && m > 2);
+    let weekday = (secs.max(0) / 86_400 % 7) as usize; // 1970-01-01 was a Thursday
     let mut out = String::new();
     let mut it = fmt.chars();
     while let Some(c) = it.next() {
@@ -244,9 +245,9 @@ fn strftime(secs: i64, fmt: &str) -> String {
             Some('d') => out += &format!("{d:02}"),
             Some('e') => out += &format!("{d:2}"),
             Some('j') => out += &format!("{yday:03}"),
-            Some('H') => out += &format!("{:02}", tod / 3600),
-            Some('M') => out += &format!("{:02}", tod / 60 % 60),
-            Some('S') => out += &format!("{:02}", tod % 60),
+            Some('H') => out += &format!("{:02}", t.hour),
+            Some('M') => out += &format!("{:02}", t.minute),
+            Some('S') => out += &format!("{:02}", t.second),
             Some('B') => out += MONTHS[m as usize - 1],
             Some('b') => out += &MONTHS[m as usize - 1][..3],
             Some('A') => out += DAYS[weekday],
@@ -260,29 +261,6 @@ fn strftime(secs: i64, fmt: &str) -> String {
         }
     }
     out
-}
-
-/// Howard Hinnant's civil calendar: days since 1970-01-01 to (year, month, day).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
-}
-
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y.rem_euclid(400);
-    let mp = (m as i64 + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d as i64 - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
 }
 
 /// `x | tojson` / `x | tojson(indent=2)`, printed as Python's `json.dumps(x, ensure_ascii=False)`
