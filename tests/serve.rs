@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Duration;
@@ -235,7 +236,7 @@ fn a_full_queue_answers_503() {
 fn hanging_up_stops_the_engine_mid_prefill_and_mid_decode() {
     let d = tempfile::tempdir().unwrap();
     let s = Server::start(&["-t", "1", "--metrics", "--cache-mb", "1"], d.path());
-    let key = |m: &std::collections::HashMap<String, f64>, k: &str| m[&format!("llamacpp:{k}")];
+    let key = |m: &HashMap<String, f64>, k: &str| m[&format!("llamacpp:{k}")];
     let idle = |s: &Server| s.wait_metrics(30, "the engine idle", |m| key(m, "requests_processing") == 0.0);
     // a prompt of 16 chunks: hang up once the first chunk is in
     let ids: Vec<u32> = (0..4000u32).map(|i| (i * 7919) % 4000 + 50).collect();
@@ -251,24 +252,32 @@ fn hanging_up_stops_the_engine_mid_prefill_and_mid_decode() {
     assert!(grew <= 256.0, "the prompt went on for {grew} tokens after the hang-up");
     assert!(key(&end, "prompt_tokens_total") < key(&m0, "prompt_tokens_total") + 4000.0 - 256.0);
     assert_eq!(key(&end, "tokens_predicted_total"), key(&m0, "tokens_predicted_total"));
-    // a long reply: hang up after a few tokens
-    let mut sse = s.stream(
-        "/v1/completions",
-        &json!({"prompt": "fn main", "max_tokens": 3000, "ignore_eos": true, "stream": true}),
-    );
-    for _ in 0..5 {
-        sse.next_data().expect("a chunk");
+    // a long reply: hang up after a few tokens. The engine runs ahead of this reader, so a
+    // descheduled test thread between the metrics read and the hang-up lets it make more tokens
+    // before the hang-up than the bound allows: the smallest of three tries is the measure (a
+    // server that does not stop fails all three by thousands of tokens).
+    let mut tries = Vec::new();
+    let mut end = HashMap::new();
+    while tries.len() < 3 && tries.iter().all(|&g| g > 2.0) {
+        let mut sse = s.stream(
+            "/v1/completions",
+            &json!({"prompt": "fn main", "max_tokens": 3000, "ignore_eos": true, "stream": true}),
+        );
+        for _ in 0..5 {
+            sse.next_data().expect("a chunk");
+        }
+        let at = s.metrics();
+        sse.hang_up();
+        end = idle(&s);
+        tries.push(key(&end, "tokens_predicted_total") - key(&at, "tokens_predicted_total"));
     }
-    let at = s.metrics();
-    sse.hang_up();
-    let end = idle(&s);
-    let grew = key(&end, "tokens_predicted_total") - key(&at, "tokens_predicted_total");
-    eprintln!("tokens after the hang-up: {grew}");
-    // the tokens made before the server saw the hang-up (it learns at its next write), and one
-    assert!(grew <= 3.0, "{grew} tokens after the hang-up");
+    eprintln!("tokens after the hang-up, by try: {tries:?}");
+    // the token being made when the reset arrives, and the one whose write fails
+    let grew = tries.iter().copied().fold(f64::INFINITY, f64::min);
+    assert!(grew <= 2.0, "{grew} tokens after the hang-up");
     thread::sleep(Duration::from_millis(300));
     assert_eq!(s.metrics()["llamacpp:tokens_predicted_total"], key(&end, "tokens_predicted_total"));
-    assert_eq!(end["moescope_requests_cancelled_total"], 2.0);
+    assert_eq!(end["moescope_requests_cancelled_total"], 1.0 + tries.len() as f64);
 }
 
 #[test]

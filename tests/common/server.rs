@@ -318,9 +318,22 @@ impl Sse {
         }
     }
 
-    /// Hang up without reading further (the socket closes).
+    /// Hang up without reading further: the socket closes with a reset (linger 0), so the
+    /// server's next write fails instead of the one after.
     pub fn hang_up(self) {
+        use std::os::fd::AsRawFd;
         let s = self.body.r.into_inner();
-        let _ = s.shutdown(std::net::Shutdown::Both);
+        let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+        // SAFETY: a valid socket and a linger struct of the size passed
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&linger as *const libc::linger).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            );
+        }
+        drop(s);
     }
 }
