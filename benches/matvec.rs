@@ -114,10 +114,12 @@ fn main() {
     // numbers are memory-bound like decode; "hot": one copy over and over (in L2 or L3), so
     // the number is the kernel's own speed, the ceiling it would reach with infinite bandwidth
     // the output layer [151936, 2048] only in the formats packages give it
-    let shapes: [(usize, usize, &[&str]); 4] = [
+    let shapes: [(usize, usize, &[&str]); 5] = [
         (768, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4", "mxfp4"]),
         (2048, 768, &["bf16", "q8", "q4", "q4x4", "mxfp4"]),
         (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4"]),
+        // gpt-oss's expert rows (2880 values: 90 MXFP4 blocks, q8 in groups of 64)
+        (5760, 2880, &["q8", "mxfp4"]),
         (151936, 2048, &["q8", "q6", "q6x4"]),
     ];
     for (rows, cols, fmts) in shapes {

@@ -55,6 +55,17 @@ impl Isa {
         false
     }
 
+    /// Whether this tier may use AVX-512 VBMI's byte permutes (`vpermb`, `vpermt2b`): the
+    /// AVX-512 tier on a CPU that has them (Ice Lake and Zen 4 on; Cascade Lake lacks them).
+    pub fn vbmi(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            self >= Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512vbmi")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
     /// Every tier this CPU can run, lowest first (tests run each).
     pub fn available() -> Vec<Isa> {
         let best = Isa::detect();

@@ -363,8 +363,14 @@ impl Mat<'_> {
                 }
                 Some(avx512_q8::with_mins(group))
             }
-            // several tokens (prefill); one token goes row by row through the AVX2 kernel, which
-            // is faster there (same bits: measured 14.9 vs 13.1 t/s decoding gpt-oss-20b's shape)
+            // one token: row by row, VNNI on 256-bit vectors (VBMI picks the exponents; without
+            // it, the AVX2 row kernel)
+            (MatData::Mxfp4 { q }, Input::Quant(a)) if n == 1 && Isa::Avx512.vbmi() => {
+                // SAFETY: the Avx512 tier and VBMI were detected on this CPU; `q` is the matrix's
+                // blocks, `a` its one activation row in groups of 32
+                unsafe { avx512_mxfp4::mxfp4_matvec(q, c, a.row(0), rows, out) };
+                Some(true)
+            }
             (MatData::Mxfp4 { q }, Input::Quant(a)) if n > 1 => {
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; `q` is the
                 // matrix's blocks, `a` its `n` activation rows in groups of 32

@@ -291,7 +291,14 @@ fn mxfp4_products_are_the_scalar_bits_at_every_tier_and_batch() {
     let mut r = uniform(29);
     for cols in [32, 96, 224, 2880] {
         for (rows, n) in [(1, 1), (3, 5), (2, 4), (5, 9), (4, 1)] {
-            let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+            // row 1 tiny (subnormal block scales: e = 1), row 2 zero (e = 0)
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|i| match i / cols {
+                    1 => 1e-38 * r(),
+                    2 => 0.0,
+                    _ => r(),
+                })
+                .collect();
             let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
             let rb = cols / 32 * crate::mxfp4::BLOCK_BYTES;
             let mut q = vec![0u8; rows * rb];
