@@ -43,6 +43,15 @@ fn the_server_splits_channels_and_calls_streamed_or_not() {
     let prompt = p.json()["prompt"].as_str().unwrap().to_string();
     assert!(prompt.starts_with("<|start|>system<|message|>") && prompt.contains("\nReasoning: high\n"), "{prompt}");
     assert!(prompt.ends_with("<|start|>user<|message|>Hi<|end|><|start|>assistant"), "{prompt}");
+    // null is no effort given: the template's default, medium (as OpenAI's API reads a null)
+    for extra in [json!({"reasoning_effort": null}), json!({"chat_template_kwargs": {"reasoning_effort": null}})] {
+        let mut b = json!({"messages": [{"role": "user", "content": "Hi"}]});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let p = s.post("/apply-template", &b);
+        assert_eq!(p.status, 200, "{extra}: {}", p.text());
+        let prompt = p.json()["prompt"].as_str().unwrap().to_string();
+        assert!(prompt.contains("\nReasoning: medium\n"), "{extra}: {prompt}");
+    }
 
     let analysis = "<|channel|>analysis<|message|>";
     let final_ = "<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant<|channel|>final<|message|>";

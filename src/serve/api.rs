@@ -324,7 +324,8 @@ pub fn parse_chat(body: &Value, d: &Defaults) -> Res<Request> {
 /// an assistant's tool calls), `developer` read as `system`, other fields kept.
 /// The template's arguments: the server's, then the request's `chat_template_kwargs` (any keys,
 /// as llama-server passes them; `enable_thinking` a boolean, `reasoning_effort` one of low,
-/// medium, high), then its top-level `reasoning_effort` (OpenAI's field for reasoning models).
+/// medium, high), then its top-level `reasoning_effort` (OpenAI's field for reasoning models);
+/// a null effort is one not given.
 fn template_args(f: &Fields, d: &Defaults) -> Res<TemplateArgs> {
     let mut args = d.template_args.clone();
     let effort = |k: &str, v: &Value| -> Res<String> {
@@ -339,14 +340,16 @@ fn template_args(f: &Fields, d: &Defaults) -> Res<TemplateArgs> {
         for (name, v) in kw.0 {
             match name.as_str() {
                 "enable_thinking" => args.enable_thinking = kw.bool(name)?.or(args.enable_thinking),
-                "reasoning_effort" if !v.is_null() => args.reasoning_effort = Some(effort("reasoning_effort", v)?),
+                // null: not given (the server's or the template's default)
+                "reasoning_effort" if v.is_null() => {}
+                "reasoning_effort" => args.reasoning_effort = Some(effort("reasoning_effort", v)?),
                 _ => {
                     args.extra.insert(name.clone(), v.clone());
                 }
             }
         }
     }
-    if let Some(v) = f.get("reasoning_effort") {
+    if let Some(v) = f.get("reasoning_effort").filter(|v| !v.is_null()) {
         args.reasoning_effort = Some(effort("reasoning_effort", v)?);
     }
     Ok(args)
