@@ -21,7 +21,6 @@ dequantized as transformers' integrations/mxfp4.py does).
 """
 import json
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -29,29 +28,11 @@ import tempfile
 
 import numpy as np
 
+from llama_converter import convert
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURE = os.path.join(HERE, "..", "fixtures", "gpt-oss-mxfp4")
 FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], np.float32)
-
-
-def convert(llama, hf, out):
-    sys.argv = ["convert_hf_to_gguf.py", hf, "--outtype", "f32", "--outfile", out]
-    sys.path.insert(0, llama)
-    import conversion.base as b
-    orig = b.TextModel.get_vocab_base_pre
-
-    def pre(self, tok):
-        try:
-            return orig(self, tok)
-        except NotImplementedError:
-            return "qwen2"
-
-    b.TextModel.get_vocab_base_pre = pre
-    try:
-        runpy.run_path(os.path.join(llama, "convert_hf_to_gguf.py"), run_name="__main__")
-    except SystemExit as e:
-        if e.code:
-            raise
 
 
 def with_layer_kinds(src, dst, kinds):
@@ -114,7 +95,7 @@ def main():
                         os.path.join(HERE, "..", "..", "assets", "tokenizers", "qwen3", "tokenizer_config.json"),
                         hf, "512"], check=True)
         plain = os.path.join(w, "plain.gguf")
-        convert(llama, hf, plain)
+        convert(llama, [hf, "--outtype", "f32", "--outfile", plain])
         kinds = [k == "sliding_attention" for k in json.load(open(os.path.join(hf, "config.json")))["layer_types"]]
         with_layer_kinds(plain, out, kinds)
     check(out)
