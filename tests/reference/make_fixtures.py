@@ -191,6 +191,26 @@ def prefill_with_hidden(m, tm, x, L, E):
     return o, hs, rl
 
 
+def greedy_and_forced(m, ids, forced, n):
+    """The tail every fixture's reference shares: `n` greedy tokens after `ids` with each step's
+    logits and top-2 margin, and one pass over `ids + forced` whose logits at the forced
+    positions are `forced_logits`. Returns those tensors (reference.safetensors keys), the
+    generated ids, the steps' logits and the forced pass's logits."""
+    x, T, V = torch.tensor([ids]), len(ids), m.config.vocab_size
+    with torch.no_grad():
+        g = m.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
+                       do_sample=False, output_logits=True, return_dict_in_generate=True, eos_token_id=None,
+                       pad_token_id=V - 1)
+    gen = g.sequences[0, T:]
+    gl = torch.stack([s[0].float() for s in g.logits])
+    t2 = torch.topk(gl, 2, -1).values
+    with torch.no_grad():
+        fo = m(input_ids=torch.tensor([ids + forced]), use_cache=False).logits[0].float()
+    tail = dict(generated_ids=gen.contiguous(), gen_logits=gl.contiguous(), gen_margin=(t2[:, 0] - t2[:, 1]).contiguous(),
+                forced_ids=torch.tensor(forced), forced_logits=fo[T - 1:T + len(forced) - 1].contiguous())
+    return tail, gen, gl, fo
+
+
 def oracle(out, ids, forced, info_extra, prompt=PROMPT):
     """What transformers computes on the checkpoint saved in `out` (reloaded in fp32, eager
     attention and experts): reference.safetensors and reference.json, as the module doc says."""
@@ -214,18 +234,8 @@ def oracle(out, ids, forced, info_extra, prompt=PROMPT):
                hidden_states=torch.stack([hs[i][0] for i in range(L + 2)]).contiguous(),
                router_logits=rl.contiguous(), router_topk_idx=top_i.contiguous(),
                router_topk_weight=top_w.contiguous(), router_margin=margin.contiguous())
-    G = 16
-    with torch.no_grad():
-        g = m.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=G, min_new_tokens=G,
-                       do_sample=False, output_logits=True, return_dict_in_generate=True, eos_token_id=None,
-                       pad_token_id=V - 1)
-    gen = g.sequences[0, T:]
-    gl = torch.stack([s[0].float() for s in g.logits])
-    t2 = torch.topk(gl, 2, -1).values
-    ref.update(generated_ids=gen.contiguous(), gen_logits=gl.contiguous(), gen_margin=(t2[:, 0] - t2[:, 1]).contiguous())
-    with torch.no_grad():
-        fo = m(input_ids=torch.tensor([ids + forced]), use_cache=False).logits[0].float()
-    ref.update(forced_ids=torch.tensor(forced), forced_logits=fo[T - 1:T + len(forced) - 1].contiguous())
+    tail, gen, gl, fo = greedy_and_forced(m, ids, forced, 16)
+    ref.update(tail)
     save_file(ref, os.path.join(out, "reference.safetensors"))
     info = dict(info_extra)
     info.update(moe_layers=moe_layers, prompt=prompt, prompt_ids=ids, forced_ids=forced, generated_ids=gen.tolist(),

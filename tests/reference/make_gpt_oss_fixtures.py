@@ -43,7 +43,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT  # noqa: E402
+from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT, greedy_and_forced  # noqa: E402
 
 LONG = 13  # prompt repeats: ~270 tokens, past the window and the engine's 256-token chunk
 GEN = 24
@@ -189,18 +189,10 @@ def make(name, out_root):
                router_topk_idx=top_i[..., :K].contiguous(), router_margin=(top_v[..., K - 1] - top_v[..., K]).contiguous(),
                dequant_gate_up=experts0.gate_up_proj.detach().float().contiguous(),
                dequant_down=experts0.down_proj.detach().float().contiguous())
+    tail, gen, gl, _ = greedy_and_forced(m, ids, forced, GEN)
+    ref.update(tail)
     with torch.no_grad():
-        g = m.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=GEN, min_new_tokens=GEN,
-                       do_sample=False, output_logits=True, return_dict_in_generate=True, eos_token_id=None,
-                       pad_token_id=V - 1)
-    gen = g.sequences[0, T:]
-    gl = torch.stack([s[0].float() for s in g.logits])
-    t2 = torch.topk(gl, 2, -1).values
-    ref.update(generated_ids=gen.contiguous(), gen_logits=gl.contiguous(), gen_margin=(t2[:, 0] - t2[:, 1]).contiguous())
-    with torch.no_grad():
-        fo = m(input_ids=torch.tensor([ids + forced]), use_cache=False).logits[0].float()
         full = m(input_ids=torch.cat([x[0], gen[:-1]]).unsqueeze(0), use_cache=False).logits[0].float()
-    ref.update(forced_ids=torch.tensor(forced), forced_logits=fo[T - 1:T + len(forced) - 1].contiguous())
     save_file(ref, os.path.join(out, "reference.safetensors"))
     info = dict(fixture=name, seed=SEED, config=CONFIG, prompt=" ".join([PROMPT] * LONG) + " (Qwen3 ids mod vocab)",
                 prompt_ids=ids, forced=FORCED, forced_ids=forced, generated_ids=gen.tolist(),

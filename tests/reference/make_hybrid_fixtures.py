@@ -37,7 +37,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT, fuse_experts, prefill_with_hidden  # noqa: E402
+from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT, greedy_and_forced, fuse_experts, prefill_with_hidden  # noqa: E402
 
 LONG = 13  # prompt repeats: ~270 tokens
 GEN = 24
@@ -195,19 +195,10 @@ def make(name, out_root):
                hidden_states=torch.stack([hs[i][0].float() for i in range(L + 2)]).contiguous(),
                router_logits=rl.contiguous(), router_topk_idx=top_i.contiguous(),
                router_topk_weight=top_w.contiguous(), router_margin=margin.contiguous())
+    tail, gen, gl, _ = greedy_and_forced(m, ids, forced, GEN)
+    ref.update(tail)
     with torch.no_grad():
-        g = m.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=GEN, min_new_tokens=GEN,
-                       do_sample=False, output_logits=True, return_dict_in_generate=True, eos_token_id=None,
-                       pad_token_id=V - 1)
-    gen = g.sequences[0, T:]
-    gl = torch.stack([s[0].float() for s in g.logits])
-    t2 = torch.topk(gl, 2, -1).values
-    ref.update(generated_ids=gen.contiguous(), gen_logits=gl.contiguous(),
-               gen_margin=(t2[:, 0] - t2[:, 1]).contiguous())
-    with torch.no_grad():
-        fo = m(input_ids=torch.tensor([ids + forced]), use_cache=False).logits[0].float()
         full = m(input_ids=torch.cat([x[0], gen[:-1]]).unsqueeze(0), use_cache=False).logits[0].float()
-    ref.update(forced_ids=torch.tensor(forced), forced_logits=fo[T - 1:T + len(forced) - 1].contiguous())
     save_file(ref, os.path.join(out, "reference.safetensors"))
     info = dict(fixture=name, arch=spec["arch"], seed=spec["seed"], text_config=spec["text"], moe_layers=moe_layers,
                 prompt=" ".join([PROMPT] * LONG) + " (Qwen3 ids mod vocab)", prompt_ids=ids, forced=FORCED,
