@@ -96,6 +96,11 @@ def f32(mm, t):
     return np.frombuffer(mm[t["offset"]:t["offset"] + 4 * n].tobytes(), dtype=np.float32).reshape(t["shape"])
 
 
+def f32_entry(mm, t):
+    """A plan's entry (type, byte shape, how to make it) for the F32 tensor `t`."""
+    return T.F32, tuple(t["shape"]), lambda: f32(mm, t)
+
+
 def random_q6_k(rows, cols, std, seed):
     """Valid Q6_K blocks (ql[128], qh[64], int8 scales[16], f16 d) of weights ~ std."""
     rng = np.random.default_rng(seed)
@@ -207,7 +212,7 @@ def gpt_oss(src, dst, meta, mm):
         return T.Q8_0, (r, cc // 32 * 34), lambda: q8_0_blocks(mm, t)
 
     def f32_of(name):
-        return T.F32, tuple(tensors[name]["shape"]), lambda: f32(mm, tensors[name])
+        return f32_entry(mm, tensors[name])
 
     ex = meta["experts"]
     parts = {p["name"]: p for p in ex["parts"]}
@@ -291,7 +296,7 @@ def main():
         return T.Q4_0, (r, cc // 32 * 18), make
 
     def dense_f32(name):
-        return T.F32, tuple(tensors[name]["shape"]), lambda: f32(mm, tensors[name])
+        return f32_entry(mm, tensors[name])
 
     ex = meta["experts"]
     parts = {p["name"]: p for p in ex["parts"]}
