@@ -243,6 +243,14 @@ pub unsafe fn dot_mxfp4(w: &[u8], a: QuantRow<'_>) -> f32 {
         let s = _mm256_set1_ps(half_scale(b[0]) * a.scales[gi]);
         acc[gi % 4] = _mm256_fmadd_ps(v, s, acc[gi % 4]);
     }
+    mxfp4_reduce_lanes(acc)
+}
+
+/// The four accumulators (blocks 0-3 mod 4) of an MXFP4 row, reduced as every tier does
+/// ([`super::mxfp4_reduce`]).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn mxfp4_reduce_lanes(acc: [__m256; 4]) -> f32 {
     let mut lanes = [[0f32; 8]; 4];
     for (l, v) in lanes.iter_mut().zip(acc) {
         // SAFETY: 8 f32 into an array of 8

@@ -248,7 +248,7 @@ pub mod scalar {
 
 /// The AVX2 + FMA forms (the AVX-512 tiles of whole matrices are in `mat/avx512.rs`).
 #[cfg(target_arch = "x86_64")]
-mod avx2;
+pub(crate) mod avx2;
 
 #[cfg(test)]
 mod tests {

@@ -207,8 +207,8 @@ fn reduce(acc: &[__m512; 2]) -> f32 {
     crate::dot::mxfp4_reduce([part(0), part(1), part(2), part(3)])
 }
 
-/// `out[i] = W[rows.start + i] · x`, one token, a row at a time (the rows' bytes read in
-/// order, as the hardware prefetchers like): per block, its 16 code bytes in both halves of a
+/// `out[i] = W[rows.start + i] · x`, one token, two rows at a time (two streams of bytes read
+/// in order, which the hardware prefetchers follow; four were slower): per block, its 16 code bytes in both halves of a
 /// 256-bit vector, the high nibbles shifted down in the upper half, looked up in the table of
 /// doubled values plus 12, and `vpdpbusd` onto `-12 * (x's sums)` (made once per call): lane
 /// `l` is then the exact sum over values `4l..4l + 4`, the AVX2 kernel's lane. Eight blocks'
@@ -309,12 +309,7 @@ unsafe fn matvec_rows<const R: usize>(
         block(g + a, a, &mut acc);
     }
     for (o, acc) in out.iter_mut().zip(acc) {
-        let mut lanes = [[0f32; 8]; 4];
-        for (l, v) in lanes.iter_mut().zip(acc) {
-            // SAFETY: 8 f32 into an array of 8
-            unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
-        }
-        *o = crate::dot::mxfp4_reduce(lanes);
+        *o = crate::dot::avx2::mxfp4_reduce_lanes(acc);
     }
 }
 
