@@ -6,7 +6,8 @@
 //!
 //! Then each matrix times 64 tokens (prefill's batched products), in GFLOP/s.
 //!
-//! `cargo bench --bench matvec` (the decode and prefill macro numbers come from `moescope bench`).
+//! `cargo bench --bench matvec [-- FORMAT ...]` (only those formats, e.g. `mxfp4 q8`; the decode
+//! and prefill macro numbers come from `moescope bench`).
 
 use std::time::Instant;
 
@@ -122,11 +123,16 @@ fn main() {
         (5760, 2880, &["q8", "mxfp4"]),
         (151936, 2048, &["q8", "q6", "q6x4"]),
     ];
+    // `cargo bench` passes `--bench`; any other argument names a format to keep
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
     for (rows, cols, fmts) in shapes {
+        if !only.is_empty() && !fmts.iter().any(|f| only.iter().any(|o| o == f)) {
+            continue;
+        }
         let w = rnd(rows * cols, 1);
         let x = rnd(cols, 2);
         let g = 128;
-        for &fmt in fmts {
+        for &fmt in fmts.iter().filter(|f| only.is_empty() || only.iter().any(|o| o == *f)) {
             // the matrix's value bytes (q4x4/q6x4: rows interleaved by 4, the layout packages
             // store; the row-major format beside each shows what that buys) and scales
             let format = match fmt {
