@@ -35,10 +35,15 @@ pub enum Arch {
     /// and sliding windows, a top-k-then-softmax router with a bias, experts with biases and a
     /// clamped SwiGLU.
     GptOss,
+    /// GLM-4.5 / 4.5-Air / 4.6: `Glm4MoeForCausalLM`, attention with q/k/v biases, partial
+    /// rotary and optional q/k norms, a sigmoid router with a correction bias, a shared expert,
+    /// the first layers dense.
+    #[serde(rename = "glm4_moe")]
+    Glm4Moe,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 4] = [Arch::Qwen3Moe, Arch::Qwen3Next, Arch::Qwen35Moe, Arch::GptOss];
+    pub const ALL: [Arch; 5] = [Arch::Qwen3Moe, Arch::Qwen3Next, Arch::Qwen35Moe, Arch::GptOss, Arch::Glm4Moe];
 
     pub fn hf_class(self) -> &'static str {
         match self {
@@ -46,6 +51,7 @@ impl Arch {
             Arch::Qwen3Next => "Qwen3NextForCausalLM",
             Arch::Qwen35Moe => "Qwen3_5MoeForConditionalGeneration",
             Arch::GptOss => "GptOssForCausalLM",
+            Arch::Glm4Moe => "Glm4MoeForCausalLM",
         }
     }
 
@@ -56,17 +62,13 @@ impl Arch {
             Arch::Qwen3Next => "qwen3_next",
             Arch::Qwen35Moe => "qwen3_5_moe",
             Arch::GptOss => "gpt_oss",
+            Arch::Glm4Moe => "glm4_moe",
         }
     }
 
     /// Hybrid models: Gated DeltaNet and gated attention layers, (1 + w) norms, a shared expert.
     pub fn is_hybrid(self) -> bool {
         matches!(self, Arch::Qwen3Next | Arch::Qwen35Moe)
-    }
-
-    /// Attention heads normed per head (`q_norm`, `k_norm`) before RoPE: the Qwen families.
-    pub fn has_qk_norm(self) -> bool {
-        !matches!(self, Arch::GptOss)
     }
 }
 
@@ -296,6 +298,43 @@ pub struct Features {
     pub expert_bias: bool,
     #[serde(default, skip_serializing_if = "ExpertAct::is_silu")]
     pub expert_act: ExpertAct,
+    /// q, k and v projections with biases, o without (GLM-4.5's `attention_bias`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qkv_bias: bool,
+    /// Per-head q/k RMSNorm where the family makes it optional (GLM-4.5's `use_qk_norm`; the
+    /// Qwen families always have it, gpt-oss never).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qk_norm: bool,
+    /// RoPE on only the first this many dims of each head outside the hybrids (GLM-4.5's
+    /// `partial_rotary_factor`), pairing i with i + rotary_dim / 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotary_dim: Option<usize>,
+    /// The sigmoid router of DeepSeek-V3 and GLM-4.5 (with `e_score_correction_bias`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sigmoid_router: Option<SigmoidRouter>,
+    /// Width of the ungated shared expert every MoE layer adds (`n_shared_experts x
+    /// moe_intermediate_size`, `mlp.shared_experts.*`); 0 for none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shared_experts: usize,
+    /// Multi-token-prediction layers after the stack (`num_nextn_predict_layers`): stated by
+    /// the checkpoint, not run.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub nextn_layers: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// DeepSeek-V3's and GLM-4.5's router: sigmoid scores, the choice made on them plus
+/// `e_score_correction_bias` among the experts of the `topk_group` best of `n_group` groups,
+/// the weights the uncorrected scores (renormalised when `norm_topk_prob`) times
+/// `routed_scaling_factor`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SigmoidRouter {
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub routed_scaling_factor: f32,
 }
 
 impl ModelConfig {
@@ -332,7 +371,26 @@ impl ModelConfig {
 
     /// RoPE dims of an attention head (all of them for Qwen3-MoE).
     pub fn rotary_dim(&self) -> usize {
-        self.hybrid.as_ref().map_or(self.head_dim, |h| h.rotary_dim)
+        match (&self.hybrid, self.features.rotary_dim) {
+            (Some(h), _) => h.rotary_dim,
+            (None, Some(r)) => r,
+            (None, None) => self.head_dim,
+        }
+    }
+
+    /// Width of the shared expert every MoE layer runs (0 for none): the hybrids' gated one,
+    /// GLM-4.5's and DeepSeek-V3's plain ones.
+    pub fn shared_expert_width(&self) -> usize {
+        self.hybrid.as_ref().map_or(self.features.shared_experts, |h| h.shared_expert_intermediate_size)
+    }
+
+    /// Attention heads normed per head (`q_norm`, `k_norm`) before RoPE.
+    pub fn qk_norm(&self) -> bool {
+        match self.arch {
+            Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35Moe => true,
+            Arch::GptOss => false,
+            Arch::Glm4Moe => self.features.qk_norm,
+        }
     }
 
     pub fn q_dim(&self) -> usize {
@@ -403,6 +461,42 @@ impl ModelConfig {
         {
             return Err("swiglu_limit must be a positive number".into());
         }
+        if let Some(r) = f.rotary_dim
+            && (r == 0 || r > self.head_dim || !r.is_multiple_of(2))
+        {
+            return Err(format!(
+                "partial_rotary_factor gives {r} rotary dims: must be even, positive and at most head_dim ({})",
+                self.head_dim
+            ));
+        }
+        if let Some(r) = f.sigmoid_router {
+            let groups_ok = r.n_group >= 1
+                && r.n_group <= crate::model::router::MAX_GROUPS
+                && self.num_experts.is_multiple_of(r.n_group)
+                && (1..=r.n_group).contains(&r.topk_group);
+            if !groups_ok {
+                return Err(format!(
+                    "n_group ({}) must divide n_routed_experts ({}) into at most {} groups, and topk_group ({}) be between 1 and n_group",
+                    r.n_group,
+                    self.num_experts,
+                    crate::model::router::MAX_GROUPS,
+                    r.topk_group
+                ));
+            }
+            // each kept group must offer k experts between them
+            if r.topk_group * (self.num_experts / r.n_group) < self.num_experts_per_tok {
+                return Err(format!(
+                    "topk_group ({}) groups of {} experts cannot hold num_experts_per_tok ({})",
+                    r.topk_group,
+                    self.num_experts / r.n_group,
+                    self.num_experts_per_tok
+                ));
+            }
+            if !(r.routed_scaling_factor.is_finite() && r.routed_scaling_factor > 0.0) {
+                return Err("routed_scaling_factor must be a positive number".into());
+            }
+        }
+        at_most(&[("shared_experts", f.shared_experts, 1 << 20), ("num_nextn_predict_layers", f.nextn_layers, 16)])?;
         if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim));
         }

@@ -238,6 +238,7 @@ fixture_tests! {
     qwen3_next_grouped_projections_dense_layer => "next",
     qwen3_5_vision_mtp_fused_tied => "qwen35",
     gpt_oss_sinks_windows_yarn_biases_clamp_mxfp4_release => "gpt-oss-mxfp4",
+    glm4_moe_partial_rotary_qk_norms_qkv_biases_sigmoid_router_shared_expert_dense_first => "glm",
 }
 
 /// gpt-oss's bf16 release layout (the MXFP4 fixture's weights, widened and transposed as the

@@ -38,6 +38,10 @@
 //! (`mlp.gate.bias`) and every expert's biases, a layer's in one `[E, width]` tensor each
 //! (`mlp.experts.{gate,up,down}_proj.bias`: in RAM with the dense weights, 0.3% of an
 //! expert's bytes, so the blobs keep their three parts); no q/k norms.
+//!
+//! GLM-4.5 packages keep the checkpoint's names: q/k/v biases (`self_attn.{q,k,v}_proj.bias`)
+//! exact, q/k norms where `use_qk_norm`, the router's `mlp.gate.e_score_correction_bias` f32,
+//! the shared expert (`mlp.shared_experts.*`) as a linear layer.
 
 use moescope_kernels::Format;
 use moescope_kernels::quant::pick_group;
@@ -166,15 +170,16 @@ pub fn dense_tensors(c: &ModelConfig) -> Vec<DenseTensor> {
                 v.push(t(format!("{p}self_attn.k_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
                 v.push(t(format!("{p}self_attn.v_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
                 v.push(t(format!("{p}self_attn.o_proj.weight"), Kind::Linear, &[h, c.q_dim()]));
-                if c.arch.has_qk_norm() {
+                if c.qk_norm() {
                     v.push(t(format!("{p}self_attn.q_norm.weight"), Kind::Norm, &[hd]));
                     v.push(t(format!("{p}self_attn.k_norm.weight"), Kind::Norm, &[hd]));
                 }
-                if c.features.attention_bias {
-                    for (name, len) in
-                        [("q_proj", c.q_dim()), ("k_proj", c.kv_dim()), ("v_proj", c.kv_dim()), ("o_proj", h)]
-                    {
-                        v.push(t(format!("{p}self_attn.{name}.bias"), Kind::Exact, &[len]));
+                if c.features.attention_bias || c.features.qkv_bias {
+                    let o = [("o_proj", h)];
+                    let qkv = [("q_proj", c.q_dim()), ("k_proj", c.kv_dim()), ("v_proj", c.kv_dim())];
+                    let with_o = if c.features.attention_bias { &o[..] } else { &[] };
+                    for (name, len) in qkv.iter().chain(with_o) {
+                        v.push(t(format!("{p}self_attn.{name}.bias"), Kind::Exact, &[*len]));
                     }
                 }
                 if c.features.attention_sinks {
@@ -187,6 +192,15 @@ pub fn dense_tensors(c: &ModelConfig) -> Vec<DenseTensor> {
             v.push(t(format!("{p}mlp.gate.weight"), Kind::Router, &[c.num_experts, h]));
             if c.arch == Arch::GptOss {
                 v.push(t(format!("{p}mlp.gate.bias"), Kind::Router, &[c.num_experts]));
+            }
+            if c.features.sigmoid_router.is_some() {
+                v.push(t(format!("{p}mlp.gate.e_score_correction_bias"), Kind::Router, &[c.num_experts]));
+            }
+            if c.features.shared_experts > 0 {
+                let i = c.features.shared_experts;
+                v.push(t(format!("{p}mlp.shared_experts.gate_proj.weight"), Kind::Linear, &[i, h]));
+                v.push(t(format!("{p}mlp.shared_experts.up_proj.weight"), Kind::Linear, &[i, h]));
+                v.push(t(format!("{p}mlp.shared_experts.down_proj.weight"), Kind::Linear, &[h, i]));
             }
             if c.features.expert_bias {
                 let (e, i) = (c.num_experts, c.moe_intermediate_size);

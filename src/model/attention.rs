@@ -3,13 +3,14 @@
 //! For T tokens at positions `pos0..pos0+T`, `hn` normed (`[T, H]`):
 //! ```text
 //! q = hn Wq (+ bq) [T, nh*hd], k = hn Wk (+ bk) [T, nkv*hd], v = hn Wv (+ bv)
-//! q, k: rms_norm per head over hd (q_norm, k_norm: the Qwen families), then rotate-half RoPE
-//!       (on the first rotary_dim dims: all of hd, or part in the hybrids); k, v -> KV cache
+//! q, k: rms_norm per head over hd (q_norm, k_norm: the Qwen families, GLM-4.5 optionally),
+//!       then rotate-half RoPE (on the first rotary_dim dims: all of hd, or part in the
+//!       hybrids and GLM-4.5); k, v -> KV cache
 //! a = softmax(q k^T / sqrt(hd), causal) v   (GQA: query head j reads kv head j / (nh/nkv))
 //!     sliding layers (gpt-oss): only the `window` latest positions
 //!     sinks (gpt-oss): head j's softmax has one more term, exp(sink_j), in its denominator
 //! gated (Qwen3-Next, Qwen3.5): a *= sigmoid(hn Wg)   (one gate per output value)
-//! delta = a Wo (+ bo)
+//! delta = a Wo (+ bo: gpt-oss)
 //! ```
 //! The score part is spread over the compute threads (the projections around it are products
 //! like any other). Each task takes one KV head and every query head of its GQA group, so a
@@ -47,13 +48,14 @@ pub enum Output {
     Gated(TensorId),
 }
 
-/// gpt-oss's projection biases: `[nh*hd]`, `[nkv*hd]`, `[nkv*hd]`, `[H]` f32.
+/// The projections' biases: `[nh*hd]`, `[nkv*hd]`, `[nkv*hd]`, and `[H]` f32 (gpt-oss; GLM-4.5
+/// has none on o).
 #[derive(Debug, Clone, Copy)]
 struct Biases {
     q: TensorId,
     k: TensorId,
     v: TensorId,
-    o: TensorId,
+    o: Option<TensorId>,
 }
 
 /// One attention layer's tensors (package names under `model.layers.{l}.self_attn.`) and shapes.
@@ -84,16 +86,16 @@ impl Attention {
         let (h, hd) = (c.hidden_size, c.head_dim);
         let m = |name: &str, shape: &[usize]| pkg.require(&format!("{prefix}{name}.weight"), shape, false);
         let v = |name: &str, len: usize| pkg.require(&format!("{prefix}{name}"), &[len], true);
-        let qk_norm = match c.arch.has_qk_norm() {
+        let qk_norm = match c.qk_norm() {
             true => Some((v("q_norm.weight", hd)?, v("k_norm.weight", hd)?)),
             false => None,
         };
-        let bias = match c.features.attention_bias {
+        let bias = match c.features.attention_bias || c.features.qkv_bias {
             true => Some(Biases {
                 q: v("q_proj.bias", c.q_dim())?,
                 k: v("k_proj.bias", c.kv_dim())?,
                 v: v("v_proj.bias", c.kv_dim())?,
-                o: v("o_proj.bias", h)?,
+                o: if c.features.attention_bias { Some(v("o_proj.bias", h)?) } else { None },
             }),
             false => None,
         };
@@ -178,7 +180,7 @@ impl Attention {
             Some((qn, kn)) => (Some((f(qn), self.eps)), Some((f(kn), self.eps))),
             None => (None, None),
         };
-        let bias = self.bias.map(|b| (f(b.q), f(b.k), f(b.v), f(b.o)));
+        let bias = self.bias.map(|b| (f(b.q), f(b.k), f(b.v), b.o.map(f)));
         let (qb, kb) = (bias.map(|b| b.0), bias.map(|b| b.1));
         prepare_heads(exec, "q_norm_rope", q, HeadPrep { width: nh * hd, hd, bias: qb, norm: qn }, rope);
         prepare_heads(exec, "k_norm_rope", k, HeadPrep { width: nkv * hd, hd, bias: kb, norm: kn }, rope);
@@ -201,8 +203,8 @@ impl Attention {
             });
         }
         exec.matmul("o_proj", &pkg.mat_by_index(self.o), attn, t_n, out, s);
-        if let Some(b) = bias {
-            add_bias_rows(exec, "o_bias", out, b.3);
+        if let Some(bo) = bias.and_then(|b| b.3) {
+            add_bias_rows(exec, "o_bias", out, bo);
         }
     }
 }

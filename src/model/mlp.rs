@@ -5,6 +5,7 @@
 //! y = down(glu(gate x + bg, up x + bu)) + bd
 //! dense layer:    delta = y(hn)
 //! shared expert:  shared = sigmoid(hn · w_g) * y(hn)   (hybrids: every token, beside the routed ones)
+//!                 shared = y(hn)                        (GLM-4.5, DeepSeek-V3: ungated)
 //! ```
 
 use moescope_kernels::ops::{Glu, add_inplace};
@@ -164,24 +165,30 @@ impl DenseMlp {
     }
 }
 
-/// The hybrids' shared expert: a SwiGLU MLP every token runs, scaled by sigmoid(h · gate).
+/// A shared expert: a SwiGLU MLP every token runs, scaled by sigmoid(h · gate) in the hybrids.
 pub struct SharedExpert {
     mats: Mats,
-    /// `[1, H]` f32
-    gate: TensorId,
+    /// `[1, H]` f32 (the hybrids)
+    gate: Option<TensorId>,
 }
 
 impl SharedExpert {
-    /// The shared expert of the MoE block under `prefix` (`{prefix}shared_expert.*`,
+    /// The hybrids' shared expert of the MoE block under `prefix` (`{prefix}shared_expert.*`,
     /// `{prefix}shared_expert_gate.weight`), of width `width`.
-    pub fn load(pkg: &Package, prefix: &str, hidden: usize, width: usize) -> Result<SharedExpert, ModelError> {
+    pub fn load_gated(pkg: &Package, prefix: &str, hidden: usize, width: usize) -> Result<SharedExpert, ModelError> {
         Ok(SharedExpert {
             mats: Mats::load(pkg, &format!("{prefix}shared_expert."), hidden, width)?,
-            gate: pkg.require(&format!("{prefix}shared_expert_gate.weight"), &[1, hidden], true)?,
+            gate: Some(pkg.require(&format!("{prefix}shared_expert_gate.weight"), &[1, hidden], true)?),
         })
     }
 
-    /// Layer `l`'s shared expert of the pass's normed rows (`st.hn`), scaled by its gate, into
+    /// GLM-4.5's and DeepSeek-V3's shared experts (`{prefix}shared_experts.*`), `width` wide
+    /// together, added as they are.
+    pub fn load_plain(pkg: &Package, prefix: &str, hidden: usize, width: usize) -> Result<SharedExpert, ModelError> {
+        Ok(SharedExpert { mats: Mats::load(pkg, &format!("{prefix}shared_experts."), hidden, width)?, gate: None })
+    }
+
+    /// Layer `l`'s shared expert of the pass's normed rows (`st.hn`), scaled by its gate if any, into
     /// `st.shared` (`[T, H]`, to be added to the routed sum).
     pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
         let (pkg, t_n) = (pass.pkg, pass.t_n);
@@ -192,7 +199,8 @@ impl SharedExpert {
         let (hn, y) = (&hn[..t_n * h], &mut shared[..t_n * h]);
         let labels = ["shared_gate_up_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj"];
         swiglu_mlp(pass.exec, labels, (&m, Gating::PLAIN), hn, mlp, y, scratch);
-        let wg = pkg.f32_by_index(self.gate);
+        let Some(gate) = self.gate else { return };
+        let wg = pkg.f32_by_index(gate);
         for (yt, x) in y.chunks_exact_mut(h).zip(hn.chunks_exact(h)) {
             let z: f32 = wg.iter().zip(x).map(|(&w, &v)| w * v).sum();
             let sg = 1.0 / (1.0 + (-z).exp());

@@ -1,7 +1,8 @@
 //! The MoE block: its router, its routed experts (from an [`ExpertSource`]) and, in hybrid
-//! models, its shared expert. For a batch of T tokens `hn` (`[T, H]`, normed):
+//! models, GLM-4.5 and DeepSeek-V3, its shared expert. For a batch of T tokens `hn` (`[T, H]`,
+//! normed):
 //! ```text
-//! shared:  s = sigmoid(hn · w_g) * mlp(hn)              (hybrids; `mlp.rs`)
+//! shared:  s = sigmoid(hn · w_g) * mlp(hn)              (hybrids; GLM, DeepSeek: ungated; `mlp.rs`)
 //! route:   each token's top-k experts and weights        (`router.rs`: the rule is data)
 //! group:   the (token, rank) uses of each expert the batch chose
 //! compute: y = down(silu(gate x) * up x) of each expert for its tokens (gpt-oss: with the
@@ -62,9 +63,10 @@ impl Moe {
         norm: TensorId,
     ) -> Result<Moe, ModelError> {
         let h = c.hidden_size;
-        let shared = match &c.hybrid {
-            Some(hy) => Some(SharedExpert::load(pkg, prefix, h, hy.shared_expert_intermediate_size)?),
-            None => None,
+        let shared = match (&c.hybrid, c.features.shared_experts) {
+            (Some(hy), _) => Some(SharedExpert::load_gated(pkg, prefix, h, hy.shared_expert_intermediate_size)?),
+            (None, 0) => None,
+            (None, width) => Some(SharedExpert::load_plain(pkg, prefix, h, width)?),
         };
         let (e_n, i) = (c.num_experts, c.moe_intermediate_size);
         let bias = match c.features.expert_bias {

@@ -65,16 +65,18 @@ pub struct RouterRule {
 impl RouterRule {
     /// The rule of a model of this configuration.
     pub fn of(c: &ModelConfig) -> RouterRule {
+        let sig = c.features.sigmoid_router;
         RouterRule {
             num_experts: c.num_experts,
             top_k: c.num_experts_per_tok,
-            scoring: match c.arch {
-                Arch::GptOss => Scoring::TopKSoftmax,
-                Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35Moe => Scoring::Softmax,
+            scoring: match (c.arch, sig) {
+                (_, Some(_)) => Scoring::Sigmoid,
+                (Arch::GptOss, None) => Scoring::TopKSoftmax,
+                _ => Scoring::Softmax,
             },
-            groups: None,
+            groups: sig.map(|s| Groups { groups: s.n_group, keep: s.topk_group }),
             renormalize: c.norm_topk_prob,
-            scale: 1.0,
+            scale: sig.map_or(1.0, |s| s.routed_scaling_factor),
         }
     }
 
@@ -345,14 +347,17 @@ pub struct Router {
 
 impl Router {
     /// The router of the MoE block whose tensors are named `{prefix}gate.weight` (and
-    /// `{prefix}gate.bias` where the rule's family has one: gpt-oss).
+    /// `{prefix}gate.bias` where the rule's family has one: gpt-oss; a sigmoid router's
+    /// `{prefix}gate.e_score_correction_bias`).
     pub fn load(pkg: &Package, prefix: &str, rule: RouterRule, hidden: usize) -> Result<Router, ModelError> {
         let weight = pkg.require(&format!("{prefix}gate.weight"), &[rule.num_experts, hidden], true)?;
-        let bias = match rule.scoring {
-            Scoring::TopKSoftmax => Some(pkg.require(&format!("{prefix}gate.bias"), &[rule.num_experts], true)?),
-            Scoring::Softmax | Scoring::Sigmoid => None,
+        let vector = |name: &str| pkg.require(&format!("{prefix}gate.{name}"), &[rule.num_experts], true);
+        let (bias, correction) = match rule.scoring {
+            Scoring::TopKSoftmax => (Some(vector("bias")?), None),
+            Scoring::Sigmoid => (None, Some(vector("e_score_correction_bias")?)),
+            Scoring::Softmax => (None, None),
         };
-        Ok(Router { weight, bias, correction: None, rule })
+        Ok(Router { weight, bias, correction, rule })
     }
 
     /// Route the pass's batch (`st.hn`, normed) of model layer `l`, the `moe_layer`-th MoE

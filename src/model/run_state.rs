@@ -43,7 +43,7 @@ pub struct RunState {
     pub(super) probs: Vec<f32>,
     /// routed experts' weighted outputs per (token, rank) [chunk, k, H]
     pub(super) yk: Vec<f32>,
-    /// the shared expert's gated output [chunk, H] (hybrids; empty without)
+    /// the shared expert's output [chunk, H] (empty without one)
     pub(super) shared: Vec<f32>,
     /// a dense MLP's or the shared expert's intermediate rows
     pub(super) mlp: MlpWork,
@@ -69,10 +69,8 @@ impl RunState {
         let buf = |n: usize| vec![0f32; chunk * n];
         let gated = c.hybrid.is_some();
         let dims = c.hybrid.as_ref().map(|hy| delta_net::Dims::new(hy, c.rms_norm_eps as f32));
-        let (conv, value, shared) = c
-            .hybrid
-            .as_ref()
-            .map_or((0, 0, 0), |hy| (hy.conv_dim(), hy.value_dim(), hy.shared_expert_intermediate_size));
+        let (conv, value) = c.hybrid.as_ref().map_or((0, 0), |hy| (hy.conv_dim(), hy.value_dim()));
+        let shared = c.shared_expert_width();
         RunState {
             chunk,
             x: buf(h),
@@ -89,7 +87,7 @@ impl RunState {
             sin: buf(c.rotary_dim() / 2),
             probs: buf(c.num_experts),
             yk: buf(c.num_experts_per_tok * h),
-            shared: if gated { buf(h) } else { vec![] },
+            shared: if shared > 0 { buf(h) } else { vec![] },
             mlp: MlpWork::new(chunk, mlp_width(c)),
             routing: Routing::new(&RouterRule::of(c), chunk),
             expert_work: Vec::new(),
@@ -153,6 +151,6 @@ impl RunState {
 /// The widest MLP that is not routed: a dense layer's, or the shared expert's (0 without).
 fn mlp_width(c: &ModelConfig) -> usize {
     let dense = (0..c.num_hidden_layers).any(|l| !c.is_moe_layer(l));
-    let shared = c.hybrid.as_ref().map_or(0, |hy| hy.shared_expert_intermediate_size);
+    let shared = c.shared_expert_width();
     if dense { c.intermediate_size.max(shared) } else { shared }
 }

@@ -214,6 +214,7 @@ fn gpt_oss(layers: usize, experts: usize) -> ModelConfig {
             }),
             expert_bias: true,
             expert_act: ExpertAct::ClampedSwiglu { alpha: 1.702, limit: 7.0 },
+            ..Features::default()
         },
     }
 }

@@ -336,6 +336,7 @@ impl GgufModel {
             rope_yarn,
             expert_bias: true,
             expert_act: ExpertAct::ClampedSwiglu { alpha: 1.702, limit: 7.0 },
+            ..Features::default()
         })
     }
 

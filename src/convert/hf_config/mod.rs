@@ -8,7 +8,10 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::error::ConvertError;
-use crate::model_config::{Arch, ExpertAct, Features, HybridConfig, LayerKind, MAX_LAYERS, ModelConfig, Sliding, Yarn};
+use crate::model_config::{Arch, Features, HybridConfig, LayerKind, MAX_LAYERS, ModelConfig};
+
+mod families;
+use families::{glm_features, gpt_oss_features};
 
 /// Read `dir/config.json` (+ `dir/generation_config.json` for extra end-of-sequence ids).
 pub fn read_config(dir: &Path) -> Result<ModelConfig, ConvertError> {
@@ -60,7 +63,8 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
     let k = Keys { v: t, prefix, path };
 
     let gpt_oss = arch == Arch::GptOss;
-    if !gpt_oss && k.bool("attention_bias", false)? {
+    let glm = arch == Arch::Glm4Moe;
+    if !gpt_oss && !glm && k.bool("attention_bias", false)? {
         return Err(k.err("attention_bias", "true is not supported (these models have no attention biases)"));
     }
     if let Some(q) = t.get("quantization_config").filter(|q| !q.is_null()) {
@@ -105,9 +109,11 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
         }
     };
     let rope_theta = rope_key("rope_theta")?.unwrap_or(10000.0); // transformers' default
-    let num_experts = match k.usize("num_experts")? {
+    // the hub's name (GLM-4.5 and DeepSeek-V3: n_routed_experts), or transformers 5's
+    let experts_key = if glm { "n_routed_experts" } else { "num_experts" };
+    let num_experts = match k.usize(experts_key)? {
         Some(n) => n,
-        None => k.usize("num_local_experts")?.ok_or_else(|| k.err("num_experts", "missing (nor num_local_experts)"))?,
+        None => k.usize("num_local_experts")?.ok_or_else(|| k.err(experts_key, "missing (nor num_local_experts)"))?,
     };
     let hidden_size = k.req("hidden_size")?;
     let num_attention_heads = k.req("num_attention_heads")?;
@@ -125,6 +131,14 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
     let head_dim = k.usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
     let mlp_only_layers = match t.get("mlp_only_layers") {
         _ if arch == Arch::Qwen35Moe => vec![], // every Qwen3.5 layer is MoE
+        // GLM-4.5's first layers are dense (transformers' default: one)
+        _ if glm => {
+            let dense = k.usize("first_k_dense_replace")?.unwrap_or(1);
+            if dense > num_hidden_layers {
+                return Err(k.err("first_k_dense_replace", "is more than num_hidden_layers"));
+            }
+            (0..dense).collect()
+        }
         None | Some(Value::Null) => vec![],
         Some(Value::Array(a)) => a
             .iter()
@@ -132,7 +146,16 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
             .collect::<Result<_, _>>()?,
         Some(_) => return Err(k.err("mlp_only_layers", "expected a list of layer indices")),
     };
-    let features = if gpt_oss { gpt_oss_features(&k, num_hidden_layers, yarn_at)? } else { Features::default() };
+    let features = match arch {
+        Arch::GptOss => gpt_oss_features(&k, num_hidden_layers, yarn_at)?,
+        Arch::Glm4Moe => glm_features(
+            &k,
+            head_dim,
+            rope_key("partial_rotary_factor")?,
+            k.usize("moe_intermediate_size")?.unwrap_or(0),
+        )?,
+        _ => Features::default(),
+    };
     let hybrid = if arch.is_hybrid() {
         let factor = rope_key("partial_rotary_factor")?.unwrap_or(0.25);
         if !(factor > 0.0 && factor <= 1.0) {
@@ -187,6 +210,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
             Arch::Qwen35Moe => true,
             Arch::Qwen3Next => k.bool("norm_topk_prob", true)?,
             Arch::Qwen3Moe => k.bool("norm_topk_prob", false)?,
+            Arch::Glm4Moe => k.bool("norm_topk_prob", true)?,
             // the softmax over the chosen k already sums to one
             Arch::GptOss => false,
         },
@@ -221,6 +245,7 @@ fn detect_arch(v: &Value, path: &Path) -> Result<Arch, ConvertError> {
         "Qwen3NextForCausalLM" => Some(Arch::Qwen3Next),
         "Qwen3_5MoeForConditionalGeneration" | "Qwen3_5MoeForCausalLM" => Some(Arch::Qwen35Moe),
         "GptOssForCausalLM" => Some(Arch::GptOss),
+        "Glm4MoeForCausalLM" => Some(Arch::Glm4Moe),
         _ => None,
     };
     let by_type = match model_type {
@@ -228,6 +253,7 @@ fn detect_arch(v: &Value, path: &Path) -> Result<Arch, ConvertError> {
         "qwen3_next" => Some(Arch::Qwen3Next),
         "qwen3_5_moe" | "qwen3_5_moe_text" => Some(Arch::Qwen35Moe),
         "gpt_oss" => Some(Arch::GptOss),
+        "glm4_moe" => Some(Arch::Glm4Moe),
         _ => None,
     };
     let found = if archs.is_empty() { by_type } else { archs.iter().find_map(|c| by_class(c)) };
@@ -235,93 +261,6 @@ fn detect_arch(v: &Value, path: &Path) -> Result<Arch, ConvertError> {
         path: path.to_path_buf(),
         found: if archs.is_empty() { format!("model_type {model_type}") } else { archs.join(", ") },
         supported: Arch::ALL.map(|a| a.hf_class()).join(", "),
-    })
-}
-
-/// gpt-oss's attention and experts: biases (`attention_bias`, default true), sinks, the
-/// sliding layers (`layer_types`, in any order; transformers' default: every other layer from
-/// the first), YaRN from `yarn` (the key it sat under and its object) and the clamped SwiGLU
-/// (`swiglu_limit`, 7 by default; alpha is fixed at 1.702 in transformers).
-fn gpt_oss_features(k: &Keys, layers: usize, yarn: Option<(&str, &Value)>) -> Result<Features, ConvertError> {
-    let sliding_layers: Vec<usize> = match k.v.get("layer_types") {
-        Some(Value::Array(a)) => {
-            if a.len() != layers {
-                return Err(k.err("layer_types", &format!("{} entries for {layers} layers", a.len())));
-            }
-            let mut slide = vec![];
-            for (i, x) in a.iter().enumerate() {
-                match x.as_str() {
-                    Some("sliding_attention") => slide.push(i),
-                    Some("full_attention") => {}
-                    _ => {
-                        return Err(k.err(
-                            &format!("layer_types[{i}]"),
-                            &format!("unknown layer kind {x} (expected \"sliding_attention\" or \"full_attention\")"),
-                        ));
-                    }
-                }
-            }
-            slide
-        }
-        None | Some(Value::Null) => (0..layers).filter(|i| i % 2 == 0).collect(),
-        Some(_) => return Err(k.err("layer_types", "expected a list of layer kinds")),
-    };
-    let sliding = match k.usize("sliding_window")? {
-        Some(window) if !sliding_layers.is_empty() => Some(Sliding { window, layers: sliding_layers }),
-        None if !sliding_layers.is_empty() => {
-            return Err(k.err("sliding_window", "missing, but layer_types has sliding layers"));
-        }
-        _ => None,
-    };
-    let rope_yarn = match yarn {
-        Some((key, y)) => Some(yarn_of(k, key, y)?),
-        None => None,
-    };
-    let limit = k.f64("swiglu_limit")?.unwrap_or(7.0);
-    Ok(Features {
-        attention_bias: k.bool("attention_bias", true)?,
-        attention_sinks: true,
-        sliding,
-        rope_yarn,
-        expert_bias: true,
-        expert_act: ExpertAct::ClampedSwiglu { alpha: 1.702, limit: limit as f32 },
-    })
-}
-
-/// YaRN's parameters from the `key` object `y`, with transformers' defaults: beta_fast 32,
-/// beta_slow 1, truncate true, the attention factor `0.1 ln(factor) + 1` (1 for factor <= 1).
-fn yarn_of(k: &Keys, key: &str, y: &Value) -> Result<Yarn, ConvertError> {
-    let num = |name: &str| -> Result<Option<f64>, ConvertError> {
-        match y.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(x) => x.as_f64().map(Some).ok_or_else(|| k.err(&format!("{key}.{name}"), "expected a number")),
-        }
-    };
-    let orig = num("original_max_position_embeddings")?
-        .ok_or_else(|| k.err(&format!("{key}.original_max_position_embeddings"), "missing"))?;
-    let factor = match num("factor")? {
-        Some(f) => f,
-        None => k.usize("max_position_embeddings")?.unwrap_or(0) as f64 / orig,
-    };
-    if !(factor.is_finite() && factor > 0.0 && orig >= 1.0) {
-        return Err(k.err(key, "yarn needs a positive factor and original_max_position_embeddings"));
-    }
-    let truncate = match y.get("truncate") {
-        None | Some(Value::Null) => true,
-        Some(x) => x.as_bool().ok_or_else(|| k.err(&format!("{key}.truncate"), "expected true or false"))?,
-    };
-    let default_factor = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
-    if num("mscale")?.is_some() || num("mscale_all_dim")?.is_some() {
-        return Err(k.err(key, "yarn with mscale / mscale_all_dim is not supported yet"));
-    }
-    Ok(Yarn {
-        factor,
-        // transformers takes a 0 as unset too (`get(...) or 32`)
-        beta_fast: num("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
-        beta_slow: num("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
-        original_max_position_embeddings: orig as usize,
-        truncate,
-        attention_factor: num("attention_factor")?.unwrap_or(default_factor),
     })
 }
 
@@ -367,18 +306,18 @@ fn layer_types(k: &Keys, layers: usize) -> Result<Vec<LayerKind>, ConvertError> 
 }
 
 /// Typed reads of one config object; errors name the key with its place (`text_config.`).
-struct Keys<'a> {
-    v: &'a Value,
+pub(super) struct Keys<'a> {
+    pub(super) v: &'a Value,
     prefix: &'a str,
     path: &'a Path,
 }
 
 impl Keys<'_> {
-    fn err(&self, key: &str, msg: &str) -> ConvertError {
+    pub(super) fn err(&self, key: &str, msg: &str) -> ConvertError {
         ConvertError::Config { path: self.path.to_path_buf(), key: format!("{}{key}", self.prefix), msg: msg.into() }
     }
 
-    fn usize(&self, key: &str) -> Result<Option<usize>, ConvertError> {
+    pub(super) fn usize(&self, key: &str) -> Result<Option<usize>, ConvertError> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(x) => x
@@ -389,18 +328,18 @@ impl Keys<'_> {
         }
     }
 
-    fn req(&self, key: &str) -> Result<usize, ConvertError> {
+    pub(super) fn req(&self, key: &str) -> Result<usize, ConvertError> {
         self.usize(key)?.ok_or_else(|| self.err(key, "missing"))
     }
 
-    fn f64(&self, key: &str) -> Result<Option<f64>, ConvertError> {
+    pub(super) fn f64(&self, key: &str) -> Result<Option<f64>, ConvertError> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(x) => x.as_f64().map(Some).ok_or_else(|| self.err(key, "expected a number")),
         }
     }
 
-    fn bool(&self, key: &str, default: bool) -> Result<bool, ConvertError> {
+    pub(super) fn bool(&self, key: &str, default: bool) -> Result<bool, ConvertError> {
         match self.v.get(key) {
             None | Some(Value::Null) => Ok(default),
             Some(x) => x.as_bool().ok_or_else(|| self.err(key, "expected true or false")),
@@ -411,6 +350,7 @@ impl Keys<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model_config::ExpertAct;
     use serde_json::json;
 
     fn base() -> Value {
