@@ -94,6 +94,12 @@ pub fn synthesize(
     let mut cfg = spec.config().map_err(bad)?;
     let mut warnings = vec![];
     let mut tok = tokenizers::load(spec.shape.tokenizer).map_err(bad)?;
+    if spec.shape.tokenizer == shapes::TokFamily::Absent {
+        warnings.push(format!(
+            "{}'s tokenizer is not among moescope's: the package takes --prompt-ids only",
+            spec.shape.model
+        ));
+    }
     let tok_size = tok.tokenizer_json.as_deref().and_then(|j| Tok::from_json(j).ok()).map(|t| t.vocab_size());
     if let Some(n) = tok_size
         && n > cfg.vocab_size

@@ -1,10 +1,12 @@
 //! The real models `moescope synth` can imitate: their configurations as their config.json files
 //! give them (Qwen3-MoE from the HF configs; the hybrids from `Qwen3NextConfig` /
-//! `Qwen3_5MoeTextConfig` defaults and llama.cpp's qwen35moe type switch; gpt-oss from its
-//! released config.json files).
+//! `Qwen3_5MoeTextConfig` defaults and llama.cpp's qwen35moe type switch; gpt-oss and GLM-4.5
+//! from their released config.json files).
 
 use crate::convert::QuantMode;
-use crate::model_config::{Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, Sliding, Yarn};
+use crate::model_config::{
+    Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, SigmoidRouter, Sliding, Yarn,
+};
 
 /// Which real tokenizer a shape ships with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,6 +17,8 @@ pub enum TokFamily {
     Qwen35,
     /// gpt-oss's o200k_harmony (201,088 ids: o200k_base's 199,998 BPE tokens, then specials).
     Harmony,
+    /// None in assets/tokenizers (GLM-4.5's): the package takes `--prompt-ids` only.
+    Absent,
 }
 
 /// A named model shape.
@@ -37,12 +41,12 @@ impl Shape {
     pub fn default_quant(&self) -> QuantMode {
         match self.tokenizer {
             TokFamily::Harmony => QuantMode::Mxfp4,
-            TokFamily::Qwen3 | TokFamily::Qwen35 => QuantMode::Q4 { max_group: 32 },
+            TokFamily::Qwen3 | TokFamily::Qwen35 | TokFamily::Absent => QuantMode::Q4 { max_group: 32 },
         }
     }
 }
 
-pub const SHAPES: [Shape; 8] = [
+pub const SHAPES: [Shape; 10] = [
     Shape { name: "qwen3-30b-a3b", model: "Qwen3-30B-A3B", tokenizer: TokFamily::Qwen3, make: qwen3_30b },
     Shape { name: "qwen3-235b-a22b", model: "Qwen3-235B-A22B", tokenizer: TokFamily::Qwen3, make: qwen3_235b },
     Shape { name: "qwen3-next-80b-a3b", model: "Qwen3-Next-80B-A3B", tokenizer: TokFamily::Qwen3, make: next_80b },
@@ -51,6 +55,8 @@ pub const SHAPES: [Shape; 8] = [
     Shape { name: "qwen3.5-397b-a17b", model: "Qwen3.5-397B-A17B", tokenizer: TokFamily::Qwen35, make: q35_397b },
     Shape { name: "gpt-oss-20b", model: "gpt-oss-20b", tokenizer: TokFamily::Harmony, make: gpt_oss_20b },
     Shape { name: "gpt-oss-120b", model: "gpt-oss-120b", tokenizer: TokFamily::Harmony, make: gpt_oss_120b },
+    Shape { name: "glm-4.5", model: "GLM-4.5", tokenizer: TokFamily::Absent, make: glm_45 },
+    Shape { name: "glm-4.5-air", model: "GLM-4.5-Air", tokenizer: TokFamily::Absent, make: glm_45_air },
 ];
 
 pub fn find(name: &str) -> Result<Shape, String> {
@@ -232,6 +238,63 @@ fn gpt_oss_120b() -> ModelConfig {
     gpt_oss(36, 128)
 }
 
+/// GLM-4.5 (zai-org's config.json files): 96 query heads and 8 KV heads of 128 with q/k/v
+/// biases, rotary on half of each head, a sigmoid router (one group) over experts of width
+/// `expert_width` with one shared expert as wide, the first `dense` layers dense, one MTP layer.
+#[allow(clippy::too_many_arguments)]
+fn glm(
+    hidden: usize,
+    layers: usize,
+    experts: usize,
+    expert_width: usize,
+    dense_width: usize,
+    dense: usize,
+    scale: f32,
+    qk_norm: bool,
+) -> ModelConfig {
+    ModelConfig {
+        arch: Arch::Glm4Moe,
+        vocab_size: 151_552,
+        hidden_size: hidden,
+        num_hidden_layers: layers,
+        num_attention_heads: 96,
+        num_key_value_heads: 8,
+        head_dim: 128,
+        intermediate_size: dense_width,
+        moe_intermediate_size: expert_width,
+        num_experts: experts,
+        num_experts_per_tok: 8,
+        norm_topk_prob: true,
+        decoder_sparse_step: 1,
+        mlp_only_layers: (0..dense).collect(),
+        rms_norm_eps: 1e-5,
+        rope_theta: 1e6,
+        max_position_embeddings: 131_072,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        // <|endoftext|>, <|user|>, <|observation|>
+        eos_token_ids: vec![151_329, 151_336, 151_338],
+        hybrid: None,
+        features: Features {
+            qkv_bias: true,
+            qk_norm,
+            rotary_dim: Some(64),
+            sigmoid_router: Some(SigmoidRouter { n_group: 1, topk_group: 1, routed_scaling_factor: scale }),
+            shared_experts: expert_width,
+            nextn_layers: 1,
+            ..Features::default()
+        },
+    }
+}
+
+fn glm_45() -> ModelConfig {
+    glm(5120, 92, 160, 1536, 12_288, 3, 2.5, true)
+}
+
+fn glm_45_air() -> ModelConfig {
+    glm(4096, 46, 128, 1408, 10_944, 1, 1.0, false)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,7 +308,7 @@ mod tests {
 
     #[test]
     fn parameter_counts_match_the_model_names() {
-        // total parameters in billions, from the names (30B, 235B, 80B, 35B, 122B, 397B): the
+        // total parameters in billions, from the names (30B, 235B, 80B, 35B, 122B, 397B, 355B, 106B): the
         // shapes are right to within the rounding a model name does
         for (name, billions) in [
             ("qwen3-30b-a3b", 30.5),
@@ -254,6 +317,9 @@ mod tests {
             ("qwen3.5-35b-a3b", 34.7),
             ("qwen3.5-122b-a10b", 122.0),
             ("qwen3.5-397b-a17b", 396.0),
+            // GLM-4.5 355B-A32B, GLM-4.5-Air 106B-A12B (the MTP layer not counted)
+            ("glm-4.5", 355.0),
+            ("glm-4.5-air", 106.0),
         ] {
             let c = find(name).unwrap().config();
             let plan = crate::convert::plan::dense_tensors(&c);

@@ -11,6 +11,7 @@ use crate::package::TokenizerInfo;
 #[cfg(feature = "embedded-tokenizers")]
 fn embedded(f: TokFamily) -> Option<(&'static [u8], &'static str)> {
     Some(match f {
+        TokFamily::Absent => return None,
         TokFamily::Qwen3 => (
             include_bytes!("../../assets/tokenizers/qwen3/tokenizer.json.xz"),
             include_str!("../../assets/tokenizers/qwen3/tokenizer_config.json"),
@@ -36,19 +37,20 @@ fn folder(f: TokFamily) -> &'static str {
         TokFamily::Qwen3 => "qwen3",
         TokFamily::Qwen35 => "qwen3.5",
         TokFamily::Harmony => "o200k_harmony",
+        TokFamily::Absent => "none",
     }
 }
 
 fn template_file(f: TokFamily) -> &'static str {
     match f {
         TokFamily::Qwen3 => "tokenizer_config.json",
-        TokFamily::Qwen35 | TokFamily::Harmony => "chat_template.jinja",
+        TokFamily::Qwen35 | TokFamily::Harmony | TokFamily::Absent => "chat_template.jinja",
     }
 }
 
 fn packed_file(f: TokFamily) -> &'static str {
     match f {
-        TokFamily::Qwen3 | TokFamily::Qwen35 => "tokenizer.json",
+        TokFamily::Qwen3 | TokFamily::Qwen35 | TokFamily::Absent => "tokenizer.json",
         TokFamily::Harmony => "ranks.bin",
     }
 }
@@ -66,8 +68,11 @@ pub fn harmony_ranks() -> Result<Vec<u8>, String> {
     crate::packed::unpack("ranks.bin", &xz)
 }
 
-/// The family's tokenizer as a package embeds it.
+/// The family's tokenizer as a package embeds it (none for `Absent`).
 pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
+    if f == TokFamily::Absent {
+        return Ok(TokenizerInfo::default());
+    }
     let (xz, tmpl): (Vec<u8>, String) = match embedded(f) {
         Some((xz, t)) => (xz.to_vec(), t.to_string()),
         None => {
@@ -123,6 +128,7 @@ pub fn load(f: TokFamily) -> Result<TokenizerInfo, String> {
             eos_token: Some("<|return|>".into()),
             pad_token: Some("<|endoftext|>".into()),
         },
+        TokFamily::Absent => TokenizerInfo::default(),
     };
     Ok(info)
 }
