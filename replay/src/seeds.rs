@@ -239,14 +239,14 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
         "checkpoint" => {
             out.push(("tiny qwen3-moe".into(), tiny_checkpoint()));
             out.push(("tiny qwen3-moe in two shards".into(), tiny_sharded_checkpoint()));
-            for f in ["next", "qwen35", "odd", "gpt-oss-mxfp4"] {
+            for f in ["next", "qwen35", "odd", "gpt-oss-mxfp4", "glm"] {
                 out.extend(fixture_checkpoint(root, f).map(|b| (format!("tests/fixtures/{f}"), b)));
             }
             out.extend(gpt_oss_bf16_checkpoint(root).map(|b| ("gpt-oss bf16 release layout".into(), b)));
         }
         "package" => {
             out.extend(package_of(&tiny_checkpoint()).map(|b| ("tiny qwen3-moe package".into(), b)));
-            for f in ["next", "gpt-oss-mxfp4"] {
+            for f in ["next", "gpt-oss-mxfp4", "glm"] {
                 let pkg = fixture_checkpoint(root, f).and_then(|c| package_of(&c));
                 out.extend(pkg.map(|b| (format!("{f} package"), b)));
             }
@@ -260,6 +260,7 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
                 "gguf/qwen35/qwen35-q8_0.gguf",
                 "gguf/tiny/tiny-q4_k_m.gguf",
                 "gguf/gpt-oss/gpt-oss-mxfp4.gguf",
+                "gguf/glm/glm-q8_0.gguf",
                 "gguf/harmony-vocab.gguf",
             ] {
                 out.extend(std::fs::read(fixtures(root).join(p)).ok().map(|b| (format!("tests/fixtures/{p}"), b)));

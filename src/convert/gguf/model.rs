@@ -10,7 +10,9 @@ use moescope_kernels::ggml::BlockType;
 
 use super::file::{self as gguf, Gguf, GgufError, TensorInfo, Value};
 use crate::convert::error::ConvertError;
-use crate::model_config::{Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, Sliding, Yarn};
+use crate::model_config::{
+    Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, SigmoidRouter, Sliding, Yarn,
+};
 
 /// A GGUF model in one or more parts.
 pub struct GgufModel {
@@ -146,6 +148,14 @@ impl GgufModel {
         }
     }
 
+    fn bool_key(&self, key: &str) -> Result<Option<bool>, ConvertError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.config_err(key, format!("expected true or false, found {}", v.type_name()))),
+        }
+    }
+
     fn usize_req(&self, key: &str) -> Result<usize, ConvertError> {
         let v = self.u64_key(key)?.ok_or_else(|| self.config_err(key, "missing"))?;
         usize::try_from(v)
@@ -173,11 +183,12 @@ impl GgufModel {
             "qwen35moe" => Arch::Qwen35Moe,
             "qwen3next" => Arch::Qwen3Next,
             "gpt-oss" => Arch::GptOss,
+            "glm4moe" => Arch::Glm4Moe,
             other => {
                 return Err(ConvertError::Architecture {
                     path: self.path().to_path_buf(),
                     found: other.into(),
-                    supported: "qwen3moe, qwen35moe, qwen3next and gpt-oss GGUF files".into(),
+                    supported: "qwen3moe, qwen35moe, qwen3next, gpt-oss and glm4moe GGUF files".into(),
                 });
             }
         };
@@ -199,6 +210,7 @@ impl GgufModel {
         if let Some(r) = self.u64_key(&k("rope.dimension_count"))?
             && r as usize != head_dim
             && !model_arch.is_hybrid()
+            && model_arch != Arch::Glm4Moe
         {
             return Err(self.config_err(
                 &k("rope.dimension_count"),
@@ -268,10 +280,17 @@ impl GgufModel {
             moe_intermediate_size: moe_i,
             num_experts: experts,
             num_experts_per_tok: self.usize_req(&k("expert_used_count"))?,
-            // gpt-oss: the softmax over the chosen k already sums to one
-            norm_topk_prob: !gpt_oss,
+            // gpt-oss: the softmax over the chosen k already sums to one; GLM-4.5 says
+            norm_topk_prob: match model_arch {
+                Arch::GptOss => false,
+                Arch::Glm4Moe => self.bool_key(&k("expert_weights_norm"))?.unwrap_or(true),
+                _ => true,
+            },
             decoder_sparse_step: 1,
-            mlp_only_layers: vec![],
+            mlp_only_layers: match model_arch {
+                Arch::Glm4Moe => (0..self.u64_key(&k("leading_dense_block_count"))?.unwrap_or(0) as usize).collect(),
+                _ => vec![],
+            },
             rms_norm_eps: self.f64_key(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
             rope_theta: self.f64_key(&k("rope.freq_base"))?.unwrap_or(10000.0),
             max_position_embeddings: self.u64_key(&k("context_length"))?.unwrap_or(32768) as usize,
@@ -279,7 +298,11 @@ impl GgufModel {
             bos_token_id: token("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: eos,
             hybrid,
-            features: if gpt_oss { self.gpt_oss_features(arch, layers)? } else { Default::default() },
+            features: match model_arch {
+                Arch::GptOss => self.gpt_oss_features(arch, layers)?,
+                Arch::Glm4Moe => self.glm_features(arch, head_dim, moe_i)?,
+                _ => Default::default(),
+            },
         };
         cfg.validate().map_err(|msg| self.config_err(arch, msg))?;
         Ok(cfg)
@@ -336,6 +359,37 @@ impl GgufModel {
             rope_yarn,
             expert_bias: true,
             expert_act: ExpertAct::ClampedSwiglu { alpha: 1.702, limit: 7.0 },
+            ..Features::default()
+        })
+    }
+
+    /// GLM-4.5's attention and router (llama.cpp's `glm4-moe.cpp`): q/k/v biases and q/k norms
+    /// where the file holds them (it states neither), `rope.dimension_count` rotary dims, the
+    /// sigmoid router (`expert_gating_func` 2) with `expert_group_count` / `_used_count`
+    /// groups and `expert_weights_scale`, `expert_shared_count` shared experts of the routed
+    /// width, the MTP layers `nextn_predict_layers` states.
+    fn glm_features(&self, arch: &str, head_dim: usize, moe_i: usize) -> Result<Features, ConvertError> {
+        let k = |s: &str| format!("{arch}.{s}");
+        if let Some(f) = self.u64_key(&k("expert_gating_func"))?
+            && f != 2
+        {
+            return Err(self.config_err(&k("expert_gating_func"), format!("{f} is not sigmoid (2)")));
+        }
+        let last_moe = (0..self.usize_req(&k("block_count"))?)
+            .find(|l| self.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_some())
+            .unwrap_or(0);
+        let has = |name: &str| self.tensor(&format!("blk.{last_moe}.{name}")).is_some();
+        Ok(Features {
+            qkv_bias: has("attn_q.bias"),
+            qk_norm: has("attn_q_norm.weight"),
+            rotary_dim: Some(self.u64_key(&k("rope.dimension_count"))?.map_or(head_dim, |r| r as usize)),
+            sigmoid_router: Some(SigmoidRouter {
+                n_group: self.u64_key(&k("expert_group_count"))?.unwrap_or(1) as usize,
+                topk_group: self.u64_key(&k("expert_group_used_count"))?.unwrap_or(1) as usize,
+                routed_scaling_factor: self.f64_key(&k("expert_weights_scale"))?.unwrap_or(1.0) as f32,
+            }),
+            shared_experts: (self.u64_key(&k("expert_shared_count"))?.unwrap_or(0) as usize).saturating_mul(moe_i),
+            nextn_layers: self.u64_key(&k("nextn_predict_layers"))?.unwrap_or(0) as usize,
             ..Features::default()
         })
     }

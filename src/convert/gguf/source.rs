@@ -16,6 +16,7 @@ use super::codes::each_block;
 use super::model::GgufModel;
 use crate::convert::error::ConvertError;
 use crate::convert::source::TensorSource;
+use crate::model_config::Arch;
 
 /// Where an HF tensor's rows are: a GGUF tensor, and the first of its rows (an expert's slice).
 #[derive(Debug, Clone)]
@@ -43,8 +44,8 @@ pub struct GgufSource {
     files: Vec<(PathBuf, File)>,
     num_experts: usize,
     hybrid: Option<HybridRows>,
-    /// gpt-oss's tensor names (`layer_name_gpt_oss`)
-    gpt_oss: bool,
+    /// the family's per-layer tensor names (`layer_name`, `layer_name_gpt_oss`, `layer_name_glm`)
+    names: fn(&str) -> Option<&'static str>,
 }
 
 /// How a hybrid's (qwen35moe, qwen3next) fused tensors hold the package's.
@@ -117,6 +118,22 @@ fn layer_name(rest: &str) -> Option<&'static str> {
         "mlp.up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
         _ => return None,
+    })
+}
+
+/// GLM-4.5's layer tensors (llama.cpp's `glm4-moe.cpp`) under the package's names (after
+/// `model.layers.{l}.`), besides the routed experts' matrices.
+fn layer_name_glm(rest: &str) -> Option<&'static str> {
+    Some(match rest {
+        "post_attention_layernorm.weight" => "post_attention_norm.weight",
+        "self_attn.q_proj.bias" => "attn_q.bias",
+        "self_attn.k_proj.bias" => "attn_k.bias",
+        "self_attn.v_proj.bias" => "attn_v.bias",
+        "mlp.gate.e_score_correction_bias" => "exp_probs_b.bias",
+        "mlp.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_experts.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_experts.down_proj.weight" => "ffn_down_shexp.weight",
+        _ => return layer_name(rest),
     })
 }
 
@@ -194,13 +211,17 @@ impl GgufSource {
         }
         let cfg = model.config().ok();
         let num_experts = cfg.as_ref().map_or(0, |c| c.num_experts);
-        let gpt_oss = cfg.as_ref().is_some_and(|c| c.arch == crate::model_config::Arch::GptOss);
+        let names = match cfg.as_ref().map(|c| c.arch) {
+            Some(Arch::GptOss) => layer_name_gpt_oss,
+            Some(Arch::Glm4Moe) => layer_name_glm,
+            _ => layer_name,
+        };
         let hybrid = cfg.and_then(|c| {
             let hy = c.hybrid.as_ref()?;
-            let fused = c.arch == crate::model_config::Arch::Qwen3Next;
+            let fused = c.arch == Arch::Qwen3Next;
             Some(HybridRows { head_dim: c.head_dim, ba_fused: fused.then(|| hy.value_heads / hy.key_heads.max(1)) })
         });
-        Ok(GgufSource { model, files, num_experts, hybrid, gpt_oss })
+        Ok(GgufSource { model, files, num_experts, hybrid, names })
     }
 
     /// Where the HF tensor `name`'s rows are, with its HF shape `[rows, cols]`.
@@ -244,7 +265,7 @@ impl GgufSource {
                     ..s
                 });
             }
-        } else if let Some(g) = self.layer_name(rest) {
+        } else if let Some(g) = (self.names)(rest) {
             return whole(&format!("blk.{l}.{g}"));
         }
         // mlp.experts.{e}.{gate,up,down}_proj.weight
@@ -288,11 +309,6 @@ impl GgufSource {
                 _ => ConvertError::MissingTensor { dir: self.model.path().to_path_buf(), name: self.source_name(name) },
             }),
         }
-    }
-
-    /// The llama.cpp name of a per-layer tensor of a model that is not a hybrid.
-    fn layer_name(&self, rest: &str) -> Option<&'static str> {
-        if self.gpt_oss { layer_name_gpt_oss(rest) } else { layer_name(rest) }
     }
 
     fn gguf_name(&self, name: &str) -> Option<String> {
@@ -475,7 +491,7 @@ impl TensorSource for GgufSource {
                 let g = match self.hybrid {
                     Some(hy) if hy.ba_half(rest).is_some() => Some("ssm_ba.weight"),
                     Some(_) => hybrid_layer_name(rest),
-                    None => self.layer_name(rest),
+                    None => (self.names)(rest),
                 };
                 match (g, rest.strip_prefix("mlp.experts.").and_then(|r| r.split_once('.'))) {
                     (Some(g), _) => format!("blk.{l}.{g}"),

@@ -59,8 +59,8 @@ pub fn tokenizer(m: &GgufModel) -> Result<Option<TokenizerInfo>, ConvertError> {
     };
     let tokens =
         strings(m, "tokenizer.ggml.tokens")?.ok_or_else(|| m.config_err("tokenizer.ggml.tokens", "missing"))?;
-    let merges =
-        strings(m, "tokenizer.ggml.merges")?.ok_or_else(|| m.config_err("tokenizer.ggml.merges", "missing"))?;
+    // a vocabulary of single bytes has no merges, and llama.cpp's converter then writes no key
+    let merges = strings(m, "tokenizer.ggml.merges")?.unwrap_or_default();
     let types: Vec<i64> = match m.get("tokenizer.ggml.token_type") {
         None => vec![1; tokens.len()],
         Some(Value::Array(_, v)) if v.len() == tokens.len() => v
