@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A llama.cpp GGUF holding the same weights as a synthetic Qwen3-MoE package.
+"""A llama.cpp GGUF holding the same weights as a synthetic Qwen3-MoE, gpt-oss or GLM-4.5 package.
 
 usage: moe_to_gguf.py PACKAGE.moe OUT.gguf
 
@@ -8,6 +8,12 @@ are ggml's MXFP4 blocks as they are (moescope keeps that layout), every q8 matri
 embeddings, output; synth draws f16-exact scales) becomes Q8_0 blocks with its scales
 repeated, norms, biases, sinks and routers stay F32, and the tokenizer goes with llama.cpp's
 `gpt-4o` pre-tokenizer: both engines hold the same weights, so the logits agree too.
+
+GLM-4.5 packages (`moescope synth --shape glm-4.5|glm-4.5-air`, q4g32) go as the Qwen3-MoE ones
+below, under llama.cpp's glm4moe names (q/k/v biases, router correction `exp_probs_b`, shared
+experts `ffn_*_shexp`, the leading dense layers' `ffn_*`) and keys (sigmoid gating, groups,
+scale, renormalisation, rotary dims); they carry no tokenizer, so the file gets a byte-level
+vocabulary padded to the model's (llama.cpp needs one to load; benchmarks feed ids).
 
 For packages `moescope synth --quant q4g32` writes (qwen3_moe architecture). Its int4 matrices
 are llama.cpp's Q4_0 values exactly: codes in [-8, 7] biased by 8, value j of a group of 32 in the
@@ -262,32 +268,33 @@ def gpt_oss(src, dst, meta, mm):
     write_plan(w, dst, plan)
 
 
-def main():
-    if len(sys.argv) != 3:
-        sys.exit(__doc__)
-    src, dst = sys.argv[1], sys.argv[2]
-    meta, mm = read_package(src)
-    c = meta["model"]
-    if c["arch"] == "gpt_oss":
-        return gpt_oss(src, dst, meta, mm)
-    if c["arch"] != "qwen3_moe":
-        sys.exit(f"{src}: architecture {c['arch']}; this script writes qwen3moe GGUFs only")
-    if c["tie_word_embeddings"]:
-        sys.exit(f"{src}: tied embeddings are not handled")
+def byte_vocab(w, n):
+    """A vocabulary for a package that carries none (GLM's synth shapes): the byte-level alphabet,
+    one merge ("Ġ Ġ"), then fillers up to `n`; llama.cpp needs one to load, and benchmarks feed
+    token ids."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, k = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + k)
+            k += 1
+    tokens = [chr(c) for c in cs] + ["ĠĠ"]
+    tokens += [f"<filler{i}>" for i in range(len(tokens), n)]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.NORMAL] * 257 + [gguf.TokenType.USER_DEFINED] * (n - 257))
+    w.add_token_merges(["Ġ Ġ"])
+    w.add_eos_token_id(n - 1)
+    w.add_add_bos_token(False)
+
+
+def q4_helpers(mm, meta):
+    """How q4g32 dense matrices, F32 vectors and experts of the package become GGUF tensors:
+    (type, byte shape, maker) for write_plan."""
     tensors = {t["name"]: t for t in meta["tensors"]}
-    L, H, E = c["num_hidden_layers"], c["hidden_size"], c["num_experts"]
-
-    w = gguf.GGUFWriter(dst, "qwen3moe")
-    common_keys(w, meta, c, c["intermediate_size"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_expert_count(E)
-    w.add_expert_used_count(c["num_experts_per_tok"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-
-    add_tokenizer(w, meta, c["vocab_size"], "qwen2", "<|im_end|>")
-
-    # (gguf name, type, byte shape, how to make it), in data-section order
-    plan = []
+    E = meta["model"]["num_experts"]
 
     def dense_q4(name):
         t = tensors[name]
@@ -298,7 +305,7 @@ def main():
     def dense_f32(name):
         return f32_entry(mm, tensors[name])
 
-    ex = meta["experts"]
+    ex = meta.get("experts") or {"parts": [], "layers": []}
     parts = {p["name"]: p for p in ex["parts"]}
 
     def experts(l, part):
@@ -315,9 +322,97 @@ def main():
             return np.stack(blocks)
         return T.Q4_0, (E, r, cc // 32 * 18), make
 
-    V = c["vocab_size"]
+    return tensors, dense_q4, dense_f32, experts
+
+
+def embedding_and_output(mm, c, tensors):
+    """token_embd (Q8_0 from the q8 embedding) and the plan's tail: output_norm and a random
+    Q6_K output layer of the same scale (see the module doc)."""
+    V, H = c["vocab_size"], c["hidden_size"]
     emb = tensors["model.embed_tokens.weight"]
-    plan.append(("token_embd.weight", T.Q8_0, (V, H // 32 * 34), lambda: q8_0_blocks(mm, emb)))
+    head = [("token_embd.weight", T.Q8_0, (V, H // 32 * 34), lambda: q8_0_blocks(mm, emb))]
+    tail = [("output_norm.weight", *f32_entry(mm, tensors["model.norm.weight"])),
+            ("output.weight", T.Q6_K, (V, H // 256 * 210), lambda: random_q6_k(V, H, 0.02, 0))]
+    return head, tail
+
+
+def glm4moe(src, dst, meta, mm):
+    """GLM-4.5 (glm4_moe) packages, q4g32: llama.cpp's glm4moe names and keys."""
+    c = meta["model"]
+    L, E = c["num_hidden_layers"], c["num_experts"]
+    sig = c["sigmoid_router"]
+    dense = set(c["mlp_only_layers"])
+    w = gguf.GGUFWriter(dst, "glm4moe")
+    common_keys(w, meta, c, c["intermediate_size"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_dimension_count(c.get("rotary_dim") or c["head_dim"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_shared_count(c.get("shared_experts", 0) // c["moe_intermediate_size"])
+    w.add_leading_dense_block_count(len(dense))
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(sig["routed_scaling_factor"])
+    w.add_expert_weights_norm(c["norm_topk_prob"])
+    w.add_expert_group_count(sig["n_group"])
+    w.add_expert_group_used_count(sig["topk_group"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    byte_vocab(w, c["vocab_size"])
+    tensors, dense_q4, dense_f32, experts = q4_helpers(mm, meta)
+    head, tail = embedding_and_output(mm, c, tensors)
+    plan = list(head)
+    for l in range(L):
+        P = f"model.layers.{l}."
+        items = [("attn_norm.weight", dense_f32(P + "input_layernorm.weight"))]
+        for n, hf in [("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj")]:
+            items.append((f"{n}.weight", dense_q4(P + f"self_attn.{hf}.weight")))
+            if c.get("qkv_bias"):
+                items.append((f"{n}.bias", dense_f32(P + f"self_attn.{hf}.bias")))
+        items.append(("attn_output.weight", dense_q4(P + "self_attn.o_proj.weight")))
+        if c.get("qk_norm"):
+            items += [("attn_q_norm.weight", dense_f32(P + "self_attn.q_norm.weight")),
+                      ("attn_k_norm.weight", dense_f32(P + "self_attn.k_norm.weight"))]
+        items.append(("post_attention_norm.weight", dense_f32(P + "post_attention_layernorm.weight")))
+        if l in dense:
+            items += [(f"ffn_{n}.weight", dense_q4(P + f"mlp.{n}_proj.weight")) for n in ("gate", "up", "down")]
+        else:
+            items += [("ffn_gate_inp.weight", dense_f32(P + "mlp.gate.weight")),
+                      ("exp_probs_b.bias", dense_f32(P + "mlp.gate.e_score_correction_bias"))]
+            items += [(f"ffn_{n}_exps.weight", experts(l, f"{n}_proj")) for n in ("gate", "up", "down")]
+            items += [(f"ffn_{n}_shexp.weight", dense_q4(P + f"mlp.shared_experts.{n}_proj.weight"))
+                      for n in ("gate", "up", "down")]
+        plan += [(f"blk.{l}.{name}", *made) for name, made in items]
+    write_plan(w, dst, plan + tail)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    src, dst = sys.argv[1], sys.argv[2]
+    meta, mm = read_package(src)
+    c = meta["model"]
+    if c["arch"] == "gpt_oss":
+        return gpt_oss(src, dst, meta, mm)
+    if c["arch"] == "glm4_moe":
+        return glm4moe(src, dst, meta, mm)
+    if c["arch"] != "qwen3_moe":
+        sys.exit(f"{src}: architecture {c['arch']}; this script writes qwen3moe, gpt-oss and glm4moe GGUFs")
+    if c["tie_word_embeddings"]:
+        sys.exit(f"{src}: tied embeddings are not handled")
+    L, E = c["num_hidden_layers"], c["num_experts"]
+
+    w = gguf.GGUFWriter(dst, "qwen3moe")
+    common_keys(w, meta, c, c["intermediate_size"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+
+    add_tokenizer(w, meta, c["vocab_size"], "qwen2", "<|im_end|>")
+
+    tensors, dense_q4, dense_f32, experts = q4_helpers(mm, meta)
+    head, tail = embedding_and_output(mm, c, tensors)
+    # (gguf name, type, byte shape, how to make it), in data-section order
+    plan = list(head)
     for l in range(L):
         P = f"model.layers.{l}."
         for name, made in [
@@ -335,8 +430,7 @@ def main():
             ("ffn_down_exps", experts(l, "down_proj")),
         ]:
             plan.append((f"blk.{l}.{name}.weight", *made))
-    plan.append(("output_norm.weight", *dense_f32("model.norm.weight")))
-    plan.append(("output.weight", T.Q6_K, (V, H // 256 * 210), lambda: random_q6_k(V, H, 0.02, 0)))
+    plan += tail
 
     write_plan(w, dst, plan)
 
