@@ -40,10 +40,16 @@ pub enum Arch {
     /// the first layers dense.
     #[serde(rename = "glm4_moe")]
     Glm4Moe,
+    /// DeepSeek-V3 / R1 / V3.1 and Kimi-K2: `DeepseekV3ForCausalLM`, multi-head latent attention,
+    /// a sigmoid router with expert groups and a correction bias, shared experts, the first
+    /// layers dense.
+    #[serde(rename = "deepseek_v3")]
+    DeepseekV3,
 }
 
 impl Arch {
-    pub const ALL: [Arch; 5] = [Arch::Qwen3Moe, Arch::Qwen3Next, Arch::Qwen35Moe, Arch::GptOss, Arch::Glm4Moe];
+    pub const ALL: [Arch; 6] =
+        [Arch::Qwen3Moe, Arch::Qwen3Next, Arch::Qwen35Moe, Arch::GptOss, Arch::Glm4Moe, Arch::DeepseekV3];
 
     pub fn hf_class(self) -> &'static str {
         match self {
@@ -52,6 +58,7 @@ impl Arch {
             Arch::Qwen35Moe => "Qwen3_5MoeForConditionalGeneration",
             Arch::GptOss => "GptOssForCausalLM",
             Arch::Glm4Moe => "Glm4MoeForCausalLM",
+            Arch::DeepseekV3 => "DeepseekV3ForCausalLM",
         }
     }
 
@@ -63,6 +70,7 @@ impl Arch {
             Arch::Qwen35Moe => "qwen3_5_moe",
             Arch::GptOss => "gpt_oss",
             Arch::Glm4Moe => "glm4_moe",
+            Arch::DeepseekV3 => "deepseek_v3",
         }
     }
 
@@ -320,6 +328,29 @@ pub struct Features {
     /// the checkpoint, not run.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub nextn_layers: usize,
+    /// Multi-head latent attention (DeepSeek-V3); `head_dim` is then `qk_nope + qk_rope` and
+    /// `rotary_dim` `qk_rope`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<Mla>,
+}
+
+/// DeepSeek-V3's multi-head latent attention (config.json's names). Per token: queries through
+/// `q_a_proj` (`q_lora_rank`), its norm and `q_b_proj`, or one `q_proj`; `kv_a_proj_with_mqa`
+/// gives the compressed kv (`kv_lora_rank`, normed by `kv_a_layernorm`) and one rotary key
+/// (`qk_rope_head_dim`) all heads share; `kv_b_proj` expands the compressed kv to each head's
+/// `qk_nope_head_dim` key dims and `v_head_dim` values.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Mla {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// The rotary dims in interleaved pairs (2i, 2i + 1), not halves (`rope_interleave`).
+    pub rope_interleave: bool,
+    /// The softmax scale: `(qk_nope + qk_rope)^-1/2`, times YaRN's `mscale^2` where the config
+    /// has `mscale_all_dim` (transformers' `yarn_apply_mscale`).
+    pub softmax_scale: f32,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -388,7 +419,7 @@ impl ModelConfig {
     pub fn qk_norm(&self) -> bool {
         match self.arch {
             Arch::Qwen3Moe | Arch::Qwen3Next | Arch::Qwen35Moe => true,
-            Arch::GptOss => false,
+            Arch::GptOss | Arch::DeepseekV3 => false,
             Arch::Glm4Moe => self.features.qk_norm,
         }
     }
@@ -497,6 +528,27 @@ impl ModelConfig {
             }
         }
         at_most(&[("shared_experts", f.shared_experts, 1 << 20), ("num_nextn_predict_layers", f.nextn_layers, 16)])?;
+        if let Some(m) = f.mla {
+            at_most(&[
+                ("q_lora_rank", m.q_lora_rank.unwrap_or(0), 1 << 16),
+                ("kv_lora_rank", m.kv_lora_rank, 1 << 16),
+                ("qk_rope_head_dim", m.qk_rope_head_dim, 1 << 12),
+                ("v_head_dim", m.v_head_dim, 1 << 12),
+            ])?;
+            let positive = [m.q_lora_rank.unwrap_or(1), m.kv_lora_rank, m.qk_rope_head_dim, m.v_head_dim];
+            if positive.contains(&0) || !m.qk_rope_head_dim.is_multiple_of(2) {
+                return Err("kv_lora_rank, q_lora_rank, v_head_dim and qk_rope_head_dim (even) must be positive".into());
+            }
+            if self.head_dim != m.qk_nope_head_dim + m.qk_rope_head_dim || m.v_head_dim > self.head_dim {
+                return Err(format!(
+                    "v_head_dim ({}) must be at most qk_nope_head_dim + qk_rope_head_dim ({})",
+                    m.v_head_dim, self.head_dim
+                ));
+            }
+            if !(m.softmax_scale.is_finite() && m.softmax_scale > 0.0) {
+                return Err("mscale_all_dim gives no usable softmax scale".into());
+            }
+        }
         if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim ({}) must be even for rotary embeddings", self.head_dim));
         }

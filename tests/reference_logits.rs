@@ -239,6 +239,8 @@ fixture_tests! {
     qwen3_5_vision_mtp_fused_tied => "qwen35",
     gpt_oss_sinks_windows_yarn_biases_clamp_mxfp4_release => "gpt-oss-mxfp4",
     glm4_moe_partial_rotary_qk_norms_qkv_biases_sigmoid_router_shared_expert_dense_first => "glm",
+    deepseek_v3_latent_attention_q_lora_interleaved_yarn_mscale_expert_groups => "deepseek",
+    deepseek_v3_plain_q_proj_halves_rope_two_shared_experts_no_renormalisation => "deepseek-noqlora",
 }
 
 /// gpt-oss's bf16 release layout (the MXFP4 fixture's weights, widened and transposed as the

@@ -43,7 +43,7 @@ fn stream(budget: u64, prefetch: bool, policy: PolicyKind, io: IoMode) -> Stream
 
 #[test]
 fn logits_are_bit_identical_at_every_budget() {
-    let q4 = ["single", "odd", "wide", "next", "qwen35", "gpt-oss-mxfp4", "glm"].map(|n| (n, "q4"));
+    let q4 = ["single", "odd", "wide", "next", "qwen35", "gpt-oss-mxfp4", "glm", "deepseek"].map(|n| (n, "q4"));
     // MXFP4 blobs streamed as they are
     for (name, quant) in q4.into_iter().chain([("gpt-oss-mxfp4", "mxfp4")]) {
         let (_d, pkg) = convert(name, quant);

@@ -187,6 +187,21 @@ pub fn apply_rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
+/// DeepSeek's rotary layout (`rope_interleave`): pair i is `(x[2i], x[2i + 1])`, and the result
+/// comes out in halves as transformers' `apply_rotary_pos_emb_interleave` gives it: `x[i] =
+/// x0 cos - x1 sin`, `x[i + half] = x1 cos + x0 sin` (queries and keys alike, so their dot
+/// products are those of the interleaved pairs). `scratch` holds `x.len()` values.
+pub fn apply_rope_interleaved(x: &mut [f32], cos: &[f32], sin: &[f32], scratch: &mut [f32]) {
+    let half = cos.len();
+    let s = &mut scratch[..2 * half];
+    s.copy_from_slice(&x[..2 * half]);
+    for i in 0..half {
+        let (a, b) = (s[2 * i], s[2 * i + 1]);
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = b * cos[i] + a * sin[i];
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

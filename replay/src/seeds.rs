@@ -239,14 +239,14 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
         "checkpoint" => {
             out.push(("tiny qwen3-moe".into(), tiny_checkpoint()));
             out.push(("tiny qwen3-moe in two shards".into(), tiny_sharded_checkpoint()));
-            for f in ["next", "qwen35", "odd", "gpt-oss-mxfp4", "glm"] {
+            for f in ["next", "qwen35", "odd", "gpt-oss-mxfp4", "glm", "deepseek", "deepseek-noqlora"] {
                 out.extend(fixture_checkpoint(root, f).map(|b| (format!("tests/fixtures/{f}"), b)));
             }
             out.extend(gpt_oss_bf16_checkpoint(root).map(|b| ("gpt-oss bf16 release layout".into(), b)));
         }
         "package" => {
             out.extend(package_of(&tiny_checkpoint()).map(|b| ("tiny qwen3-moe package".into(), b)));
-            for f in ["next", "gpt-oss-mxfp4", "glm"] {
+            for f in ["next", "gpt-oss-mxfp4", "glm", "deepseek"] {
                 let pkg = fixture_checkpoint(root, f).and_then(|c| package_of(&c));
                 out.extend(pkg.map(|b| (format!("{f} package"), b)));
             }

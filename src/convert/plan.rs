@@ -39,6 +39,10 @@
 //! (`mlp.experts.{gate,up,down}_proj.bias`: in RAM with the dense weights, 0.3% of an
 //! expert's bytes, so the blobs keep their three parts); no q/k norms.
 //!
+//! DeepSeek-V3 packages keep the checkpoint's latent-attention tensors (`self_attn.q_a_proj`,
+//! `q_a_layernorm`, `q_b_proj` or `q_proj`, `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`,
+//! `o_proj`; norms f32, the rest linear layers) and GLM-4.5's router and shared experts.
+//!
 //! GLM-4.5 packages keep the checkpoint's names: q/k/v biases (`self_attn.{q,k,v}_proj.bias`)
 //! exact, q/k norms where `use_qk_norm`, the router's `mlp.gate.e_score_correction_bias` f32,
 //! the shared expert (`mlp.shared_experts.*`) as a linear layer.
@@ -162,6 +166,7 @@ pub fn dense_tensors(c: &ModelConfig) -> Vec<DenseTensor> {
                 v.push(t(format!("{a}norm.weight"), Kind::Exact, &[hy.value_head_dim]));
                 v.push(t(format!("{a}out_proj.weight"), Kind::Linear, &[h, vd]));
             }
+            _ if c.features.mla.is_some() => mla_tensors(c, &p, &mut v),
             _ => {
                 v.push(t(format!("{p}self_attn.q_proj.weight"), Kind::Linear, &[c.q_dim(), h]));
                 if c.hybrid.is_some() {
@@ -227,6 +232,30 @@ pub fn dense_tensors(c: &ModelConfig) -> Vec<DenseTensor> {
         v.push(t("lm_head.weight".into(), Kind::LmHead, &[c.vocab_size, h]));
     }
     v
+}
+
+/// A latent-attention layer's tensors (DeepSeek-V3's names, under `{p}self_attn.`).
+fn mla_tensors(c: &ModelConfig, p: &str, v: &mut Vec<DenseTensor>) {
+    let Some(m) = c.features.mla else { return };
+    let (h, nh) = (c.hidden_size, c.num_attention_heads);
+    let t = |name: &str, kind, shape: &[usize]| DenseTensor {
+        name: format!("{p}self_attn.{name}"),
+        kind,
+        shape: shape.to_vec(),
+    };
+    match m.q_lora_rank {
+        Some(r) => {
+            v.push(t("q_a_proj.weight", Kind::Linear, &[r, h]));
+            v.push(t("q_a_layernorm.weight", Kind::Norm, &[r]));
+            v.push(t("q_b_proj.weight", Kind::Linear, &[c.q_dim(), r]));
+        }
+        None => v.push(t("q_proj.weight", Kind::Linear, &[c.q_dim(), h])),
+    }
+    let (kvl, nope, vd) = (m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim);
+    v.push(t("kv_a_proj_with_mqa.weight", Kind::Linear, &[kvl + m.qk_rope_head_dim, h]));
+    v.push(t("kv_a_layernorm.weight", Kind::Norm, &[kvl]));
+    v.push(t("kv_b_proj.weight", Kind::Linear, &[nh * (nope + vd), kvl]));
+    v.push(t("o_proj.weight", Kind::Linear, &[h, nh * vd]));
 }
 
 /// HF names of the three matrices of expert `e` of layer `l`, with their shapes.

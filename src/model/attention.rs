@@ -191,7 +191,7 @@ impl Attention {
             pass.kv.write(l, pos0 + t, &k[t * nkv * hd..(t + 1) * nkv * hd], &v[t * nkv * hd..(t + 1) * nkv * hd]);
         }
         let attn = &mut attn[..t_n * nh * hd];
-        let at = At { layer: l, heads: self.heads, pos0, window: self.window, sinks: self.sinks.map(f) };
+        let at = At { layer: l, heads: self.heads, pos0, window: self.window, sinks: self.sinks.map(f), scale: None };
         attend(exec, pass.kv, at, q, attn, attn_work);
         // gated attention: each output value times sigmoid of its gate
         if !gate.is_empty() {
@@ -293,6 +293,8 @@ pub struct At<'a> {
     pub pos0: usize,
     pub window: Option<usize>,
     pub sinks: Option<&'a [f32]>,
+    /// the softmax scale, if not `1 / sqrt(hd)` (DeepSeek-V3's, YaRN's mscale in it)
+    pub scale: Option<f32>,
 }
 
 /// `attn[t, h] = softmax(q[t, h] k^T / sqrt(hd)) v` over layer `at.layer`'s cached positions
@@ -301,7 +303,7 @@ pub struct At<'a> {
 /// `pos0..pos0 + t_n`; `q` and `attn` are `[t_n, nh, hd]`, and the cache already holds these
 /// tokens' keys and values.
 pub fn attend(exec: &Exec, kv: &KvCache, at: At<'_>, q: &[f32], attn: &mut [f32], work: &mut AttnWork) {
-    let At { layer: l, heads: shape, pos0, window, sinks } = at;
+    let At { layer: l, heads: shape, pos0, window, sinks, scale } = at;
     let Heads { nh, nkv, hd } = shape;
     let t_n = q.len() / (nh * hd);
     debug_assert_eq!(attn.len(), q.len());
@@ -314,7 +316,7 @@ pub fn attend(exec: &Exec, kv: &KvCache, at: At<'_>, q: &[f32], attn: &mut [f32]
         s
     };
     let (isa, group) = (exec.isa, nh / nkv);
-    let sc = attn::Scoring { scale: 1.0 / (hd as f32).sqrt(), window };
+    let sc = attn::Scoring { scale: scale.unwrap_or(1.0 / (hd as f32).sqrt()), window };
     if t_n == 1 {
         decode(exec, kv, at, q, attn, work, &task_span);
         drop(span);
@@ -367,9 +369,9 @@ fn decode(
     work: &mut AttnWork,
     task_span: &(dyn Fn(usize) -> trace::Span + Sync),
 ) {
-    let At { layer: l, heads: Heads { nh, nkv, hd }, pos0, window, sinks } = at;
+    let At { layer: l, heads: Heads { nh, nkv, hd }, pos0, window, sinks, scale } = at;
     let (isa, group) = (exec.isa, nh / nkv);
-    let sc = attn::Scoring { scale: 1.0 / (hd as f32).sqrt(), window };
+    let sc = attn::Scoring { scale: scale.unwrap_or(1.0 / (hd as f32).sqrt()), window };
     let n = pos0 + 1;
     let splits = n.div_ceil(attn::SPLIT).max(1);
     let split = |s: usize| attn::splits(n).nth(s).unwrap_or(0..0);

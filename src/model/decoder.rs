@@ -22,6 +22,7 @@ use super::attention::Attention;
 use super::delta_net::DeltaNet;
 use super::error::ModelError;
 use super::kv_cache::KvCache;
+use super::mla::LatentAttention;
 use super::mlp::DenseMlp;
 use super::moe::Moe;
 use super::observer::Observer;
@@ -49,6 +50,7 @@ pub enum Logits {
 /// What mixes information across positions.
 enum Mixer {
     Attention(Attention),
+    Latent(LatentAttention),
     Linear(DeltaNet),
 }
 
@@ -56,6 +58,7 @@ impl Mixer {
     fn forward(&self, pass: &mut Pass<'_>, l: usize) -> Result<(), ModelError> {
         match self {
             Mixer::Attention(a) => a.forward(pass, l),
+            Mixer::Latent(a) => a.forward(pass, l),
             Mixer::Linear(d) => d.forward(pass, l)?,
         }
         Ok(())
@@ -134,6 +137,9 @@ impl Decoder {
             let mixer = match (c.layer_kind(l), &c.hybrid) {
                 (LayerKind::LinearAttention, Some(hy)) => {
                     Mixer::Linear(DeltaNet::load(&pkg, &format!("{p}linear_attn."), hy, h, c.rms_norm_eps as f32)?)
+                }
+                _ if c.features.mla.is_some() => {
+                    Mixer::Latent(LatentAttention::load(&pkg, &format!("{p}self_attn."), &c)?)
                 }
                 _ => Mixer::Attention(Attention::load(&pkg, &format!("{p}self_attn."), &c, c.window(l))?),
             };

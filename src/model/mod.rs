@@ -9,6 +9,7 @@ pub mod delta_net;
 pub mod error;
 pub mod expert_source;
 pub mod kv_cache;
+pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod observer;

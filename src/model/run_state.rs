@@ -4,6 +4,7 @@ use std::sync::Mutex;
 
 use super::attention::AttnWork;
 use super::delta_net;
+use super::mla::MlaWork;
 use super::mlp::MlpWork;
 use super::moe::ExpertWork;
 use super::router::{RouterRule, Routing};
@@ -59,6 +60,8 @@ pub struct RunState {
     pub(super) logits_len: usize,
     /// the linear-attention mixer's buffers (hybrid models)
     pub(super) linear: Option<delta_net::Buffers>,
+    /// the latent attention's buffers (DeepSeek-V3)
+    pub(super) mla: Option<MlaWork>,
     /// quantized activations, reused by every product on this thread
     pub(super) scratch: Scratch,
 }
@@ -95,9 +98,14 @@ impl RunState {
             logits: vec![0f32; c.vocab_size],
             logits_len: 0,
             linear: dims.map(|d| delta_net::Buffers::new(d, chunk)),
+            mla: MlaWork::new(c, chunk),
             scratch: {
                 // the widest input and the most results a dense product of a chunk has
-                let widest = h.max(c.q_dim()).max(c.intermediate_size).max(value).max(shared);
+                let latent = c.features.mla.map_or(0, |m| {
+                    let expanded = c.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim);
+                    expanded.max(m.kv_lora_rank + m.qk_rope_head_dim).max(m.q_lora_rank.unwrap_or(0))
+                });
+                let widest = h.max(c.q_dim()).max(c.intermediate_size).max(value).max(shared).max(latent);
                 let most = widest.max(c.kv_dim()).max(c.num_experts).max(conv);
                 let mut s = Scratch::default();
                 s.reserve(chunk * widest, chunk * most);
@@ -140,7 +148,8 @@ impl RunState {
             &self.shared,
             &self.logits,
         ];
-        let linear = self.linear.as_ref().map_or(0, delta_net::Buffers::bytes);
+        let linear =
+            self.linear.as_ref().map_or(0, delta_net::Buffers::bytes) + self.mla.as_ref().map_or(0, MlaWork::bytes);
         (f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.scratch.bytes()) as u64
             + linear
             + self.mlp.bytes()

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Make the tiny checkpoints of the sigmoid-routed families (GLM-4.5's `glm4_moe`) under
+"""Make the tiny checkpoints of the sigmoid-routed families (GLM-4.5's `glm4_moe`, DeepSeek-V3's
+`deepseek_v3`) under
 tests/fixtures/ and what transformers computes on them. Run once, by hand, with the oracle
 environment of make_fixtures.py (torch + transformers); the tests only read what this writes.
 
@@ -19,7 +20,15 @@ The shapes share nothing the released models happen to share:
           (q_dim 128 != hidden 64), rotary on a quarter of each head, q/k norms, q/k/v biases
           non-zero, the first layer dense, 8 experts top-3 with a non-zero correction bias,
           no renormalisation, routed scaling 2.5, one shared expert, a ~270-token prompt.
-Vocabulary 256: the logits are most of a fixture's bytes.
+  deepseek          DeepseekV3ForCausalLM: multi-head latent attention with q_lora (48) and
+                    kv_lora (32), qk_nope 16 + qk_rope 8 against v 24, rope interleaved, YaRN x4
+                    over 128 positions with mscale 1 and mscale_all_dim 0.8 (so both the cos/sin
+                    factor and the softmax scale move), 8 experts in 4 groups keeping 2, top-3,
+                    correction bias, renormalised, routed scaling 2.5, a shared expert, the
+                    first layer dense.
+  deepseek-noqlora  a plain q_proj (q_lora_rank null), rope not interleaved, no YaRN, two
+                    shared experts, no renormalisation, vocabulary 128.
+Vocabulary 256 or less: the logits are most of a fixture's bytes.
 
 The tree keeps large fixtures packed (tests/reference/pack_fixtures.py): `unpack` before
 this, `pack` after.
@@ -52,6 +61,30 @@ FIXTURES = {
                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
                     initializer_range=0.02, pad_token_id=None, eos_token_id=None, bos_token_id=None),
     ),
+    "deepseek": dict(
+        cls="DeepseekV3ForCausalLM", cfg="DeepseekV3Config", seed=47,
+        config=dict(vocab_size=128, hidden_size=64, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                    q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=24,
+                    intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=3,
+                    n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1, norm_topk_prob=True,
+                    routed_scaling_factor=2.5, rope_interleave=True, attention_bias=False, rms_norm_eps=1e-6,
+                    max_position_embeddings=512, tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                     "original_max_position_embeddings": 128, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "mscale": 1.0, "mscale_all_dim": 0.8},
+                    initializer_range=0.02, pad_token_id=None, eos_token_id=None, bos_token_id=None),
+    ),
+    "deepseek-noqlora": dict(
+        cls="DeepseekV3ForCausalLM", cfg="DeepseekV3Config", seed=53,
+        config=dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                    q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                    intermediate_size=64, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+                    n_shared_experts=2, n_group=1, topk_group=1, first_k_dense_replace=1, norm_topk_prob=False,
+                    routed_scaling_factor=1.0, rope_interleave=False, attention_bias=False, rms_norm_eps=1e-6,
+                    max_position_embeddings=512, tie_word_embeddings=False,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                    initializer_range=0.02, pad_token_id=None, eos_token_id=None, bos_token_id=None),
+    ),
 }
 
 
@@ -81,8 +114,8 @@ def hub_spelling(path, mtp_layers=1):
     c["rope_theta"] = rp.pop("rope_theta")
     if "partial_rotary_factor" in rp:
         c["partial_rotary_factor"] = rp.pop("partial_rotary_factor")
-    rp.pop("rope_type", None)
-    c["rope_scaling"] = rp or None
+    ty = rp.pop("rope_type", "default")
+    c["rope_scaling"] = dict(rp, type=ty) if ty != "default" else None  # DeepSeek-V3's spelling
     if "num_local_experts" in c:
         c["n_routed_experts"] = c.pop("num_local_experts")
     c.pop("num_mtp_layers", None)
@@ -116,6 +149,8 @@ def make(name, out_root):
     forced = [i % V for i in QWEN3_FORCED]
     m = cls.from_pretrained(out, dtype=torch.float32, attn_implementation="eager", experts_implementation="eager")
     m = m.float().eval()
+    rope = m.model.rotary_emb.rope_type
+    assert rope == spec["config"]["rope_parameters"]["rope_type"], f"reloaded with {rope} RoPE"
     K = cfg.num_experts_per_tok
     x = torch.tensor([ids])
     # every MoE layer's choice scores and choice, from its router's own forward

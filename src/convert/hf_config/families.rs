@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::Keys;
 use crate::convert::error::ConvertError;
-use crate::model_config::{ExpertAct, Features, SigmoidRouter, Sliding, Yarn};
+use crate::model_config::{ExpertAct, Features, Mla, SigmoidRouter, Sliding, Yarn};
 
 /// gpt-oss's attention and experts: biases (`attention_bias`, default true), sinks, the
 /// sliding layers (`layer_types`, in any order; transformers' default: every other layer from
@@ -62,8 +62,16 @@ pub(super) fn gpt_oss_features(
     })
 }
 
+/// YaRN's `mscale(scale, m)` (transformers' `get_mscale`): 1 up to a factor of 1, else
+/// `0.1 m ln(scale) + 1`.
+fn yarn_mscale(scale: f64, m: f64) -> f64 {
+    if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 }
+}
+
 /// YaRN's parameters from the `key` object `y`, with transformers' defaults: beta_fast 32,
-/// beta_slow 1, truncate true, the attention factor `0.1 ln(factor) + 1` (1 for factor <= 1).
+/// beta_slow 1, truncate true, the attention factor `mscale(factor, mscale) /
+/// mscale(factor, mscale_all_dim)` where both are given and non-zero (DeepSeek-V3), else
+/// `mscale(factor, 1)`.
 fn yarn_of(k: &Keys, key: &str, y: &Value) -> Result<Yarn, ConvertError> {
     let num = |name: &str| -> Result<Option<f64>, ConvertError> {
         match y.get(name) {
@@ -84,10 +92,10 @@ fn yarn_of(k: &Keys, key: &str, y: &Value) -> Result<Yarn, ConvertError> {
         None | Some(Value::Null) => true,
         Some(x) => x.as_bool().ok_or_else(|| k.err(&format!("{key}.truncate"), "expected true or false"))?,
     };
-    let default_factor = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
-    if num("mscale")?.is_some() || num("mscale_all_dim")?.is_some() {
-        return Err(k.err(key, "yarn with mscale / mscale_all_dim is not supported yet"));
-    }
+    let default_factor = match (num("mscale")?, num("mscale_all_dim")?) {
+        (Some(m), Some(all)) if m != 0.0 && all != 0.0 => yarn_mscale(factor, m) / yarn_mscale(factor, all),
+        _ => yarn_mscale(factor, 1.0),
+    };
     Ok(Yarn {
         factor,
         // transformers takes a 0 as unset too (`get(...) or 32`)
@@ -135,6 +143,49 @@ pub(super) fn glm_features(
     })
 }
 
+/// DeepSeek-V3's (and Kimi-K2's) attention and MoE keys, with transformers' defaults: the
+/// latent attention (`q_lora_rank` null for a plain q_proj, `kv_lora_rank`, `qk_nope_head_dim`,
+/// `qk_rope_head_dim`, `v_head_dim`, `rope_interleave` true), YaRN from `yarn` where the config
+/// scales RoPE (its `mscale_all_dim` also scales the softmax), the router and shared experts as
+/// GLM-4.5's (`n_group`, `topk_group`, `routed_scaling_factor`, `n_shared_experts`), and the
+/// MTP layers it states.
+pub(super) fn deepseek_features(
+    k: &Keys,
+    yarn: Option<(&str, &Value)>,
+    moe_intermediate: usize,
+) -> Result<Features, ConvertError> {
+    if k.bool("attention_bias", false)? {
+        return Err(k.err("attention_bias", "true is not supported (DeepSeek-V3 has none)"));
+    }
+    let nope = k.req("qk_nope_head_dim")?;
+    let rope = k.req("qk_rope_head_dim")?;
+    let rope_yarn = match yarn {
+        Some((key, y)) => Some(yarn_of(k, key, y)?),
+        None => None,
+    };
+    // transformers' yarn_apply_mscale: the softmax scale times mscale(factor, mscale_all_dim)^2
+    let all_dim = yarn.and_then(|(_, y)| y.get("mscale_all_dim")).and_then(Value::as_f64).filter(|&m| m != 0.0);
+    let mscale = match (&rope_yarn, all_dim) {
+        (Some(y), Some(m)) => yarn_mscale(y.factor, m),
+        _ => 1.0,
+    };
+    let mut f = glm_features(k, nope + rope, Some(1.0), moe_intermediate)?;
+    f.qkv_bias = false;
+    f.qk_norm = false;
+    f.rotary_dim = Some(rope);
+    f.rope_yarn = rope_yarn;
+    f.mla = Some(Mla {
+        q_lora_rank: k.usize("q_lora_rank")?,
+        kv_lora_rank: k.req("kv_lora_rank")?,
+        qk_nope_head_dim: nope,
+        qk_rope_head_dim: rope,
+        v_head_dim: k.req("v_head_dim")?,
+        rope_interleave: k.bool("rope_interleave", true)?,
+        softmax_scale: ((nope + rope) as f64).powf(-0.5) as f32 * (mscale * mscale) as f32,
+    });
+    Ok(f)
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -179,6 +230,51 @@ mod tests {
             json!({"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}),
         );
         assert_eq!(parse_config(&t5, Path::new("c.json")).unwrap(), c);
+    }
+
+    /// DeepSeek-V3's config.json keys (the hub's spelling, `rope_scaling` with `type`), shrunk.
+    fn deepseek() -> Value {
+        json!({"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 100,
+               "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+               "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+               "v_head_dim": 24, "intermediate_size": 96, "moe_intermediate_size": 16, "n_routed_experts": 8,
+               "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 4, "topk_group": 2,
+               "first_k_dense_replace": 3, "norm_topk_prob": true, "routed_scaling_factor": 2.5,
+               "max_position_embeddings": 4096, "rope_theta": 10000.0, "num_nextn_predict_layers": 1,
+               "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+                                "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}})
+    }
+
+    #[test]
+    fn deepseek_reads_latent_attention_yarn_mscale_and_groups() {
+        let c = parse_config(&deepseek(), Path::new("c.json")).unwrap();
+        assert_eq!(c.arch, Arch::DeepseekV3);
+        assert_eq!((c.head_dim, c.rotary_dim(), c.num_key_value_heads, c.qk_norm()), (24, 8, 4, false));
+        assert_eq!(c.moe_layers(), vec![3]);
+        let m = c.features.mla.unwrap();
+        assert_eq!((m.q_lora_rank, m.kv_lora_rank, m.v_head_dim, m.rope_interleave), (Some(48), 32, 24, true));
+        // transformers: 24^-1/2 x mscale(40, 1)^2, mscale = 0.1 ln 40 + 1; cos/sin factor
+        // mscale(40, 1) / mscale(40, 1) = 1
+        let ms = 0.1 * 40f64.ln() + 1.0;
+        assert!((m.softmax_scale as f64 - ms * ms / 24f64.sqrt()).abs() < 1e-6, "{}", m.softmax_scale);
+        assert_eq!(c.features.rope_yarn.as_ref().unwrap().attention_factor, 1.0);
+        let r = c.features.sigmoid_router.unwrap();
+        assert_eq!((r.n_group, r.topk_group, r.routed_scaling_factor), (4, 2, 2.5));
+        assert_eq!((c.shared_expert_width(), c.features.nextn_layers), (16, 1));
+        // q_lora_rank null: a plain q_proj
+        let mut v = deepseek();
+        v["q_lora_rank"] = Value::Null;
+        assert_eq!(parse_config(&v, Path::new("c.json")).unwrap().features.mla.unwrap().q_lora_rank, None);
+        // v wider than a query head is refused (the expanded form pads values to it)
+        let mut v = deepseek();
+        v["v_head_dim"] = json!(40);
+        let e = parse_config(&v, Path::new("c.json")).unwrap_err().to_string();
+        assert!(e.contains("v_head_dim"), "{e}");
+        // DeepSeek-V3.2: refused by name
+        let mut v = deepseek();
+        v["architectures"] = json!(["DeepseekV32ForCausalLM"]);
+        let e = parse_config(&v, Path::new("c.json")).unwrap_err().to_string();
+        assert!(e.contains("DeepSeek-V3.2") && e.contains("indexer"), "{e}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::error::ConvertError;
 use crate::model_config::{Arch, Features, HybridConfig, LayerKind, MAX_LAYERS, ModelConfig};
 
 mod families;
-use families::{glm_features, gpt_oss_features};
+use families::{deepseek_features, glm_features, gpt_oss_features};
 
 /// Read `dir/config.json` (+ `dir/generation_config.json` for extra end-of-sequence ids).
 pub fn read_config(dir: &Path) -> Result<ModelConfig, ConvertError> {
@@ -64,7 +64,11 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
 
     let gpt_oss = arch == Arch::GptOss;
     let glm = arch == Arch::Glm4Moe;
-    if !gpt_oss && !glm && k.bool("attention_bias", false)? {
+    let deepseek = arch == Arch::DeepseekV3;
+    // GLM-4.5 and DeepSeek-V3 share the hub's MoE spellings (n_routed_experts,
+    // first_k_dense_replace); DeepSeek reads its own attention_bias
+    let sigmoid_family = glm || deepseek;
+    if !gpt_oss && !sigmoid_family && k.bool("attention_bias", false)? {
         return Err(k.err("attention_bias", "true is not supported (these models have no attention biases)"));
     }
     if let Some(q) = t.get("quantization_config").filter(|q| !q.is_null()) {
@@ -92,7 +96,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
             let ty = s.get("rope_type").or_else(|| s.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
             match ty {
                 "default" => {}
-                "yarn" if gpt_oss => yarn_at = Some((key, s)),
+                "yarn" if gpt_oss || deepseek => yarn_at = Some((key, s)),
                 _ => return Err(k.err(key, &format!("RoPE scaling '{ty}' is not supported yet"))),
             }
         }
@@ -110,7 +114,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
     };
     let rope_theta = rope_key("rope_theta")?.unwrap_or(10000.0); // transformers' default
     // the hub's name (GLM-4.5 and DeepSeek-V3: n_routed_experts), or transformers 5's
-    let experts_key = if glm { "n_routed_experts" } else { "num_experts" };
+    let experts_key = if sigmoid_family { "n_routed_experts" } else { "num_experts" };
     let num_experts = match k.usize(experts_key)? {
         Some(n) => n,
         None => k.usize("num_local_experts")?.ok_or_else(|| k.err(experts_key, "missing (nor num_local_experts)"))?,
@@ -128,11 +132,16 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
             &format!("num_hidden_layers ({num_hidden_layers}) is beyond what moescope runs (at most {MAX_LAYERS})"),
         ));
     }
-    let head_dim = k.usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads);
+    // DeepSeek-V3: a query / key head is its nope and rope dims (transformers' head_dim there is
+    // the rope part alone)
+    let head_dim = match deepseek {
+        true => k.req("qk_nope_head_dim")? + k.req("qk_rope_head_dim")?,
+        false => k.usize("head_dim")?.unwrap_or(hidden_size / num_attention_heads),
+    };
     let mlp_only_layers = match t.get("mlp_only_layers") {
         _ if arch == Arch::Qwen35Moe => vec![], // every Qwen3.5 layer is MoE
-        // GLM-4.5's first layers are dense (transformers' default: one)
-        _ if glm => {
+        // GLM-4.5's and DeepSeek-V3's first layers are dense (transformers' default: one)
+        _ if sigmoid_family => {
             let dense = k.usize("first_k_dense_replace")?.unwrap_or(1);
             if dense > num_hidden_layers {
                 return Err(k.err("first_k_dense_replace", "is more than num_hidden_layers"));
@@ -148,6 +157,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
     };
     let features = match arch {
         Arch::GptOss => gpt_oss_features(&k, num_hidden_layers, yarn_at)?,
+        Arch::DeepseekV3 => deepseek_features(&k, yarn_at, k.usize("moe_intermediate_size")?.unwrap_or(0))?,
         Arch::Glm4Moe => glm_features(
             &k,
             head_dim,
@@ -196,7 +206,11 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
         hidden_size,
         num_hidden_layers,
         num_attention_heads,
-        num_key_value_heads: k.usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
+        // every latent-attention head has its own expanded keys and values
+        num_key_value_heads: match deepseek {
+            true => num_attention_heads,
+            false => k.usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
+        },
         head_dim,
         intermediate_size: k.usize("intermediate_size")?.unwrap_or(0),
         // gpt-oss's experts are `intermediate_size` wide (it has no dense layers)
@@ -210,7 +224,7 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
             Arch::Qwen35Moe => true,
             Arch::Qwen3Next => k.bool("norm_topk_prob", true)?,
             Arch::Qwen3Moe => k.bool("norm_topk_prob", false)?,
-            Arch::Glm4Moe => k.bool("norm_topk_prob", true)?,
+            Arch::Glm4Moe | Arch::DeepseekV3 => k.bool("norm_topk_prob", true)?,
             // the softmax over the chosen k already sums to one
             Arch::GptOss => false,
         },
@@ -240,12 +254,22 @@ fn detect_arch(v: &Value, path: &Path) -> Result<Arch, ConvertError> {
         .map(|a| a.iter().filter_map(|s| s.as_str()).collect())
         .unwrap_or_default();
     let model_type = v.get("model_type").and_then(|s| s.as_str()).unwrap_or("");
+    if archs.contains(&"DeepseekV32ForCausalLM") || model_type == "deepseek_v32" {
+        return Err(ConvertError::Config {
+            path: path.to_path_buf(),
+            key: "architectures".into(),
+            msg:
+                "DeepSeek-V3.2's sparse attention (its indexer) is not supported; DeepSeek-V3, V3.1, R1 and Kimi-K2 are"
+                    .into(),
+        });
+    }
     let by_class = |c: &str| match c {
         "Qwen3MoeForCausalLM" => Some(Arch::Qwen3Moe),
         "Qwen3NextForCausalLM" => Some(Arch::Qwen3Next),
         "Qwen3_5MoeForConditionalGeneration" | "Qwen3_5MoeForCausalLM" => Some(Arch::Qwen35Moe),
         "GptOssForCausalLM" => Some(Arch::GptOss),
         "Glm4MoeForCausalLM" => Some(Arch::Glm4Moe),
+        "DeepseekV3ForCausalLM" => Some(Arch::DeepseekV3),
         _ => None,
     };
     let by_type = match model_type {
@@ -254,6 +278,7 @@ fn detect_arch(v: &Value, path: &Path) -> Result<Arch, ConvertError> {
         "qwen3_5_moe" | "qwen3_5_moe_text" => Some(Arch::Qwen35Moe),
         "gpt_oss" => Some(Arch::GptOss),
         "glm4_moe" => Some(Arch::Glm4Moe),
+        "deepseek_v3" | "kimi_k2" => Some(Arch::DeepseekV3),
         _ => None,
     };
     let found = if archs.is_empty() { by_type } else { archs.iter().find_map(|c| by_class(c)) };
