@@ -263,19 +263,45 @@ fn strftime(secs: i64, fmt: &str) -> String {
     out
 }
 
-/// `x | tojson` / `x | tojson(indent=2)`, printed as Python's `json.dumps(x, ensure_ascii=False)`
-/// does: `", "` and `": "` separators, keys in insertion order, no HTML escaping.
+/// `x | tojson` with transformers' keyword arguments (`indent`, `ensure_ascii`, `sort_keys`),
+/// printed as Python's `json.dumps(x, ensure_ascii=False)` does by default: `", "` and `": "`
+/// separators, keys in insertion order, no HTML escaping.
 fn tojson(v: Value, kwargs: Kwargs) -> Result<Value, Error> {
-    let indent: Option<usize> = kwargs.get("indent")?;
+    let style =
+        PyJson { indent: kwargs.get("indent")?, sort_keys: kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false) };
+    let ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
     kwargs.assert_all_used()?;
     let j = serde_json::to_value(&v).map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let mut out = String::new();
-    write_py_json(&j, indent, 0, &mut out);
+    write_py_json(&j, style, 0, &mut out);
+    if ascii {
+        // past ASCII only inside strings: each UTF-16 unit as \uXXXX, as Python writes it
+        out = out
+            .chars()
+            .flat_map(|c| {
+                let mut units = [0u16; 2];
+                let esc: Vec<String> = if c.is_ascii() {
+                    vec![c.to_string()]
+                } else {
+                    c.encode_utf16(&mut units).iter().map(|u| format!("\\u{u:04x}")).collect()
+                };
+                esc
+            })
+            .collect();
+    }
     Ok(Value::from_safe_string(out))
 }
 
-fn write_py_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out: &mut String) {
+/// How `write_py_json` prints: Python's `indent` and `sort_keys`.
+#[derive(Clone, Copy)]
+struct PyJson {
+    indent: Option<usize>,
+    sort_keys: bool,
+}
+
+fn write_py_json(v: &serde_json::Value, style: PyJson, depth: usize, out: &mut String) {
     use serde_json::Value as J;
+    let indent = style.indent;
     let nl = |out: &mut String, d: usize| {
         if let Some(n) = indent {
             out.push('\n');
@@ -291,21 +317,25 @@ fn write_py_json(v: &serde_json::Value, indent: Option<usize>, depth: usize, out
                     out.push_str(item_sep);
                 }
                 nl(out, depth + 1);
-                write_py_json(x, indent, depth + 1, out);
+                write_py_json(x, style, depth + 1, out);
             }
             nl(out, depth);
             out.push(']');
         }
         J::Object(o) if !o.is_empty() => {
             out.push('{');
-            for (i, (k, x)) in o.iter().enumerate() {
+            let mut items: Vec<(&String, &J)> = o.iter().collect();
+            if style.sort_keys {
+                items.sort_by(|a, b| a.0.cmp(b.0));
+            }
+            for (i, (k, x)) in items.into_iter().enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
                 nl(out, depth + 1);
                 out.push_str(&serde_json::to_string(k).unwrap_or_default());
                 out.push_str(": ");
-                write_py_json(x, indent, depth + 1, out);
+                write_py_json(x, style, depth + 1, out);
             }
             nl(out, depth);
             out.push('}');
@@ -325,6 +355,13 @@ mod tests {
         let x: serde_json::Value = serde_json::from_str(r#"{"b": [1, "<é>"], "a": {}}"#).unwrap();
         let s = tmpl.render(minijinja::context! { x => minijinja::value::Serde(&x) }).unwrap();
         assert_eq!(s, "{\"b\": [1, \"<é>\"], \"a\": {}}|{\n  \"b\": [\n    1,\n    \"<é>\"\n  ],\n  \"a\": {}\n}");
+        // Python's json.dumps(x, ensure_ascii=True, sort_keys=True)
+        let t = ChatTemplate::new("{{ x | tojson(ensure_ascii=true, sort_keys=true) }}", None, None).unwrap();
+        let s = t.env.get_template("chat").unwrap().render(minijinja::context! { x => minijinja::value::Serde(&x) });
+        assert_eq!(s.unwrap(), "{\"a\": {}, \"b\": [1, \"<\\u00e9>\"]}");
+        let y: serde_json::Value = serde_json::from_str(r#"["😀"]"#).unwrap();
+        let s = t.env.get_template("chat").unwrap().render(minijinja::context! { x => minijinja::value::Serde(&y) });
+        assert_eq!(s.unwrap(), "[\"\\ud83d\\ude00\"]");
     }
 
     #[test]

@@ -214,7 +214,10 @@ fn prompt_ids(m: &Loaded, p: &Prompt) -> Result<(Vec<u32>, Option<String>, bool)
         Prompt::Text(t) => Ok((encode(m, t)?, None, false)),
         Prompt::Chat { prefill, tools, .. } => {
             let text = render(m, p)?;
-            Ok((encode(m, &text)?, prefill.clone(), tools.is_some()))
+            // a generation prompt that opens the reasoning block itself (DeepSeek-V3.1 thinking,
+            // Qwen3's thinking-only models): the reply starts inside it
+            let state = prefill.clone().or_else(|| super::think::opened_by(&text).map(String::from));
+            Ok((encode(m, &text)?, state, tools.is_some()))
         }
     }
 }

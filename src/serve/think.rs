@@ -8,6 +8,12 @@ use super::text::held_back;
 const OPEN: &str = "<think>";
 const CLOSE: &str = "</think>";
 
+/// `<think>` when the prompt ends with it (trailing whitespace aside): a template that opens
+/// the reasoning block in its generation prompt, so the reply begins inside it.
+pub fn opened_by(prompt: &str) -> Option<&'static str> {
+    prompt.trim_end().ends_with(OPEN).then_some(OPEN)
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
     Reasoning(String),
@@ -150,6 +156,19 @@ mod tests {
         assert_eq!((s.reasoning.as_deref(), s.prefill.as_str(), s.content.as_str()), (Some("plan"), "", "ok"));
         let s = split_reasoning(Some("<think>mine</think>\n\nSure: "), "yes");
         assert_eq!((s.reasoning, s.prefill.as_str(), s.content.as_str()), (None, "Sure: ", "yes"));
+    }
+
+    #[test]
+    fn a_prompt_that_opens_the_block_starts_the_reply_inside_it() {
+        // DeepSeek-V3.1's generation prompt with thinking on (tests/fixtures/family_chat_reference.json)
+        let prompt = "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>";
+        let state = opened_by(prompt);
+        assert_eq!(state, Some("<think>"));
+        let s = split_reasoning(state, "Greet back.</think>Hello!");
+        assert_eq!((s.reasoning.as_deref(), s.content.as_str()), (Some("Greet back."), "Hello!"));
+        // thinking off (an empty block), and Qwen3's prompt: the reply is all content
+        assert_eq!(opened_by("<｜User｜>Hi<｜Assistant｜><think></think>"), None);
+        assert_eq!(opened_by("<|im_start|>assistant\n"), None);
     }
 
     #[test]
