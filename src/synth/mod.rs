@@ -43,12 +43,20 @@ impl SynthSpec {
             if c.features.sliding.is_some() {
                 c.features.sliding = Some(shapes::gpt_oss_sliding(l));
             }
+            // the leading dense layers that remain (DeepSeek-V3's 3 of 5 layers)
+            c.mlp_only_layers.retain(|&d| d < l);
         }
         if let Some(e) = self.experts {
             if e < c.num_experts_per_tok {
                 return Err(format!("--experts {e}: fewer than the {} experts each token uses", c.num_experts_per_tok));
             }
             c.num_experts = e;
+            // expert groups: as many as still divide the experts, keeping the share kept
+            if let Some(r) = &mut c.features.sigmoid_router
+                && !e.is_multiple_of(r.n_group)
+            {
+                (r.n_group, r.topk_group) = (1, 1);
+            }
         }
         if let Some(v) = self.vocab {
             if v == 0 {

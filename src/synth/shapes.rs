@@ -5,7 +5,7 @@
 
 use crate::convert::QuantMode;
 use crate::model_config::{
-    Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, SigmoidRouter, Sliding, Yarn,
+    Arch, ExpertAct, Features, HybridConfig, LayerKind, Mla, ModelConfig, SigmoidRouter, Sliding, Yarn,
 };
 
 /// Which real tokenizer a shape ships with.
@@ -46,7 +46,7 @@ impl Shape {
     }
 }
 
-pub const SHAPES: [Shape; 10] = [
+pub const SHAPES: [Shape; 12] = [
     Shape { name: "qwen3-30b-a3b", model: "Qwen3-30B-A3B", tokenizer: TokFamily::Qwen3, make: qwen3_30b },
     Shape { name: "qwen3-235b-a22b", model: "Qwen3-235B-A22B", tokenizer: TokFamily::Qwen3, make: qwen3_235b },
     Shape { name: "qwen3-next-80b-a3b", model: "Qwen3-Next-80B-A3B", tokenizer: TokFamily::Qwen3, make: next_80b },
@@ -57,6 +57,8 @@ pub const SHAPES: [Shape; 10] = [
     Shape { name: "gpt-oss-120b", model: "gpt-oss-120b", tokenizer: TokFamily::Harmony, make: gpt_oss_120b },
     Shape { name: "glm-4.5", model: "GLM-4.5", tokenizer: TokFamily::Absent, make: glm_45 },
     Shape { name: "glm-4.5-air", model: "GLM-4.5-Air", tokenizer: TokFamily::Absent, make: glm_45_air },
+    Shape { name: "deepseek-v3", model: "DeepSeek-V3", tokenizer: TokFamily::Absent, make: deepseek_v3 },
+    Shape { name: "kimi-k2", model: "Kimi-K2", tokenizer: TokFamily::Absent, make: kimi_k2 },
 ];
 
 pub fn find(name: &str) -> Result<Shape, String> {
@@ -295,6 +297,79 @@ fn glm_45_air() -> ModelConfig {
     glm(4096, 46, 128, 1408, 10_944, 1, 1.0, false)
 }
 
+/// DeepSeek-V3 and Kimi-K2 (their config.json files): 61 layers of hidden 7168, latent attention
+/// (q_lora 1536, kv_lora 512, qk 128 + 64 rotary interleaved, v 128) with YaRN over 4096
+/// positions (mscale and mscale_all_dim 1), experts of 2048 top-8 in `groups` groups keeping
+/// `keep`, one shared expert, the first `dense` layers dense (18432 wide).
+#[allow(clippy::too_many_arguments)]
+fn deepseek(
+    heads: usize,
+    experts: usize,
+    (groups, keep): (usize, usize),
+    dense: usize,
+    vocab: usize,
+    scale: f32,
+    (theta, factor, max_pos): (f64, f64, usize),
+    nextn: usize,
+) -> ModelConfig {
+    let ms = 0.1 * factor.ln() + 1.0;
+    ModelConfig {
+        arch: Arch::DeepseekV3,
+        vocab_size: vocab,
+        hidden_size: 7168,
+        num_hidden_layers: 61,
+        num_attention_heads: heads,
+        num_key_value_heads: heads,
+        head_dim: 192,
+        intermediate_size: 18_432,
+        moe_intermediate_size: 2048,
+        num_experts: experts,
+        num_experts_per_tok: 8,
+        norm_topk_prob: true,
+        decoder_sparse_step: 1,
+        mlp_only_layers: (0..dense).collect(),
+        rms_norm_eps: 1e-6,
+        rope_theta: theta,
+        max_position_embeddings: max_pos,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        eos_token_ids: vec![],
+        hybrid: None,
+        features: Features {
+            rotary_dim: Some(64),
+            rope_yarn: Some(Yarn {
+                factor,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                original_max_position_embeddings: 4096,
+                truncate: true,
+                attention_factor: 1.0,
+            }),
+            sigmoid_router: Some(SigmoidRouter { n_group: groups, topk_group: keep, routed_scaling_factor: scale }),
+            shared_experts: 2048,
+            nextn_layers: nextn,
+            mla: Some(Mla {
+                q_lora_rank: Some(1536),
+                kv_lora_rank: 512,
+                qk_nope_head_dim: 128,
+                qk_rope_head_dim: 64,
+                v_head_dim: 128,
+                rope_interleave: true,
+                softmax_scale: (ms * ms / 192f64.sqrt()) as f32,
+            }),
+            ..Features::default()
+        },
+    }
+}
+
+fn deepseek_v3() -> ModelConfig {
+    deepseek(128, 256, (8, 4), 3, 129_280, 2.5, (10_000.0, 40.0, 163_840), 1)
+}
+
+fn kimi_k2() -> ModelConfig {
+    deepseek(64, 384, (1, 1), 1, 163_840, 2.827, (50_000.0, 32.0, 131_072), 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,7 +383,7 @@ mod tests {
 
     #[test]
     fn parameter_counts_match_the_model_names() {
-        // total parameters in billions, from the names (30B, 235B, 80B, 35B, 122B, 397B, 355B, 106B): the
+        // total parameters in billions, from the names (30B, 235B, 80B, 35B, 122B, 397B, 355B, 106B, 671B, 1T): the
         // shapes are right to within the rounding a model name does
         for (name, billions) in [
             ("qwen3-30b-a3b", 30.5),
@@ -320,6 +395,9 @@ mod tests {
             // GLM-4.5 355B-A32B, GLM-4.5-Air 106B-A12B (the MTP layer not counted)
             ("glm-4.5", 355.0),
             ("glm-4.5-air", 106.0),
+            // DeepSeek-V3 671B (the MTP module not counted), Kimi-K2 1T
+            ("deepseek-v3", 671.0),
+            ("kimi-k2", 1000.0),
         ] {
             let c = find(name).unwrap().config();
             let plan = crate::convert::plan::dense_tensors(&c);
