@@ -296,6 +296,9 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
             for (name, path) in [
                 ("qwen3.5", "assets/tokenizers/qwen3.5/chat_template.jinja"),
                 ("gpt-oss harmony", "assets/tokenizers/o200k_harmony/chat_template.jinja"),
+                ("glm-4.6", "tests/fixtures/templates/GLM-4.6.jinja"),
+                ("deepseek-v3.1", "tests/fixtures/templates/deepseek-ai-DeepSeek-V3.1.jinja"),
+                ("kimi-k2", "tests/fixtures/templates/moonshotai-Kimi-K2.jinja"),
             ] {
                 if let Some((_, b)) = file(path) {
                     templates.push((name.into(), String::from_utf8_lossy(&b).into_owned()));
