@@ -164,8 +164,37 @@ pub fn fold(
     sc: Scoring,
     st: &mut State,
 ) {
-    debug_assert!(q.len() == ends.len() * st.hd && st.queries() == ends.len());
-    let a = FoldArgs { isa, q, ends, keys, vals, range, sc };
+    fold_keyed(isa, (q, st.hd), ends, keys, Values::Rows(vals), range, sc, st)
+}
+
+/// Where a fold reads the values: rows of their own, or the keys' first `st.hd` dims.
+#[derive(Debug, Clone, Copy)]
+pub enum Values<'a> {
+    /// `[positions, st.hd]`, row `j` at position `j`
+    Rows(&'a [f32]),
+    /// Each key's first `st.hd` dims (DeepSeek-V3's absorbed latent attention: the compressed
+    /// kv is both the keys' first part and the values). A block's value rows are copied out of
+    /// its transposed keys once for every query of the fold, into a buffer of this thread, so
+    /// a query's output has the bits [`Values::Rows`] of the same values gives.
+    KeyPrefix,
+}
+
+/// [`fold`] with queries and keys `hk` wide (`q`: `[nq, hk]`), values as `vals` says, the state
+/// `st.hd` wide (`st.hd <= hk` for [`Values::KeyPrefix`]).
+#[allow(clippy::too_many_arguments)]
+pub fn fold_keyed(
+    isa: Isa,
+    (q, hk): (&[f32], usize),
+    ends: &[usize],
+    keys: &[f32],
+    vals: Values<'_>,
+    range: Range<usize>,
+    sc: Scoring,
+    st: &mut State,
+) {
+    debug_assert!(q.len() == ends.len() * hk && st.queries() == ends.len());
+    debug_assert!(matches!(vals, Values::Rows(_)) || st.hd <= hk);
+    let a = FoldArgs { isa, q, hk, ends, keys, vals, range, sc };
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 {
@@ -184,11 +213,17 @@ pub fn fold(
 struct FoldArgs<'a> {
     isa: Isa,
     q: &'a [f32],
+    hk: usize,
     ends: &'a [usize],
     keys: &'a [f32],
-    vals: &'a [f32],
+    vals: Values<'a>,
     range: Range<usize>,
     sc: Scoring,
+}
+
+thread_local! {
+    /// [`Values::KeyPrefix`]'s value rows of one block, `[KEY_BLOCK, hd]`.
+    static KEY_VALUES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -209,15 +244,42 @@ unsafe fn fold_avx2(a: FoldArgs<'_>, st: &mut State) {
 
 #[inline(always)]
 fn fold_body(a: FoldArgs<'_>, st: &mut State) {
-    let FoldArgs { isa, q, ends, keys, vals, range, sc } = a;
-    let hd = st.hd;
+    match a.vals {
+        Values::Rows(_) => fold_blocks(&a, None, st),
+        Values::KeyPrefix => KEY_VALUES.with_borrow_mut(|buf| {
+            buf.resize(KEY_BLOCK * st.hd, 0.0);
+            fold_blocks(&a, Some(buf), st)
+        }),
+    }
+}
+
+/// The blocks of `a.range` folded into `st`; with `key_rows`, each block's values are first
+/// copied there out of its keys (their first `st.hd` dims, transposed back to rows: only the
+/// lanes up to the block's last position, the rest never being weighted).
+#[inline(always)]
+fn fold_blocks(a: &FoldArgs<'_>, mut key_rows: Option<&mut Vec<f32>>, st: &mut State) {
+    let FoldArgs { isa, q, hk, ends, keys, vals, ref range, sc } = *a;
+    let hv = st.hd;
     let mut b0 = range.start;
     while b0 < range.end {
         let blk = b0 / KEY_BLOCK;
         let b1 = ((blk + 1) * KEY_BLOCK).min(range.end);
-        // this block's keys, [hd, KEY_BLOCK]
-        let kt = &keys[blk * hd * KEY_BLOCK..(blk + 1) * hd * KEY_BLOCK];
-        let blk_ = Block { isa, b0, b1, kt, vals, hd, sc };
+        // this block's keys, [hk, KEY_BLOCK]
+        let kt = &keys[blk * hk * KEY_BLOCK..(blk + 1) * hk * KEY_BLOCK];
+        let (vals, vbase): (&[f32], usize) = match (key_rows.as_deref_mut(), vals) {
+            (Some(buf), _) => {
+                let (lane0, lanes) = (blk * KEY_BLOCK, b1 - blk * KEY_BLOCK);
+                for (d, col) in kt.chunks_exact(KEY_BLOCK).take(hv).enumerate() {
+                    for (j, &x) in col[..lanes].iter().enumerate() {
+                        buf[j * hv + d] = x;
+                    }
+                }
+                (&buf[..], lane0)
+            }
+            (None, Values::Rows(v)) => (v, 0),
+            (None, Values::KeyPrefix) => (&[], 0),
+        };
+        let blk_ = Block { isa, b0, b1, kt, vals, vbase, hk, hv, sc };
         // the queries that see part of this block, QUERIES at a time (the scores of each are
         // the same whatever it is grouped with)
         let mut group = [0usize; QUERIES];
@@ -243,14 +305,17 @@ fn fold_body(a: FoldArgs<'_>, st: &mut State) {
 /// `KEY_BLOCK` lanes, independent chains enough to keep the multiply-adds busy.
 const QUERIES: usize = 4;
 
-/// One block of keys (positions `b0..b1`, transposed keys `kt`) and the values.
+/// One block of keys (positions `b0..b1`, transposed keys `kt`, `hk` rows) and the values
+/// (`hv` wide, row 0 at position `vbase`).
 struct Block<'a> {
     isa: Isa,
     b0: usize,
     b1: usize,
     kt: &'a [f32],
     vals: &'a [f32],
-    hd: usize,
+    vbase: usize,
+    hk: usize,
+    hv: usize,
     sc: Scoring,
 }
 
@@ -258,13 +323,13 @@ impl Block<'_> {
     /// Fold this block into the states of the queries `idx` (each sees part of it).
     #[inline(always)]
     fn queries<const Q: usize>(&self, idx: &[usize; Q], q: &[f32], ends: &[usize], st: &mut State) {
-        let hd = self.hd;
+        let (hk, hd) = (self.hk, self.hv);
         // every lane's score, each summed over d in order (lanes past the cache's end are
         // zeros or stale, and unused)
         let lane0 = self.b0 / KEY_BLOCK * KEY_BLOCK;
         // only the lanes up to the block's last position (a short context's one block is
         // mostly past the cache's end: its keys are neither read nor multiplied)
-        let mut sc = scores::<Q>(self.isa, idx, q, self.kt, hd, self.b1 - lane0);
+        let mut sc = scores::<Q>(self.isa, idx, q, self.kt, hk, self.b1 - lane0);
         for (sc, &i) in sc.iter_mut().zip(idx) {
             // the query's keys in this block: from the block's start (or its window's, where
             // that is later; the same either way a range is cut, as ranges start at blocks)
@@ -282,7 +347,7 @@ impl Block<'_> {
             }
             let sum = lanes(s, 0.0, |a, b| a + b);
             let o = &mut st.o[i * hd..(i + 1) * hd];
-            let vb = &self.vals[b0 * hd..e * hd];
+            let vb = &self.vals[(b0 - self.vbase) * hd..(e - self.vbase) * hd];
             // VCHUNK dimensions per register, up to 8 registers at once; any rest alone
             let mut c = 0;
             while c < hd {
@@ -472,13 +537,30 @@ pub fn attend(
     part: &mut State,
     out: &mut [f32],
 ) {
+    attend_keyed(isa, (q, acc.hd), ends, keys, Values::Rows(vals), sc, sinks, (acc, part), out)
+}
+
+/// [`attend`] with queries and keys `hk` wide and the values as `vals` says (see
+/// [`fold_keyed`]); `out` is `[nq, acc.hd]`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_keyed(
+    isa: Isa,
+    (q, hk): (&[f32], usize),
+    ends: &[usize],
+    keys: &[f32],
+    vals: Values<'_>,
+    sc: Scoring,
+    sinks: &[f32],
+    (acc, part): (&mut State, &mut State),
+    out: &mut [f32],
+) {
     let nq = ends.len();
     acc.reset(nq);
     let end = ends.iter().copied().max().unwrap_or(0);
     let first = ends.iter().map(|&e| sc.first(e)).min().unwrap_or(0);
     for r in splits(end).filter(|r| r.end > first) {
         part.reset(nq);
-        fold(isa, q, ends, keys, vals, r, sc, part);
+        fold_keyed(isa, (q, hk), ends, keys, vals, r, sc, part);
         acc.merge(part);
     }
     let hd = acc.hd;

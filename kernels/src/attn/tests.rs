@@ -174,3 +174,51 @@ fn merging_a_partial_that_saw_nothing_changes_nothing() {
     a.merge(&State::new(1, 2));
     assert_eq!(a, before);
 }
+
+/// Values read from the keys' first dims (DeepSeek's latent attention) give the bits that the
+/// same values as rows of their own give, at every tier, across blocks, splits and a window;
+/// and the textbook formula over those values.
+#[test]
+fn values_from_the_keys_prefix_are_the_rows_bits() {
+    for isa in Isa::available() {
+        for (hk, hv, n) in [(40, 32, 5), (40, 32, 70), (72, 64, 200), (576 / 8, 512 / 8, SPLIT + 90)] {
+            let mut r = uniform(hk as u64 * 131 + n as u64);
+            let keys: Vec<f32> = (0..n * hk).map(|_| r() * 4.0).collect();
+            let vals: Vec<f32> = keys.chunks_exact(hk).flat_map(|k| k[..hv].to_vec()).collect();
+            let nq = 6;
+            let q: Vec<f32> = (0..nq * hk).map(|_| r()).collect();
+            let ends: Vec<usize> = (0..nq).map(|i| n - i * (n / 9)).collect();
+            let packed = pack_keys(&keys, hk);
+            for window in [None, Some(33)] {
+                let sc = Scoring { scale: 0.3, window };
+                let run = |v: Values<'_>| {
+                    let (mut acc, mut part) = (State::new(nq, hv), State::new(nq, hv));
+                    let mut out = vec![0f32; nq * hv];
+                    attend_keyed(isa, (&q, hk), &ends, &packed, v, sc, &[], (&mut acc, &mut part), &mut out);
+                    out
+                };
+                let (a, b) = (run(Values::KeyPrefix), run(Values::Rows(&vals)));
+                let tag = format!("{isa} hk {hk} hv {hv} n {n} window {window:?}");
+                assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{tag}: bits differ");
+                for i in 0..nq {
+                    let seen = sc.first(ends[i])..ends[i];
+                    let s: Vec<f64> = seen
+                        .clone()
+                        .map(|j| (0..hk).map(|d| q[i * hk + d] as f64 * keys[j * hk + d] as f64).sum::<f64>() * 0.3)
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                    let l: f64 = p.iter().sum();
+                    for d in 0..hv {
+                        let want = seen.clone().zip(&p).map(|(j, p)| p * keys[j * hk + d] as f64).sum::<f64>() / l;
+                        let got = a[i * hv + d] as f64;
+                        assert!(
+                            (got - want).abs() <= 2e-5 * (1.0 + want.abs()),
+                            "{tag} query {i} dim {d}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
