@@ -100,13 +100,16 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         gb(probes.mem_bps),
         probes.flops / 1e9
     );
+    let kv = moescope::model::KvCache::bytes_at_capacity(&sizes.cfg, f.ctx);
     println!(
-        "  memory       {:.2} GiB from {}: pool {:.2} GiB ({:.0}% of the experts), context {}",
+        "  memory       {:.2} GiB from {}: pool {:.2} GiB ({:.0}% of the experts), context {} (KV {:.2} GiB, {} KiB a token)",
         allowance.bytes as f64 / (1u64 << 30) as f64,
         allowance.source,
         f.pool_bytes as f64 / (1u64 << 30) as f64,
         100.0 * f.pool_fraction,
-        f.ctx
+        f.ctx,
+        kv as f64 / (1u64 << 30) as f64,
+        kv / f.ctx.next_multiple_of(moescope_kernels::attn::KEY_BLOCK).max(1) as u64 / 1024
     );
     println!("  routing      {}: {:.1}% hits at that pool", f.routing, 100.0 * f.hit_rate);
     println!(

@@ -116,7 +116,7 @@ impl Attention {
                 Some(_) => Output::Gated(m("o_gate_proj", &[c.q_dim(), h])?),
                 None => Output::Plain,
             },
-            heads: Heads { nh: c.num_attention_heads, nkv: c.num_key_value_heads, hd },
+            heads: Heads { nh: c.num_attention_heads, nkv: c.num_key_value_heads, hd, hv: hd, keyed: false },
             rotary_half: c.rotary_dim() / 2,
             hidden: h,
             eps: c.rms_norm_eps as f32,
@@ -128,7 +128,7 @@ impl Attention {
     /// `st.delta`.
     pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
         let (exec, pkg, t_n, pos0) = (pass.exec, pass.pkg, pass.t_n, pass.pos0);
-        let (h, Heads { nh, nkv, hd }) = (self.hidden, self.heads);
+        let (h, Heads { nh, nkv, hd, .. }) = (self.hidden, self.heads);
         let _att = trace::span("attention").arg("layer", l).arg("tokens", t_n).arg("pos", pos0);
         let RunState { hn, delta, q, gate, k, v, qkv, attn, cos, sin, attn_work, scratch: s, .. } = &mut *pass.st;
         let (hn, out) = (&hn[..t_n * h], &mut delta[..t_n * h]);
@@ -216,10 +216,15 @@ pub const TILE: usize = 16;
 /// The shape of one layer's attention heads.
 #[derive(Debug, Clone, Copy)]
 pub struct Heads {
-    /// query heads, KV heads, head dimension
+    /// query heads, KV heads, query and key dimension
     pub nh: usize,
     pub nkv: usize,
     pub hd: usize,
+    /// value (and output) dimension: `hd`, or the compressed kv's in DeepSeek's absorbed
+    /// latent attention
+    pub hv: usize,
+    /// the values are each key's first `hv` dims (the cache holds no values of their own)
+    pub keyed: bool,
 }
 
 /// What attention works in, kept between passes: decode's partial states, one per (KV head,
@@ -248,22 +253,23 @@ impl Default for AttnWork {
 }
 
 impl AttnWork {
-    /// One tile per compute thread, for heads of `hd` values, `group` heads a KV head (each
-    /// sized for a whole tile, whichever tasks its thread claims).
-    fn tiles(&mut self, threads: usize, group: usize, hd: usize) -> &[Mutex<Tile>] {
+    /// One tile per compute thread, for queries of `hd` values and outputs of `hv`, `group`
+    /// heads a KV head (each sized for a whole tile, whichever tasks its thread claims).
+    fn tiles(&mut self, threads: usize, group: usize, hd: usize, hv: usize) -> &[Mutex<Tile>] {
         let rows = TILE * group;
         let fresh = || {
-            let st = || State::new(rows, hd);
+            let st = || State::new(rows, hv);
             Mutex::new(Tile {
                 qt: vec![0.0; rows * hd],
                 ends: vec![0; rows],
                 sinks: vec![0.0; rows],
                 acc: st(),
                 part: st(),
-                o: vec![0.0; rows * hd],
+                o: vec![0.0; rows * hv],
             })
         };
-        if self.tiles.first().is_some_and(|t| t.lock().map_or(true, |t| t.acc.hd != hd || t.ends.capacity() < rows)) {
+        let stale = |t: &Tile| t.acc.hd != hv || t.ends.capacity() < rows || t.qt.capacity() < rows * hd;
+        if self.tiles.first().is_some_and(|t| t.lock().map_or(true, |t| stale(&t))) {
             self.tiles.clear();
         }
         if self.tiles.len() < threads {
@@ -304,9 +310,9 @@ pub struct At<'a> {
 /// tokens' keys and values.
 pub fn attend(exec: &Exec, kv: &KvCache, at: At<'_>, q: &[f32], attn: &mut [f32], work: &mut AttnWork) {
     let At { layer: l, heads: shape, pos0, window, sinks, scale } = at;
-    let Heads { nh, nkv, hd } = shape;
+    let Heads { nh, nkv, hd, hv, keyed } = shape;
     let t_n = q.len() / (nh * hd);
-    debug_assert_eq!(attn.len(), q.len());
+    debug_assert_eq!(attn.len(), t_n * nh * hv);
     let span = trace::span("heads").arg("heads", nh).arg("tokens", t_n).arg("kv_len", pos0 + t_n);
     let key = if span.is_recording() { trace::next_id() } else { 0 };
     let flows = span.flows_out(exec.threads());
@@ -323,7 +329,7 @@ pub fn attend(exec: &Exec, kv: &KvCache, at: At<'_>, q: &[f32], attn: &mut [f32]
         return;
     }
     let tiles = t_n.div_ceil(TILE);
-    let tiles_work = work.tiles(exec.threads(), group, hd);
+    let tiles_work = work.tiles(exec.threads(), group, hd, hv);
     let out = Chunks::new(attn);
     exec.run(nkv * tiles, &|task, p| {
         let _c = task_span(p);
@@ -347,13 +353,14 @@ pub fn attend(exec: &Exec, kv: &KvCache, at: At<'_>, q: &[f32], attn: &mut [f32]
             }
         }
         let (keys, vals) = kv.head(l, h, pos0 + t1);
-        o.resize(rows * hd, 0.0);
-        attn::attend(isa, qt, ends, keys, vals, sc, row_sinks, acc, part, o);
+        let values = if keyed { attn::Values::KeyPrefix } else { attn::Values::Rows(vals) };
+        o.resize(rows * hv, 0.0);
+        attn::attend_keyed(isa, (qt, hd), ends, keys, values, sc, row_sinks, (acc, part), o);
         for (i, t) in (t0..t1).enumerate() {
-            let at = (t * nh + h * group) * hd;
+            let at = (t * nh + h * group) * hv;
             // SAFETY: this task alone writes token t's heads of KV head h, inside `attn`,
             // which outlives the section
-            unsafe { out.slice(at, group * hd) }.copy_from_slice(&o[i * group * hd..(i + 1) * group * hd]);
+            unsafe { out.slice(at, group * hv) }.copy_from_slice(&o[i * group * hv..(i + 1) * group * hv]);
         }
     });
     drop(span);
@@ -369,25 +376,27 @@ fn decode(
     work: &mut AttnWork,
     task_span: &(dyn Fn(usize) -> trace::Span + Sync),
 ) {
-    let At { layer: l, heads: Heads { nh, nkv, hd }, pos0, window, sinks, scale } = at;
+    let At { layer: l, heads: Heads { nh, nkv, hd, hv, keyed }, pos0, window, sinks, scale } = at;
     let (isa, group) = (exec.isa, nh / nkv);
     let sc = attn::Scoring { scale: scale.unwrap_or(1.0 / (hd as f32).sqrt()), window };
     let n = pos0 + 1;
     let splits = n.div_ceil(attn::SPLIT).max(1);
     let split = |s: usize| attn::splits(n).nth(s).unwrap_or(0..0);
     let ends: SmallVec<[usize; 64]> = SmallVec::from_elem(n, group);
-    work.fit(nkv * splits, group, hd);
+    work.fit(nkv * splits, group, hv);
     let AttnWork { parts, acc, .. } = work;
     let parts = &parts[..nkv * splits];
     exec.run(parts.len(), &|task, p| {
         let _c = task_span(p);
         let (h, s) = (task / splits, task % splits);
         let (keys, vals) = kv.head(l, h, n);
+        let values = if keyed { attn::Values::KeyPrefix } else { attn::Values::Rows(vals) };
         let mut st = parts[task].lock().unwrap_or_else(|e| e.into_inner());
         st.reset(group);
         // a split wholly before the window leaves the state empty, as prefill skips it
         if split(s).end > sc.first(n) {
-            attn::fold(isa, &q[h * group * hd..(h + 1) * group * hd], &ends, keys, vals, split(s), sc, &mut st);
+            let qh = &q[h * group * hd..(h + 1) * group * hd];
+            attn::fold_keyed(isa, (qh, hd), &ends, keys, values, split(s), sc, &mut st);
         }
     });
     for h in 0..nkv {
@@ -397,8 +406,8 @@ fn decode(
             acc.merge(&part.lock().unwrap_or_else(|e| e.into_inner()));
         }
         for g in 0..group {
-            let at = (h * group + g) * hd;
-            acc.finish(g, sinks.map(|s| s[h * group + g]), &mut attn[at..at + hd]);
+            let at = (h * group + g) * hv;
+            acc.finish(g, sinks.map(|s| s[h * group + g]), &mut attn[at..at + hv]);
         }
     }
 }

@@ -36,19 +36,20 @@ pub struct KvCache {
 
 impl KvCache {
     pub fn new(cfg: &ModelConfig, cap: usize) -> KvCache {
-        let (n_kv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
+        let (n_kv, hd, values) = Self::shape(cfg);
         let stride = cap.next_multiple_of(KEY_BLOCK);
         let per = n_kv * stride * hd;
         let attends = |l: usize| cfg.layer_kind(l) == LayerKind::FullAttention;
-        let kv = || (0..cfg.num_hidden_layers).map(|l| vec![0f32; if attends(l) { per } else { 0 }]).collect();
+        let kv =
+            |on: bool| (0..cfg.num_hidden_layers).map(|l| vec![0f32; if attends(l) && on { per } else { 0 }]).collect();
         KvCache {
             n_kv,
             hd,
             cap,
             stride,
             len: 0,
-            k: kv(),
-            v: kv(),
+            k: kv(true),
+            v: kv(values),
             linear: (0..cfg.num_hidden_layers)
                 .map(|l| cfg.hybrid.as_ref().filter(|_| !attends(l)).map(LinearState::new))
                 .collect(),
@@ -56,9 +57,21 @@ impl KvCache {
         }
     }
 
+    /// KV heads, their width, and whether values are kept beside the keys: DeepSeek-V3's
+    /// absorbed latent attention keeps one "head" per token, the compressed kv and the rotary
+    /// key (`kv_lora_rank + qk_rope_head_dim`: 576 floats at DeepSeek-V3's shape), its values
+    /// the keys' first `kv_lora_rank` dims.
+    fn shape(cfg: &ModelConfig) -> (usize, usize, bool) {
+        match cfg.features.mla {
+            Some(m) => (1, m.kv_lora_rank + m.qk_rope_head_dim, false),
+            None => (cfg.num_key_value_heads, cfg.head_dim, true),
+        }
+    }
+
     /// Bytes when full (a hybrid's recurrent states counted twice: live and snapshot).
     pub fn bytes_at_capacity(cfg: &ModelConfig, cap: usize) -> u64 {
-        let kv = 2 * cfg.attention_layers() * cfg.num_key_value_heads * cap.next_multiple_of(KEY_BLOCK) * cfg.head_dim;
+        let (n_kv, hd, values) = Self::shape(cfg);
+        let kv = (1 + usize::from(values)) * cfg.attention_layers() * n_kv * cap.next_multiple_of(KEY_BLOCK) * hd;
         let linear = cfg
             .hybrid
             .as_ref()
@@ -160,12 +173,15 @@ impl KvCache {
         self.len = len;
     }
 
-    /// Store `k` and `v` (`[n_kv * hd]` each) of position `pos` for `layer`.
+    /// Store `k` and `v` (`[n_kv * hd]` each; `v` empty where the cache keeps no values) of
+    /// position `pos` for `layer`.
     pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
         let hd = self.hd;
         for h in 0..self.n_kv {
             let dst = (h * self.stride + pos) * hd;
-            self.v[layer][dst..dst + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            if !self.v[layer].is_empty() {
+                self.v[layer][dst..dst + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            }
             // column pos % KEY_BLOCK of its block's [hd, KEY_BLOCK]
             let block = (h * self.stride + pos / KEY_BLOCK * KEY_BLOCK) * hd;
             let kb = &mut self.k[layer][block..block + hd * KEY_BLOCK];
@@ -181,7 +197,8 @@ impl KvCache {
     pub fn head(&self, layer: usize, head: usize, upto: usize) -> (&[f32], &[f32]) {
         let s = head * self.stride * self.hd;
         let kn = upto.next_multiple_of(KEY_BLOCK) * self.hd;
-        (&self.k[layer][s..s + kn], &self.v[layer][s..s + upto * self.hd])
+        let v = &self.v[layer];
+        (&self.k[layer][s..s + kn], if v.is_empty() { v } else { &v[s..s + upto * self.hd] })
     }
 }
 

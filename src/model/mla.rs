@@ -1,17 +1,21 @@
-//! DeepSeek-V3's multi-head latent attention, in its expanded form: each head's keys and values
-//! are made from the compressed kv and cached as ordinary attention heads. For T tokens `hn`
-//! (`[T, H]`, normed), nh heads of nope + rope query/key dims and v value dims:
+//! DeepSeek-V3's multi-head latent attention in its absorbed form: the cache holds, per token
+//! and layer, only the compressed kv and the rotary key every head shares, and each head's key
+//! and value up-projections are folded into its query and its output. For T tokens `hn`
+//! (`[T, H]`, normed), nh heads of nope + rope query dims and v value dims, kv_lora = r:
 //! ```text
 //! q   = norm(hn Wqa) Wqb  (q_lora)  or  hn Wq              [T, nh, nope + rope]
-//! ckv = hn Wkva                                             [T, kv_lora + rope]
-//! c   = norm(ckv[:kv_lora]),  k_pe = ckv[kv_lora:]          (one rotary key for every head)
-//! kv  = c Wkvb                                              [T, nh, nope + v]
+//! ckv = hn Wkva                                             [T, r + rope]
+//! c   = norm(ckv[:r]),  k_pe = ckv[r:]                      (one rotary key for every head)
 //! q[.., nope:], k_pe: RoPE (interleaved pairs, or halves)
-//! k_h = [kv_h[:nope], k_pe],  v_h = [kv_h[nope:], 0 ...]    (v padded to nope + rope)
-//! a   = softmax(q k^T * softmax_scale, causal) v;  delta = a[.., :v] Wo
+//! cache <- [c, k_pe]                                        (r + rope floats a token)
+//! qa_h = [W_UK_h^T q_nope_h, q_pe_h]                        [T, nh, r + rope]
+//!        (W_UK_h: kv_b_proj's rows h (nope + v) .. + nope, each [r])
+//! o_h  = softmax(qa_h [c, k_pe]^T * softmax_scale, causal) c          [T, nh, r]
+//! v_h  = W_UV_h o_h  (kv_b_proj's next v rows)              [T, nh, v];  delta = v Wo
 //! ```
-//! The cache holds nh x 2 x (nope + rope) values a token and layer; the absorbed form, caching
-//! only c and k_pe, is the next step.
+//! `qa_h · [c_t, k_pe_t] = q_nope_h · (W_UK_h c_t) + q_pe_h · k_pe_t`: the expanded form's
+//! score, and `W_UV_h Σ p_t c_t` its output, the sums taken in another order (the f32 bound).
+//! Prompt and decode both run it, so a prompt's rows equal its tokens decoded one by one.
 
 use moescope_kernels::ops::{apply_rope, apply_rope_interleaved, rms_norm_inplace};
 
@@ -19,6 +23,7 @@ use super::attention::{At, Heads, attend};
 use super::error::ModelError;
 use super::pass::Pass;
 use super::run_state::RunState;
+use crate::exec::Chunks;
 use crate::model_config::{Mla, ModelConfig};
 use crate::package::{Package, TensorId};
 use crate::trace;
@@ -32,10 +37,14 @@ pub struct MlaWork {
     ckv: Vec<f32>,
     /// the normed compressed kv `[T, kv_lora]`
     c: Vec<f32>,
-    /// kv_b_proj's output `[T, nh * (nope + v)]`
-    kvb: Vec<f32>,
+    /// the absorbed queries `[T, nh, r + rope]`
+    qa_abs: Vec<f32>,
+    /// each head's attention over the compressed kv `[T, nh, r]`
+    lat: Vec<f32>,
     /// each head's values, before o_proj `[T, nh * v]`
     out: Vec<f32>,
+    /// one token's cache row `[r + rope]`
+    key: Vec<f32>,
     /// one rotary part, reordered
     rot: Vec<f32>,
 }
@@ -48,16 +57,23 @@ impl MlaWork {
             qa: vec![0.0; chunk * m.q_lora_rank.unwrap_or(0)],
             ckv: vec![0.0; chunk * (m.kv_lora_rank + m.qk_rope_head_dim)],
             c: vec![0.0; chunk * m.kv_lora_rank],
-            kvb: vec![0.0; chunk * nh * (m.qk_nope_head_dim + m.v_head_dim)],
+            qa_abs: vec![0.0; chunk * nh * (m.kv_lora_rank + m.qk_rope_head_dim)],
+            lat: vec![0.0; chunk * nh * m.kv_lora_rank],
             out: vec![0.0; chunk * nh * m.v_head_dim],
+            key: vec![0.0; m.kv_lora_rank + m.qk_rope_head_dim],
             rot: vec![0.0; m.qk_rope_head_dim],
         })
     }
 
     pub fn bytes(&self) -> u64 {
-        let b = [&self.qa, &self.ckv, &self.c, &self.kvb, &self.out, &self.rot];
+        let b = [&self.qa, &self.ckv, &self.c, &self.qa_abs, &self.lat, &self.out, &self.key, &self.rot];
         b.iter().map(|v| v.capacity() as u64 * 4).sum()
     }
+}
+
+thread_local! {
+    /// One dequantized row of kv_b_proj `[r]`, per thread.
+    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// The query's first product: one matrix, or the low-rank pair with its norm between.
@@ -108,17 +124,17 @@ impl LatentAttention {
     }
 
     /// Layer `l`'s attention over the pass's normed rows (`st.hn`) at positions `pos0..`, their
-    /// expanded keys and values appended to the cache; the result in `st.delta`.
+    /// compressed kv and rotary keys appended to the cache; the result in `st.delta`.
     pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
         let (exec, pkg, t_n, pos0) = (pass.exec, pass.pkg, pass.t_n, pass.pos0);
         let _att = trace::span("attention").arg("layer", l).arg("tokens", t_n).arg("pos", pos0);
         let (h, nh, m) = (self.hidden, self.heads, self.m);
         let (kvl, nope, rope, vd) = (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
         let hd = nope + rope;
-        let RunState { hn, delta, q, k, v, attn, cos, sin, attn_work, mla, scratch: s, .. } = &mut *pass.st;
+        let RunState { hn, delta, q, cos, sin, attn_work, mla, scratch: s, .. } = &mut *pass.st;
         let Some(w) = mla.as_mut() else { return };
         let hn = &hn[..t_n * h];
-        let (q, k, v) = (&mut q[..t_n * nh * hd], &mut k[..t_n * nh * hd], &mut v[..t_n * nh * hd]);
+        let q = &mut q[..t_n * nh * hd];
         let f = |id: TensorId| pkg.f32_by_index(id);
         match self.q {
             Query::Plain(wq) => exec.matmul("q_proj", &pkg.mat_by_index(wq), hn, t_n, q, s),
@@ -137,40 +153,68 @@ impl LatentAttention {
             c.copy_from_slice(&row[..kvl]);
             rms_norm_inplace(c, f(self.kv_norm), self.eps);
         }
-        let kvb = &mut w.kvb[..t_n * nh * (nope + vd)];
-        exec.matmul("kv_b_proj", &pkg.mat_by_index(self.kv_b), c, t_n, kvb, s);
         let half = rope / 2;
         let rot = &mut w.rot;
         let turn = |x: &mut [f32], t: usize, rot: &mut [f32]| {
             let (cs, sn) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
             if m.rope_interleave { apply_rope_interleaved(x, cs, sn, rot) } else { apply_rope(x, cs, sn) }
         };
+        let hk = kvl + rope;
         for t in 0..t_n {
             for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_exact_mut(hd) {
                 turn(&mut head[nope..], t, rot);
             }
             let k_pe = &mut ckv[t * (kvl + rope) + kvl..(t + 1) * (kvl + rope)];
             turn(k_pe, t, rot);
-            let kv_t = &kvb[t * nh * (nope + vd)..(t + 1) * nh * (nope + vd)];
-            let (kt, vt) = (&mut k[t * nh * hd..(t + 1) * nh * hd], &mut v[t * nh * hd..(t + 1) * nh * hd]);
-            for ((kh, vh), src) in
-                kt.chunks_exact_mut(hd).zip(vt.chunks_exact_mut(hd)).zip(kv_t.chunks_exact(nope + vd))
-            {
-                kh[..nope].copy_from_slice(&src[..nope]);
-                kh[nope..].copy_from_slice(k_pe);
-                vh[..vd].copy_from_slice(&src[nope..]);
-                vh[vd..].fill(0.0);
-            }
-            pass.kv.write(l, pos0 + t, kt, vt);
+            w.key[..kvl].copy_from_slice(&c[t * kvl..(t + 1) * kvl]);
+            w.key[kvl..].copy_from_slice(k_pe);
+            pass.kv.write(l, pos0 + t, &w.key, &[]);
         }
-        let attn = &mut attn[..t_n * nh * hd];
-        let heads = Heads { nh, nkv: nh, hd };
+        // each head's query folded through its key up-projection, the heads in parallel
+        let kv_b = pkg.mat_by_index(self.kv_b);
+        let qa = &mut w.qa_abs[..t_n * nh * hk];
+        let q = &*q;
+        let dst = Chunks::new(qa);
+        exec.run(nh, &|h, _| {
+            ROW.with_borrow_mut(|row| {
+                row.resize(kvl, 0.0);
+                for t in 0..t_n {
+                    // SAFETY: task h alone writes head h of every token, inside `qa`, which
+                    // outlives the section
+                    let out = unsafe { dst.slice((t * nh + h) * hk, hk) };
+                    let qh = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
+                    out[..kvl].fill(0.0);
+                    for (i, &x) in qh[..nope].iter().enumerate() {
+                        kv_b.dequant_row(h * (nope + vd) + i, row);
+                        out[..kvl].iter_mut().zip(row.iter()).for_each(|(o, &w)| *o += x * w);
+                    }
+                    out[kvl..].copy_from_slice(&qh[nope..]);
+                }
+            })
+        });
+        let lat = &mut w.lat[..t_n * nh * kvl];
+        let heads = Heads { nh, nkv: 1, hd: hk, hv: kvl, keyed: true };
         let at = At { layer: l, heads, pos0, window: None, sinks: None, scale: Some(m.softmax_scale) };
-        attend(exec, pass.kv, at, q, attn, attn_work);
+        attend(exec, pass.kv, at, qa, lat, attn_work);
+        // each head's values through its value up-projection
         let out = &mut w.out[..t_n * nh * vd];
-        for (o, a) in out.chunks_exact_mut(vd).zip(attn.chunks_exact(hd)) {
-            o.copy_from_slice(&a[..vd]);
-        }
-        exec.matmul("o_proj", &pkg.mat_by_index(self.o), out, t_n, &mut delta[..t_n * h], s);
+        let lat = &*lat;
+        let dst = Chunks::new(out);
+        exec.run(nh, &|h, _| {
+            ROW.with_borrow_mut(|row| {
+                row.resize(kvl, 0.0);
+                for j in 0..vd {
+                    kv_b.dequant_row(h * (nope + vd) + nope + j, row);
+                    for t in 0..t_n {
+                        let o = &lat[(t * nh + h) * kvl..(t * nh + h + 1) * kvl];
+                        let v: f32 = row.iter().zip(o).map(|(&w, &x)| w * x).sum();
+                        // SAFETY: task h alone writes head h's values of every token
+                        let cell = unsafe { dst.slice((t * nh + h) * vd + j, 1) };
+                        cell[0] = v;
+                    }
+                }
+            })
+        });
+        exec.matmul("o_proj", &pkg.mat_by_index(self.o), &w.out[..t_n * nh * vd], t_n, &mut delta[..t_n * h], s);
     }
 }
