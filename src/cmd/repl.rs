@@ -9,6 +9,7 @@ use moescope::engine::sampler::Sampler;
 use moescope::engine::session::{ChatSession, TurnEvent};
 use moescope::engine::{Engine, EngineError, GenRequest};
 use moescope::experts::routing_log::RoutingLog;
+use moescope::serve::think::{self, ThinkSplitter};
 
 use super::interrupt::{self, Interruptible};
 use super::run_config::{RunConfig, stats_line};
@@ -31,6 +32,18 @@ pub(super) fn show_parts(
     }
     out.flush()?;
     err.flush()
+}
+
+/// A `<think>` block's split parts (Qwen3, GLM-4.5, DeepSeek-R1 replies) as a harmony reply's,
+/// for [`show_parts`].
+fn think_parts(parts: Vec<think::Part>) -> Vec<Part> {
+    parts
+        .into_iter()
+        .map(|p| match p {
+            think::Part::Reasoning(r) => Part::Reasoning(r),
+            think::Part::Content(c) => Part::Content(c),
+        })
+        .collect()
 }
 
 /// `log`: the routing log being recorded, if any.
@@ -78,8 +91,10 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
         }
         let mut out = std::io::stdout().lock();
         // gpt-oss: the answer on stdout, the reasoning dimmed (or, when stdout is not a
-        // terminal, on stderr, so a redirected answer is the answer alone)
+        // terminal, on stderr, so a redirected answer is the answer alone); a chat reply that
+        // opens with a <think> block the same way
         let mut harmony = engine.harmony().then(HarmonySplitter::default);
+        let mut thinking = (chat && harmony.is_none()).then(ThinkSplitter::default);
         let tty = std::io::stdout().is_terminal();
         let show = |out: &mut std::io::StdoutLock, parts: Vec<Part>| {
             let _ = show_parts(out, &mut std::io::stderr(), tty, parts);
@@ -94,9 +109,10 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
             };
             session.turn(&mut engine, &mut sampler, req, msg, &mut log, &mut |ev| {
                 if let TurnEvent::Token { piece: Some(p), .. } | TurnEvent::Tail(p) = ev {
-                    match harmony.as_mut() {
-                        Some(h) => show(&mut out, h.push(p)),
-                        None => {
+                    match (harmony.as_mut(), thinking.as_mut()) {
+                        (Some(h), _) => show(&mut out, h.push(p)),
+                        (None, Some(t)) => show(&mut out, think_parts(t.push(p))),
+                        (None, None) => {
                             let _ = out.write_all(p.as_bytes());
                             let _ = out.flush();
                         }
@@ -106,6 +122,9 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
         };
         if let Some(mut h) = harmony {
             show(&mut out, h.finish());
+        }
+        if let Some(mut t) = thinking {
+            show(&mut out, think_parts(t.finish()));
         }
         let _ = writeln!(out);
         drop(out);
@@ -145,5 +164,20 @@ mod tests {
         show_parts(&mut out, &mut err, true, split_parts(reply)).unwrap();
         assert_eq!(String::from_utf8(out).unwrap(), "\x1b[2mAdd them.\x1b[0m4");
         assert!(err.is_empty());
+    }
+
+    #[test]
+    fn a_think_block_goes_out_split_streamed() {
+        // "<think>\nAdd them.\n</think>\n\n4" as it streams
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        let mut t = ThinkSplitter::default();
+        for piece in ["<thi", "nk>\nAdd", " them.\n</th", "ink>\n\n", "4"] {
+            show_parts(&mut out, &mut err, false, think_parts(t.push(piece))).unwrap();
+        }
+        show_parts(&mut out, &mut err, false, think_parts(t.finish())).unwrap();
+        assert_eq!(
+            (String::from_utf8(out).unwrap(), String::from_utf8(err).unwrap()),
+            ("4".into(), "\nAdd them.\n".into())
+        );
     }
 }
