@@ -8,6 +8,10 @@
 //! separate from the engine's (`moescope_kernels::mxfp4`): a plain table lookup, so a test that
 //! converts the widened checkpoint checks the converter's bf16 path against the MXFP4 one, and
 //! the tests compare layer 0 with transformers' own dequantized tensors.
+//!
+//! [sharded]: a one-file checkpoint split into shards with the hub's index
+//! (`model.safetensors.index.json`: `metadata.total_size` and `weight_map`), the same weights, so
+//! the one-file fixture's references are its own.
 
 use std::path::Path;
 
@@ -111,6 +115,35 @@ pub fn gpt_oss_bf16_release(src: &Path, out: &Path) -> Result<(), String> {
         |f: &str, b: &[u8]| std::fs::write(out.join(f), b).map_err(|e| format!("{}: {e}", out.join(f).display()));
     write("config.json", &config)?;
     write("model.safetensors", &join(tensors))
+}
+
+/// Write into `out` (a folder that exists) the checkpoint in `src` (config.json and one
+/// `model.safetensors`) as `shards` files `model-0000i-of-0000n.safetensors`, the tensors in the
+/// file's order cut where the bytes so far pass each shard's share, and the index naming each
+/// tensor's file.
+pub fn sharded(src: &Path, out: &Path, shards: usize) -> Result<(), String> {
+    let read = |f: &str| std::fs::read(src.join(f)).map_err(|e| format!("{}: {e}", src.join(f).display()));
+    let write =
+        |f: &str, b: &[u8]| std::fs::write(out.join(f), b).map_err(|e| format!("{}: {e}", out.join(f).display()));
+    write("config.json", &read("config.json")?)?;
+    let bytes = read("model.safetensors")?;
+    let (header, data) = split(&bytes)?;
+    let share = data.len().div_ceil(shards.max(1));
+    let (mut parts, mut map, mut done) = (vec![Vec::new(); shards.max(1)], Map::new(), 0usize);
+    for (name, t) in header.iter().filter(|(n, _)| *n != "__metadata__") {
+        let body = slice(data, t, name)?;
+        let i = (done / share).min(parts.len() - 1);
+        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, parts.len());
+        map.insert(name.clone(), Value::String(file));
+        parts[i].push((name.clone(), t.clone(), body.to_vec()));
+        done += body.len();
+    }
+    let n = parts.len();
+    for (i, tensors) in parts.into_iter().enumerate() {
+        write(&format!("model-{:05}-of-{n:05}.safetensors", i + 1), &join(tensors))?;
+    }
+    let index = serde_json::json!({"metadata": {"total_size": done}, "weight_map": map});
+    write("model.safetensors.index.json", index.to_string().as_bytes())
 }
 
 fn split(b: &[u8]) -> Result<(Map<String, Value>, &[u8]), String> {

@@ -227,7 +227,6 @@ macro_rules! fixture_tests {
 
 fixture_tests! {
     single_file => "single",
-    sharded_with_index => "sharded",
     dense_layer_no_topk_norm => "dense-layer",
     tied_embeddings_demo_tokenizer => "tied-demo-tok",
     fused_experts => "fused",
@@ -241,6 +240,13 @@ fixture_tests! {
     glm4_moe_partial_rotary_qk_norms_qkv_biases_sigmoid_router_shared_expert_dense_first => "glm",
     deepseek_v3_latent_attention_q_lora_interleaved_yarn_mscale_expert_groups => "deepseek",
     deepseek_v3_plain_q_proj_halves_rope_two_shared_experts_no_renormalisation => "deepseek-noqlora",
+}
+
+/// The "single" checkpoint in 4 shards with the hub's index: read through the index, the same
+/// logits as the one file.
+#[test]
+fn sharded_with_index() {
+    check_fixture(&sharded());
 }
 
 /// gpt-oss's bf16 release layout (the MXFP4 fixture's weights, widened and transposed as the

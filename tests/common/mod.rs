@@ -57,8 +57,23 @@ pub fn gpt_oss_bf16() -> String {
     dir.to_string_lossy().into_owned()
 }
 
-pub const MODEL_FIXTURES: [&str; 8] =
-    ["single", "sharded", "dense-layer", "tied-demo-tok", "fused", "t5-config", "odd", "wide"];
+/// The "single" fixture split into 4 shards with the hub's index (`moescope::derived_fixture::
+/// sharded`: the same weights, so its references are single's), written once per test binary;
+/// its absolute path, for [fixture] and [convert].
+pub fn sharded() -> String {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let src = fixture("single");
+        let to = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sharded-{}", std::process::id()));
+        std::fs::create_dir_all(&to).expect("sharded folder");
+        moescope::derived_fixture::sharded(&src, &to, 4).unwrap_or_else(|e| panic!("sharded: {e}"));
+        for f in ["reference.json", "reference.safetensors"] {
+            std::fs::copy(src.join(f), to.join(f)).expect("reference");
+        }
+        to
+    });
+    dir.to_string_lossy().into_owned()
+}
 
 /// Convert fixture `name` with `quant` into a fresh temporary folder.
 pub fn convert(name: &str, quant: &str) -> (tempfile::TempDir, PathBuf) {

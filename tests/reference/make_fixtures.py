@@ -68,6 +68,7 @@ BASE = dict(vocab_size=1024, hidden_size=128, num_hidden_layers=3, num_attention
 # experts, another top-k, decoder_sparse_step 2; and a real (trained) tokenizer.
 FIXTURES = {
     "single": ({}, dict(seed=0)),
+    # not committed: the tests split "single" into shards instead (src/derived_fixture.rs)
     "sharded": ({}, dict(seed=1, shard="700KB")),
     "dense-layer": (dict(mlp_only_layers=[1], norm_topk_prob=False, intermediate_size=160), dict(seed=2)),
     "tied-demo-tok": (dict(tie_word_embeddings=True, vocab_size=4096, num_hidden_layers=2),

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 # usage: pack_fixtures.py pack | unpack | check        (from the repository's root)
 #
-# The tracked tree stays small enough that a device call carries it whole with the lean binary in
-# xz beside it (64 MiB in all; issue 41 kept 60 MiB for the tree, and the DeepSeek-V3 fixtures took
-# it to 60.6: the next fixture must make room, e.g. by deriving `sharded` from `single`): the large
+# The tracked tree stays under 60 MiB, so a device call carries it whole with the lean binary in
+# xz beside it (issue 41; checkpoints that are a committed fixture's weights in another layout
+# are derived at test time instead, src/derived_fixture.rs): the large
 # test fixtures, the demo's weights and the real tokenizers are kept as NAME.xz (src/packed.rs
 # reads them; its module doc is the format). A safetensors file's tensors are split into byte
 # planes before xz: each value's first bytes together, then its second ones, ... (for f32 and
