@@ -142,16 +142,8 @@ def make(name, out_root):
                                       use_sliding_window=False, sliding_window=None, router_aux_loss_coef=0.001,
                                       initializer_range=0.02, **kw)
     out = os.path.join(out_root, name)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
-    torch.manual_seed(opt["seed"])
-    model = transformers.Qwen3MoeForCausalLM(cfg)
-    perturb(model)
-    model = model.to(torch.bfloat16).eval()
-    model.save_pretrained(out, max_shard_size=opt.get("shard", "50GB"))
-    del model
-    if os.path.exists(os.path.join(out, "generation_config.json")):
-        os.remove(os.path.join(out, "generation_config.json"))
+    save_random(lambda: transformers.Qwen3MoeForCausalLM(cfg), perturb, opt["seed"], out,
+                max_shard_size=opt.get("shard", "50GB"))
     if not opt.get("t5_config"):
         hub_spelling(os.path.join(out, "config.json"))
     if opt.get("fused"):
@@ -190,6 +182,21 @@ def prefill_with_hidden(m, tm, x, L, E):
     T = x.shape[1]
     rl = torch.stack([r.reshape(T, E).float() for r in o.router_logits])
     return o, hs, rl
+
+
+def save_random(make_model, perturb, seed, out, **save):
+    """The model `make_model()` builds under `seed`, `perturb`ed, saved in bf16 into a fresh
+    folder `out` (save_pretrained's generation_config.json dropped: the references pass their
+    own generation settings)."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    torch.manual_seed(seed)
+    model = make_model()
+    perturb(model)
+    model.to(torch.bfloat16).eval().save_pretrained(out, **save)
+    gc = os.path.join(out, "generation_config.json")
+    if os.path.exists(gc):
+        os.remove(gc)
 
 
 def greedy_and_forced(m, ids, forced, n):

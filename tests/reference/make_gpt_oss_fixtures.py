@@ -32,7 +32,6 @@ this, `pack` after.
 """
 import json
 import os
-import shutil
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,7 +42,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT, greedy_and_forced  # noqa: E402
+from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT, greedy_and_forced, save_random  # noqa: E402
 
 LONG = 13  # prompt repeats: ~270 tokens, past the window and the engine's 256-token chunk
 GEN = 24
@@ -130,18 +129,8 @@ def to_mxfp4(out):
 
 def make(name, out_root):
     out = os.path.join(out_root, name)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
-    torch.manual_seed(SEED)
     cfg = transformers.GptOssConfig(**CONFIG)
-    model = transformers.GptOssForCausalLM(cfg)
-    perturb(model)
-    model = model.to(torch.bfloat16).eval()
-    model.save_pretrained(out)
-    del model
-    for f in ("generation_config.json",):
-        if os.path.exists(os.path.join(out, f)):
-            os.remove(os.path.join(out, f))
+    save_random(lambda: transformers.GptOssForCausalLM(cfg), perturb, SEED, out)
     with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
         print(name, "saved:", {k: tuple(f.get_slice(k).get_shape()) for k in f.keys() if ".layers.0." in k})
     hub_spelling(os.path.join(out, "config.json"))

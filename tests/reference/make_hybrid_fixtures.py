@@ -27,7 +27,6 @@ this, `pack` after.
 import json
 import os
 import re
-import shutil
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,7 +36,7 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT, greedy_and_forced, fuse_experts, prefill_with_hidden  # noqa: E402
+from make_fixtures import FORCED, PROMPT, QWEN3_FORCED, QWEN3_PROMPT, greedy_and_forced, fuse_experts, prefill_with_hidden, save_random  # noqa: E402
 
 LONG = 13  # prompt repeats: ~270 tokens
 GEN = 24
@@ -145,17 +144,7 @@ def make(name, out_root):
     spec = FIXTURES[name]
     cfg, cls = config(spec)
     out = os.path.join(out_root, name)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
-    torch.manual_seed(spec["seed"])
-    model = cls(cfg)
-    perturb(model)
-    model = model.to(torch.bfloat16).eval()
-    model.save_pretrained(out)
-    del model
-    for f in ("generation_config.json",):
-        if os.path.exists(os.path.join(out, f)):
-            os.remove(os.path.join(out, f))
+    save_random(lambda: cls(cfg), perturb, spec["seed"], out)
     if spec["arch"] == "qwen3_next":
         hub_spelling_next(os.path.join(out, "config.json"))
     if spec.get("fused"):
