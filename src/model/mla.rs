@@ -35,8 +35,6 @@ pub struct MlaWork {
     qa: Vec<f32>,
     /// kv_a_proj_with_mqa's output `[T, kv_lora + rope]`
     ckv: Vec<f32>,
-    /// the normed compressed kv `[T, kv_lora]`
-    c: Vec<f32>,
     /// the absorbed queries `[T, nh, r + rope]`
     qa_abs: Vec<f32>,
     /// each head's attention over the compressed kv `[T, nh, r]`
@@ -56,7 +54,6 @@ impl MlaWork {
         Some(MlaWork {
             qa: vec![0.0; chunk * m.q_lora_rank.unwrap_or(0)],
             ckv: vec![0.0; chunk * (m.kv_lora_rank + m.qk_rope_head_dim)],
-            c: vec![0.0; chunk * m.kv_lora_rank],
             qa_abs: vec![0.0; chunk * nh * (m.kv_lora_rank + m.qk_rope_head_dim)],
             lat: vec![0.0; chunk * nh * m.kv_lora_rank],
             out: vec![0.0; chunk * nh * m.v_head_dim],
@@ -66,7 +63,7 @@ impl MlaWork {
     }
 
     pub fn bytes(&self) -> u64 {
-        let b = [&self.qa, &self.ckv, &self.c, &self.qa_abs, &self.lat, &self.out, &self.key, &self.rot];
+        let b = [&self.qa, &self.ckv, &self.qa_abs, &self.lat, &self.out, &self.key, &self.rot];
         b.iter().map(|v| v.capacity() as u64 * 4).sum()
     }
 }
@@ -148,11 +145,6 @@ impl LatentAttention {
         }
         let ckv = &mut w.ckv[..t_n * (kvl + rope)];
         exec.matmul("kv_a_proj", &pkg.mat_by_index(self.kv_a), hn, t_n, ckv, s);
-        let c = &mut w.c[..t_n * kvl];
-        for (c, row) in c.chunks_exact_mut(kvl).zip(ckv.chunks_exact(kvl + rope)) {
-            c.copy_from_slice(&row[..kvl]);
-            rms_norm_inplace(c, f(self.kv_norm), self.eps);
-        }
         let half = rope / 2;
         let rot = &mut w.rot;
         let turn = |x: &mut [f32], t: usize, rot: &mut [f32]| {
@@ -164,10 +156,10 @@ impl LatentAttention {
             for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_exact_mut(hd) {
                 turn(&mut head[nope..], t, rot);
             }
-            let k_pe = &mut ckv[t * (kvl + rope) + kvl..(t + 1) * (kvl + rope)];
-            turn(k_pe, t, rot);
-            w.key[..kvl].copy_from_slice(&c[t * kvl..(t + 1) * kvl]);
-            w.key[kvl..].copy_from_slice(k_pe);
+            // the cache row: the compressed kv normed, the rotary key turned
+            w.key.copy_from_slice(&ckv[t * (kvl + rope)..(t + 1) * (kvl + rope)]);
+            rms_norm_inplace(&mut w.key[..kvl], f(self.kv_norm), self.eps);
+            turn(&mut w.key[kvl..], t, rot);
             pass.kv.write(l, pos0 + t, &w.key, &[]);
         }
         // each head's query folded through its key up-projection, the heads in parallel

@@ -101,10 +101,9 @@ impl RunState {
             mla: MlaWork::new(c, chunk),
             scratch: {
                 // the widest input and the most results a dense product of a chunk has
-                let latent = c.features.mla.map_or(0, |m| {
-                    let expanded = c.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim);
-                    expanded.max(m.kv_lora_rank + m.qk_rope_head_dim).max(m.q_lora_rank.unwrap_or(0))
-                });
+                // latent attention: q_b_proj reads q_lora values, kv_a_proj writes kv_lora + rope
+                let latent =
+                    c.features.mla.map_or(0, |m| (m.kv_lora_rank + m.qk_rope_head_dim).max(m.q_lora_rank.unwrap_or(0)));
                 let widest = h.max(c.q_dim()).max(c.intermediate_size).max(value).max(shared).max(latent);
                 let most = widest.max(c.kv_dim()).max(c.num_experts).max(conv);
                 let mut s = Scratch::default();
