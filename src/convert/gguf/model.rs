@@ -375,10 +375,11 @@ impl GgufModel {
         {
             return Err(self.config_err(&k("expert_gating_func"), format!("{f} is not sigmoid (2)")));
         }
-        let last_moe = (0..self.usize_req(&k("block_count"))?)
+        // what the first MoE layer holds (every layer holds the same attention tensors)
+        let moe_layer = (0..self.usize_req(&k("block_count"))?)
             .find(|l| self.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_some())
             .unwrap_or(0);
-        let has = |name: &str| self.tensor(&format!("blk.{last_moe}.{name}")).is_some();
+        let has = |name: &str| self.tensor(&format!("blk.{moe_layer}.{name}")).is_some();
         Ok(Features {
             qkv_bias: has("attn_q.bias"),
             qk_norm: has("attn_q_norm.weight"),

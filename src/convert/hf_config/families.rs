@@ -109,10 +109,8 @@ fn yarn_of(k: &Keys, key: &str, y: &Value) -> Result<Yarn, ConvertError> {
 
 /// GLM-4.5's attention and MoE keys, with transformers' defaults: q/k/v biases
 /// (`attention_bias`), `use_qk_norm`, rotary on `head_dim x partial_rotary_factor` dims (0.5;
-/// `rotary_factor` is where the caller found it, top level or `rope_parameters`), the sigmoid
-/// router (`n_group` and `topk_group` 1, `routed_scaling_factor` 1), `n_shared_experts` (1)
-/// experts of `moe_intermediate` wide as one shared MLP, and the MTP layers it states
-/// (`num_nextn_predict_layers`, transformers 5: `num_mtp_layers`).
+/// `rotary_factor` is where the caller found it, top level or `rope_parameters`), and the MoE
+/// keys it shares with DeepSeek-V3 ([sigmoid_moe_features]).
 pub(super) fn glm_features(
     k: &Keys,
     head_dim: usize,
@@ -123,15 +121,25 @@ pub(super) fn glm_features(
     if !(factor > 0.0 && factor <= 1.0) {
         return Err(k.err("partial_rotary_factor", "must be in (0, 1]"));
     }
+    Ok(Features {
+        qkv_bias: k.bool("attention_bias", false)?,
+        qk_norm: k.bool("use_qk_norm", false)?,
+        rotary_dim: Some((head_dim as f64 * factor) as usize),
+        ..sigmoid_moe_features(k, moe_intermediate)?
+    })
+}
+
+/// The MoE keys GLM-4.5 and DeepSeek-V3 share, with transformers' defaults: the sigmoid router
+/// (`n_group`, `topk_group` 1, `routed_scaling_factor` 1), `n_shared_experts` (1) experts of
+/// `moe_intermediate` as one shared MLP, and the MTP layers stated
+/// (`num_nextn_predict_layers`, transformers 5: `num_mtp_layers`).
+fn sigmoid_moe_features(k: &Keys, moe_intermediate: usize) -> Result<Features, ConvertError> {
     let scale = k.f64("routed_scaling_factor")?.unwrap_or(1.0);
     let nextn = match k.usize("num_nextn_predict_layers")? {
         Some(n) => n,
         None => k.usize("num_mtp_layers")?.unwrap_or(0),
     };
     Ok(Features {
-        qkv_bias: k.bool("attention_bias", false)?,
-        qk_norm: k.bool("use_qk_norm", false)?,
-        rotary_dim: Some((head_dim as f64 * factor) as usize),
         sigmoid_router: Some(SigmoidRouter {
             n_group: k.usize("n_group")?.unwrap_or(1),
             topk_group: k.usize("topk_group")?.unwrap_or(1),
@@ -169,12 +177,7 @@ pub(super) fn deepseek_features(
         (Some(y), Some(m)) => yarn_mscale(y.factor, m),
         _ => 1.0,
     };
-    let mut f = glm_features(k, nope + rope, Some(1.0), moe_intermediate)?;
-    f.qkv_bias = false;
-    f.qk_norm = false;
-    f.rotary_dim = Some(rope);
-    f.rope_yarn = rope_yarn;
-    f.mla = Some(Mla {
+    let mla = Mla {
         q_lora_rank: k.usize("q_lora_rank")?,
         kv_lora_rank: k.req("kv_lora_rank")?,
         qk_nope_head_dim: nope,
@@ -182,8 +185,8 @@ pub(super) fn deepseek_features(
         v_head_dim: k.req("v_head_dim")?,
         rope_interleave: k.bool("rope_interleave", true)?,
         softmax_scale: ((nope + rope) as f64).powf(-0.5) as f32 * (mscale * mscale) as f32,
-    });
-    Ok(f)
+    };
+    Ok(Features { rotary_dim: Some(rope), rope_yarn, mla: Some(mla), ..sigmoid_moe_features(k, moe_intermediate)? })
 }
 
 #[cfg(test)]
