@@ -7,6 +7,7 @@ pub mod gguf;
 pub mod gpt_oss;
 pub mod hf_config;
 pub mod hybrid;
+pub mod mla;
 pub mod plan;
 pub mod requant_cost;
 pub mod safetensors;
@@ -99,10 +100,12 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
     }
     let hybrid = hybrid::HybridSource::new(&ck, &cfg);
     let gpt_oss = gpt_oss::GptOssSource::new(&ck);
-    let src: &dyn TensorSource = match (&hybrid, cfg.arch) {
-        (Some(h), _) => h,
-        (None, crate::model_config::Arch::GptOss) => &gpt_oss,
-        (None, _) => &ck,
+    let mla = mla::MlaSource::new(&ck, &cfg);
+    let src: &dyn TensorSource = match (&hybrid, &mla, cfg.arch) {
+        (Some(h), _, _) => h,
+        (None, Some(m), _) => m,
+        (None, None, crate::model_config::Arch::GptOss) => &gpt_oss,
+        (None, None, _) => &ck,
     };
     let origin = Origin { name: &name, ignored, synthetic: None };
     let bytes = write_package(src, &cfg, tok, origin, opts, out)?;
@@ -142,9 +145,15 @@ pub fn convert_gguf(path: &Path, out: &Path, opts: ConvertOptions) -> Result<Con
         .or_else(|| path.file_stem().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "model".into());
     let origin = Origin { name: &name, ignored: vec![], synthetic: None };
-    let bytes = write_package(&src, &cfg, tok, origin, opts, out)?;
+    // latent attention's key and value halves: the file's split, or its kv_b split here
+    let mla = mla::MlaSource::new(&src, &cfg);
+    let view: &dyn TensorSource = match &mla {
+        Some(m) => m,
+        None => &src,
+    };
+    let bytes = write_package(view, &cfg, tok, origin, opts, out)?;
     if opts.quant != QuantMode::File {
-        warnings.push(requant_cost::requant_cost(&src, out)?);
+        warnings.push(requant_cost::requant_cost(view, out)?);
     }
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
 }

@@ -40,8 +40,10 @@
 //! expert's bytes, so the blobs keep their three parts); no q/k norms.
 //!
 //! DeepSeek-V3 packages keep the checkpoint's latent-attention tensors (`self_attn.q_a_proj`,
-//! `q_a_layernorm`, `q_b_proj` or `q_proj`, `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`,
-//! `o_proj`; norms f32, the rest linear layers) and GLM-4.5's router and shared experts.
+//! `q_a_layernorm`, `q_b_proj` or `q_proj`, `kv_a_proj_with_mqa`, `kv_a_layernorm`, `o_proj`;
+//! norms f32, the rest linear layers) with `kv_b_proj` as the absorbed form reads it
+//! (`k_b_proj` `[nh * kv_lora, nope]`, each head's key rows transposed, and `v_b_proj`
+//! `[nh * v, kv_lora]`; see `convert::mla`), and GLM-4.5's router and shared experts.
 //!
 //! GLM-4.5 packages keep the checkpoint's names: q/k/v biases (`self_attn.{q,k,v}_proj.bias`)
 //! exact, q/k norms where `use_qk_norm`, the router's `mlp.gate.e_score_correction_bias` f32,
@@ -254,7 +256,8 @@ fn mla_tensors(c: &ModelConfig, p: &str, v: &mut Vec<DenseTensor>) {
     let (kvl, nope, vd) = (m.kv_lora_rank, m.qk_nope_head_dim, m.v_head_dim);
     v.push(t("kv_a_proj_with_mqa.weight", Kind::Linear, &[kvl + m.qk_rope_head_dim, h]));
     v.push(t("kv_a_layernorm.weight", Kind::Norm, &[kvl]));
-    v.push(t("kv_b_proj.weight", Kind::Linear, &[nh * (nope + vd), kvl]));
+    v.push(t("k_b_proj.weight", Kind::Linear, &[nh * kvl, nope]));
+    v.push(t("v_b_proj.weight", Kind::Linear, &[nh * vd, kvl]));
     v.push(t("o_proj.weight", Kind::Linear, &[h, nh * vd]));
 }
 

@@ -6,7 +6,6 @@
 use std::path::Path;
 
 use super::error::ConvertError;
-use super::gguf::source::GgufSource;
 use super::source::TensorSource;
 use crate::package::Package;
 
@@ -31,7 +30,7 @@ impl Sums {
 
 /// One line: the relative RMS error overall, of the dense weights and of the experts, and the
 /// worst tensor.
-pub fn requant_cost(src: &GgufSource, pkg: &Path) -> Result<String, ConvertError> {
+pub fn requant_cost(src: &dyn TensorSource, pkg: &Path) -> Result<String, ConvertError> {
     let p = Package::open(pkg)?;
     let (mut dense, mut experts) = (Sums::default(), Sums::default());
     let mut worst = (String::new(), 0f64);

@@ -8,16 +8,20 @@
 //! c   = norm(ckv[:r]),  k_pe = ckv[r:]                      (one rotary key for every head)
 //! q[.., nope:], k_pe: RoPE (interleaved pairs, or halves)
 //! cache <- [c, k_pe]                                        (r + rope floats a token)
-//! qa_h = [W_UK_h^T q_nope_h, q_pe_h]                        [T, nh, r + rope]
-//!        (W_UK_h: kv_b_proj's rows h (nope + v) .. + nope, each [r])
+//! qa_h = [K_h q_nope_h, q_pe_h]                             [T, nh, r + rope]
+//!        (K_h: k_b_proj's rows h r .., `[r, nope]`: W_UK_h transposed)
 //! o_h  = softmax(qa_h [c, k_pe]^T * softmax_scale, causal) c          [T, nh, r]
-//! v_h  = W_UV_h o_h  (kv_b_proj's next v rows)              [T, nh, v];  delta = v Wo
+//! v_h  = V_h o_h  (V_h: v_b_proj's rows h v .., `[v, r]`)   [T, nh, v];  delta = v Wo
 //! ```
 //! `qa_h · [c_t, k_pe_t] = q_nope_h · (W_UK_h c_t) + q_pe_h · k_pe_t`: the expanded form's
 //! score, and `W_UV_h Σ p_t c_t` its output, the sums taken in another order (the f32 bound).
 //! Prompt and decode both run it, so a prompt's rows equal its tokens decoded one by one.
 
+use std::ops::Range;
+
+use moescope_kernels::mat::Input;
 use moescope_kernels::ops::{apply_rope, apply_rope_interleaved, rms_norm_inplace};
+use moescope_kernels::{Isa, Mat, QuantAct};
 
 use super::attention::{At, Heads, attend};
 use super::error::ModelError;
@@ -68,9 +72,33 @@ impl MlaWork {
     }
 }
 
+/// One head's products in a task of its own: the head's inputs gathered `[T, width]`, their
+/// quantized form, the results weight-row-major `[rows, T]`.
+#[derive(Default)]
+struct HeadWork {
+    x: Vec<f32>,
+    qa: QuantAct,
+    y: Vec<f32>,
+}
+
 thread_local! {
-    /// One dequantized row of kv_b_proj `[r]`, per thread.
-    static ROW: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static HEAD: std::cell::RefCell<HeadWork> = std::cell::RefCell::new(HeadWork::default());
+}
+
+/// `y[r, t] = W[rows][r] · x[t]` for one head's row range of `w` and its `T` inputs (`hw.x`,
+/// `[T, w.cols]`), on this thread: the kernel the whole-matrix products run, so a head's row
+/// has the bits it would have in any batch of tokens.
+fn head_product(isa: Isa, w: &Mat<'_>, rows: Range<usize>, t_n: usize, hw: &mut HeadWork) {
+    let HeadWork { x, qa, y } = hw;
+    y.resize(rows.len() * t_n, 0.0);
+    let input = match w.quant_group() {
+        Some(g) => {
+            qa.quantize(x, w.cols, g, isa);
+            Input::Quant(qa)
+        }
+        None => Input::F32(x),
+    };
+    w.matmul_rows(isa, input, t_n, rows, y);
 }
 
 /// The query's first product: one matrix, or the low-rank pair with its norm between.
@@ -84,7 +112,8 @@ pub struct LatentAttention {
     q: Query,
     kv_a: TensorId,
     kv_norm: TensorId,
-    kv_b: TensorId,
+    k_b: TensorId,
+    v_b: TensorId,
     o: TensorId,
     m: Mla,
     heads: usize,
@@ -111,7 +140,8 @@ impl LatentAttention {
             },
             kv_a: w("kv_a_proj_with_mqa", &[kvl + rope, h])?,
             kv_norm: n("kv_a_layernorm", kvl)?,
-            kv_b: w("kv_b_proj", &[nh * (nope + vd), kvl])?,
+            k_b: w("k_b_proj", &[nh * kvl, nope])?,
+            v_b: w("v_b_proj", &[nh * vd, kvl])?,
             o: w("o_proj", &[h, nh * vd])?,
             m,
             heads: nh,
@@ -163,24 +193,22 @@ impl LatentAttention {
             pass.kv.write(l, pos0 + t, &w.key, &[]);
         }
         // each head's query folded through its key up-projection, the heads in parallel
-        let kv_b = pkg.mat_by_index(self.kv_b);
+        let (k_b, v_b, isa) = (pkg.mat_by_index(self.k_b), pkg.mat_by_index(self.v_b), exec.isa);
         let qa = &mut w.qa_abs[..t_n * nh * hk];
         let q = &*q;
         let dst = Chunks::new(qa);
         exec.run(nh, &|h, _| {
-            ROW.with_borrow_mut(|row| {
-                row.resize(kvl, 0.0);
+            let _s = trace::span("k_b_proj");
+            HEAD.with_borrow_mut(|hw| {
+                hw.x.clear();
+                (0..t_n).for_each(|t| hw.x.extend_from_slice(&q[(t * nh + h) * hd..][..nope]));
+                head_product(isa, &k_b, h * kvl..(h + 1) * kvl, t_n, hw);
                 for t in 0..t_n {
                     // SAFETY: task h alone writes head h of every token, inside `qa`, which
                     // outlives the section
                     let out = unsafe { dst.slice((t * nh + h) * hk, hk) };
-                    let qh = &q[(t * nh + h) * hd..(t * nh + h + 1) * hd];
-                    out[..kvl].fill(0.0);
-                    for (i, &x) in qh[..nope].iter().enumerate() {
-                        kv_b.dequant_row(h * (nope + vd) + i, row);
-                        out[..kvl].iter_mut().zip(row.iter()).for_each(|(o, &w)| *o += x * w);
-                    }
-                    out[kvl..].copy_from_slice(&qh[nope..]);
+                    out[..kvl].iter_mut().enumerate().for_each(|(c, o)| *o = hw.y[c * t_n + t]);
+                    out[kvl..].copy_from_slice(&q[(t * nh + h) * hd + nope..][..rope]);
                 }
             })
         });
@@ -193,17 +221,15 @@ impl LatentAttention {
         let lat = &*lat;
         let dst = Chunks::new(out);
         exec.run(nh, &|h, _| {
-            ROW.with_borrow_mut(|row| {
-                row.resize(kvl, 0.0);
-                for j in 0..vd {
-                    kv_b.dequant_row(h * (nope + vd) + nope + j, row);
-                    for t in 0..t_n {
-                        let o = &lat[(t * nh + h) * kvl..(t * nh + h + 1) * kvl];
-                        let v: f32 = row.iter().zip(o).map(|(&w, &x)| w * x).sum();
-                        // SAFETY: task h alone writes head h's values of every token
-                        let cell = unsafe { dst.slice((t * nh + h) * vd + j, 1) };
-                        cell[0] = v;
-                    }
+            let _s = trace::span("v_b_proj");
+            HEAD.with_borrow_mut(|hw| {
+                hw.x.clear();
+                (0..t_n).for_each(|t| hw.x.extend_from_slice(&lat[(t * nh + h) * kvl..][..kvl]));
+                head_product(isa, &v_b, h * vd..(h + 1) * vd, t_n, hw);
+                for t in 0..t_n {
+                    // SAFETY: task h alone writes head h's values of every token
+                    let o = unsafe { dst.slice((t * nh + h) * vd, vd) };
+                    o.iter_mut().enumerate().for_each(|(j, o)| *o = hw.y[j * t_n + t]);
                 }
             })
         });
