@@ -261,6 +261,7 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
                 "gguf/tiny/tiny-q4_k_m.gguf",
                 "gguf/gpt-oss/gpt-oss-mxfp4.gguf",
                 "gguf/glm/glm-q8_0.gguf",
+                "gguf/deepseek/deepseek-q8_0.gguf",
                 "gguf/harmony-vocab.gguf",
             ] {
                 out.extend(std::fs::read(fixtures(root).join(p)).ok().map(|b| (format!("tests/fixtures/{p}"), b)));

@@ -11,7 +11,7 @@ use moescope_kernels::ggml::BlockType;
 use super::file::{self as gguf, Gguf, GgufError, TensorInfo, Value};
 use crate::convert::error::ConvertError;
 use crate::model_config::{
-    Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, SigmoidRouter, Sliding, Yarn,
+    Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, Sliding, Yarn,
 };
 
 /// A GGUF model in one or more parts.
@@ -138,7 +138,7 @@ impl GgufModel {
         }
     }
 
-    fn f64_key(&self, key: &str) -> Result<Option<f64>, ConvertError> {
+    pub(super) fn f64_key(&self, key: &str) -> Result<Option<f64>, ConvertError> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -148,7 +148,7 @@ impl GgufModel {
         }
     }
 
-    fn bool_key(&self, key: &str) -> Result<Option<bool>, ConvertError> {
+    pub(super) fn bool_key(&self, key: &str) -> Result<Option<bool>, ConvertError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -156,7 +156,7 @@ impl GgufModel {
         }
     }
 
-    fn usize_req(&self, key: &str) -> Result<usize, ConvertError> {
+    pub(super) fn usize_req(&self, key: &str) -> Result<usize, ConvertError> {
         let v = self.u64_key(key)?.ok_or_else(|| self.config_err(key, "missing"))?;
         usize::try_from(v)
             .ok()
@@ -165,7 +165,7 @@ impl GgufModel {
     }
 
     /// `ne` of a tensor the model must have.
-    fn ne(&self, name: &str) -> Result<&[u64], ConvertError> {
+    pub(super) fn ne(&self, name: &str) -> Result<&[u64], ConvertError> {
         self.tensor(name)
             .map(|(_, t)| t.ne.as_slice())
             .ok_or_else(|| ConvertError::MissingTensor { dir: self.path().to_path_buf(), name: name.into() })
@@ -184,24 +184,33 @@ impl GgufModel {
             "qwen3next" => Arch::Qwen3Next,
             "gpt-oss" => Arch::GptOss,
             "glm4moe" => Arch::Glm4Moe,
+            "deepseek2" => Arch::DeepseekV3,
             other => {
                 return Err(ConvertError::Architecture {
                     path: self.path().to_path_buf(),
                     found: other.into(),
-                    supported: "qwen3moe, qwen35moe, qwen3next, gpt-oss and glm4moe GGUF files".into(),
+                    supported: "qwen3moe, qwen35moe, qwen3next, gpt-oss, glm4moe and deepseek2 GGUF files".into(),
                 });
             }
         };
         let k = |s: &str| format!("{arch}.{s}");
         let hidden = self.usize_req(&k("embedding_length"))?;
         let heads = self.usize_req(&k("attention.head_count"))?;
-        let head_dim = match self.u64_key(&k("attention.key_length"))? {
+        let deepseek = model_arch == Arch::DeepseekV3;
+        // deepseek2: attention.key_length is the absorbed form's (kv_lora + rope); a head's own
+        // is key_length_mla (files from before the split state only the head's)
+        let key_length = match self.u64_key(&k("attention.key_length_mla"))? {
+            Some(d) if deepseek => Some(d),
+            _ => self.u64_key(&k("attention.key_length"))?,
+        };
+        let head_dim = match key_length {
             Some(d) => d as usize,
             None if heads > 0 => hidden / heads,
             None => return Err(self.config_err(&k("attention.head_count"), "is 0")),
         };
         if let Some(v) = self.u64_key(&k("attention.value_length"))?
             && v as usize != head_dim
+            && !deepseek
         {
             return Err(
                 self.config_err(&k("attention.value_length"), format!("{v} differs from the key length {head_dim}"))
@@ -210,7 +219,7 @@ impl GgufModel {
         if let Some(r) = self.u64_key(&k("rope.dimension_count"))?
             && r as usize != head_dim
             && !model_arch.is_hybrid()
-            && model_arch != Arch::Glm4Moe
+            && !matches!(model_arch, Arch::Glm4Moe | Arch::DeepseekV3)
         {
             return Err(self.config_err(
                 &k("rope.dimension_count"),
@@ -220,7 +229,7 @@ impl GgufModel {
         let gpt_oss = model_arch == Arch::GptOss;
         if let Some(t) = self.str_key(&k("rope.scaling.type"))?
             && t != "none"
-            && !(gpt_oss && t == "yarn")
+            && !((gpt_oss || deepseek) && t == "yarn")
         {
             return Err(self.config_err(&k("rope.scaling.type"), format!("RoPE scaling '{t}' is not supported yet")));
         }
@@ -274,21 +283,29 @@ impl GgufModel {
             hidden_size: hidden,
             num_hidden_layers: layers,
             num_attention_heads: heads,
-            num_key_value_heads: self.u64_key(&k("attention.head_count_kv"))?.map_or(heads, |v| v as usize),
+            // latent attention's heads each expand their own keys (the file states 1: the
+            // absorbed form's one shared row)
+            num_key_value_heads: match deepseek {
+                true => heads,
+                false => self.u64_key(&k("attention.head_count_kv"))?.map_or(heads, |v| v as usize),
+            },
             head_dim,
             intermediate_size: self.u64_key(&k("feed_forward_length"))?.unwrap_or(0) as usize,
             moe_intermediate_size: moe_i,
             num_experts: experts,
             num_experts_per_tok: self.usize_req(&k("expert_used_count"))?,
-            // gpt-oss: the softmax over the chosen k already sums to one; GLM-4.5 says
+            // gpt-oss: the softmax over the chosen k already sums to one; GLM-4.5 and DeepSeek
+            // say (llama.cpp: not without the key; its converters write it when true)
             norm_topk_prob: match model_arch {
                 Arch::GptOss => false,
-                Arch::Glm4Moe => self.bool_key(&k("expert_weights_norm"))?.unwrap_or(true),
+                Arch::Glm4Moe | Arch::DeepseekV3 => self.bool_key(&k("expert_weights_norm"))?.unwrap_or(false),
                 _ => true,
             },
             decoder_sparse_step: 1,
             mlp_only_layers: match model_arch {
-                Arch::Glm4Moe => (0..self.u64_key(&k("leading_dense_block_count"))?.unwrap_or(0) as usize).collect(),
+                Arch::Glm4Moe | Arch::DeepseekV3 => {
+                    (0..self.u64_key(&k("leading_dense_block_count"))?.unwrap_or(0) as usize).collect()
+                }
                 _ => vec![],
             },
             rms_norm_eps: self.f64_key(&k("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6),
@@ -301,6 +318,7 @@ impl GgufModel {
             features: match model_arch {
                 Arch::GptOss => self.gpt_oss_features(arch, layers)?,
                 Arch::Glm4Moe => self.glm_features(arch, head_dim, moe_i)?,
+                Arch::DeepseekV3 => self.deepseek_features(arch, head_dim, moe_i)?,
                 _ => Default::default(),
             },
         };
@@ -359,38 +377,6 @@ impl GgufModel {
             rope_yarn,
             expert_bias: true,
             expert_act: ExpertAct::ClampedSwiglu { alpha: 1.702, limit: 7.0 },
-            ..Features::default()
-        })
-    }
-
-    /// GLM-4.5's attention and router (llama.cpp's `glm4-moe.cpp`): q/k/v biases and q/k norms
-    /// where the file holds them (it states neither), `rope.dimension_count` rotary dims, the
-    /// sigmoid router (`expert_gating_func` 2) with `expert_group_count` / `_used_count`
-    /// groups and `expert_weights_scale`, `expert_shared_count` shared experts of the routed
-    /// width, the MTP layers `nextn_predict_layers` states.
-    fn glm_features(&self, arch: &str, head_dim: usize, moe_i: usize) -> Result<Features, ConvertError> {
-        let k = |s: &str| format!("{arch}.{s}");
-        if let Some(f) = self.u64_key(&k("expert_gating_func"))?
-            && f != 2
-        {
-            return Err(self.config_err(&k("expert_gating_func"), format!("{f} is not sigmoid (2)")));
-        }
-        // what the first MoE layer holds (every layer holds the same attention tensors)
-        let moe_layer = (0..self.usize_req(&k("block_count"))?)
-            .find(|l| self.tensor(&format!("blk.{l}.ffn_gate_inp.weight")).is_some())
-            .unwrap_or(0);
-        let has = |name: &str| self.tensor(&format!("blk.{moe_layer}.{name}")).is_some();
-        Ok(Features {
-            qkv_bias: has("attn_q.bias"),
-            qk_norm: has("attn_q_norm.weight"),
-            rotary_dim: Some(self.u64_key(&k("rope.dimension_count"))?.map_or(head_dim, |r| r as usize)),
-            sigmoid_router: Some(SigmoidRouter {
-                n_group: self.u64_key(&k("expert_group_count"))?.unwrap_or(1) as usize,
-                topk_group: self.u64_key(&k("expert_group_used_count"))?.unwrap_or(1) as usize,
-                routed_scaling_factor: self.f64_key(&k("expert_weights_scale"))?.unwrap_or(1.0) as f32,
-            }),
-            shared_experts: (self.u64_key(&k("expert_shared_count"))?.unwrap_or(0) as usize).saturating_mul(moe_i),
-            nextn_layers: self.u64_key(&k("nextn_predict_layers"))?.unwrap_or(0) as usize,
             ..Features::default()
         })
     }

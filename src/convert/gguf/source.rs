@@ -137,6 +137,28 @@ fn layer_name_glm(rest: &str) -> Option<&'static str> {
     })
 }
 
+/// DeepSeek-V3's layer tensors (llama.cpp's `deepseek2.cpp`) under the package's names (after
+/// `model.layers.{l}.`), besides the routed experts' matrices: the latent attention's
+/// (`k_b_proj` / `v_b_proj` are the file's `attn_k_b` / `attn_v_b`; an older file's unsplit
+/// `attn_kv_b` is split by `convert::mla`), GLM-4.5's router bias and shared experts.
+fn layer_name_deepseek(rest: &str) -> Option<&'static str> {
+    Some(match rest {
+        "self_attn.q_a_proj.weight" => "attn_q_a.weight",
+        "self_attn.q_a_layernorm.weight" => "attn_q_a_norm.weight",
+        "self_attn.q_b_proj.weight" => "attn_q_b.weight",
+        "self_attn.kv_a_proj_with_mqa.weight" => "attn_kv_a_mqa.weight",
+        "self_attn.kv_a_layernorm.weight" => "attn_kv_a_norm.weight",
+        "self_attn.kv_b_proj.weight" => "attn_kv_b.weight",
+        "self_attn.k_b_proj.weight" => "attn_k_b.weight",
+        "self_attn.v_b_proj.weight" => "attn_v_b.weight",
+        "mlp.gate.e_score_correction_bias" => "exp_probs_b.bias",
+        "mlp.shared_experts.gate_proj.weight" => "ffn_gate_shexp.weight",
+        "mlp.shared_experts.up_proj.weight" => "ffn_up_shexp.weight",
+        "mlp.shared_experts.down_proj.weight" => "ffn_down_shexp.weight",
+        _ => return layer_name(rest),
+    })
+}
+
 /// gpt-oss's layer tensors (llama.cpp's `openai-moe.cpp`) under the package's names (after
 /// `model.layers.{l}.`), besides the experts' own matrices.
 fn layer_name_gpt_oss(rest: &str) -> Option<&'static str> {
@@ -214,6 +236,7 @@ impl GgufSource {
         let names = match cfg.as_ref().map(|c| c.arch) {
             Some(Arch::GptOss) => layer_name_gpt_oss,
             Some(Arch::Glm4Moe) => layer_name_glm,
+            Some(Arch::DeepseekV3) => layer_name_deepseek,
             _ => layer_name,
         };
         let hybrid = cfg.and_then(|c| {

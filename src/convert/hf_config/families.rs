@@ -165,6 +165,14 @@ pub(super) fn deepseek_features(
     if k.bool("attention_bias", false)? {
         return Err(k.err("attention_bias", "true is not supported (DeepSeek-V3 has none)"));
     }
+    // the released configs' router keys: DeepSeek-V2's softmax scores and greedy choice differ
+    for (key, want) in [("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")] {
+        match k.v.get(key) {
+            None | Some(Value::Null) => {}
+            Some(x) if x.as_str() == Some(want) => {}
+            Some(x) => return Err(k.err(key, &format!("{x} is not supported (DeepSeek-V3's router: {want})"))),
+        }
+    }
     let nope = k.req("qk_nope_head_dim")?;
     let rope = k.req("qk_rope_head_dim")?;
     let rope_yarn = match yarn {
@@ -244,6 +252,7 @@ mod tests {
                "num_experts_per_tok": 2, "n_shared_experts": 1, "n_group": 4, "topk_group": 2,
                "first_k_dense_replace": 3, "norm_topk_prob": true, "routed_scaling_factor": 2.5,
                "max_position_embeddings": 4096, "rope_theta": 10000.0, "num_nextn_predict_layers": 1,
+               "scoring_func": "sigmoid", "topk_method": "noaux_tc",
                "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}})
     }
@@ -273,6 +282,13 @@ mod tests {
         v["v_head_dim"] = json!(40);
         let e = parse_config(&v, Path::new("c.json")).unwrap_err().to_string();
         assert!(e.contains("v_head_dim"), "{e}");
+        // DeepSeek-V2's router: refused, naming the key
+        for (key, value) in [("scoring_func", "softmax"), ("topk_method", "group_limited_greedy")] {
+            let mut v = deepseek();
+            v[key] = json!(value);
+            let e = parse_config(&v, Path::new("c.json")).unwrap_err().to_string();
+            assert!(e.contains(key) && e.contains(value), "{e}");
+        }
         // DeepSeek-V3.2: refused by name
         let mut v = deepseek();
         v["architectures"] = json!(["DeepseekV32ForCausalLM"]);

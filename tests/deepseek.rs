@@ -1,0 +1,54 @@
+//! DeepSeek-V3 (`deepseek_v3`) beyond tests/reference_logits.rs's checkpoint runs: the GGUF
+//! llama.cpp's converter wrote of tests/fixtures/deepseek (`deepseek2`, kv_b_proj split into
+//! `attn_k_b` / `attn_v_b`; tests/fixtures/gguf/deepseek, by
+//! tests/reference/make_gguf_deepseek.py), run from the package `convert_gguf` makes of it,
+//! against transformers' logits of the checkpoint it holds (YaRN's mscale equal to
+//! mscale_all_dim, the one value a GGUF states for both), and its configuration against the
+//! checkpoint's. (Its BF16 file is not committed, for the tree's size.)
+
+mod common;
+
+use common::*;
+use moescope::convert::{ConvertOptions, QuantMode, convert_gguf};
+use moescope::model_config::ModelConfig;
+
+/// tests/reference_logits.rs's q8 bounds: max |Δlogit| 0.6σ, mean KL 1.2e-3σ², top-1 0.85.
+const Q8: (f64, f64, f64) = (0.6, 1.2e-3, 0.85);
+
+fn gguf() -> std::path::PathBuf {
+    fixture("gguf/deepseek/deepseek-q8_0.gguf")
+}
+
+#[test]
+fn q8_0_gguf_by_llama_cpps_converter_stays_in_the_q8_bounds() {
+    let r = Reference::load("gguf/deepseek");
+    check_gguf_logits(&gguf(), &r.ids("input_ids"), &r.f32("logits"), Some(Q8));
+}
+
+/// The file states what the checkpoint's config.json does (latent attention's ranks and head
+/// dims, YaRN, the router's groups, scale and renormalisation, the shared expert, the dense
+/// layer): the GGUF's package has the checkpoint's configuration with mscale = mscale_all_dim,
+/// the eps and the softmax scale aside (the file keeps 0.1 x mscale_all_dim and the eps as
+/// f32s), and the MTP layer the converter leaves out.
+#[test]
+fn the_gguf_reads_as_the_checkpoints_config() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_d, hf) = convert("deepseek", "bf16");
+    let g = dir.path().join("g.moe");
+    convert_gguf(&gguf(), &g, ConvertOptions::new(QuantMode::File)).expect("convert");
+    let open = |p: &std::path::Path| moescope::package::Package::open(p).expect("package").meta.model.clone();
+    let (mut a, mut b): (ModelConfig, ModelConfig) = (open(&hf), open(&g));
+    assert!((a.rms_norm_eps - b.rms_norm_eps).abs() < 1e-12, "{} vs {}", a.rms_norm_eps, b.rms_norm_eps);
+    let (ma, mb) = (a.features.mla.as_mut().expect("mla"), b.features.mla.as_mut().expect("mla"));
+    let rel = (ma.softmax_scale / mb.softmax_scale - 1.0).abs();
+    assert!(rel < 1e-6, "softmax scale {} vs {}", ma.softmax_scale, mb.softmax_scale);
+    (ma.softmax_scale, mb.softmax_scale) = (0.0, 0.0);
+    (a.rms_norm_eps, b.rms_norm_eps) = (0.0, 0.0);
+    // mscale = mscale_all_dim: cos and sin unscaled
+    a.features.rope_yarn.as_mut().expect("yarn").attention_factor = 1.0;
+    assert_eq!(a.features.nextn_layers, 1);
+    a.features.nextn_layers = 0;
+    // the checkpoint has no tokenizer; the file's byte-level one ends nothing
+    (a.eos_token_ids, b.eos_token_ids, a.bos_token_id, b.bos_token_id) = (vec![], vec![], None, None);
+    assert_eq!(a, b);
+}
