@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A llama.cpp GGUF holding the same weights as a synthetic Qwen3-MoE, gpt-oss or GLM-4.5 package.
+"""A llama.cpp GGUF holding the same weights as a synthetic Qwen3-MoE, gpt-oss, GLM-4.5 or DeepSeek-V3
+package.
 
 usage: moe_to_gguf.py PACKAGE.moe OUT.gguf
 
@@ -14,6 +15,9 @@ below, under llama.cpp's glm4moe names (q/k/v biases, router correction `exp_pro
 experts `ffn_*_shexp`, the leading dense layers' `ffn_*`) and keys (sigmoid gating, groups,
 scale, renormalisation, rotary dims); they carry no tokenizer, so the file gets a byte-level
 vocabulary padded to the model's (llama.cpp needs one to load; benchmarks feed ids).
+DeepSeek-V3 / Kimi-K2 packages (`moescope synth --shape deepseek-v3|kimi-k2`, q4g32) the same way
+under llama.cpp's deepseek2 names, the latent attention's key and value halves as `attn_k_b` /
+`attn_v_b` (the package keeps that split).
 
 For packages `moescope synth --quant q4g32` writes (qwen3_moe architecture). Its int4 matrices
 are llama.cpp's Q4_0 values exactly: codes in [-8, 7] biased by 8, value j of a group of 32 in the
@@ -384,6 +388,84 @@ def glm4moe(src, dst, meta, mm):
     write_plan(w, dst, plan + tail)
 
 
+def deepseek2(src, dst, meta, mm):
+    """DeepSeek-V3 / Kimi-K2 (deepseek_v3) packages, q4g32: llama.cpp's deepseek2 names and keys,
+    the latent attention split as its newer files hold it (attn_k_b [nh, kv_lora, nope] and
+    attn_v_b [nh, v, kv_lora]: the package's k_b_proj / v_b_proj rows, reshaped), YaRN's
+    yarn_log_multiplier 0.1 x mscale_all_dim (synth's shapes: 1, the softmax scale's mscale)."""
+    c = meta["model"]
+    L, E, nh = c["num_hidden_layers"], c["num_experts"], c["num_attention_heads"]
+    sig, m, y = c["sigmoid_router"], c["mla"], c["rope_yarn"]
+    dense = set(c["mlp_only_layers"])
+    kvl, rope, nope, vd = m["kv_lora_rank"], m["qk_rope_head_dim"], m["qk_nope_head_dim"], m["v_head_dim"]
+    ms = 0.1 * np.log(y["factor"]) + 1.0
+    want = ms * ms / np.sqrt(nope + rope)
+    if abs(m["softmax_scale"] / want - 1) > 1e-6 or y["attention_factor"] != 1.0:
+        sys.exit(f"{src}: mscale and mscale_all_dim other than 1 are not written by this script")
+    w = gguf.GGUFWriter(dst, "deepseek2")
+    common_keys(w, meta, c, c["intermediate_size"])
+    w.add_head_count_kv(1)
+    w.add_key_length(kvl + rope)
+    w.add_value_length(kvl)
+    w.add_key_length_mla(nope + rope)
+    w.add_value_length_mla(vd)
+    w.add_kv_lora_rank(kvl)
+    if m.get("q_lora_rank"):
+        w.add_q_lora_rank(m["q_lora_rank"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_dimension_count(rope)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(y["factor"])
+    w.add_rope_scaling_orig_ctx_len(y["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_log_mul(0.1)
+    w.add_vocab_size(c["vocab_size"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    w.add_expert_shared_count(c.get("shared_experts", 0) // c["moe_intermediate_size"])
+    w.add_leading_dense_block_count(len(dense))
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(sig["routed_scaling_factor"])
+    w.add_expert_weights_norm(c["norm_topk_prob"])
+    w.add_expert_group_count(sig["n_group"])
+    w.add_expert_group_used_count(sig["topk_group"])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    byte_vocab(w, c["vocab_size"])
+    tensors, dense_q4, dense_f32, experts = q4_helpers(mm, meta)
+    head, tail = embedding_and_output(mm, c, tensors)
+
+    def per_head(name, rows):
+        qt, (r, b), make = dense_q4(name)
+        return qt, (nh, rows, b), lambda: make().reshape(nh, rows, b)
+
+    plan = list(head)
+    for l in range(L):
+        P = f"model.layers.{l}."
+        A = P + "self_attn."
+        items = [("attn_norm.weight", dense_f32(P + "input_layernorm.weight"))]
+        if m.get("q_lora_rank"):
+            items += [("attn_q_a.weight", dense_q4(A + "q_a_proj.weight")),
+                      ("attn_q_a_norm.weight", dense_f32(A + "q_a_layernorm.weight")),
+                      ("attn_q_b.weight", dense_q4(A + "q_b_proj.weight"))]
+        else:
+            items.append(("attn_q.weight", dense_q4(A + "q_proj.weight")))
+        items += [("attn_kv_a_mqa.weight", dense_q4(A + "kv_a_proj_with_mqa.weight")),
+                  ("attn_kv_a_norm.weight", dense_f32(A + "kv_a_layernorm.weight")),
+                  ("attn_k_b.weight", per_head(A + "k_b_proj.weight", kvl)),
+                  ("attn_v_b.weight", per_head(A + "v_b_proj.weight", vd)),
+                  ("attn_output.weight", dense_q4(A + "o_proj.weight")),
+                  ("ffn_norm.weight", dense_f32(P + "post_attention_layernorm.weight"))]
+        if l in dense:
+            items += [(f"ffn_{n}.weight", dense_q4(P + f"mlp.{n}_proj.weight")) for n in ("gate", "up", "down")]
+        else:
+            items += [("ffn_gate_inp.weight", dense_f32(P + "mlp.gate.weight")),
+                      ("exp_probs_b.bias", dense_f32(P + "mlp.gate.e_score_correction_bias"))]
+            items += [(f"ffn_{n}_exps.weight", experts(l, f"{n}_proj")) for n in ("gate", "up", "down")]
+            items += [(f"ffn_{n}_shexp.weight", dense_q4(P + f"mlp.shared_experts.{n}_proj.weight"))
+                      for n in ("gate", "up", "down")]
+        plan += [(f"blk.{l}.{name}", *made) for name, made in items]
+    write_plan(w, dst, plan + tail)
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -394,8 +476,10 @@ def main():
         return gpt_oss(src, dst, meta, mm)
     if c["arch"] == "glm4_moe":
         return glm4moe(src, dst, meta, mm)
+    if c["arch"] == "deepseek_v3":
+        return deepseek2(src, dst, meta, mm)
     if c["arch"] != "qwen3_moe":
-        sys.exit(f"{src}: architecture {c['arch']}; this script writes qwen3moe, gpt-oss and glm4moe GGUFs")
+        sys.exit(f"{src}: architecture {c['arch']}; this script writes qwen3moe, gpt-oss, glm4moe and deepseek2 GGUFs")
     if c["tie_word_embeddings"]:
         sys.exit(f"{src}: tied embeddings are not handled")
     L, E = c["num_hidden_layers"], c["num_experts"]

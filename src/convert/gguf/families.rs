@@ -64,11 +64,18 @@ impl GgufModel {
     /// Kimi-K2's configs have it), the softmax scale times `mscale(factor, mscale_all_dim)^2`;
     /// without it, both times `mscale(factor, 1)`. The router and shared experts as
     /// [`sigmoid_moe_features`](Self::sigmoid_moe_features).
-    pub(super) fn deepseek_features(&self, arch: &str, head_dim: usize, moe_i: usize) -> Result<Features, ConvertError> {
+    pub(super) fn deepseek_features(
+        &self,
+        arch: &str,
+        head_dim: usize,
+        moe_i: usize,
+    ) -> Result<Features, ConvertError> {
         let k = |s: &str| format!("{arch}.{s}");
         // llama.cpp takes a deepseek2 file without the key for DeepSeek-V2's softmax router
         if self.u64_key(&k("expert_gating_func"))?.is_none() {
-            return Err(self.config_err(&k("expert_gating_func"), "missing: DeepSeek-V2's softmax router is not supported"));
+            return Err(
+                self.config_err(&k("expert_gating_func"), "missing: DeepSeek-V2's softmax router is not supported")
+            );
         }
         let rope = self.usize_req(&k("rope.dimension_count"))?;
         let nope = head_dim
@@ -85,7 +92,9 @@ impl GgufModel {
             Some("yarn") => {
                 let factor = self.f64_key(&k("rope.scaling.factor"))?.unwrap_or(1.0);
                 if !(factor.is_finite() && factor > 0.0) {
-                    return Err(self.config_err(&k("rope.scaling.factor"), format!("{factor} is not a positive factor")));
+                    return Err(
+                        self.config_err(&k("rope.scaling.factor"), format!("{factor} is not a positive factor"))
+                    );
                 }
                 let log_mul = self.f64_key(&k("rope.scaling.yarn_log_multiplier"))?;
                 mscale = match log_mul {
@@ -101,7 +110,9 @@ impl GgufModel {
                     attention_factor: if log_mul.is_some() { 1.0 } else { mscale },
                 });
             }
-            Some(t) => return Err(self.config_err(&k("rope.scaling.type"), format!("RoPE scaling '{t}' is not supported"))),
+            Some(t) => {
+                return Err(self.config_err(&k("rope.scaling.type"), format!("RoPE scaling '{t}' is not supported")));
+            }
         }
         let mla = Mla {
             q_lora_rank: self.u64_key(&k("attention.q_lora_rank"))?.filter(|&r| r > 0).map(|r| r as usize),

@@ -10,9 +10,7 @@ use moescope_kernels::ggml::BlockType;
 
 use super::file::{self as gguf, Gguf, GgufError, TensorInfo, Value};
 use crate::convert::error::ConvertError;
-use crate::model_config::{
-    Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, Sliding, Yarn,
-};
+use crate::model_config::{Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, Sliding, Yarn};
 
 /// A GGUF model in one or more parts.
 pub struct GgufModel {
