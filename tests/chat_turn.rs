@@ -21,6 +21,7 @@ fn demo_engine(dir: &std::path::Path, ctx: usize) -> Engine {
 #[derive(Default)]
 struct Seen {
     prompt: Option<(usize, usize)>,
+    in_reasoning: bool,
     ids: Vec<u32>,
     text: String,
 }
@@ -36,7 +37,10 @@ fn turn(
     let req = GenRequest { max_tokens, stop_at_eos: true, cancel: &cancel, progress: None };
     let mut seen = Seen::default();
     let res = session.turn(engine, &mut sampler, req, user, &mut NoObserver, &mut |ev| match ev {
-        TurnEvent::Prompt { tokens, cached } => seen.prompt = Some((tokens, cached)),
+        TurnEvent::Prompt { tokens, cached, in_reasoning } => {
+            seen.prompt = Some((tokens, cached));
+            seen.in_reasoning = in_reasoning;
+        }
         TurnEvent::Token { id, piece } => {
             seen.ids.push(id);
             seen.text.push_str(piece.unwrap_or(""));
@@ -62,6 +66,7 @@ fn a_turn_streams_its_reply_and_records_it_and_the_next_reuses_the_cache() {
     assert_eq!(seen.text, t.reply, "the streamed pieces and tail are the reply");
     let (tokens, cached) = seen.prompt.expect("a prompt event");
     assert_eq!(cached, 0, "an empty cache");
+    assert!(!seen.in_reasoning, "the demo's generation prompt opens no reasoning block");
     assert_eq!(tokens, session_prompt_len(&engine, &ChatSession::new(None, Default::default()), "What is a trait?"));
     assert_eq!(
         session.messages,
@@ -106,4 +111,27 @@ fn a_turn_without_a_tokenizer_is_a_clear_error() {
     let e = res.expect_err("no tokenizer");
     assert!(e.to_string().contains("no tokenizer"), "{e}");
     assert!(session.messages.is_empty());
+}
+
+/// A template whose generation prompt opens the reasoning block (GLM-4.5's and DeepSeek-R1's
+/// thinking modes): the turn says the reply begins inside it; one that closes it, or never
+/// opens it, does not.
+#[test]
+fn a_generation_prompt_that_opens_think_says_the_reply_begins_inside_it() {
+    use moescope::engine::chat_template::ChatTemplate;
+    let dir = tempfile::tempdir().unwrap();
+    let mut engine = demo_engine(dir.path(), 512);
+    let body = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}";
+    for (tail, opens) in
+        [("<|assistant|><think>\n", true), ("<|assistant|><think></think>", false), ("<|assistant|>", false)]
+    {
+        let src = format!("{body}{{% if add_generation_prompt %}}{tail}{{% endif %}}");
+        let t = ChatTemplate::new(&src, None, None).expect("template");
+        engine.set_template(Some(std::sync::Arc::new(t)));
+        engine.reset();
+        let mut session = ChatSession::new(None, Default::default());
+        let (res, seen) = turn(&mut engine, &mut session, "Hi", 2);
+        res.expect("turn");
+        assert_eq!(seen.in_reasoning, opens, "generation prompt {tail:?}");
+    }
 }

@@ -254,6 +254,8 @@ fn big_info(expected_memory: u64) -> ModelInfo {
         moe_layers: 48,
         num_experts: 128,
         top_k: 8,
+        expert_groups: None,
+        shared_expert: false,
         blob_bytes: 1 << 20,
         experts_bytes: (48 * 128) << 20,
         expected_memory,
@@ -488,4 +490,40 @@ fn a_reply_shorter_than_a_sample_window_still_shows_its_reads() {
     assert!(got >= lo.floor() && got <= hi.ceil(), "{got} MB/s, expected {lo:.0}-{hi:.0}");
     assert_eq!(app.store.io.max_mbps, app.store.io.mbps[0]);
     assert!(app.store.io.reads_per_s > 0.0);
+}
+
+/// A router with expert groups (DeepSeek-V3's 8 groups, 4 kept) and a shared expert: the title
+/// says both, and a ruler over the grid starts each group over the column holding its first
+/// expert, at both sizes (binned or not).
+#[test]
+fn grouped_router_gets_a_ruler_at_each_groups_first_expert() {
+    let mut app = App::new();
+    let info = ModelInfo { expert_groups: Some((8, 4)), shared_expert: true, ..big_info(u64::MAX) };
+    app.on_event(Event::Engine(EngineEvent::Ready(Box::new(info))));
+    let last: Vec<Vec<usize>> = (0..48).map(|l| (0..8).map(|j| (l + 16 * j) % 128).collect()).collect();
+    app.on_event(Event::Engine(EngineEvent::Step(Box::new(synthetic_step(1, LayerStats::default(), last)))));
+    show(&mut app, Pane::Routing);
+    for size in SIZES {
+        let b = render(&app, &FULL, size);
+        let s = screen(&b);
+        assert!(s.contains("top-8 of 4 in 8 groups + shared expert"), "{size:?}: title:\n{s}");
+        let legend = s.lines().find_map(|l| l.split("cell = ").nth(1)).expect("legend");
+        let per_cell: usize =
+            legend.split(" × ").nth(1).and_then(|e| e.split_whitespace().next()).unwrap().parse().unwrap();
+        let bx = pane_box(&b, "Routing");
+        let (gx, y) = (bx.0 + 5, bx.1 + 1);
+        // the grid's first row is under the ruler; its cells' width from the first row's marks
+        let first_row = (bx.1 + 1..bx.2).find(|&yy| b[(bx.0 + 1, yy)].symbol() == "L").expect("grid row");
+        assert_eq!(first_row, y + 1, "{size:?}: the ruler is the row over the grid:\n{s}");
+        let right = (gx..b.area.width).find(|&x| b[(x, bx.1)].symbol() == "┐").expect("right border");
+        let marks = (gx..right).filter(|&x| matches!(b[(x, y)].symbol(), "G" | "│")).collect::<Vec<_>>();
+        assert_eq!(marks.len(), 8, "{size:?}: one mark per group:\n{s}");
+        // wide cells (one expert a cell): the ruler's width over 128 experts
+        let cw = if per_cell > 1 { 1 } else { (marks[1] - marks[0]) as usize / 16 };
+        for (g, &x) in marks.iter().enumerate() {
+            let col = (x - gx) as usize / cw;
+            let first = g * 16;
+            assert!(col * per_cell <= first && first < (col + 1) * per_cell, "{size:?}: group {g} at column {col}");
+        }
+    }
 }

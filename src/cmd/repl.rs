@@ -108,6 +108,10 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
                 progress: None,
             };
             session.turn(&mut engine, &mut sampler, req, msg, &mut log, &mut |ev| {
+                // the template opened the reasoning block: the reply begins inside it
+                if let (TurnEvent::Prompt { in_reasoning: true, .. }, Some(t)) = (&ev, thinking.as_mut()) {
+                    show(&mut out, think_parts(t.push("<think>")));
+                }
                 if let TurnEvent::Token { piece: Some(p), .. } | TurnEvent::Tail(p) = ev {
                     match (harmony.as_mut(), thinking.as_mut()) {
                         (Some(h), _) => show(&mut out, h.push(p)),

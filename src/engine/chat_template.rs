@@ -44,6 +44,13 @@ impl TemplateArgs {
 pub const REASONING_EFFORTS: [&str; 3] = ["low", "medium", "high"];
 
 /// `v` as a reasoning effort, or an error that names the choices.
+/// Whether a rendered prompt ends inside an open reasoning block (`<think>` last, trailing
+/// whitespace aside): a template that opens the block in its generation prompt (GLM-4.5's and
+/// DeepSeek-R1's thinking modes, Qwen3's thinking-only models), so the reply begins inside it.
+pub fn opens_reasoning(prompt: &str) -> bool {
+    prompt.trim_end().ends_with("<think>")
+}
+
 pub fn reasoning_effort(v: &str) -> Result<String, String> {
     let l = v.trim().to_ascii_lowercase();
     REASONING_EFFORTS

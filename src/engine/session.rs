@@ -5,7 +5,7 @@
 //! the template-or-plain choice, streamed decoding, end-of-sequence filtering, the history, and
 //! the rule that a failed turn forgets the KV cache.
 
-use super::chat_template::{ChatTemplate, Message, TemplateArgs};
+use super::chat_template::{ChatTemplate, Message, TemplateArgs, opens_reasoning};
 use super::sampler::Sampler;
 use super::tokenizer::{StreamDecoder, Tok};
 use super::{Engine, EngineError, GenRequest, GenStats};
@@ -14,8 +14,10 @@ use crate::model::Observer;
 /// What a turn reports as it goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TurnEvent<'a> {
-    /// The prompt is ready: `tokens` ids, the first `cached` of them already in the KV cache.
-    Prompt { tokens: usize, cached: usize },
+    /// The prompt is ready: `tokens` ids, the first `cached` of them already in the KV cache;
+    /// `in_reasoning`: the template's generation prompt opened a `<think>` block, so the reply
+    /// begins inside it (its pieces do not repeat the tag).
+    Prompt { tokens: usize, cached: usize, in_reasoning: bool },
     /// A sampled id and the text it completes: None for an end-of-sequence id, and while a
     /// character split over several tokens is incomplete.
     Token { id: u32, piece: Option<&'a str> },
@@ -53,24 +55,35 @@ impl ChatSession {
     /// Prompt ids for the conversation plus a new user message (not yet recorded), ending
     /// with the assistant's generation prompt.
     pub fn prompt_with(&self, tok: &Tok, tmpl: &ChatTemplate, user: &str) -> Result<Vec<u32>, EngineError> {
+        tok.encode(&self.render(tmpl, user)?).map_err(EngineError::Tokenizer)
+    }
+
+    /// The conversation plus `user`'s new message through the template, ending with the
+    /// assistant's generation prompt.
+    fn render(&self, tmpl: &ChatTemplate, user: &str) -> Result<String, EngineError> {
         let mut msgs = Vec::with_capacity(self.messages.len() + 2);
         if let Some(s) = &self.system {
             msgs.push(Message::new("system", s));
         }
         msgs.extend(self.messages.iter().cloned());
         msgs.push(Message::new("user", user));
-        let text = tmpl.render(&msgs, true, &self.args).map_err(EngineError::Template)?;
-        tok.encode(&text).map_err(EngineError::Tokenizer)
+        tmpl.render(&msgs, true, &self.args).map_err(EngineError::Template)
     }
 
     /// Prompt ids for `user`'s new message: through the model's chat template with the history
     /// when it has one, else the message alone as plain text to continue.
     pub fn prompt(&self, engine: &Engine, user: &str) -> Result<Vec<u32>, EngineError> {
+        self.prompt_and_state(engine, user).map(|(ids, _)| ids)
+    }
+
+    /// [`prompt`](Self::prompt), and whether its generation prompt opened a reasoning block.
+    fn prompt_and_state(&self, engine: &Engine, user: &str) -> Result<(Vec<u32>, bool), EngineError> {
         let tok = engine.tokenizer().map(|t| &**t).ok_or_else(no_tokenizer)?;
-        match engine.template().map(|t| &**t) {
-            Some(t) => self.prompt_with(tok, t, user),
-            None => tok.encode(user).map_err(EngineError::Tokenizer),
-        }
+        let text = match engine.template().map(|t| &**t) {
+            Some(t) => self.render(t, user)?,
+            None => return Ok((tok.encode(user).map_err(EngineError::Tokenizer)?, false)),
+        };
+        Ok((tok.encode(&text).map_err(EngineError::Tokenizer)?, opens_reasoning(&text)))
     }
 
     /// One turn: `user`'s message through the model, the reply streamed to `on_event` and
@@ -88,11 +101,12 @@ impl ChatSession {
         on_event: &mut dyn FnMut(TurnEvent<'_>),
     ) -> Result<Turn, EngineError> {
         let tok = engine.tokenizer().cloned().ok_or_else(no_tokenizer)?;
-        let ids = self.prompt(engine, user)?;
+        let (ids, in_reasoning) = self.prompt_and_state(engine, user)?;
         if ids.len() >= engine.ctx_size() {
             return Err(EngineError::PromptTooLong { n: ids.len(), ctx: engine.ctx_size() });
         }
-        let res = generate(engine, &tok, &ids, sampler, req, obs, on_event);
+        let prompt = Prompted { ids: &ids, in_reasoning };
+        let res = generate(engine, &tok, prompt, sampler, req, obs, on_event);
         match &res {
             Ok(t) => self.push(user, &t.reply),
             Err(_) => {
@@ -123,17 +137,24 @@ impl ChatSession {
     }
 }
 
-/// Generate the reply to the prompt `ids`, streaming it to `on_event`.
+/// A turn's prompt ids, and whether they end inside a reasoning block.
+struct Prompted<'a> {
+    ids: &'a [u32],
+    in_reasoning: bool,
+}
+
+/// Generate the reply to the prompt, streaming it to `on_event`.
 fn generate(
     engine: &mut Engine,
     tok: &Tok,
-    ids: &[u32],
+    prompt: Prompted<'_>,
     sampler: &mut Sampler,
     req: GenRequest<'_>,
     obs: &mut dyn Observer,
     on_event: &mut dyn FnMut(TurnEvent<'_>),
 ) -> Result<Turn, EngineError> {
-    on_event(TurnEvent::Prompt { tokens: ids.len(), cached: engine.cached_prefix_len(ids) });
+    let Prompted { ids, in_reasoning } = prompt;
+    on_event(TurnEvent::Prompt { tokens: ids.len(), cached: engine.cached_prefix_len(ids), in_reasoning });
     let eos = engine.eos_ids().to_vec();
     // a harmony reply's markup is special tokens, and the splitting needs it
     let harmony = engine.harmony();

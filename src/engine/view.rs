@@ -95,4 +95,9 @@ impl Engine {
     pub fn set_tokenizer(&mut self, tok: Option<Arc<Tok>>) {
         self.tok = tok;
     }
+
+    /// Chat through another template than the package's (or none).
+    pub fn set_template(&mut self, template: Option<Arc<ChatTemplate>>) {
+        self.template = template;
+    }
 }

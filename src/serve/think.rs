@@ -11,7 +11,7 @@ const CLOSE: &str = "</think>";
 /// `<think>` when the prompt ends with it (trailing whitespace aside): a template that opens
 /// the reasoning block in its generation prompt, so the reply begins inside it.
 pub fn opened_by(prompt: &str) -> Option<&'static str> {
-    prompt.trim_end().ends_with(OPEN).then_some(OPEN)
+    crate::engine::chat_template::opens_reasoning(prompt).then_some(OPEN)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -108,6 +108,11 @@ pub struct ModelInfo {
     pub moe_layers: usize,
     pub num_experts: usize,
     pub top_k: usize,
+    /// The router's expert groups and how many it keeps a token (DeepSeek-V3: 8 and 4), where
+    /// it has more than one.
+    pub expert_groups: Option<(usize, usize)>,
+    /// A shared expert every token runs besides its routed ones.
+    pub shared_expert: bool,
     pub blob_bytes: u64,
     pub experts_bytes: u64,
     pub expected_memory: u64,

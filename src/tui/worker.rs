@@ -156,6 +156,8 @@ pub fn model_info(engine: &Engine) -> ModelInfo {
         moe_layers: m.model.moe_layers().len(),
         num_experts: m.model.num_experts,
         top_k: m.model.num_experts_per_tok,
+        expert_groups: m.model.features.sigmoid_router.filter(|r| r.n_group > 1).map(|r| (r.n_group, r.topk_group)),
+        shared_expert: m.model.shared_expert_width() > 0,
         blob_bytes: pkg.sizes().blob,
         experts_bytes: pkg.sizes().experts,
         expected_memory: engine.memory_plan().total,
@@ -320,13 +322,17 @@ impl Reply<'_> {
         let mut last = Instant::now();
         let mut last_full: Option<Instant> = None;
         let (mut started, mut tail) = (false, None);
+        // a reply that begins inside the prompt's open <think> block: its first piece shows
+        // the tag, so the chat pane folds the reasoning as it does a block the model opened
+        let mut opened = false;
         // gpt-oss: the channels shown the way the chat pane shows Qwen's thinking
         let mut harmony = self.engine.harmony().then(ThinkTags::default);
         let req =
             GenRequest { max_tokens: settings.max_tokens, stop_at_eos: !settings.ignore_eos, cancel, progress: None };
         let res = self.session.turn(self.engine, self.sampler, req, text, obs, &mut |ev| match ev {
-            TurnEvent::Prompt { tokens, cached } => {
+            TurnEvent::Prompt { tokens, cached, in_reasoning } => {
                 started = true;
+                opened = in_reasoning;
                 {
                     let mut d = data.borrow_mut();
                     d.prefill_total = tokens - cached;
@@ -344,6 +350,10 @@ impl Reply<'_> {
                 generated += 1;
                 let piece = match (harmony.as_mut(), piece) {
                     (Some(h), Some(p)) => Some(h.push(p)),
+                    (_, Some(p)) if opened => {
+                        opened = false;
+                        Some(format!("<think>{p}"))
+                    }
                     (_, p) => p.map(str::to_string),
                 };
                 send(EngineEvent::Token { id, piece });
