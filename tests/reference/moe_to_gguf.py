@@ -340,20 +340,15 @@ def embedding_and_output(mm, c, tensors):
     return head, tail
 
 
-def glm4moe(src, dst, meta, mm):
-    """GLM-4.5 (glm4_moe) packages, q4g32: llama.cpp's glm4moe names and keys."""
-    c = meta["model"]
-    L, E = c["num_hidden_layers"], c["num_experts"]
+def sigmoid_moe_keys(w, c):
+    """The keys GLM-4.5's and DeepSeek-V3's files state alike: experts, the shared expert, the
+    leading dense layers, the sigmoid router's scale, renormalisation and groups, the file type
+    and a byte-level vocabulary (their synth shapes carry no tokenizer)."""
     sig = c["sigmoid_router"]
-    dense = set(c["mlp_only_layers"])
-    w = gguf.GGUFWriter(dst, "glm4moe")
-    common_keys(w, meta, c, c["intermediate_size"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_rope_dimension_count(c.get("rotary_dim") or c["head_dim"])
-    w.add_expert_count(E)
+    w.add_expert_count(c["num_experts"])
     w.add_expert_used_count(c["num_experts_per_tok"])
     w.add_expert_shared_count(c.get("shared_experts", 0) // c["moe_intermediate_size"])
-    w.add_leading_dense_block_count(len(dense))
+    w.add_leading_dense_block_count(len(c["mlp_only_layers"]))
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
     w.add_expert_weights_scale(sig["routed_scaling_factor"])
     w.add_expert_weights_norm(c["norm_topk_prob"])
@@ -361,6 +356,32 @@ def glm4moe(src, dst, meta, mm):
     w.add_expert_group_used_count(sig["topk_group"])
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
     byte_vocab(w, c["vocab_size"])
+
+
+def sigmoid_moe_ffn(l, dense, dense_q4, dense_f32, experts):
+    """Layer l's feed-forward tensors under llama.cpp's names: a dense MLP, or the router with
+    its correction bias, the routed experts and the shared expert."""
+    P = f"model.layers.{l}."
+    if dense:
+        return [(f"ffn_{n}.weight", dense_q4(P + f"mlp.{n}_proj.weight")) for n in ("gate", "up", "down")]
+    items = [("ffn_gate_inp.weight", dense_f32(P + "mlp.gate.weight")),
+             ("exp_probs_b.bias", dense_f32(P + "mlp.gate.e_score_correction_bias"))]
+    items += [(f"ffn_{n}_exps.weight", experts(l, f"{n}_proj")) for n in ("gate", "up", "down")]
+    items += [(f"ffn_{n}_shexp.weight", dense_q4(P + f"mlp.shared_experts.{n}_proj.weight"))
+              for n in ("gate", "up", "down")]
+    return items
+
+
+def glm4moe(src, dst, meta, mm):
+    """GLM-4.5 (glm4_moe) packages, q4g32: llama.cpp's glm4moe names and keys."""
+    c = meta["model"]
+    L = c["num_hidden_layers"]
+    dense = set(c["mlp_only_layers"])
+    w = gguf.GGUFWriter(dst, "glm4moe")
+    common_keys(w, meta, c, c["intermediate_size"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_rope_dimension_count(c.get("rotary_dim") or c["head_dim"])
+    sigmoid_moe_keys(w, c)
     tensors, dense_q4, dense_f32, experts = q4_helpers(mm, meta)
     head, tail = embedding_and_output(mm, c, tensors)
     plan = list(head)
@@ -376,14 +397,7 @@ def glm4moe(src, dst, meta, mm):
             items += [("attn_q_norm.weight", dense_f32(P + "self_attn.q_norm.weight")),
                       ("attn_k_norm.weight", dense_f32(P + "self_attn.k_norm.weight"))]
         items.append(("post_attention_norm.weight", dense_f32(P + "post_attention_layernorm.weight")))
-        if l in dense:
-            items += [(f"ffn_{n}.weight", dense_q4(P + f"mlp.{n}_proj.weight")) for n in ("gate", "up", "down")]
-        else:
-            items += [("ffn_gate_inp.weight", dense_f32(P + "mlp.gate.weight")),
-                      ("exp_probs_b.bias", dense_f32(P + "mlp.gate.e_score_correction_bias"))]
-            items += [(f"ffn_{n}_exps.weight", experts(l, f"{n}_proj")) for n in ("gate", "up", "down")]
-            items += [(f"ffn_{n}_shexp.weight", dense_q4(P + f"mlp.shared_experts.{n}_proj.weight"))
-                      for n in ("gate", "up", "down")]
+        items += sigmoid_moe_ffn(l, l in dense, dense_q4, dense_f32, experts)
         plan += [(f"blk.{l}.{name}", *made) for name, made in items]
     write_plan(w, dst, plan + tail)
 
@@ -394,8 +408,8 @@ def deepseek2(src, dst, meta, mm):
     attn_v_b [nh, v, kv_lora]: the package's k_b_proj / v_b_proj rows, reshaped), YaRN's
     yarn_log_multiplier 0.1 x mscale_all_dim (synth's shapes: 1, the softmax scale's mscale)."""
     c = meta["model"]
-    L, E, nh = c["num_hidden_layers"], c["num_experts"], c["num_attention_heads"]
-    sig, m, y = c["sigmoid_router"], c["mla"], c["rope_yarn"]
+    L, nh = c["num_hidden_layers"], c["num_attention_heads"]
+    m, y = c["mla"], c["rope_yarn"]
     dense = set(c["mlp_only_layers"])
     kvl, rope, nope, vd = m["kv_lora_rank"], m["qk_rope_head_dim"], m["qk_nope_head_dim"], m["v_head_dim"]
     ms = 0.1 * np.log(y["factor"]) + 1.0
@@ -419,17 +433,7 @@ def deepseek2(src, dst, meta, mm):
     w.add_rope_scaling_orig_ctx_len(y["original_max_position_embeddings"])
     w.add_rope_scaling_yarn_log_mul(0.1)
     w.add_vocab_size(c["vocab_size"])
-    w.add_expert_count(E)
-    w.add_expert_used_count(c["num_experts_per_tok"])
-    w.add_expert_shared_count(c.get("shared_experts", 0) // c["moe_intermediate_size"])
-    w.add_leading_dense_block_count(len(dense))
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    w.add_expert_weights_scale(sig["routed_scaling_factor"])
-    w.add_expert_weights_norm(c["norm_topk_prob"])
-    w.add_expert_group_count(sig["n_group"])
-    w.add_expert_group_used_count(sig["topk_group"])
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    byte_vocab(w, c["vocab_size"])
+    sigmoid_moe_keys(w, c)
     tensors, dense_q4, dense_f32, experts = q4_helpers(mm, meta)
     head, tail = embedding_and_output(mm, c, tensors)
 
@@ -454,14 +458,7 @@ def deepseek2(src, dst, meta, mm):
                   ("attn_v_b.weight", per_head(A + "v_b_proj.weight", vd)),
                   ("attn_output.weight", dense_q4(A + "o_proj.weight")),
                   ("ffn_norm.weight", dense_f32(P + "post_attention_layernorm.weight"))]
-        if l in dense:
-            items += [(f"ffn_{n}.weight", dense_q4(P + f"mlp.{n}_proj.weight")) for n in ("gate", "up", "down")]
-        else:
-            items += [("ffn_gate_inp.weight", dense_f32(P + "mlp.gate.weight")),
-                      ("exp_probs_b.bias", dense_f32(P + "mlp.gate.e_score_correction_bias"))]
-            items += [(f"ffn_{n}_exps.weight", experts(l, f"{n}_proj")) for n in ("gate", "up", "down")]
-            items += [(f"ffn_{n}_shexp.weight", dense_q4(P + f"mlp.shared_experts.{n}_proj.weight"))
-                      for n in ("gate", "up", "down")]
+        items += sigmoid_moe_ffn(l, l in dense, dense_q4, dense_f32, experts)
         plan += [(f"blk.{l}.{name}", *made) for name, made in items]
     write_plan(w, dst, plan + tail)
 
