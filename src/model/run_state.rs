@@ -74,6 +74,8 @@ impl RunState {
         let dims = c.hybrid.as_ref().map(|hy| delta_net::Dims::new(hy, c.rms_norm_eps as f32));
         let (conv, value) = c.hybrid.as_ref().map_or((0, 0), |hy| (hy.conv_dim(), hy.value_dim()));
         let shared = c.shared_expert_width();
+        // latent attention runs through its own buffers (`MlaWork`) and q alone of these
+        let plain = |n: usize| if c.features.mla.is_none() { n } else { 0 };
         RunState {
             chunk,
             x: buf(h),
@@ -81,10 +83,10 @@ impl RunState {
             delta: buf(h),
             q: buf(c.q_dim()),
             gate: if gated { buf(c.q_dim()) } else { vec![] },
-            k: buf(c.kv_dim()),
-            v: buf(c.kv_dim()),
-            qkv: vec![0f32; c.q_dim() * if gated { 2 } else { 1 } + 2 * c.kv_dim()],
-            attn: buf(c.q_dim()),
+            k: buf(plain(c.kv_dim())),
+            v: buf(plain(c.kv_dim())),
+            qkv: vec![0f32; plain(c.q_dim() * if gated { 2 } else { 1 } + 2 * c.kv_dim())],
+            attn: buf(plain(c.q_dim())),
             attn_work: AttnWork::default(),
             cos: buf(c.rotary_dim() / 2),
             sin: buf(c.rotary_dim() / 2),
@@ -105,7 +107,7 @@ impl RunState {
                 let latent =
                     c.features.mla.map_or(0, |m| (m.kv_lora_rank + m.qk_rope_head_dim).max(m.q_lora_rank.unwrap_or(0)));
                 let widest = h.max(c.q_dim()).max(c.intermediate_size).max(value).max(shared).max(latent);
-                let most = widest.max(c.kv_dim()).max(c.num_experts).max(conv);
+                let most = widest.max(plain(c.kv_dim())).max(c.num_experts).max(conv);
                 let mut s = Scratch::default();
                 s.reserve(chunk * widest, chunk * most);
                 s
