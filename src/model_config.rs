@@ -103,6 +103,12 @@ pub struct Yarn {
     pub attention_factor: f64,
 }
 
+/// YaRN's magnitude `mscale(factor, m)` (transformers' `get_mscale`, llama.cpp's): 1 up to a
+/// factor of 1, else `0.1 m ln(factor) + 1`.
+pub fn yarn_mscale(factor: f64, m: f64) -> f64 {
+    if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 }
+}
+
 impl Yarn {
     /// The `dim / 2` frequencies of a head's `dim` rotary dims at base `theta`: each blends
     /// the plain frequency (fast dims, many turns over the original context) and the one
@@ -351,6 +357,14 @@ pub struct Mla {
     /// The softmax scale: `(qk_nope + qk_rope)^-1/2`, times YaRN's `mscale^2` where the config
     /// has `mscale_all_dim` (transformers' `yarn_apply_mscale`).
     pub softmax_scale: f32,
+}
+
+impl Mla {
+    /// The softmax scale of a `head`-dim query and key with YaRN's `mscale` (1 without YaRN):
+    /// `head^-1/2 x mscale^2`, each factor rounded to f32 first, as transformers computes it.
+    pub fn softmax_scale_of(head: usize, mscale: f64) -> f32 {
+        (head as f64).powf(-0.5) as f32 * (mscale * mscale) as f32
+    }
 }
 
 fn is_zero(n: &usize) -> bool {

@@ -5,7 +5,7 @@
 
 use crate::convert::QuantMode;
 use crate::model_config::{
-    Arch, ExpertAct, Features, HybridConfig, LayerKind, Mla, ModelConfig, SigmoidRouter, Sliding, Yarn,
+    Arch, ExpertAct, Features, HybridConfig, LayerKind, Mla, ModelConfig, SigmoidRouter, Sliding, Yarn, yarn_mscale,
 };
 
 /// Which real tokenizer a shape ships with.
@@ -312,7 +312,7 @@ fn deepseek(
     (theta, factor, max_pos): (f64, f64, usize),
     nextn: usize,
 ) -> ModelConfig {
-    let ms = 0.1 * factor.ln() + 1.0;
+    let ms = yarn_mscale(factor, 1.0);
     ModelConfig {
         arch: Arch::DeepseekV3,
         vocab_size: vocab,

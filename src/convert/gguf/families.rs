@@ -4,12 +4,7 @@
 
 use super::model::GgufModel;
 use crate::convert::error::ConvertError;
-use crate::model_config::{Features, Mla, SigmoidRouter, Yarn};
-
-/// transformers' and llama.cpp's YaRN magnitude: 1 + 0.1 m ln(factor) (1 for no stretch).
-fn yarn_mscale(factor: f64, m: f64) -> f64 {
-    if factor <= 1.0 { 1.0 } else { 0.1 * m * factor.ln() + 1.0 }
-}
+use crate::model_config::{Features, Mla, SigmoidRouter, Yarn, yarn_mscale};
 
 impl GgufModel {
     /// The router and shared experts both families state alike: sigmoid scores
@@ -121,8 +116,7 @@ impl GgufModel {
             qk_rope_head_dim: rope,
             v_head_dim: value,
             rope_interleave: true,
-            // in transformers' order (hf_config::deepseek_features)
-            softmax_scale: (head_dim as f64).powf(-0.5) as f32 * (mscale * mscale) as f32,
+            softmax_scale: Mla::softmax_scale_of(head_dim, mscale),
         };
         Ok(Features { rotary_dim: Some(rope), rope_yarn, mla: Some(mla), ..self.sigmoid_moe_features(arch, moe_i)? })
     }

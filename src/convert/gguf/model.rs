@@ -10,7 +10,9 @@ use moescope_kernels::ggml::BlockType;
 
 use super::file::{self as gguf, Gguf, GgufError, TensorInfo, Value};
 use crate::convert::error::ConvertError;
-use crate::model_config::{Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, Sliding, Yarn};
+use crate::model_config::{
+    Arch, ExpertAct, Features, HybridConfig, LayerKind, ModelConfig, Sliding, Yarn, yarn_mscale,
+};
 
 /// A GGUF model in one or more parts.
 pub struct GgufModel {
@@ -146,7 +148,7 @@ impl GgufModel {
         }
     }
 
-    pub(super) fn bool_key(&self, key: &str) -> Result<Option<bool>, ConvertError> {
+    fn bool_key(&self, key: &str) -> Result<Option<bool>, ConvertError> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
@@ -163,7 +165,7 @@ impl GgufModel {
     }
 
     /// `ne` of a tensor the model must have.
-    pub(super) fn ne(&self, name: &str) -> Result<&[u64], ConvertError> {
+    fn ne(&self, name: &str) -> Result<&[u64], ConvertError> {
         self.tensor(name)
             .map(|(_, t)| t.ne.as_slice())
             .ok_or_else(|| ConvertError::MissingTensor { dir: self.path().to_path_buf(), name: name.into() })
@@ -356,7 +358,7 @@ impl GgufModel {
             Some("yarn") => {
                 let factor = self.f64_key(&k("rope.scaling.factor"))?.unwrap_or(1.0);
                 let orig = self.usize_req(&k("rope.scaling.original_context_length"))?;
-                let default_factor = if factor <= 1.0 { 1.0 } else { 0.1 * factor.ln() + 1.0 };
+                let default_factor = yarn_mscale(factor, 1.0);
                 Some(Yarn {
                     factor,
                     beta_fast: self.f64_key(&k("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),

@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::Keys;
 use crate::convert::error::ConvertError;
-use crate::model_config::{ExpertAct, Features, Mla, SigmoidRouter, Sliding, Yarn};
+use crate::model_config::{ExpertAct, Features, Mla, SigmoidRouter, Sliding, Yarn, yarn_mscale};
 
 /// gpt-oss's attention and experts: biases (`attention_bias`, default true), sinks, the
 /// sliding layers (`layer_types`, in any order; transformers' default: every other layer from
@@ -60,12 +60,6 @@ pub(super) fn gpt_oss_features(
         expert_act: ExpertAct::ClampedSwiglu { alpha: 1.702, limit: limit as f32 },
         ..Features::default()
     })
-}
-
-/// YaRN's `mscale(scale, m)` (transformers' `get_mscale`): 1 up to a factor of 1, else
-/// `0.1 m ln(scale) + 1`.
-fn yarn_mscale(scale: f64, m: f64) -> f64 {
-    if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 }
 }
 
 /// YaRN's parameters from the `key` object `y`, with transformers' defaults: beta_fast 32,
@@ -192,7 +186,7 @@ pub(super) fn deepseek_features(
         qk_rope_head_dim: rope,
         v_head_dim: k.req("v_head_dim")?,
         rope_interleave: k.bool("rope_interleave", true)?,
-        softmax_scale: ((nope + rope) as f64).powf(-0.5) as f32 * (mscale * mscale) as f32,
+        softmax_scale: Mla::softmax_scale_of(nope + rope, mscale),
     };
     Ok(Features { rotary_dim: Some(rope), rope_yarn, mla: Some(mla), ..sigmoid_moe_features(k, moe_intermediate)? })
 }
