@@ -27,7 +27,7 @@ use super::attention::{At, Heads, attend};
 use super::error::ModelError;
 use super::pass::Pass;
 use super::run_state::RunState;
-use crate::exec::Chunks;
+use crate::exec::{Chunks, Exec};
 use crate::model_config::{Mla, ModelConfig};
 use crate::package::{Package, TensorId};
 use crate::trace;
@@ -83,6 +83,35 @@ struct HeadWork {
 
 thread_local! {
     static HEAD: std::cell::RefCell<HeadWork> = std::cell::RefCell::new(HeadWork::default());
+}
+
+/// Every head's product with its own rows of `w` (`w.rows / nh` each), the heads in parallel:
+/// head h of token t reads `x[(t nh + h) x_stride ..][..w.cols]` and writes its results to
+/// `out[(t nh + h) out_stride ..]`. `label` names the tasks in the trace.
+fn heads_product(
+    exec: &Exec,
+    label: &'static str,
+    w: &Mat<'_>,
+    (nh, t_n): (usize, usize),
+    (x, x_stride): (&[f32], usize),
+    (out, out_stride): (&mut [f32], usize),
+) {
+    let rows = w.rows / nh;
+    let dst = Chunks::new(out);
+    exec.run(nh, &|h, _| {
+        let _s = trace::span(label);
+        HEAD.with_borrow_mut(|hw| {
+            hw.x.clear();
+            (0..t_n).for_each(|t| hw.x.extend_from_slice(&x[(t * nh + h) * x_stride..][..w.cols]));
+            head_product(exec.isa, w, h * rows..(h + 1) * rows, t_n, hw);
+            for t in 0..t_n {
+                // SAFETY: task h alone writes head h of every token, inside `out`, which
+                // outlives the section
+                let o = unsafe { dst.slice((t * nh + h) * out_stride, rows) };
+                o.iter_mut().enumerate().for_each(|(r, o)| *o = hw.y[r * t_n + t]);
+            }
+        })
+    });
 }
 
 /// `y[r, t] = W[rows][r] · x[t]` for one head's row range of `w` and its `T` inputs (`hw.x`,
@@ -192,47 +221,19 @@ impl LatentAttention {
             turn(&mut w.key[kvl..], t, rot);
             pass.kv.write(l, pos0 + t, &w.key, &[]);
         }
-        // each head's query folded through its key up-projection, the heads in parallel
-        let (k_b, v_b, isa) = (pkg.mat_by_index(self.k_b), pkg.mat_by_index(self.v_b), exec.isa);
+        // each head's query folded through its key up-projection, its rotary part beside it
+        let (k_b, v_b) = (pkg.mat_by_index(self.k_b), pkg.mat_by_index(self.v_b));
         let qa = &mut w.qa_abs[..t_n * nh * hk];
-        let q = &*q;
-        let dst = Chunks::new(qa);
-        exec.run(nh, &|h, _| {
-            let _s = trace::span("k_b_proj");
-            HEAD.with_borrow_mut(|hw| {
-                hw.x.clear();
-                (0..t_n).for_each(|t| hw.x.extend_from_slice(&q[(t * nh + h) * hd..][..nope]));
-                head_product(isa, &k_b, h * kvl..(h + 1) * kvl, t_n, hw);
-                for t in 0..t_n {
-                    // SAFETY: task h alone writes head h of every token, inside `qa`, which
-                    // outlives the section
-                    let out = unsafe { dst.slice((t * nh + h) * hk, hk) };
-                    out[..kvl].iter_mut().enumerate().for_each(|(c, o)| *o = hw.y[c * t_n + t]);
-                    out[kvl..].copy_from_slice(&q[(t * nh + h) * hd + nope..][..rope]);
-                }
-            })
-        });
+        heads_product(exec, "k_b_proj", &k_b, (nh, t_n), (q, hd), (qa, hk));
+        for (i, row) in qa.chunks_exact_mut(hk).enumerate() {
+            row[kvl..].copy_from_slice(&q[i * hd + nope..][..rope]);
+        }
         let lat = &mut w.lat[..t_n * nh * kvl];
         let heads = Heads { nh, nkv: 1, hd: hk, hv: kvl, keyed: true };
         let at = At { layer: l, heads, pos0, window: None, sinks: None, scale: Some(m.softmax_scale) };
         attend(exec, pass.kv, at, qa, lat, attn_work);
         // each head's values through its value up-projection
-        let out = &mut w.out[..t_n * nh * vd];
-        let lat = &*lat;
-        let dst = Chunks::new(out);
-        exec.run(nh, &|h, _| {
-            let _s = trace::span("v_b_proj");
-            HEAD.with_borrow_mut(|hw| {
-                hw.x.clear();
-                (0..t_n).for_each(|t| hw.x.extend_from_slice(&lat[(t * nh + h) * kvl..][..kvl]));
-                head_product(isa, &v_b, h * vd..(h + 1) * vd, t_n, hw);
-                for t in 0..t_n {
-                    // SAFETY: task h alone writes head h's values of every token
-                    let o = unsafe { dst.slice((t * nh + h) * vd, vd) };
-                    o.iter_mut().enumerate().for_each(|(j, o)| *o = hw.y[j * t_n + t]);
-                }
-            })
-        });
+        heads_product(exec, "v_b_proj", &v_b, (nh, t_n), (lat, kvl), (&mut w.out[..t_n * nh * vd], vd));
         exec.matmul("o_proj", &pkg.mat_by_index(self.o), &w.out[..t_n * nh * vd], t_n, &mut delta[..t_n * h], s);
     }
 }
