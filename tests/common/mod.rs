@@ -44,17 +44,7 @@ fn unpacked(rel: &str) -> PathBuf {
 /// binary; its absolute path, for [fixture] and [convert].
 pub fn gpt_oss_bf16() -> String {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let src = fixture("gpt-oss-mxfp4");
-        let to = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gpt-oss-bf16-{}", std::process::id()));
-        std::fs::create_dir_all(&to).expect("gpt-oss-bf16 folder");
-        moescope::derived_fixture::gpt_oss_bf16_release(&src, &to).unwrap_or_else(|e| panic!("gpt-oss bf16: {e}"));
-        for f in ["reference.json", "reference.safetensors"] {
-            std::fs::copy(src.join(f), to.join(f)).expect("reference");
-        }
-        to
-    });
-    dir.to_string_lossy().into_owned()
+    derived(&DIR, "gpt-oss-mxfp4", "gpt-oss-bf16", &moescope::derived_fixture::gpt_oss_bf16_release)
 }
 
 /// The "single" fixture split into 4 shards with the hub's index (`moescope::derived_fixture::
@@ -62,11 +52,22 @@ pub fn gpt_oss_bf16() -> String {
 /// its absolute path, for [fixture] and [convert].
 pub fn sharded() -> String {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let src = fixture("single");
-        let to = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("sharded-{}", std::process::id()));
-        std::fs::create_dir_all(&to).expect("sharded folder");
-        moescope::derived_fixture::sharded(&src, &to, 4).unwrap_or_else(|e| panic!("sharded: {e}"));
+    derived(&DIR, "single", "sharded", &|src, to| moescope::derived_fixture::sharded(src, to, 4))
+}
+
+/// A checkpoint `make` derives from fixture `from` into a folder named `name` of this test
+/// binary (made once, in `dir`), with `from`'s references beside it: the same weights.
+fn derived(
+    dir: &OnceLock<PathBuf>,
+    from: &str,
+    name: &str,
+    make: &dyn Fn(&Path, &Path) -> Result<(), String>,
+) -> String {
+    let dir = dir.get_or_init(|| {
+        let src = fixture(from);
+        let to = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&to).unwrap_or_else(|e| panic!("{name} folder: {e}"));
+        make(&src, &to).unwrap_or_else(|e| panic!("{name}: {e}"));
         for f in ["reference.json", "reference.safetensors"] {
             std::fs::copy(src.join(f), to.join(f)).expect("reference");
         }
