@@ -139,7 +139,7 @@ pub fn routing_trace(data: &[u8]) -> u8 {
 
 /// File names a checkpoint bundle may write (anything else is skipped, so no input writes
 /// outside the scratch folder).
-pub const CHECKPOINT_FILES: [&str; 8] = [
+pub const CHECKPOINT_FILES: [&str; 9] = [
     "config.json",
     "model.safetensors",
     "model.safetensors.index.json",
@@ -147,6 +147,7 @@ pub const CHECKPOINT_FILES: [&str; 8] = [
     "model-00002-of-00002.safetensors",
     "tokenizer.json",
     "tokenizer_config.json",
+    "tiktoken.model",
     "chat_template.jinja",
 ];
 

@@ -131,6 +131,39 @@ pub fn tiny_checkpoint() -> Vec<u8> {
     ])
 }
 
+/// The tiny checkpoint with Kimi-K2's tokenizer files instead: a tiktoken.model (the 256 bytes
+/// and a few merged tokens) and a tokenizer_config.json naming Kimi's tokenizer class.
+pub fn tiny_kimi_checkpoint() -> Vec<u8> {
+    let mut cfg_json = tiny_config();
+    cfg_json["vocab_size"] = 520.into();
+    let cfg = moescope::convert::hf_config::parse_config(&cfg_json, Path::new("config.json"))
+        .unwrap_or_else(|e| panic!("the tiny config does not parse: {e}"));
+    let b64 = |t: &[u8]| -> String {
+        const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        t.chunks(3)
+            .flat_map(|c| {
+                let v = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+                (0..4).map(move |i| if i <= c.len() { ABC[(v >> (18 - 6 * i) & 63) as usize] as char } else { '=' })
+            })
+            .collect()
+    };
+    let mut ranks: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    ranks.extend([&b"th"[..], b"he", b"the", b" the"].map(<[u8]>::to_vec));
+    let model: String = ranks.iter().enumerate().map(|(i, t)| format!("{} {i}\n", b64(t))).collect();
+    let tc = serde_json::json!({
+        "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", null]},
+        "bos_token": "[BOS]", "eos_token": "[EOS]", "chat_template": TEMPLATE,
+        "added_tokens_decoder": {"260": {"content": "[BOS]"}, "261": {"content": "[EOS]"}},
+    })
+    .to_string();
+    bundle(&[
+        ("config.json", cfg_json.to_string().as_bytes()),
+        ("model.safetensors", &safetensors_for(&cfg)),
+        ("tiktoken.model", model.as_bytes()),
+        ("tokenizer_config.json", tc.as_bytes()),
+    ])
+}
+
 /// The tiny checkpoint in two shards with their index (model.safetensors.index.json), so the
 /// index's structure is mutated too.
 pub fn tiny_sharded_checkpoint() -> Vec<u8> {
@@ -239,6 +272,7 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
         "checkpoint" => {
             out.push(("tiny qwen3-moe".into(), tiny_checkpoint()));
             out.push(("tiny qwen3-moe in two shards".into(), tiny_sharded_checkpoint()));
+            out.push(("tiny qwen3-moe with Kimi's tiktoken.model".into(), tiny_kimi_checkpoint()));
             for f in ["next", "qwen35", "odd", "gpt-oss-mxfp4", "glm", "deepseek", "deepseek-noqlora"] {
                 out.extend(fixture_checkpoint(root, f).map(|b| (format!("tests/fixtures/{f}"), b)));
             }

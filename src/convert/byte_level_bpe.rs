@@ -13,6 +13,16 @@ pub const O200K_SPLIT: &str = concat!(
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
 );
 
+/// Kimi-K2's split regex (its `tokenization_kimi.py`; llama.cpp's `kimi-k2` pre-tokenizer):
+/// o200k's, except that runs of Han characters are pieces of their own, kept out of the letter
+/// classes by class intersection (`&&`, which fancy-regex takes), and no `/` after punctuation.
+pub const KIMI_SPLIT: &str = concat!(
+    r"[\p{Han}]+",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+);
+
 /// The tokenizer.json text.
 pub struct Parts {
     /// token (byte-level characters) -> id

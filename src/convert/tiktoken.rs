@@ -26,7 +26,67 @@ pub fn parse_ranks(bin: &[u8]) -> Result<Vec<&[u8]>, String> {
     Ok(out)
 }
 
-/// The tokenizer.json of `ranks` (index = id), the `specials` (content, id) matched before the
+/// The tokens of a tiktoken model file (`tiktoken.model`, what tiktoken's `load_tiktoken_bpe`
+/// reads; Kimi-K2 ships one): a line per token, `BASE64 RANK`, ranks 0, 1, .. in order.
+pub fn parse_tiktoken_model(text: &str) -> Result<Vec<Vec<u8>>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let bad = |what: &str| format!("line {}: {what}", i + 1);
+        let (b64, rank) = line.split_once(' ').ok_or_else(|| bad("expected `BASE64 RANK`"))?;
+        if rank.trim().parse::<usize>().ok() != Some(out.len()) {
+            return Err(bad(&format!("rank {rank:?} where {} was due (ranks in order from 0)", out.len())));
+        }
+        let tok = base64_decode(b64).ok_or_else(|| bad("the token is not base64"))?;
+        if tok.is_empty() {
+            return Err(bad("empty token"));
+        }
+        out.push(tok);
+    }
+    Ok(out)
+}
+
+/// Standard base64 (RFC 4648 alphabet, `=` padding optional); `None` on any other character.
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    let digit = |c: u8| -> Option<u32> {
+        Some(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        } as u32)
+    };
+    let body = s.trim_end_matches('=').as_bytes();
+    if body.len() % 4 == 1 || s.len() - body.len() > 2 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() * 3 / 4);
+    for chunk in body.chunks(4) {
+        let mut acc = 0u32;
+        for &c in chunk {
+            acc = acc << 6 | digit(c)?;
+        }
+        // a chunk of k characters carries k - 1 whole bytes, left-aligned in its 6k bits
+        let bits = 6 * chunk.len();
+        for b in 0..chunk.len() - 1 {
+            out.push((acc >> (bits - 8 * (b + 1))) as u8);
+        }
+    }
+    Some(out)
+}
+
+/// Kimi's special tokens (its `tokenization_kimi.py`): 256 ids from the ranks' end (further,
+/// when tokenizer_config.json's `added_tokens_decoder` names a later id), each named there or
+/// `<|reserved_token_ID|>`.
+pub fn kimi_specials(n_ranks: u32, named: &std::collections::BTreeMap<u32, String>) -> Vec<(String, u32)> {
+    let end = named.keys().next_back().map_or(0, |&id| id + 1).max(n_ranks + 256);
+    (n_ranks..end)
+        .map(|id| (named.get(&id).cloned().unwrap_or_else(|| format!("<|reserved_token_{id}|>")), id))
+        .collect()
+}
+
+/// The tokenizer.json of `ranks`/// The tokenizer.json of `ranks` (index = id), the `specials` (content, id) matched before the
 /// split, and the split regex. The specials' ids must follow the ranks' without a gap, in
 /// order: the tokenizers library numbers added tokens as it reads them.
 pub fn tokenizer_from_ranks(
@@ -85,4 +145,47 @@ pub fn harmony_specials() -> Vec<(String, u32)> {
             None => (format!("<|reserved_{id}|>"), id),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_is_rfc_4648s() {
+        // RFC 4648 section 10's test vectors
+        for (plain, enc) in
+            [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("foob", "Zm9vYg=="), ("fooba", "Zm9vYmE=")]
+        {
+            assert_eq!(base64_decode(enc).as_deref(), Some(plain.as_bytes()), "{enc}");
+        }
+        assert_eq!(base64_decode("Zm9vYmFy").as_deref(), Some(&b"foobar"[..]));
+        assert_eq!(base64_decode("/+8="), Some(vec![0xff, 0xef]));
+        for bad in ["Z", "Zm9v!", "Zg===", "Zm 9"] {
+            assert_eq!(base64_decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn tiktoken_model_lines_are_ranks_in_order() {
+        assert_eq!(
+            parse_tiktoken_model("IQ== 0\nIg== 1\n\naGk= 2\n").unwrap(),
+            vec![b"!".to_vec(), b"\"".to_vec(), b"hi".to_vec()]
+        );
+        assert!(parse_tiktoken_model("IQ== 0\nIg== 2\n").unwrap_err().contains("line 2"));
+        assert!(parse_tiktoken_model("IQ==0\n").unwrap_err().contains("line 1"));
+        assert!(parse_tiktoken_model("I*== 0\n").unwrap_err().contains("base64"));
+    }
+
+    #[test]
+    fn kimi_specials_fill_reserved_names() {
+        let named = [(10, "[BOS]".to_string()), (12, "<|im_end|>".to_string())].into_iter().collect();
+        let s = kimi_specials(10, &named);
+        assert_eq!(s.len(), 256);
+        assert_eq!(s[0], ("[BOS]".to_string(), 10));
+        assert_eq!(s[1], ("<|reserved_token_11|>".to_string(), 11));
+        assert_eq!(s[2], ("<|im_end|>".to_string(), 12));
+        let late = [(300, "[PAD]".to_string())].into_iter().collect();
+        assert_eq!(kimi_specials(10, &late).last(), Some(&("[PAD]".to_string(), 300)));
+    }
 }

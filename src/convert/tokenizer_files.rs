@@ -11,18 +11,22 @@ use crate::package::TokenizerInfo;
 
 /// Read tokenizer.json, tokenizer_config.json and chat_template.jinja from `dir`. A missing
 /// tokenizer.json is not an error (the package then takes token ids only); a broken one is.
+/// Kimi-K2 has no tokenizer.json: its tiktoken.model is read instead.
 pub fn read_tokenizer(dir: &Path) -> Result<Option<TokenizerInfo>, ConvertError> {
-    let tj = dir.join("tokenizer.json");
-    if !tj.exists() {
+    let (tj, tm, tc) = (dir.join("tokenizer.json"), dir.join("tiktoken.model"), dir.join("tokenizer_config.json"));
+    if !tj.exists() && !tm.exists() {
         return Ok(None);
     }
-    let json = std::fs::read_to_string(&tj).map_err(|source| ConvertError::Io { path: tj.clone(), error: source })?;
+    let config = if tc.exists() { Some(read_json(&tc)?) } else { None };
+    let (json, from) = if tj.exists() {
+        (std::fs::read_to_string(&tj).map_err(|source| ConvertError::Io { path: tj.clone(), error: source })?, &tj)
+    } else {
+        (kimi_tokenizer(&tm, config.as_ref(), &tc)?, &tm)
+    };
     // load it now, so a bad file fails the conversion rather than the first run
-    Tok::from_json(&json).map_err(|e| ConvertError::File { path: tj.clone(), msg: format!("cannot load: {e}") })?;
+    Tok::from_json(&json).map_err(|e| ConvertError::File { path: from.clone(), msg: format!("cannot load: {e}") })?;
     let mut info = TokenizerInfo { tokenizer_json: Some(json), ..Default::default() };
-    let tc = dir.join("tokenizer_config.json");
-    if tc.exists() {
-        let v = read_json(&tc)?;
+    if let Some(v) = config {
         info.chat_template = template_of(&v, &tc)?;
         info.bos_token = token_text(v.get("bos_token"));
         info.eos_token = token_text(v.get("eos_token"));
@@ -56,6 +60,44 @@ fn template_of(v: &Value, path: &Path) -> Result<Option<String>, ConvertError> {
             msg: "expected a string or a list of named templates".into(),
         }),
     }
+}
+
+/// The tokenizer.json of Kimi's tiktoken.model: its ranks, the special tokens its
+/// tokenization_kimi.py makes from tokenizer_config.json's `added_tokens_decoder`, and the split
+/// regex that Python file holds (so the config must name that tokenizer class).
+fn kimi_tokenizer(tm: &Path, config: Option<&Value>, tc: &Path) -> Result<String, ConvertError> {
+    let class = config.and_then(|v| v.get("auto_map")?.get("AutoTokenizer")?.get(0)?.as_str());
+    if class != Some("tokenization_kimi.TikTokenTokenizer") {
+        return Err(ConvertError::Config {
+            path: tc.to_path_buf(),
+            key: "auto_map.AutoTokenizer".into(),
+            msg: format!(
+                "a tiktoken.model is read for Kimi's tokenizer (tokenization_kimi.TikTokenTokenizer) only, found {class:?}"
+            ),
+        });
+    }
+    let text =
+        std::fs::read_to_string(tm).map_err(|source| ConvertError::Io { path: tm.to_path_buf(), error: source })?;
+    let file_err = |msg: String| ConvertError::File { path: tm.to_path_buf(), msg };
+    let ranks = super::tiktoken::parse_tiktoken_model(&text).map_err(file_err)?;
+    let n = u32::try_from(ranks.len()).map_err(|_| file_err("too many ranks".into()))?;
+    let mut named = std::collections::BTreeMap::new();
+    let decoder = config.and_then(|v| v.get("added_tokens_decoder")).and_then(|d| d.as_object());
+    for (id, tok) in decoder.into_iter().flatten() {
+        let bad = |msg: String| ConvertError::Config {
+            path: tc.to_path_buf(),
+            key: format!("added_tokens_decoder.{id}"),
+            msg,
+        };
+        let at: u32 = id.parse().map_err(|_| bad("the key is not a token id".into()))?;
+        if at < n || at >= n + (1 << 16) {
+            return Err(bad(format!("a special token's id must follow the {n} ranks")));
+        }
+        named.insert(at, token_text(Some(tok)).ok_or_else(|| bad("no content".into()))?);
+    }
+    let specials = super::tiktoken::kimi_specials(n, &named);
+    let refs: Vec<&[u8]> = ranks.iter().map(Vec::as_slice).collect();
+    super::tiktoken::tokenizer_from_ranks(&refs, &specials, super::byte_level_bpe::KIMI_SPLIT).map_err(file_err)
 }
 
 /// A special token as written in tokenizer_config.json: a string or `{"content": ...}`.

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::file::Value;
 use super::model::GgufModel;
-use crate::convert::byte_level_bpe::{O200K_SPLIT, Parts, tokenizer_json};
+use crate::convert::byte_level_bpe::{KIMI_SPLIT, O200K_SPLIT, Parts, tokenizer_json};
 use crate::convert::error::ConvertError;
 use crate::engine::tokenizer::Tok;
 use crate::package::TokenizerInfo;
@@ -50,10 +50,12 @@ pub fn tokenizer(m: &GgufModel) -> Result<Option<TokenizerInfo>, ConvertError> {
         "qwen35" => (QWEN35_SPLIT, true, true),
         // gpt-oss's o200k_harmony (tiktoken's rules: no normalizer, a token piece taken whole)
         "gpt-4o" => (O200K_SPLIT, false, true),
+        // Kimi-K2's tiktoken ranks (the same rules, its own regex)
+        "kimi-k2" => (KIMI_SPLIT, false, true),
         other => {
             return Err(m.config_err(
                 "tokenizer.ggml.pre",
-                format!("pre-tokenizer '{other}' is not supported (qwen2, qwen35, gpt-4o)"),
+                format!("pre-tokenizer '{other}' is not supported (qwen2, qwen35, gpt-4o, kimi-k2)"),
             ));
         }
     };

@@ -1,0 +1,86 @@
+//! Kimi-K2's tokenizer (a tiktoken.model and tokenization_kimi.py's rules, no tokenizer.json)
+//! against tiktoken (tests/fixtures/kimi_reference.json, tests/reference/make_kimi_tokenizer_fixtures.py):
+//! its split pattern, special tokens from tokenizer_config.json, encoding with specials inline.
+//! Kimi's own rank file is not on this machine; the ranks are o200k_base's first 163,584 (Kimi's
+//! count), written here as a tiktoken.model from assets/tokenizers/o200k_harmony/ranks.bin.
+
+mod common;
+
+use std::path::Path;
+
+use moescope::convert::tokenizer_files::read_tokenizer;
+use moescope::engine::tokenizer::Tok;
+use serde_json::Value;
+
+/// RFC 4648 base64 with padding (the rank file's token column).
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let v = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            out.push(if i <= c.len() { ABC[(v >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
+        }
+    }
+    out
+}
+
+/// A checkpoint folder's tokenizer files: tiktoken.model of `n` ranks and `config`.
+fn kimi_dir(dir: &Path, n: usize, config: &Value) {
+    let bin = moescope::synth::tokenizers::harmony_ranks().expect("o200k ranks");
+    let ranks = moescope::convert::tiktoken::parse_ranks(&bin).expect("ranks");
+    let text: String = ranks[..n].iter().enumerate().map(|(i, t)| format!("{} {i}\n", base64(t))).collect();
+    std::fs::write(dir.join("tiktoken.model"), text).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+}
+
+fn reference() -> (Value, Value) {
+    let read = |name: &str| -> Value {
+        serde_json::from_str(&std::fs::read_to_string(common::fixture(name)).expect("fixture")).expect("json")
+    };
+    (read("kimi_reference.json"), read("kimi/tokenizer_config.json"))
+}
+
+#[test]
+fn kimi_tiktoken_model_encodes_as_tiktoken() {
+    let (r, config) = reference();
+    let dir = tempfile::tempdir().unwrap();
+    kimi_dir(dir.path(), r["n_ranks"].as_u64().unwrap() as usize, &config);
+    let info = read_tokenizer(dir.path()).expect("read").expect("a tokenizer");
+    let tok = Tok::from_json(info.tokenizer_json.as_deref().unwrap()).expect("load");
+    assert_eq!(tok.vocab_size(), 163_840);
+    assert_eq!((info.bos_token.as_deref(), info.eos_token.as_deref()), (Some("[BOS]"), Some("[EOS]")));
+    assert!(info.chat_template.as_deref().is_some_and(|t| t.contains("<|im_middle|>")));
+    for (name, id) in [("[BOS]", 163_584), ("<|im_end|>", 163_586), ("<|im_middle|>", 163_601), ("[PAD]", 163_839)] {
+        assert_eq!(tok.token_id(name), Some(id), "{name}");
+    }
+    assert_eq!(tok.token_id("<|reserved_token_163600|>"), Some(163_600));
+    let rows = r["encode"].as_array().unwrap();
+    for row in rows {
+        let text = row["text"].as_str().unwrap();
+        let want: Vec<u32> = row["ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        assert_eq!(tok.encode(text).unwrap(), want, "ids of {text:?}");
+        assert_eq!(tok.decode(&want, false).unwrap(), text, "decode of {text:?}");
+    }
+    assert!(rows.len() >= 20);
+}
+
+#[test]
+fn a_tiktoken_model_of_another_tokenizer_class_is_refused() {
+    let (_, mut config) = reference();
+    let dir = tempfile::tempdir().unwrap();
+    config["auto_map"]["AutoTokenizer"][0] = "tokenization_other.Tok".into();
+    kimi_dir(dir.path(), 300, &config);
+    let e = read_tokenizer(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("auto_map.AutoTokenizer") && e.contains("tokenization_other.Tok"), "{e}");
+    // a special token's id inside the ranks
+    let (_, mut config) = reference();
+    config["added_tokens_decoder"] = serde_json::json!({"12": {"content": "[X]"}});
+    kimi_dir(dir.path(), 300, &config);
+    let e = read_tokenizer(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("added_tokens_decoder.12"), "{e}");
+    // a broken rank line
+    std::fs::write(dir.path().join("tiktoken.model"), "IQ== 0\nnot-base64! 1\n").unwrap();
+    let e = read_tokenizer(dir.path()).unwrap_err().to_string();
+    assert!(e.contains("tiktoken.model") && e.contains("line 2"), "{e}");
+}
