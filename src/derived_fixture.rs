@@ -9,6 +9,9 @@
 //! converts the widened checkpoint checks the converter's bf16 path against the MXFP4 one, and
 //! the tests compare layer 0 with transformers' own dequantized tensors.
 //!
+//! [with_mtp_layer]: the DeepSeek-V3 or GLM-4.5 fixture with the multi-token-prediction layer
+//! its config states, as those checkpoints hold it (the main model's weights the same).
+//!
 //! [sharded]: a one-file checkpoint split into shards with the hub's index
 //! (`model.safetensors.index.json`: `metadata.total_size` and `weight_map`), the same weights, so
 //! the one-file fixture's references are its own.
@@ -144,6 +147,56 @@ pub fn sharded(src: &Path, out: &Path, shards: usize) -> Result<(), String> {
     }
     let index = serde_json::json!({"metadata": {"total_size": done}, "weight_map": map});
     write("model.safetensors.index.json", index.to_string().as_bytes())
+}
+
+/// A DeepSeek-V3 or GLM-4.5 fixture `src` (a one-file checkpoint whose config states one
+/// multi-token-prediction layer, L = `num_hidden_layers`, but holds none) with that layer added as
+/// those models' checkpoints hold it: layer L-1's tensors renamed to layer L with each one's
+/// values reversed (so none equals the tensor it came from), `enorm`, `hnorm` and
+/// `shared_head.norm` as 1 + small values and `eh_proj` `[h, 2h]` from a fixed sequence, and
+/// copies of the embedding and output layer (`embed_tokens`, `shared_head.head`). The main
+/// model's weights are untouched, so `src`'s references are its own.
+pub fn with_mtp_layer(src: &Path, out: &Path) -> Result<(), String> {
+    let read = |f: &str| std::fs::read(src.join(f)).map_err(|e| format!("{}: {e}", src.join(f).display()));
+    let config: Value = serde_json::from_slice(&read("config.json")?).map_err(|e| format!("config.json: {e}"))?;
+    let layers = config["num_hidden_layers"].as_u64().ok_or("config.json: no num_hidden_layers")? as usize;
+    let h = config["hidden_size"].as_u64().ok_or("config.json: no hidden_size")? as usize;
+    let bytes = read("model.safetensors")?;
+    let (header, data) = split(&bytes)?;
+    let mut tensors = vec![];
+    let (from, to) = (format!("model.layers.{}.", layers - 1), format!("model.layers.{layers}."));
+    let mut added = vec![];
+    for (name, t) in header.iter().filter(|(n, _)| *n != "__metadata__") {
+        let body = slice(data, t, name)?;
+        tensors.push((name.clone(), t.clone(), body.to_vec()));
+        if t["dtype"] != "BF16" {
+            return Err(format!("{name}: {} (the fixture's tensors are BF16)", t["dtype"]));
+        }
+        let copy = |n: &str| (format!("{to}{n}"), t.clone(), body.to_vec());
+        if let Some(rest) = name.strip_prefix(&from) {
+            let rev: Vec<u8> = body.chunks(2).rev().flatten().copied().collect();
+            added.push((format!("{to}{rest}"), t.clone(), rev));
+        } else if name == "model.embed_tokens.weight" {
+            added.push(copy("embed_tokens.weight"));
+        } else if name == "lm_head.weight" {
+            added.push(copy("shared_head.head.weight"));
+        }
+    }
+    // bf16 of 1 + k/256 and of (k mod 61 - 30)/512: exact, varied, finite
+    let bf16 = |x: f32| ((x.to_bits() + 0x8000) >> 16) as u16;
+    let vector =
+        |n: usize, f: &dyn Fn(usize) -> f32| -> Vec<u8> { (0..n).flat_map(|k| bf16(f(k)).to_le_bytes()).collect() };
+    for (i, n) in ["enorm.weight", "hnorm.weight", "shared_head.norm.weight"].iter().enumerate() {
+        let body = vector(h, &|k| 1.0 + ((k * 7 + i * 13) % 32) as f32 / 256.0);
+        added.push((format!("{to}{n}"), serde_json::json!({"dtype": "BF16", "shape": [h]}), body));
+    }
+    let body = vector(2 * h * h, &|k| ((k * 37) % 61) as f32 / 512.0 - 30.0 / 512.0);
+    added.push((format!("{to}eh_proj.weight"), serde_json::json!({"dtype": "BF16", "shape": [h, 2 * h]}), body));
+    tensors.extend(added);
+    let write =
+        |f: &str, b: &[u8]| std::fs::write(out.join(f), b).map_err(|e| format!("{}: {e}", out.join(f).display()));
+    write("config.json", &read("config.json")?)?;
+    write("model.safetensors", &join(tensors))
 }
 
 fn split(b: &[u8]) -> Result<(Map<String, Value>, &[u8]), String> {

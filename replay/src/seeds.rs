@@ -223,9 +223,14 @@ fn fixture_checkpoint(root: &Path, name: &str) -> Option<Vec<u8>> {
 
 /// gpt-oss's bf16 release layout, derived from the MXFP4 fixture (moescope::derived_fixture).
 fn gpt_oss_bf16_checkpoint(root: &Path) -> Option<Vec<u8>> {
-    let d = std::env::temp_dir().join(format!("moescope-replay-gpt-oss-{}", std::process::id()));
+    derived_checkpoint(root, "gpt-oss-mxfp4", &moescope::derived_fixture::gpt_oss_bf16_release)
+}
+
+/// The bundle (config.json, model.safetensors) `make` derives from fixture `from`.
+fn derived_checkpoint(root: &Path, from: &str, make: &dyn Fn(&Path, &Path) -> Result<(), String>) -> Option<Vec<u8>> {
+    let d = std::env::temp_dir().join(format!("moescope-replay-{from}-{}", std::process::id()));
     std::fs::create_dir_all(&d).ok()?;
-    let ok = moescope::derived_fixture::gpt_oss_bf16_release(&fixtures(root).join("gpt-oss-mxfp4"), &d).is_ok();
+    let ok = make(&fixtures(root).join(from), &d).is_ok();
     let read = |f: &str| std::fs::read(d.join(f)).ok();
     let parts = ok.then(|| Some((read("config.json")?, read("model.safetensors")?))).flatten();
     let _ = std::fs::remove_dir_all(&d);
@@ -277,6 +282,8 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
                 out.extend(fixture_checkpoint(root, f).map(|b| (format!("tests/fixtures/{f}"), b)));
             }
             out.extend(gpt_oss_bf16_checkpoint(root).map(|b| ("gpt-oss bf16 release layout".into(), b)));
+            let mtp = derived_checkpoint(root, "deepseek", &moescope::derived_fixture::with_mtp_layer);
+            out.extend(mtp.map(|b| ("deepseek with its MTP layer".into(), b)));
         }
         "package" => {
             out.extend(package_of(&tiny_checkpoint()).map(|b| ("tiny qwen3-moe package".into(), b)));
@@ -286,6 +293,8 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
             }
             let pkg = gpt_oss_bf16_checkpoint(root).and_then(|c| package_of(&c));
             out.extend(pkg.map(|b| ("gpt-oss bf16 package".into(), b)));
+            let mtp = derived_checkpoint(root, "glm", &moescope::derived_fixture::with_mtp_layer);
+            out.extend(mtp.and_then(|c| package_of(&c)).map(|b| ("glm package with its MTP layer".into(), b)));
         }
         "gguf" => {
             for p in [

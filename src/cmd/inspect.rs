@@ -61,6 +61,10 @@ pub fn run(a: &InspectArgs) -> Result<()> {
                         "layers": ex.map(|e| e.layers.len()).unwrap_or(0),
                         "experts_per_layer": ex.map(|e| e.num_experts).unwrap_or(0),
                         "bytes_per_expert": blob, "parts": parts},
+            "mtp": m.mtp.as_ref().map(|s| json!({
+                "layers": s.layers, "tensors": s.tensors.len(),
+                "offset": s.tensors.first().map_or(0, |t| t.offset),
+                "bytes": s.tensors.iter().map(|t| t.length).sum::<u64>()})),
         },
         "dense_by_type": by_type.iter().map(|(k, (n, b))| (k.clone(), json!({"tensors": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
     });
@@ -160,6 +164,15 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             let group = p.group.map_or(String::new(), |g| format!(" group {g}"));
             println!("  {at}{:<10} {:?} {:?}{group}: {} bytes", p.name, p.dtype, p.shape, p.length);
         }
+    }
+    if let Some(s) = &m.mtp {
+        println!(
+            "mtp           {} in {} tensors of layer(s) {:?} at offset {} (multi-token prediction: kept, not run)",
+            mb(s.tensors.iter().map(|t| t.length).sum()),
+            s.tensors.len(),
+            s.layers,
+            s.tensors.first().map_or(0, |t| t.offset)
+        );
     }
     Ok(())
 }

@@ -2,18 +2,22 @@
 //! chunk), so peak memory is a few tensors whatever the model size.
 
 pub mod byte_level_bpe;
+mod encode;
 pub mod error;
 pub mod gguf;
 pub mod gpt_oss;
 pub mod hf_config;
 pub mod hybrid;
 pub mod mla;
+pub mod mtp;
 pub mod plan;
 pub mod requant_cost;
 pub mod safetensors;
 pub mod source;
 pub mod tiktoken;
 pub mod tokenizer_files;
+
+pub use encode::encode_rows;
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -22,9 +26,7 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use moescope_kernels::Format;
-use moescope_kernels::quant::{
-    ROW_BLOCK, f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row,
-};
+use moescope_kernels::quant::ROW_BLOCK;
 use rayon::prelude::*;
 
 /// Bumped when the converter writes a different package from the same checkpoint that readers
@@ -107,6 +109,7 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
         (None, None, crate::model_config::Arch::GptOss) => &gpt_oss,
         (None, None, _) => &ck,
     };
+    mtp::notes(src, &cfg, dir, &mut ignored, &mut warnings);
     let origin = Origin { name: &name, ignored, synthetic: None };
     let bytes = write_package(src, &cfg, tok, origin, opts, out)?;
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
@@ -144,13 +147,15 @@ pub fn convert_gguf(path: &Path, out: &Path, opts: ConvertOptions) -> Result<Con
         .map(String::from)
         .or_else(|| path.file_stem().map(|n| n.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "model".into());
-    let origin = Origin { name: &name, ignored: vec![], synthetic: None };
     // latent attention's key and value halves: the file's split, or its kv_b split here
     let mla = mla::MlaSource::new(&src, &cfg);
     let view: &dyn TensorSource = match &mla {
         Some(m) => m,
         None => &src,
     };
+    let mut ignored = vec![];
+    mtp::notes(view, &cfg, path, &mut ignored, &mut warnings);
+    let origin = Origin { name: &name, ignored, synthetic: None };
     let bytes = write_package(view, &cfg, tok, origin, opts, out)?;
     if opts.quant != QuantMode::File {
         warnings.push(requant_cost::requant_cost(view, out)?);
@@ -269,8 +274,8 @@ pub fn write_package_with(
     opts: ConvertOptions,
     out: &Path,
 ) -> Result<u64, ConvertError> {
-    let (dense, moe_layers) = check_source(src, cfg, out)?;
-    let mut meta = plan_meta(src, cfg, &opts, (tokenizer, origin), &dense, &moe_layers);
+    let Planned { dense, moe_layers, mtp } = check_source(src, cfg, out)?;
+    let mut meta = plan_meta(src, cfg, &opts, (tokenizer, origin), (&dense, &mtp), &moe_layers);
     let header = plan_offsets(&mut meta);
     let total = header.file_size;
     check_free_space(out, total)?;
@@ -280,18 +285,17 @@ pub fn write_package_with(
     if let Some(region) = w.meta().experts.clone() {
         write_experts(blobs, &mut w, (&region, &moe_layers), &opts, &bar)?;
     }
+    write_dense(src, &mut w, &mtp, &opts, &bar)?;
     w.finish()?;
     bar.finish_and_clear();
     Ok(total)
 }
 
 /// Everything the package needs from `src` is there with the right shape, before a byte is
-/// written: its dense tensors and its MoE layers, in the plan's order.
-fn check_source(
-    src: &dyn TensorSource,
-    cfg: &ModelConfig,
-    out: &Path,
-) -> Result<(Vec<plan::DenseTensor>, Vec<usize>), ConvertError> {
+/// written: its dense tensors, its MoE layers and the multi-token-prediction layers' tensors
+/// (none when the source holds no `eh_proj` of the first: checkpoints often leave them out), in
+/// the plan's order.
+fn check_source(src: &dyn TensorSource, cfg: &ModelConfig, out: &Path) -> Result<Planned, ConvertError> {
     cfg.validate()
         .map_err(|msg| ConvertError::File { path: out.to_path_buf(), msg: format!("model config: {msg}") })?;
     let check = |name: &str, want: &[usize]| -> Result<(), ConvertError> {
@@ -325,7 +329,19 @@ fn check_source(
             }
         }
     }
-    Ok((dense, moe_layers))
+    let mtp = if mtp::held(src, cfg) { plan::mtp_tensors(cfg) } else { vec![] };
+    for t in &mtp {
+        check(&t.name, &t.shape)?;
+    }
+    Ok(Planned { dense, moe_layers, mtp })
+}
+
+/// What a package holds, by [`check_source`]: its dense tensors, its MoE layers and the
+/// multi-token-prediction layers' tensors, each in the plan's order.
+struct Planned {
+    dense: Vec<plan::DenseTensor>,
+    moe_layers: Vec<usize>,
+    mtp: Vec<plan::DenseTensor>,
 }
 
 /// The package's metadata: every dense tensor and the expert region's parts in their formats
@@ -335,7 +351,7 @@ fn plan_meta(
     cfg: &ModelConfig,
     opts: &ConvertOptions,
     (tokenizer, origin): (TokenizerInfo, Origin<'_>),
-    dense: &[plan::DenseTensor],
+    (dense, mtp): (&[plan::DenseTensor], &[plan::DenseTensor]),
     moe_layers: &[usize],
 ) -> Meta {
     let entry = |name: &str, (f, mins): (Format, bool), shape: &[usize]| TensorEntry {
@@ -360,10 +376,14 @@ fn plan_meta(
         (QuantMode::File, Some(f)) => f,
         _ => (opts.quant.format(kind, cols), false),
     };
-    let tensors: Vec<TensorEntry> = dense
-        .iter()
-        .map(|t| entry(&t.name, format(&t.name, t.kind, *t.shape.last().unwrap_or(&1)), &t.shape))
-        .collect();
+    let entries = |list: &[plan::DenseTensor]| -> Vec<TensorEntry> {
+        list.iter().map(|t| entry(&t.name, format(&t.name, t.kind, *t.shape.last().unwrap_or(&1)), &t.shape)).collect()
+    };
+    let tensors = entries(dense);
+    let mtp = (!mtp.is_empty()).then(|| crate::package::MtpSection {
+        layers: (cfg.num_hidden_layers..cfg.num_hidden_layers + cfg.features.nextn_layers).collect(),
+        tensors: entries(mtp),
+    });
     let experts = (!moe_layers.is_empty()).then(|| {
         // each layer's parts in their formats; one set for all layers where they agree
         let layer_parts = |l: usize| -> Vec<TensorEntry> {
@@ -394,6 +414,7 @@ fn plan_meta(
         default_pool_fraction: opts.default_pool_fraction,
         ignored: origin.ignored,
         synthetic: origin.synthetic,
+        mtp,
     }
 }
 
@@ -525,65 +546,4 @@ fn check_free_space(out: &Path, bytes: u64) -> Result<(), ConvertError> {
         });
     }
     Ok(())
-}
-
-/// Encode rows of `x` (`[n, cols]`) in format `f`: value bytes into `vals`, scales into `scales`;
-/// with `x4`, the rows interleaved in blocks (`n` a multiple of the block).
-pub fn encode_rows(f: Format, x: &[f32], cols: usize, x4: bool, vals: &mut Vec<u8>, scales: &mut Vec<f32>) {
-    vals.clear();
-    scales.clear();
-    match f {
-        Format::F32 => vals.extend_from_slice(bytemuck::cast_slice(x)),
-        Format::Bf16 => {
-            for v in x {
-                vals.extend_from_slice(&f32_to_bf16(*v).to_le_bytes());
-            }
-        }
-        Format::Q8 { group } => {
-            vals.resize(x.len(), 0);
-            scales.resize(x.len() / group, 0.0);
-            let q: &mut [i8] = bytemuck::cast_slice_mut(vals.as_mut_slice());
-            for (r, row) in x.chunks_exact(cols).enumerate() {
-                let ng = cols / group;
-                quantize_q8_row(row, group, &mut q[r * cols..(r + 1) * cols], &mut scales[r * ng..(r + 1) * ng]);
-            }
-        }
-        Format::Q4 { group } => {
-            vals.resize(x.len() / 2, 0);
-            scales.resize(x.len() / group, 0.0);
-            for (r, row) in x.chunks_exact(cols).enumerate() {
-                let ng = cols / group;
-                quantize_q4_row(
-                    row,
-                    group,
-                    &mut vals[r * cols / 2..(r + 1) * cols / 2],
-                    &mut scales[r * ng..(r + 1) * ng],
-                );
-            }
-        }
-        Format::Mxfp4 => {
-            let rb = f.data_bytes(1, cols);
-            vals.resize(x.len() / cols * rb, 0);
-            for (r, row) in x.chunks_exact(cols).enumerate() {
-                moescope_kernels::mxfp4::quantize_row(row, &mut vals[r * rb..(r + 1) * rb]);
-            }
-        }
-        Format::Q6 { group } => {
-            let rb = f.data_bytes(1, cols);
-            vals.resize(x.len() / cols * rb, 0);
-            scales.resize(x.len() / group, 0.0);
-            for (r, row) in x.chunks_exact(cols).enumerate() {
-                let ng = cols / group;
-                quantize_q6_row(row, group, &mut vals[r * rb..(r + 1) * rb], &mut scales[r * ng..(r + 1) * ng]);
-            }
-        }
-    }
-    // rows interleaved (`x4`: the matrix these rows come from is, and they are whole blocks)
-    if x4 {
-        debug_assert!(f.interleaves(x.len() / cols, cols));
-        let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(cols));
-        let mut x4 = vec![0u8; vals.len()];
-        interleave_rows(vals, rb, cb, &mut x4);
-        *vals = x4;
-    }
 }

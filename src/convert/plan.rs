@@ -148,92 +148,132 @@ pub struct DenseTensor {
 /// Every dense tensor of a Qwen3-MoE model, in file order (layer by layer, so that a layer's
 /// weights sit together).
 pub fn dense_tensors(c: &ModelConfig) -> Vec<DenseTensor> {
-    let (h, hd) = (c.hidden_size, c.head_dim);
+    let h = c.hidden_size;
     let t = |name: String, kind, shape: &[usize]| DenseTensor { name, kind, shape: shape.to_vec() };
     let mut v = vec![t("model.embed_tokens.weight".into(), Kind::Embedding, &[c.vocab_size, h])];
     for l in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{l}.");
-        v.push(t(format!("{p}input_layernorm.weight"), Kind::Norm, &[h]));
-        match (c.layer_kind(l), &c.hybrid) {
-            (LayerKind::LinearAttention, Some(hy)) => {
-                let (conv, vd, nv) = (hy.conv_dim(), hy.value_dim(), hy.value_heads);
-                let a = format!("{p}linear_attn.");
-                v.push(t(format!("{a}in_proj_qkv.weight"), Kind::Linear, &[conv, h]));
-                v.push(t(format!("{a}in_proj_z.weight"), Kind::Linear, &[vd, h]));
-                v.push(t(format!("{a}in_proj_b.weight"), Kind::Linear, &[nv, h]));
-                v.push(t(format!("{a}in_proj_a.weight"), Kind::Linear, &[nv, h]));
-                v.push(t(format!("{a}conv1d.weight"), Kind::Exact, &[conv, hy.conv_kernel]));
-                v.push(t(format!("{a}A_log"), Kind::Exact, &[nv]));
-                v.push(t(format!("{a}dt_bias"), Kind::Exact, &[nv]));
-                v.push(t(format!("{a}norm.weight"), Kind::Exact, &[hy.value_head_dim]));
-                v.push(t(format!("{a}out_proj.weight"), Kind::Linear, &[h, vd]));
-            }
-            _ if c.features.mla.is_some() => mla_tensors(c, &p, &mut v),
-            _ => {
-                v.push(t(format!("{p}self_attn.q_proj.weight"), Kind::Linear, &[c.q_dim(), h]));
-                if c.hybrid.is_some() {
-                    v.push(t(format!("{p}self_attn.o_gate_proj.weight"), Kind::Linear, &[c.q_dim(), h]));
-                }
-                v.push(t(format!("{p}self_attn.k_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
-                v.push(t(format!("{p}self_attn.v_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
-                v.push(t(format!("{p}self_attn.o_proj.weight"), Kind::Linear, &[h, c.q_dim()]));
-                if c.qk_norm() {
-                    v.push(t(format!("{p}self_attn.q_norm.weight"), Kind::Norm, &[hd]));
-                    v.push(t(format!("{p}self_attn.k_norm.weight"), Kind::Norm, &[hd]));
-                }
-                if c.features.attention_bias || c.features.qkv_bias {
-                    let o = [("o_proj", h)];
-                    let qkv = [("q_proj", c.q_dim()), ("k_proj", c.kv_dim()), ("v_proj", c.kv_dim())];
-                    let with_o = if c.features.attention_bias { &o[..] } else { &[] };
-                    for (name, len) in qkv.iter().chain(with_o) {
-                        v.push(t(format!("{p}self_attn.{name}.bias"), Kind::Exact, &[*len]));
-                    }
-                }
-                if c.features.attention_sinks {
-                    v.push(t(format!("{p}self_attn.sinks"), Kind::Exact, &[c.num_attention_heads]));
-                }
-            }
-        }
-        v.push(t(format!("{p}post_attention_layernorm.weight"), Kind::Norm, &[h]));
-        if c.is_moe_layer(l) {
-            v.push(t(format!("{p}mlp.gate.weight"), Kind::Router, &[c.num_experts, h]));
-            if c.arch == Arch::GptOss {
-                v.push(t(format!("{p}mlp.gate.bias"), Kind::Router, &[c.num_experts]));
-            }
-            if c.features.sigmoid_router.is_some() {
-                v.push(t(format!("{p}mlp.gate.e_score_correction_bias"), Kind::Router, &[c.num_experts]));
-            }
-            if c.features.shared_experts > 0 {
-                let i = c.features.shared_experts;
-                v.push(t(format!("{p}mlp.shared_experts.gate_proj.weight"), Kind::Linear, &[i, h]));
-                v.push(t(format!("{p}mlp.shared_experts.up_proj.weight"), Kind::Linear, &[i, h]));
-                v.push(t(format!("{p}mlp.shared_experts.down_proj.weight"), Kind::Linear, &[h, i]));
-            }
-            if c.features.expert_bias {
-                let (e, i) = (c.num_experts, c.moe_intermediate_size);
-                v.push(t(format!("{p}mlp.experts.gate_proj.bias"), Kind::Exact, &[e, i]));
-                v.push(t(format!("{p}mlp.experts.up_proj.bias"), Kind::Exact, &[e, i]));
-                v.push(t(format!("{p}mlp.experts.down_proj.bias"), Kind::Exact, &[e, h]));
-            }
-            if let Some(hy) = &c.hybrid {
-                let i = hy.shared_expert_intermediate_size;
-                v.push(t(format!("{p}mlp.shared_expert.gate_proj.weight"), Kind::Linear, &[i, h]));
-                v.push(t(format!("{p}mlp.shared_expert.up_proj.weight"), Kind::Linear, &[i, h]));
-                v.push(t(format!("{p}mlp.shared_expert.down_proj.weight"), Kind::Linear, &[h, i]));
-                v.push(t(format!("{p}mlp.shared_expert_gate.weight"), Kind::Router, &[1, h]));
-            }
-        } else {
-            let i = c.intermediate_size;
-            v.push(t(format!("{p}mlp.gate_proj.weight"), Kind::Linear, &[i, h]));
-            v.push(t(format!("{p}mlp.up_proj.weight"), Kind::Linear, &[i, h]));
-            v.push(t(format!("{p}mlp.down_proj.weight"), Kind::Linear, &[h, i]));
-        }
+        layer_tensors(c, l, &mut v);
     }
     v.push(t("model.norm.weight".into(), Kind::Norm, &[h]));
     if !c.tie_word_embeddings {
         v.push(t("lm_head.weight".into(), Kind::LmHead, &[c.vocab_size, h]));
     }
     v
+}
+
+/// The multi-token-prediction layers' tensors (`num_nextn_predict_layers` of them, as
+/// DeepSeek-V3's and GLM-4.5's checkpoints hold them after the stack, `model.layers.{L}.` for L
+/// from `num_hidden_layers`): a decoder layer's, its routed experts as plain tensors, then
+/// `enorm` and `hnorm` (the normed embedding and hidden state), `eh_proj` `[h, 2h]` (their
+/// concatenation back to h) and `shared_head.norm`. The layer's `embed_tokens` and
+/// `shared_head.head` are the model's embedding and output layer again and are not listed.
+pub fn mtp_tensors(c: &ModelConfig) -> Vec<DenseTensor> {
+    let h = c.hidden_size;
+    let mut v = vec![];
+    for l in c.num_hidden_layers..c.num_hidden_layers + c.features.nextn_layers {
+        layer_tensors(c, l, &mut v);
+        if c.is_moe_layer(l) {
+            for e in 0..c.num_experts {
+                v.extend(expert_tensors(c, l, e).map(|(name, s)| DenseTensor {
+                    name,
+                    kind: Kind::Expert,
+                    shape: s.into(),
+                }));
+            }
+        }
+        let p = format!("model.layers.{l}.");
+        for (name, kind, shape) in [
+            ("enorm.weight", Kind::Norm, vec![h]),
+            ("hnorm.weight", Kind::Norm, vec![h]),
+            ("eh_proj.weight", Kind::Linear, vec![h, 2 * h]),
+            ("shared_head.norm.weight", Kind::Norm, vec![h]),
+        ] {
+            v.push(DenseTensor { name: format!("{p}{name}"), kind, shape });
+        }
+    }
+    v
+}
+
+/// Decoder layer `l`'s dense tensors (its routed experts are the expert region's).
+fn layer_tensors(c: &ModelConfig, l: usize, v: &mut Vec<DenseTensor>) {
+    let (h, hd) = (c.hidden_size, c.head_dim);
+    let t = |name: String, kind, shape: &[usize]| DenseTensor { name, kind, shape: shape.to_vec() };
+    let p = format!("model.layers.{l}.");
+    v.push(t(format!("{p}input_layernorm.weight"), Kind::Norm, &[h]));
+    match (c.layer_kind(l), &c.hybrid) {
+        (LayerKind::LinearAttention, Some(hy)) => {
+            let (conv, vd, nv) = (hy.conv_dim(), hy.value_dim(), hy.value_heads);
+            let a = format!("{p}linear_attn.");
+            v.push(t(format!("{a}in_proj_qkv.weight"), Kind::Linear, &[conv, h]));
+            v.push(t(format!("{a}in_proj_z.weight"), Kind::Linear, &[vd, h]));
+            v.push(t(format!("{a}in_proj_b.weight"), Kind::Linear, &[nv, h]));
+            v.push(t(format!("{a}in_proj_a.weight"), Kind::Linear, &[nv, h]));
+            v.push(t(format!("{a}conv1d.weight"), Kind::Exact, &[conv, hy.conv_kernel]));
+            v.push(t(format!("{a}A_log"), Kind::Exact, &[nv]));
+            v.push(t(format!("{a}dt_bias"), Kind::Exact, &[nv]));
+            v.push(t(format!("{a}norm.weight"), Kind::Exact, &[hy.value_head_dim]));
+            v.push(t(format!("{a}out_proj.weight"), Kind::Linear, &[h, vd]));
+        }
+        _ if c.features.mla.is_some() => mla_tensors(c, &p, v),
+        _ => {
+            v.push(t(format!("{p}self_attn.q_proj.weight"), Kind::Linear, &[c.q_dim(), h]));
+            if c.hybrid.is_some() {
+                v.push(t(format!("{p}self_attn.o_gate_proj.weight"), Kind::Linear, &[c.q_dim(), h]));
+            }
+            v.push(t(format!("{p}self_attn.k_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
+            v.push(t(format!("{p}self_attn.v_proj.weight"), Kind::Linear, &[c.kv_dim(), h]));
+            v.push(t(format!("{p}self_attn.o_proj.weight"), Kind::Linear, &[h, c.q_dim()]));
+            if c.qk_norm() {
+                v.push(t(format!("{p}self_attn.q_norm.weight"), Kind::Norm, &[hd]));
+                v.push(t(format!("{p}self_attn.k_norm.weight"), Kind::Norm, &[hd]));
+            }
+            if c.features.attention_bias || c.features.qkv_bias {
+                let o = [("o_proj", h)];
+                let qkv = [("q_proj", c.q_dim()), ("k_proj", c.kv_dim()), ("v_proj", c.kv_dim())];
+                let with_o = if c.features.attention_bias { &o[..] } else { &[] };
+                for (name, len) in qkv.iter().chain(with_o) {
+                    v.push(t(format!("{p}self_attn.{name}.bias"), Kind::Exact, &[*len]));
+                }
+            }
+            if c.features.attention_sinks {
+                v.push(t(format!("{p}self_attn.sinks"), Kind::Exact, &[c.num_attention_heads]));
+            }
+        }
+    }
+    v.push(t(format!("{p}post_attention_layernorm.weight"), Kind::Norm, &[h]));
+    if c.is_moe_layer(l) {
+        v.push(t(format!("{p}mlp.gate.weight"), Kind::Router, &[c.num_experts, h]));
+        if c.arch == Arch::GptOss {
+            v.push(t(format!("{p}mlp.gate.bias"), Kind::Router, &[c.num_experts]));
+        }
+        if c.features.sigmoid_router.is_some() {
+            v.push(t(format!("{p}mlp.gate.e_score_correction_bias"), Kind::Router, &[c.num_experts]));
+        }
+        if c.features.shared_experts > 0 {
+            let i = c.features.shared_experts;
+            v.push(t(format!("{p}mlp.shared_experts.gate_proj.weight"), Kind::Linear, &[i, h]));
+            v.push(t(format!("{p}mlp.shared_experts.up_proj.weight"), Kind::Linear, &[i, h]));
+            v.push(t(format!("{p}mlp.shared_experts.down_proj.weight"), Kind::Linear, &[h, i]));
+        }
+        if c.features.expert_bias {
+            let (e, i) = (c.num_experts, c.moe_intermediate_size);
+            v.push(t(format!("{p}mlp.experts.gate_proj.bias"), Kind::Exact, &[e, i]));
+            v.push(t(format!("{p}mlp.experts.up_proj.bias"), Kind::Exact, &[e, i]));
+            v.push(t(format!("{p}mlp.experts.down_proj.bias"), Kind::Exact, &[e, h]));
+        }
+        if let Some(hy) = &c.hybrid {
+            let i = hy.shared_expert_intermediate_size;
+            v.push(t(format!("{p}mlp.shared_expert.gate_proj.weight"), Kind::Linear, &[i, h]));
+            v.push(t(format!("{p}mlp.shared_expert.up_proj.weight"), Kind::Linear, &[i, h]));
+            v.push(t(format!("{p}mlp.shared_expert.down_proj.weight"), Kind::Linear, &[h, i]));
+            v.push(t(format!("{p}mlp.shared_expert_gate.weight"), Kind::Router, &[1, h]));
+        }
+    } else {
+        let i = c.intermediate_size;
+        v.push(t(format!("{p}mlp.gate_proj.weight"), Kind::Linear, &[i, h]));
+        v.push(t(format!("{p}mlp.up_proj.weight"), Kind::Linear, &[i, h]));
+        v.push(t(format!("{p}mlp.down_proj.weight"), Kind::Linear, &[h, i]));
+    }
 }
 
 /// A latent-attention layer's tensors (DeepSeek-V3's names, under `{p}self_attn.`).

@@ -6,6 +6,8 @@
 //! dense    dense tensors, each 64-byte aligned (values, then f32 scales 64-byte aligned)
 //! experts  one blob per (MoE layer, expert), 4096-byte aligned and padded: gate, up and down
 //!          with their scales, so one expert is exactly one read (O_DIRECT-friendly)
+//! mtp      (optional, to the end of the file) the multi-token-prediction layers' tensors,
+//!          laid out as dense ones ([`MtpSection`])
 //! ```
 //! Every offset in the metadata is absolute. Every tensor and every expert blob carries an
 //! xxh3-64 checksum of its bytes; the metadata has one in the header; the header has its own.
@@ -298,6 +300,21 @@ pub struct Meta {
     /// not a trained checkpoint: the output is meaningless text, the speed and memory are real.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<Synthetic>,
+    /// The checkpoint's multi-token-prediction layers, when it holds them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtp: Option<MtpSection>,
+}
+
+/// A checkpoint's multi-token-prediction layers (DeepSeek-V3's and GLM-4.5's
+/// `num_nextn_predict_layers`), kept for speculative decoding but not run: their tensors after
+/// the expert region (to the end of the file), each 64-byte aligned like a dense tensor, never
+/// made resident. Each layer is a decoder layer (its routed experts as plain tensors,
+/// `mlp.experts.{e}.*`) plus `enorm`, `hnorm`, `eh_proj` `[h, 2h]` and `shared_head.norm`, under
+/// `model.layers.{L}.` with L from `num_hidden_layers` on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MtpSection {
+    pub layers: Vec<usize>,
+    pub tensors: Vec<TensorEntry>,
 }
 
 /// How a synthetic package was made.

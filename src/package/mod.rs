@@ -3,11 +3,12 @@
 pub mod error;
 pub mod finite;
 pub mod layout;
+mod mtp;
 pub mod reader;
 pub mod sigbus;
 mod sink;
 pub mod writer;
 
 pub use error::PackageError;
-pub use layout::{DType, ExpertRegion, Meta, QuantInfo, TensorEntry, TokenizerInfo};
+pub use layout::{DType, ExpertRegion, Meta, MtpSection, QuantInfo, TensorEntry, TokenizerInfo};
 pub use reader::{ExpertMats, OpenOptions, Package, PackageSizes, TensorId};

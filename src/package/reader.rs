@@ -15,13 +15,15 @@ use super::layout::*;
 /// An open, validated package.
 pub struct Package {
     path: PathBuf,
-    mmap: Mmap,
+    pub(super) mmap: Mmap,
     /// The dense region, and the experts' when they fit, copied into anonymous memory backed by
     /// huge pages (see [`Package::make_resident`]): `(file offset of its first byte, the bytes)`.
     resident: Option<(u64, Mmap)>,
     pub header: Header,
     pub meta: Meta,
     index: HashMap<String, usize>,
+    /// The multi-token-prediction section's tensors by name (see `package::mtp`).
+    pub(super) mtp_index: HashMap<String, usize>,
     /// Per expert blob: 0 = not checked yet, 1 = checksum good.
     expert_checked: Vec<AtomicU8>,
 }
@@ -140,6 +142,7 @@ impl Package {
                 0
             }
         };
+        let mtp_index = super::mtp::check(&p, &meta, &header)?;
         let pkg = Package {
             path: p,
             mmap,
@@ -147,6 +150,7 @@ impl Package {
             header,
             meta,
             index,
+            mtp_index,
             expert_checked: (0..n_blobs).map(|_| AtomicU8::new(0)).collect(),
         };
         if opts.verify_dense {
@@ -157,11 +161,13 @@ impl Package {
 
     /// Check every dense tensor against its checksum (in the resident copy once there is one).
     pub fn verify_dense(&self) -> Result<(), PackageError> {
-        for t in &self.meta.tensors {
-            self.verify(&t.name, t.offset, t.length, t.xxh3.as_deref())?;
-            self.check_finite(|| t.name.clone(), t, 0)?;
-        }
-        Ok(())
+        self.meta.tensors.iter().try_for_each(|t| self.verify_entry(t))
+    }
+
+    /// One dense-layout tensor's checksum and values.
+    pub(super) fn verify_entry(&self, t: &TensorEntry) -> Result<(), PackageError> {
+        self.verify(&t.name, t.offset, t.length, t.xxh3.as_deref())?;
+        self.check_finite(|| t.name.clone(), t, 0)
     }
 
     /// A non-finite weight or scale of `t` (its offsets count from `start`: 0 for a dense
@@ -432,7 +438,7 @@ pub struct ExpertMats<'a> {
 
 /// The matrix an (already validated) entry describes, its offsets taken from `base`.
 /// `bytes` start at file (or blob) offset `origin`.
-fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u64) -> Mat<'a> {
+pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u64) -> Mat<'a> {
     let (rows, cols) = t.rows_cols();
     let f = t.format().unwrap_or(Format::F32);
     let start = (base + t.offset - origin) as usize;
@@ -459,7 +465,7 @@ fn interleaved(t: &TensorEntry) -> bool {
 }
 
 /// Shape, format, size and alignment of one entry, within `[lo, hi)`.
-fn check_entry(path: &Path, t: &TensorEntry, lo: u64, hi: u64) -> Result<(), PackageError> {
+pub(super) fn check_entry(path: &Path, t: &TensorEntry, lo: u64, hi: u64) -> Result<(), PackageError> {
     let bad = |msg: String| PackageError::Tensor { path: path.to_path_buf(), name: t.name.clone(), msg };
     let Some((len, so)) = t.expected_len() else {
         return Err(bad(format!("inconsistent type {:?} / group {:?} / shape {:?}", t.dtype, t.group, t.shape)));

@@ -13,11 +13,12 @@ use super::error::PackageError;
 use super::layout::*;
 use super::sink::Sink;
 
-/// Fill in every offset of `meta` (dense tensors in the order given, then the expert blobs)
+/// Fill in every offset of `meta` (dense tensors in the order given, the expert blobs, then
+/// the multi-token-prediction tensors)
 /// and return the header they imply. Checksums are left as placeholders of final width.
 pub fn plan(meta: &mut Meta) -> Header {
     let zero = hex64(0);
-    for t in &mut meta.tensors {
+    for t in meta.tensors.iter_mut().chain(meta.mtp.iter_mut().flat_map(|m| m.tensors.iter_mut())) {
         t.xxh3 = Some(zero.clone());
     }
     if let Some(ex) = &mut meta.experts {
@@ -45,11 +46,15 @@ pub fn plan(meta: &mut Meta) -> Header {
             }
             expert_len = ex.table.len() as u64 * ex.blob_len;
         }
+        let mut file_size = expert_offset + expert_len;
+        if let Some(mtp) = &mut meta.mtp {
+            file_size = place(&mut mtp.tensors, align_up(file_size, EXPERT_ALIGN));
+        }
         let need = serde_json::to_vec(meta).map(|v| v.len() as u64).unwrap_or(0);
         if need <= meta_reserved {
             return Header {
                 version: VERSION,
-                file_size: expert_offset + expert_len,
+                file_size,
                 meta_offset: HEADER_SIZE,
                 meta_len: meta_reserved,
                 meta_xxh3: 0,
@@ -158,10 +163,26 @@ impl PackageWriter {
         self.raw_write(&zeros)
     }
 
-    /// Begin the next dense tensor (in plan order); returns its index entry.
+    /// Dense tensor `i` of the write order: the dense region's, then the MTP section's.
+    fn tensor_mut(&mut self, i: usize) -> Option<&mut TensorEntry> {
+        let n = self.meta.tensors.len();
+        match self.meta.mtp.as_mut() {
+            Some(m) if i >= n => m.tensors.get_mut(i - n),
+            _ => self.meta.tensors.get_mut(i),
+        }
+    }
+
+    /// Tensors [`begin_dense`](Self::begin_dense) takes: the dense region's, then (after the
+    /// experts) the MTP section's.
+    fn planned_tensors(&self) -> usize {
+        self.meta.tensors.len() + self.meta.mtp.as_ref().map_or(0, |m| m.tensors.len())
+    }
+
+    /// Begin the next dense tensor (in plan order: the MTP section's after the experts);
+    /// returns its index entry.
     pub fn begin_dense(&mut self) -> Result<TensorEntry, PackageError> {
         let i = self.next_dense;
-        let t = self.meta.tensors.get(i).cloned().ok_or_else(|| PackageError::Corrupt {
+        let t = self.tensor_mut(i).map(|t| t.clone()).ok_or_else(|| PackageError::Corrupt {
             path: self.tmp_path.clone(),
             what: "more dense tensors written than planned".into(),
         })?;
@@ -219,15 +240,16 @@ impl PackageWriter {
             c.hasher.update(&mins);
             self.raw_write(&mins)?;
         }
-        let i = c.index;
-        if self.pos != c.end {
+        let (pos, tmp) = (self.pos, self.tmp_path.clone());
+        let Some(t) = self.tensor_mut(c.index) else { return Ok(()) };
+        if pos != c.end {
             return Err(PackageError::Tensor {
-                path: self.tmp_path.clone(),
-                name: self.meta.tensors[i].name.clone(),
-                msg: format!("wrote {} bytes, planned {}", self.pos - c.start, c.end - c.start),
+                path: tmp,
+                name: t.name.clone(),
+                msg: format!("wrote {} bytes, planned {}", pos - c.start, c.end - c.start),
             });
         }
-        self.meta.tensors[i].xxh3 = Some(hex64(c.hasher.digest()));
+        t.xxh3 = Some(hex64(c.hasher.digest()));
         Ok(())
     }
 
@@ -257,13 +279,13 @@ impl PackageWriter {
     /// Write metadata and header, fsync and rename into place.
     pub fn finish(mut self) -> Result<(), PackageError> {
         let planned_experts = self.meta.experts.as_ref().map_or(0, |e| e.table.len());
-        if self.next_dense != self.meta.tensors.len() || self.next_expert != planned_experts {
+        if self.next_dense != self.planned_tensors() || self.next_expert != planned_experts {
             return Err(PackageError::Corrupt {
                 path: self.tmp_path.clone(),
                 what: format!(
                     "incomplete: {}/{} tensors and {}/{} experts written",
                     self.next_dense,
-                    self.meta.tensors.len(),
+                    self.planned_tensors(),
                     self.next_expert,
                     planned_experts
                 ),

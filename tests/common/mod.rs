@@ -55,6 +55,15 @@ pub fn sharded() -> String {
     derived(&DIR, "single", "sharded", &|src, to| moescope::derived_fixture::sharded(src, to, 4))
 }
 
+/// Fixture `from` (deepseek or glm) with the multi-token-prediction layer its config states
+/// (`moescope::derived_fixture::with_mtp_layer`: the main model's weights the same, so its
+/// references are `from`'s), written once per test binary; its absolute path.
+pub fn with_mtp_layer(from: &str) -> String {
+    static DIRS: [OnceLock<PathBuf>; 2] = [OnceLock::new(), OnceLock::new()];
+    let i = ["deepseek", "glm"].iter().position(|f| *f == from).expect("deepseek or glm");
+    derived(&DIRS[i], from, &format!("{from}-mtp"), &moescope::derived_fixture::with_mtp_layer)
+}
+
 /// A checkpoint `make` derives from fixture `from` into a folder named `name` of this test
 /// binary (made once, in `dir`), with `from`'s references beside it: the same weights.
 fn derived(

@@ -117,6 +117,13 @@ fn layer_name(rest: &str) -> Option<&'static str> {
         "mlp.gate_proj.weight" => "ffn_gate.weight",
         "mlp.up_proj.weight" => "ffn_up.weight",
         "mlp.down_proj.weight" => "ffn_down.weight",
+        // a multi-token-prediction layer's own (llama.cpp's `nextn.*`)
+        "eh_proj.weight" => "nextn.eh_proj.weight",
+        "enorm.weight" => "nextn.enorm.weight",
+        "hnorm.weight" => "nextn.hnorm.weight",
+        "shared_head.norm.weight" => "nextn.shared_head_norm.weight",
+        "embed_tokens.weight" => "nextn.embed_tokens.weight",
+        "shared_head.head.weight" => "nextn.shared_head_head.weight",
         _ => return None,
     })
 }
