@@ -3,6 +3,7 @@
 //! tests/reference/make_gguf_glm.py), run from the package `convert_gguf` makes of it, against
 //! transformers' logits of the checkpoint, and its configuration against the checkpoint's. (Its
 //! BF16 file gives transformers' logits within 1.3e-6; it is not committed, for the tree's size.)
+//! The file also holds the MTP layer (tests/mtp.rs checks it), which is not run.
 
 mod common;
 

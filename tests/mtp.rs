@@ -151,3 +151,38 @@ fn a_damaged_mtp_tensor_is_named_when_read() {
     let e = e.to_string();
     assert!(e.contains(name) && e.contains("checksum"), "{e}");
 }
+
+/// GLM's Q8_0 GGUF (tests/fixtures/gguf/glm: llama.cpp's converter on the GLM fixture with its
+/// MTP layer, `blk.3.*` with `nextn.*`) keeps the same MTP tensors as the checkpoint's package,
+/// the file's Q8_0 values within their rounding (a 32-value block's scale d is its largest value
+/// / 127, stored as f16: half a step, plus 127 times the f16 rounding of d, 2^-11 d; bounded here
+/// with the row's largest value), the norms exact.
+#[test]
+fn the_ggufs_mtp_layer_is_the_checkpoints() {
+    let dir = tempfile::tempdir().unwrap();
+    let from_gguf = dir.path().join("g.moe");
+    let opts = moescope::convert::ConvertOptions::new(moescope::convert::QuantMode::File);
+    moescope::convert::convert_gguf(&common::fixture("gguf/glm/glm-q8_0.gguf"), &from_gguf, opts).expect("convert");
+    let (_t, from_hf) = convert(&with_mtp_layer("glm"), "bf16");
+    let (g, h) = (Package::open(&from_gguf).expect("open"), Package::open(&from_hf).expect("open"));
+    let names = |p: &Package| {
+        let mut v: Vec<String> =
+            p.meta.mtp.as_ref().expect("MTP section").tensors.iter().map(|t| t.name.clone()).collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&g), names(&h));
+    for copy in ["embed_tokens", "shared_head_head"] {
+        assert!(g.meta.ignored.iter().any(|i| i.contains(&format!("blk.3.nextn.{copy}.weight"))), "{copy}");
+    }
+    for name in names(&h) {
+        let cols = h.meta.mtp.as_ref().unwrap().tensors.iter().find(|t| t.name == name).unwrap().rows_cols().1;
+        let (a, b) = (values(&g, &name), values(&h, &name));
+        for (r, (ra, rb)) in a.chunks(cols).zip(b.chunks(cols)).enumerate() {
+            let d = rb.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+            let bound = d * (0.5 + 127.0 / 2048.0);
+            let worst = ra.iter().zip(rb).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(worst <= bound, "{name} row {r}: {worst} > {bound}");
+        }
+    }
+}

@@ -14,6 +14,12 @@ special tokens ([gMASK], <|user|>, ...), is replaced by its generic byte-level o
 tensors and the model's metadata are the converter's own. The checkpoint states one MTP layer
 without its tensors (transformers makes none): the file's block_count counts it, as the
 released files' do.
+
+The committed glm-q8_0.gguf was made from the fixture with that MTP layer added
+(moescope::derived_fixture::with_mtp_layer; tests/mtp.rs writes it as target/tmp/glm-mtp-PID):
+GLM_FIXTURE=target/tmp/glm-mtp-PID. Its main weights are the fixture's, so transformers'
+references of tests/fixtures/glm are its own, and its blk.3.* / nextn.* tensors are what
+tests/mtp.rs checks the GGUF path's MTP section against.
 """
 import json
 import os
