@@ -3,7 +3,10 @@
 //! (part of one block of keys: a short chat) and 512 to 16384 positions, and a prefill tile
 //! (16 tokens x 8 heads) over 4096. Reports ns per (query, key), GFLOP/s (4 x head_dim flops
 //! each: the score and the weighted value) and, for decode, the GB/s of keys and values read
-//! (f32). `cargo bench --bench attention`.
+//! (f32). Then DeepSeek-V3's absorbed latent attention in prefill: 128 heads of 576-dim queries
+//! over one cache row per position whose first 512 dims are the values (`Values::KeyPrefix`),
+//! tiles of 1, 4 and 16 tokens at the end of contexts of 512 and 4096 (2 x (576 + 512) flops a
+//! (query, key)). `cargo bench --bench attention`.
 
 use std::time::Instant;
 
@@ -61,6 +64,42 @@ fn main() {
                 t * 1e9 / pairs as f64,
                 (4 * hd * pairs) as f64 / t / 1e9
             );
+        }
+    }
+    latent(&mut r);
+}
+
+/// The latent-attention prefill tiles (see the module's doc).
+fn latent(r: &mut impl FnMut() -> f32) {
+    let (nh, hk, hv) = (128, 576, 512);
+    for n in [512, 4096] {
+        let keys: Vec<f32> = (0..n * hk).map(|_| r()).collect();
+        let packed = attn::pack_keys(&keys, hk);
+        for tokens in [1, 4, 16] {
+            let nq = tokens * nh;
+            let q: Vec<f32> = (0..nq * hk).map(|_| r()).collect();
+            let ends: Vec<usize> = (0..nq).map(|i| n - (tokens - 1 - i / nh)).collect();
+            let pairs: usize = ends.iter().sum();
+            for isa in Isa::available().into_iter().filter(|&i| i >= Isa::Avx2) {
+                let (mut acc, mut part) = (State::new(nq, hv), State::new(nq, hv));
+                let mut out = vec![0f32; nq * hv];
+                let mut times = vec![];
+                for _ in 0..(200_000_000 / (pairs * hk)).clamp(3, 50) {
+                    let t = Instant::now();
+                    let sc = attn::Scoring::full(0.07);
+                    let (kp, vals) = (&packed[..], attn::Values::KeyPrefix);
+                    attn::attend_keyed(isa, (&q, hk), &ends, kp, vals, sc, &[], (&mut acc, &mut part), &mut out);
+                    times.push(t.elapsed().as_secs_f64());
+                    std::hint::black_box(&out);
+                }
+                times.sort_by(f64::total_cmp);
+                let t = times[times.len() / 2];
+                println!(
+                    "latent  prefill {tokens:>2} tokens x {nh} heads x {n:>5} keys, {hk}/{hv}, {isa:<6}: {:6.2} ns per (query, key), {:6.1} GFLOP/s",
+                    t * 1e9 / pairs as f64,
+                    (2 * (hk + hv) * pairs) as f64 / t / 1e9
+                );
+            }
         }
     }
 }

@@ -19,7 +19,8 @@
 //! - decode (one token): one task per (KV head, split of `attn::SPLIT` positions), their
 //!   partial states merged in position order afterwards (flash-decoding), so a long context
 //!   spreads over the threads while a short one is a task per KV head;
-//! - prefill: one task per (KV head, tile of [`TILE`] tokens), each folding its splits in order.
+//! - prefill: one task per (KV head, tile of [`tile_tokens`] tokens), each folding its splits in
+//!   order.
 //!
 //! A query's result is the same bits either way and at any thread count (`kernels::attn`).
 
@@ -209,9 +210,19 @@ impl Attention {
     }
 }
 
-/// Tokens per prefill task: with a GQA group of 8 heads, 128 query rows share each block of
-/// keys and values while it is in L1.
+/// Tokens per prefill task at most: with a GQA group of 8 heads, 128 query rows share each
+/// block of keys and values while it is in L1.
 pub const TILE: usize = 16;
+
+/// Query rows a prefill task aims at: DeepSeek-V3's latent attention (128 heads on one cache
+/// row, 512-wide states) takes 4 tokens a task rather than 16, so a task's states (1 MiB) stay
+/// in L2 (its tile of 16 x 128 rows: 5% slower per (query, key) in benches/attention.rs).
+const TILE_ROWS: usize = 512;
+
+/// Tokens per prefill task for `group` query heads a KV head.
+pub fn tile_tokens(group: usize) -> usize {
+    (TILE_ROWS / group.max(1)).clamp(1, TILE)
+}
 
 /// The shape of one layer's attention heads.
 #[derive(Debug, Clone, Copy)]
@@ -253,10 +264,9 @@ impl Default for AttnWork {
 }
 
 impl AttnWork {
-    /// One tile per compute thread, for queries of `hd` values and outputs of `hv`, `group`
-    /// heads a KV head (each sized for a whole tile, whichever tasks its thread claims).
-    fn tiles(&mut self, threads: usize, group: usize, hd: usize, hv: usize) -> &[Mutex<Tile>] {
-        let rows = TILE * group;
+    /// One tile per compute thread, for `rows` queries of `hd` values and outputs of `hv` (each
+    /// sized for a whole tile, whichever tasks its thread claims).
+    fn tiles(&mut self, threads: usize, rows: usize, hd: usize, hv: usize) -> &[Mutex<Tile>] {
         let fresh = || {
             let st = || State::new(rows, hv);
             Mutex::new(Tile {
@@ -328,15 +338,16 @@ pub fn attend(exec: &Exec, kv: &KvCache, at: At<'_>, q: &[f32], attn: &mut [f32]
         drop(span);
         return;
     }
-    let tiles = t_n.div_ceil(TILE);
-    let tiles_work = work.tiles(exec.threads(), group, hd, hv);
+    let tile = tile_tokens(group);
+    let tiles = t_n.div_ceil(tile);
+    let tiles_work = work.tiles(exec.threads(), tile * group, hd, hv);
     let out = Chunks::new(attn);
     exec.run(nkv * tiles, &|task, p| {
         let _c = task_span(p);
         // the latest tiles first: they attend over the most positions, and a long task
         // claimed last would leave the other threads waiting for it
-        let (h, t0) = (task % nkv, (tiles - 1 - task / nkv) * TILE);
-        let t1 = (t0 + TILE).min(t_n);
+        let (h, t0) = (task % nkv, (tiles - 1 - task / nkv) * tile);
+        let t1 = (t0 + tile).min(t_n);
         // the tile's query rows (token-major, the group's heads within a token) and their ends
         let rows = (t1 - t0) * group;
         let mut tile = tiles_work[p].lock().unwrap_or_else(|e| e.into_inner());

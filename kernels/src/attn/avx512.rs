@@ -68,3 +68,51 @@ pub unsafe fn weighted<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb:
     }
     n
 }
+
+/// [`weighted`] for `Q` queries over the same value rows at once: query `k`'s output chunk at
+/// `o[at[k]..][..C * 16]`, its weights `p[k]` (all as long). Each value vector is loaded once
+/// for the `Q` queries (a lone query reloads a block's values for every one: 128 KiB of them
+/// at DeepSeek-V3's 512-wide latent values); each query's own sums are [`weighted`]'s, in its
+/// order, so the same bits.
+///
+/// # Safety
+/// AVX-512 F present.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn weighted_shared<const Q: usize, const C: usize>(
+    o: &mut [f32],
+    at: [usize; Q],
+    alpha: [f32; Q],
+    p: [&[f32]; Q],
+    vb: &[f32],
+    hd: usize,
+) -> usize {
+    let (n, len) = (C * VCHUNK, p[0].len());
+    assert!(at.iter().all(|&a| a + n <= o.len()) && p.iter().all(|pk| pk.len() == len));
+    assert!(len == 0 || vb.len() >= (len - 1) * hd + n);
+    let mut acc = [[_mm512_setzero_ps(); C]; Q];
+    for k in 0..Q {
+        let al = _mm512_set1_ps(alpha[k]);
+        for (c, a) in acc[k].iter_mut().enumerate() {
+            // SAFETY: inside `o`, as asserted
+            *a = _mm512_mul_ps(unsafe { _mm512_loadu_ps(o.as_ptr().add(at[k] + 16 * c)) }, al);
+        }
+    }
+    for j in 0..len {
+        // SAFETY: row j's first n values are inside `vb`, and j inside every `p[k]`, as asserted
+        let v = unsafe { vb.as_ptr().add(j * hd) };
+        let pv: [__m512; Q] = std::array::from_fn(|k| _mm512_set1_ps(unsafe { *p[k].get_unchecked(j) }));
+        for c in 0..C {
+            let x = unsafe { _mm512_loadu_ps(v.add(16 * c)) };
+            for k in 0..Q {
+                acc[k][c] = _mm512_fmadd_ps(pv[k], x, acc[k][c]);
+            }
+        }
+    }
+    for k in 0..Q {
+        for (c, a) in acc[k].iter().enumerate() {
+            // SAFETY: inside `o`, as asserted
+            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(at[k] + 16 * c), *a) };
+        }
+    }
+    n
+}

@@ -330,22 +330,40 @@ impl Block<'_> {
         // only the lanes up to the block's last position (a short context's one block is
         // mostly past the cache's end: its keys are neither read nor multiplied)
         let mut sc = scores::<Q>(self.isa, idx, q, self.kt, hk, self.b1 - lane0);
+        // queries that see the same keys of the block (a token's heads) weigh its values
+        // together: each value vector read once for all of them
+        #[cfg(target_arch = "x86_64")]
+        if Q == 4 && self.isa >= Isa::Avx512 && hd % (4 * VCHUNK) == 0 && idx.iter().all(|&i| ends[i] == ends[idx[0]]) {
+            let (e, b0) = (ends[idx[0]].min(self.b1), self.b0.max(self.sc.first(ends[idx[0]])));
+            let mut alpha = [0f32; Q];
+            let mut sums = [0f32; Q];
+            let mut ms = [0f32; Q];
+            for (k, (sc, &i)) in sc.iter_mut().zip(idx).enumerate() {
+                let s = &mut sc[b0 - lane0..e - lane0];
+                (ms[k], alpha[k], sums[k]) = self.softmax_step(s, st.m[i]);
+            }
+            let at: [usize; Q] = std::array::from_fn(|k| idx[k] * hd);
+            let p: [&[f32]; Q] = std::array::from_fn(|k| &sc[k][b0 - lane0..e - lane0]);
+            let vb = &self.vals[(b0 - self.vbase) * hd..(e - self.vbase) * hd];
+            let mut c = 0;
+            while c < hd {
+                let at = at.map(|a| a + c);
+                // SAFETY: the tier says AVX-512 F is present
+                c += unsafe { avx512::weighted_shared::<Q, 4>(&mut st.o, at, alpha, p, &vb[c..], hd) };
+            }
+            for (k, &i) in idx.iter().enumerate() {
+                st.l[i] = st.l[i] * alpha[k] + sums[k];
+                st.m[i] = ms[k];
+            }
+            return;
+        }
         for (sc, &i) in sc.iter_mut().zip(idx) {
             // the query's keys in this block: from the block's start (or its window's, where
             // that is later; the same either way a range is cut, as ranges start at blocks)
             let e = ends[i].min(self.b1);
             let b0 = self.b0.max(self.sc.first(ends[i]));
             let s = &mut sc[b0 - lane0..e - lane0];
-            for sj in s.iter_mut() {
-                *sj *= self.sc.scale;
-            }
-            let m = st.m[i].max(lanes(s, f32::NEG_INFINITY, f32::max));
-            // the output so far is rescaled to the new maximum (0 before the first key)
-            let alpha = (st.m[i] - m).exp();
-            for sj in s.iter_mut() {
-                *sj = exp_le0(*sj - m);
-            }
-            let sum = lanes(s, 0.0, |a, b| a + b);
+            let (m, alpha, sum) = self.softmax_step(s, st.m[i]);
             let o = &mut st.o[i * hd..(i + 1) * hd];
             let vb = &self.vals[(b0 - self.vbase) * hd..(e - self.vbase) * hd];
             // VCHUNK dimensions per register, up to 8 registers at once; any rest alone
@@ -364,6 +382,24 @@ impl Block<'_> {
             st.l[i] = st.l[i] * alpha + sum;
             st.m[i] = m;
         }
+    }
+}
+
+impl Block<'_> {
+    /// One query's scores of this block `s` scaled and turned into weights `exp(s - m)` in
+    /// place, against its running maximum `m_old`: the new maximum, the factor its output so
+    /// far is rescaled by (0 before the first key), and the weights' sum.
+    #[inline(always)]
+    fn softmax_step(&self, s: &mut [f32], m_old: f32) -> (f32, f32, f32) {
+        for sj in s.iter_mut() {
+            *sj *= self.sc.scale;
+        }
+        let m = m_old.max(lanes(s, f32::NEG_INFINITY, f32::max));
+        let alpha = (m_old - m).exp();
+        for sj in s.iter_mut() {
+            *sj = exp_le0(*sj - m);
+        }
+        (m, alpha, lanes(s, 0.0, |a, b| a + b))
     }
 }
 

@@ -72,9 +72,11 @@ fn a_query_gets_the_same_bits_alone_in_a_tile_and_from_parallel_splits() {
     let mut r = uniform(7);
     let keys: Vec<f32> = (0..n * hd).map(|_| r() * 4.0).collect();
     let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
-    let nq = 6;
+    // queries in fours that see the same keys (as a token's heads: they weigh the values
+    // together), then ones that see fewer
+    let nq = 11;
     let q: Vec<f32> = (0..nq * hd).map(|_| r()).collect();
-    let ends: Vec<usize> = (0..nq).map(|i| n - 37 * i).collect();
+    let ends: Vec<usize> = (0..nq).map(|i| if i < 8 { n - 37 * (i / 4) } else { n - 37 * (i - 6) }).collect();
     let keys = pack_keys(&keys, hd);
     // every key, and windows shorter than a block, ending mid-block, longer than a split
     let windows = [None, Some(1), Some(37), Some(64), Some(200), Some(SPLIT + 5)];
