@@ -98,8 +98,8 @@ pub fn gguf(data: &[u8]) -> u8 {
     2 + u8::from(run_package(&out))
 }
 
-/// A .moe package: opened, its dense tensors and every expert blob verified, loaded by the
-/// engine and run for two tokens.
+/// A .moe package: opened, its dense tensors, every expert blob and every multi-token-prediction
+/// tensor verified, loaded by the engine and run for two tokens.
 pub fn package(data: &[u8]) -> u8 {
     let d = scratch();
     let path = d.join("case.moe");
@@ -115,6 +115,7 @@ pub fn package(data: &[u8]) -> u8 {
             }
         }
     }
+    let _ = p.verify_mtp();
     drop(p);
     1 + u8::from(dense) + u8::from(run_package(&path))
 }

@@ -17,6 +17,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         return inspect_gguf(a);
     }
     let pkg = Package::open_with(&a.file, OpenOptions { verify_dense: true })?;
+    pkg.verify_mtp()?;
     let m = &pkg.meta;
     let moescope::package::PackageSizes { dense, experts, blob } = pkg.sizes();
     let mut by_type: BTreeMap<String, (usize, u64)> = BTreeMap::new();

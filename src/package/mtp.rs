@@ -43,6 +43,12 @@ pub(super) fn check(path: &Path, meta: &Meta, h: &Header) -> Result<HashMap<Stri
 }
 
 impl Package {
+    /// Every multi-token-prediction tensor against its checksum (`inspect` does; a run does not
+    /// read them).
+    pub fn verify_mtp(&self) -> Result<(), PackageError> {
+        self.meta.mtp.iter().flat_map(|m| &m.tensors).try_for_each(|t| self.verify_entry(t))
+    }
+
     /// Multi-token-prediction tensor `name` (from the file's mapping), its checksum and values
     /// checked on each call.
     pub fn mtp_tensor(&self, name: &str) -> Result<Mat<'_>, PackageError> {

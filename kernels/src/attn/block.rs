@@ -1,0 +1,229 @@
+//! One block of keys folded into the states of the queries that see part of it: the scores
+//! (`KEY_BLOCK` lanes, each summed over the head dimension in order), the online softmax's
+//! step, and the weighted values (alone, or four queries that see the same keys at once).
+
+use super::{KEY_BLOCK, Scoring, State, VCHUNK, exp_le0};
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, avx512};
+use crate::Isa;
+
+/// Queries whose block scores are computed together: 4 x 4 vector accumulators of
+/// `KEY_BLOCK` lanes, independent chains enough to keep the multiply-adds busy.
+pub(super) const QUERIES: usize = 4;
+
+/// One block of keys (positions `b0..b1`, transposed keys `kt`, `hk` rows) and the values
+/// (`hv` wide, row 0 at position `vbase`).
+pub(super) struct Block<'a> {
+    pub(super) isa: Isa,
+    pub(super) b0: usize,
+    pub(super) b1: usize,
+    pub(super) kt: &'a [f32],
+    pub(super) vals: &'a [f32],
+    pub(super) vbase: usize,
+    pub(super) hk: usize,
+    pub(super) hv: usize,
+    pub(super) sc: Scoring,
+}
+
+impl Block<'_> {
+    /// Fold this block into the states of the queries `idx` (each sees part of it).
+    #[inline(always)]
+    pub(super) fn queries<const Q: usize>(&self, idx: &[usize; Q], q: &[f32], ends: &[usize], st: &mut State) {
+        let (hk, hd) = (self.hk, self.hv);
+        // every lane's score, each summed over d in order (lanes past the cache's end are
+        // zeros or stale, and unused)
+        let lane0 = self.b0 / KEY_BLOCK * KEY_BLOCK;
+        // only the lanes up to the block's last position (a short context's one block is
+        // mostly past the cache's end: its keys are neither read nor multiplied)
+        let mut sc = scores::<Q>(self.isa, idx, q, self.kt, hk, self.b1 - lane0);
+        // queries that see the same keys of the block (a token's heads) weigh its values
+        // together: each value vector read once for all of them
+        #[cfg(target_arch = "x86_64")]
+        if Q == 4 && self.isa >= Isa::Avx512 && hd % (4 * VCHUNK) == 0 && idx.iter().all(|&i| ends[i] == ends[idx[0]]) {
+            let (e, b0) = (ends[idx[0]].min(self.b1), self.b0.max(self.sc.first(ends[idx[0]])));
+            let mut alpha = [0f32; Q];
+            let mut sums = [0f32; Q];
+            let mut ms = [0f32; Q];
+            for (k, (sc, &i)) in sc.iter_mut().zip(idx).enumerate() {
+                let s = &mut sc[b0 - lane0..e - lane0];
+                (ms[k], alpha[k], sums[k]) = self.softmax_step(s, st.m[i]);
+            }
+            let at: [usize; Q] = std::array::from_fn(|k| idx[k] * hd);
+            let p: [&[f32]; Q] = std::array::from_fn(|k| &sc[k][b0 - lane0..e - lane0]);
+            let vb = &self.vals[(b0 - self.vbase) * hd..(e - self.vbase) * hd];
+            let mut c = 0;
+            while c < hd {
+                let at = at.map(|a| a + c);
+                // SAFETY: the tier says AVX-512 F is present
+                c += unsafe { avx512::weighted_shared::<Q, 4>(&mut st.o, at, alpha, p, &vb[c..], hd) };
+            }
+            for (k, &i) in idx.iter().enumerate() {
+                st.l[i] = st.l[i] * alpha[k] + sums[k];
+                st.m[i] = ms[k];
+            }
+            return;
+        }
+        for (sc, &i) in sc.iter_mut().zip(idx) {
+            // the query's keys in this block: from the block's start (or its window's, where
+            // that is later; the same either way a range is cut, as ranges start at blocks)
+            let e = ends[i].min(self.b1);
+            let b0 = self.b0.max(self.sc.first(ends[i]));
+            let s = &mut sc[b0 - lane0..e - lane0];
+            let (m, alpha, sum) = self.softmax_step(s, st.m[i]);
+            let o = &mut st.o[i * hd..(i + 1) * hd];
+            let vb = &self.vals[(b0 - self.vbase) * hd..(e - self.vbase) * hd];
+            // VCHUNK dimensions per register, up to 8 registers at once; any rest alone
+            let mut c = 0;
+            while c < hd {
+                let left = (hd - c) / VCHUNK;
+                let (isa, o, vb) = (self.isa, &mut o[c..], &vb[c..]);
+                c += match left {
+                    8.. => weighted::<8>(isa, o, alpha, s, vb, hd),
+                    4.. => weighted::<4>(isa, o, alpha, s, vb, hd),
+                    2.. => weighted::<2>(isa, o, alpha, s, vb, hd),
+                    1 => weighted::<1>(isa, o, alpha, s, vb, hd),
+                    _ => weighted_rest(o, alpha, s, vb, hd),
+                };
+            }
+            st.l[i] = st.l[i] * alpha + sum;
+            st.m[i] = m;
+        }
+    }
+}
+
+impl Block<'_> {
+    /// One query's scores of this block `s` scaled and turned into weights `exp(s - m)` in
+    /// place, against its running maximum `m_old`: the new maximum, the factor its output so
+    /// far is rescaled by (0 before the first key), and the weights' sum.
+    #[inline(always)]
+    fn softmax_step(&self, s: &mut [f32], m_old: f32) -> (f32, f32, f32) {
+        for sj in s.iter_mut() {
+            *sj *= self.sc.scale;
+        }
+        let m = m_old.max(lanes(s, f32::NEG_INFINITY, f32::max));
+        let alpha = (m_old - m).exp();
+        for sj in s.iter_mut() {
+            *sj = exp_le0(*sj - m);
+        }
+        (m, alpha, lanes(s, 0.0, |a, b| a + b))
+    }
+}
+
+/// The scores of the queries `idx` (rows of `q`, `[.., hd]`) over one block of transposed keys
+/// `kt` (`[hd, KEY_BLOCK]`), unscaled: each lane a sum over `d` in order. Lanes from `lanes` on
+/// (`1..=KEY_BLOCK`) may be left unset: the vectors that hold none of the first `lanes` are
+/// skipped.
+#[inline(always)]
+fn scores<const Q: usize>(
+    isa: Isa,
+    idx: &[usize; Q],
+    q: &[f32],
+    kt: &[f32],
+    hd: usize,
+    lanes: usize,
+) -> [[f32; KEY_BLOCK]; Q] {
+    debug_assert!((1..=KEY_BLOCK).contains(&lanes));
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx512 {
+            // SAFETY (each arm): the tier says AVX-512 F is present
+            return match lanes.div_ceil(16) {
+                1 => unsafe { avx512::scores::<Q, 1>(idx, q, kt, hd) },
+                2 => unsafe { avx512::scores::<Q, 2>(idx, q, kt, hd) },
+                3 => unsafe { avx512::scores::<Q, 3>(idx, q, kt, hd) },
+                _ => unsafe { avx512::scores::<Q, 4>(idx, q, kt, hd) },
+            };
+        }
+        if isa.has_avx2() {
+            // SAFETY (each arm): the tier says AVX2 and FMA are present
+            return match lanes.div_ceil(8) {
+                1 => unsafe { avx2::scores::<Q, 1>(idx, q, kt, hd) },
+                2 => unsafe { avx2::scores::<Q, 2>(idx, q, kt, hd) },
+                3 | 4 => unsafe { avx2::scores::<Q, 4>(idx, q, kt, hd) },
+                _ => unsafe { avx2::scores::<Q, 8>(idx, q, kt, hd) },
+            };
+        }
+    }
+    let _ = isa;
+    let mut sc = [[0f32; KEY_BLOCK]; Q];
+    for (d, col) in kt.chunks_exact(KEY_BLOCK).take(hd).enumerate() {
+        for (s, &i) in sc.iter_mut().zip(idx) {
+            let qd = q[i * hd + d];
+            for (a, &k) in s[..lanes].iter_mut().zip(col) {
+                *a += qd * k;
+            }
+        }
+    }
+    sc
+}
+
+/// `o[..C * VCHUNK] = o * alpha + Σ_j p[j] v[j]` with `v[j]` at `vb[j * hd..]`, in registers;
+/// returns the dimensions done. Each dimension: the rescale, then the keys in order.
+#[inline(always)]
+fn weighted<const C: usize>(isa: Isa, o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx512 {
+            // SAFETY: the tier says AVX-512 F is present
+            return unsafe { avx512::weighted::<C>(o, alpha, p, vb, hd) };
+        }
+        if isa.has_avx2() {
+            // SAFETY: the tier says AVX2 and FMA are present
+            return unsafe { avx2::weighted::<C>(o, alpha, p, vb, hd) };
+        }
+    }
+    let _ = isa;
+    for c in 0..C {
+        let mut acc = [0f32; VCHUNK];
+        for (a, &x) in acc.iter_mut().zip(&o[c * VCHUNK..(c + 1) * VCHUNK]) {
+            *a = x * alpha;
+        }
+        for (j, &pj) in p.iter().enumerate() {
+            let v = &vb[j * hd + c * VCHUNK..j * hd + (c + 1) * VCHUNK];
+            for (a, &x) in acc.iter_mut().zip(v) {
+                *a += pj * x;
+            }
+        }
+        o[c * VCHUNK..(c + 1) * VCHUNK].copy_from_slice(&acc);
+    }
+    C * VCHUNK
+}
+
+/// [`weighted`] for the last `o.len() < VCHUNK` dimensions.
+#[inline(always)]
+fn weighted_rest(o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
+    let n = o.len();
+    for x in o.iter_mut() {
+        *x *= alpha;
+    }
+    for (j, &pj) in p.iter().enumerate() {
+        for (x, &v) in o.iter_mut().zip(&vb[j * hd..j * hd + n]) {
+            *x += pj * v;
+        }
+    }
+    n
+}
+
+/// `s` folded with `f` (a sum, a maximum) over 16 lanes, then the lanes pairwise: a fixed order
+/// the compiler vectorizes (a plain left fold of floats it may not reorder, so cannot).
+#[inline(always)]
+fn lanes(s: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut p = [init; 16];
+    let mut chunks = s.chunks_exact(16);
+    for c in &mut chunks {
+        for (a, &x) in p.iter_mut().zip(c) {
+            *a = f(*a, x);
+        }
+    }
+    for (a, &x) in p.iter_mut().zip(chunks.remainder()) {
+        *a = f(*a, x);
+    }
+    let mut w = 8;
+    while w > 0 {
+        for l in 0..w {
+            p[l] = f(p[l], p[l + w]);
+        }
+        w /= 2;
+    }
+    p[0]
+}
