@@ -36,42 +36,16 @@ impl Block<'_> {
         // only the lanes up to the block's last position (a short context's one block is
         // mostly past the cache's end: its keys are neither read nor multiplied)
         let mut sc = scores::<Q>(self.isa, idx, q, self.kt, hk, self.b1 - lane0);
-        // queries that see the same keys of the block (a token's heads) weigh its values
-        // together: each value vector read once for all of them
         #[cfg(target_arch = "x86_64")]
         if Q == 4 && self.isa >= Isa::Avx512 && hd % (4 * VCHUNK) == 0 && idx.iter().all(|&i| ends[i] == ends[idx[0]]) {
-            let (e, b0) = (ends[idx[0]].min(self.b1), self.b0.max(self.sc.first(ends[idx[0]])));
-            let mut alpha = [0f32; Q];
-            let mut sums = [0f32; Q];
-            let mut ms = [0f32; Q];
-            for (k, (sc, &i)) in sc.iter_mut().zip(idx).enumerate() {
-                let s = &mut sc[b0 - lane0..e - lane0];
-                (ms[k], alpha[k], sums[k]) = self.softmax_step(s, st.m[i]);
-            }
-            let at: [usize; Q] = std::array::from_fn(|k| idx[k] * hd);
-            let p: [&[f32]; Q] = std::array::from_fn(|k| &sc[k][b0 - lane0..e - lane0]);
-            let vb = &self.vals[(b0 - self.vbase) * hd..(e - self.vbase) * hd];
-            let mut c = 0;
-            while c < hd {
-                let at = at.map(|a| a + c);
-                // SAFETY: the tier says AVX-512 F is present
-                c += unsafe { avx512::weighted_shared::<Q, 4>(&mut st.o, at, alpha, p, &vb[c..], hd) };
-            }
-            for (k, &i) in idx.iter().enumerate() {
-                st.l[i] = st.l[i] * alpha[k] + sums[k];
-                st.m[i] = ms[k];
-            }
-            return;
+            return self.weigh_together(idx, &mut sc, lane0, ends[idx[0]], st);
         }
         for (sc, &i) in sc.iter_mut().zip(idx) {
-            // the query's keys in this block: from the block's start (or its window's, where
-            // that is later; the same either way a range is cut, as ranges start at blocks)
-            let e = ends[i].min(self.b1);
-            let b0 = self.b0.max(self.sc.first(ends[i]));
-            let s = &mut sc[b0 - lane0..e - lane0];
+            let keys = self.keys_seen(ends[i]);
+            let s = &mut sc[keys.start - lane0..keys.end - lane0];
             let (m, alpha, sum) = self.softmax_step(s, st.m[i]);
             let o = &mut st.o[i * hd..(i + 1) * hd];
-            let vb = &self.vals[(b0 - self.vbase) * hd..(e - self.vbase) * hd];
+            let vb = &self.vals[(keys.start - self.vbase) * hd..(keys.end - self.vbase) * hd];
             // VCHUNK dimensions per register, up to 8 registers at once; any rest alone
             let mut c = 0;
             while c < hd {
@@ -89,9 +63,49 @@ impl Block<'_> {
             st.m[i] = m;
         }
     }
-}
 
-impl Block<'_> {
+    /// [`queries`](Self::queries) for four queries that see the same keys of the block (they
+    /// end at `end`: a token's heads), their scores `sc`: they weigh its values together, each
+    /// value vector read once for the four (AVX-512, `hv` a multiple of 64).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn weigh_together<const Q: usize>(
+        &self,
+        idx: &[usize; Q],
+        sc: &mut [[f32; KEY_BLOCK]; Q],
+        lane0: usize,
+        end: usize,
+        st: &mut State,
+    ) {
+        let (hd, keys) = (self.hv, self.keys_seen(end));
+        let (l0, l1) = (keys.start - lane0, keys.end - lane0);
+        let mut steps = [(0f32, 0f32, 0f32); Q];
+        for ((sc, &i), step) in sc.iter_mut().zip(idx).zip(&mut steps) {
+            *step = self.softmax_step(&mut sc[l0..l1], st.m[i]);
+        }
+        let alpha = steps.map(|(_, a, _)| a);
+        let p: [&[f32]; Q] = std::array::from_fn(|k| &sc[k][l0..l1]);
+        let vb = &self.vals[(keys.start - self.vbase) * hd..(keys.end - self.vbase) * hd];
+        let mut c = 0;
+        while c < hd {
+            let at = idx.map(|i| i * hd + c);
+            // SAFETY: the caller checked the tier for AVX-512 F
+            c += unsafe { avx512::weighted_shared::<Q, 4>(&mut st.o, at, alpha, p, &vb[c..], hd) };
+        }
+        for (&i, (m, alpha, sum)) in idx.iter().zip(steps) {
+            st.l[i] = st.l[i] * alpha + sum;
+            st.m[i] = m;
+        }
+    }
+
+    /// The positions of this block a query ending at `end` sees: from the block's start (or
+    /// its window's, where that is later; the same either way a range is cut, as ranges start
+    /// at blocks) to its end or the query's.
+    #[inline(always)]
+    fn keys_seen(&self, end: usize) -> std::ops::Range<usize> {
+        self.b0.max(self.sc.first(end))..end.min(self.b1)
+    }
+
     /// One query's scores of this block `s` scaled and turned into weights `exp(s - m)` in
     /// place, against its running maximum `m_old`: the new maximum, the factor its output so
     /// far is rescaled by (0 before the first key), and the weights' sum.
