@@ -12,25 +12,11 @@ use moescope::convert::tokenizer_files::read_tokenizer;
 use moescope::engine::tokenizer::Tok;
 use serde_json::Value;
 
-/// RFC 4648 base64 with padding (the rank file's token column).
-fn base64(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for c in bytes.chunks(3) {
-        let v = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
-        for i in 0..4 {
-            out.push(if i <= c.len() { ABC[(v >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
-        }
-    }
-    out
-}
-
 /// A checkpoint folder's tokenizer files: tiktoken.model of `n` ranks and `config`.
 fn kimi_dir(dir: &Path, n: usize, config: &Value) {
     let bin = moescope::synth::tokenizers::harmony_ranks().expect("o200k ranks");
     let ranks = moescope::convert::tiktoken::parse_ranks(&bin).expect("ranks");
-    let text: String = ranks[..n].iter().enumerate().map(|(i, t)| format!("{} {i}\n", base64(t))).collect();
-    std::fs::write(dir.join("tiktoken.model"), text).unwrap();
+    std::fs::write(dir.join("tiktoken.model"), moescope::convert::tiktoken::tiktoken_model_text(&ranks[..n])).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
 }
 

@@ -138,18 +138,10 @@ pub fn tiny_kimi_checkpoint() -> Vec<u8> {
     cfg_json["vocab_size"] = 520.into();
     let cfg = moescope::convert::hf_config::parse_config(&cfg_json, Path::new("config.json"))
         .unwrap_or_else(|e| panic!("the tiny config does not parse: {e}"));
-    let b64 = |t: &[u8]| -> String {
-        const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-        t.chunks(3)
-            .flat_map(|c| {
-                let v = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
-                (0..4).map(move |i| if i <= c.len() { ABC[(v >> (18 - 6 * i) & 63) as usize] as char } else { '=' })
-            })
-            .collect()
-    };
     let mut ranks: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
     ranks.extend([&b"th"[..], b"he", b"the", b" the"].map(<[u8]>::to_vec));
-    let model: String = ranks.iter().enumerate().map(|(i, t)| format!("{} {i}\n", b64(t))).collect();
+    let refs: Vec<&[u8]> = ranks.iter().map(Vec::as_slice).collect();
+    let model = moescope::convert::tiktoken::tiktoken_model_text(&refs);
     let tc = serde_json::json!({
         "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", null]},
         "bos_token": "[BOS]", "eos_token": "[EOS]", "chat_template": TEMPLATE,

@@ -63,9 +63,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
                         "experts_per_layer": ex.map(|e| e.num_experts).unwrap_or(0),
                         "bytes_per_expert": blob, "parts": parts},
             "mtp": m.mtp.as_ref().map(|s| json!({
-                "layers": s.layers, "tensors": s.tensors.len(),
-                "offset": s.tensors.first().map_or(0, |t| t.offset),
-                "bytes": s.tensors.iter().map(|t| t.length).sum::<u64>()})),
+                "layers": s.layers, "tensors": s.tensors.len(), "offset": s.extent().0, "bytes": s.extent().1})),
         },
         "dense_by_type": by_type.iter().map(|(k, (n, b))| (k.clone(), json!({"tensors": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
     });
@@ -167,12 +165,12 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         }
     }
     if let Some(s) = &m.mtp {
+        let (offset, bytes) = s.extent();
         println!(
-            "mtp           {} in {} tensors of layer(s) {:?} at offset {} (multi-token prediction: kept, not run)",
-            mb(s.tensors.iter().map(|t| t.length).sum()),
+            "mtp           {} in {} tensors of layer(s) {:?} at offset {offset} (multi-token prediction: kept, not run)",
+            mb(bytes),
             s.tensors.len(),
             s.layers,
-            s.tensors.first().map_or(0, |t| t.offset)
         );
     }
     Ok(())

@@ -45,6 +45,26 @@ pub fn parse_tiktoken_model(text: &str) -> Result<Vec<Vec<u8>>, String> {
     Ok(out)
 }
 
+/// `ranks` (index = rank) as a tiktoken model file, [`parse_tiktoken_model`]'s input: what the
+/// tests and the fuzz seeds write for a Kimi-style checkpoint.
+pub fn tiktoken_model_text(ranks: &[&[u8]]) -> String {
+    ranks.iter().enumerate().map(|(i, t)| format!("{} {i}\n", base64_encode(t))).collect()
+}
+
+const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with `=` padding.
+fn base64_encode(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for c in bytes.chunks(3) {
+        let v = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        for i in 0..4 {
+            out.push(if i <= c.len() { BASE64[(v >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
+        }
+    }
+    out
+}
+
 /// Standard base64 (RFC 4648 alphabet, `=` padding optional); `None` on any other character.
 fn base64_decode(s: &str) -> Option<Vec<u8>> {
     let digit = |c: u8| -> Option<u32> {
@@ -160,6 +180,9 @@ mod tests {
             assert_eq!(base64_decode(enc).as_deref(), Some(plain.as_bytes()), "{enc}");
         }
         assert_eq!(base64_decode("Zm9vYmFy").as_deref(), Some(&b"foobar"[..]));
+        for (plain, enc) in [("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v"), ("fooba", "Zm9vYmE=")] {
+            assert_eq!(base64_encode(plain.as_bytes()), enc);
+        }
         assert_eq!(base64_decode("/+8="), Some(vec![0xff, 0xef]));
         for bad in ["Z", "Zm9v!", "Zg===", "Zm 9"] {
             assert_eq!(base64_decode(bad), None, "{bad}");
@@ -175,6 +198,10 @@ mod tests {
         assert!(parse_tiktoken_model("IQ== 0\nIg== 2\n").unwrap_err().contains("line 2"));
         assert!(parse_tiktoken_model("IQ==0\n").unwrap_err().contains("line 1"));
         assert!(parse_tiktoken_model("I*== 0\n").unwrap_err().contains("base64"));
+        let ranks: Vec<Vec<u8>> =
+            (0..=255u8).map(|b| vec![b, b.wrapping_mul(7), 255 - b][..1 + b as usize % 3].to_vec()).collect();
+        let refs: Vec<&[u8]> = ranks.iter().map(Vec::as_slice).collect();
+        assert_eq!(parse_tiktoken_model(&tiktoken_model_text(&refs)).unwrap(), ranks);
     }
 
     #[test]

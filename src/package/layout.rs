@@ -317,6 +317,13 @@ pub struct MtpSection {
     pub tensors: Vec<TensorEntry>,
 }
 
+impl MtpSection {
+    /// Where the section starts in the file, and its tensors' bytes.
+    pub fn extent(&self) -> (u64, u64) {
+        (self.tensors.first().map_or(0, |t| t.offset), self.tensors.iter().map(|t| t.length).sum())
+    }
+}
+
 /// How a synthetic package was made.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Synthetic {
