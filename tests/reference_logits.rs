@@ -188,8 +188,16 @@ fn check_fixture_in(name: &str, quants: &[&str]) {
             let mut all: Vec<u32> = prompt.clone();
             all.extend_from_slice(&forced[..forced.len() - 1]);
             let one = eng.eval(&all, Logits::All, &mut NoObserver).expect("one pass").to_vec();
-            let d = max_abs_diff(&inc, &one[(prompt.len() - 1) * v..]);
-            assert!(d <= 1e-4, "{tag}: cached decode differs from one pass by {d}");
+            let one = &one[(prompt.len() - 1) * v..];
+            let d = max_abs_diff(&inc, one);
+            // latent attention runs a batch expanded and a decoded token absorbed: with
+            // quantized weights the absorbed form also rounds its query and latent output to
+            // q8 for the up-projections, so the two forms are each held to transformers instead
+            if eng.config().features.mla.is_some() && bounds.is_some() {
+                m.rows("one pass", one, &forced_logits, v, flip);
+            } else {
+                assert!(d <= 1e-4, "{tag}: cached decode differs from one pass by {d}");
+            }
 
             let mean_kl = m.kl_sum / m.rows as f64;
             if std::env::var_os("MOESCOPE_TEST_REPORT").is_some() {
@@ -204,10 +212,11 @@ fn check_fixture_in(name: &str, quants: &[&str]) {
                     m.top1_flips.len()
                 );
             }
-            // latent attention runs absorbed (each head's key and value up-projections folded
-            // into its query and output), transformers expanded: the same weights' sums in
-            // another order, so within f32 rounding (1e-6..8e-6 measured, the AVX-512 tier's
-            // bf16 products the most), prompt and decoded tokens alike
+            // latent attention runs decoded tokens absorbed (each head's key and value
+            // up-projections folded into its query and output) and batches expanded, as
+            // transformers does: the same weights' sums in another order, so within f32
+            // rounding (1e-6..8e-6 measured, the AVX-512 tier's bf16 products the most),
+            // prompt and decoded tokens alike
             if bounds.is_none() && eng.config().features.mla.is_some() {
                 assert!(
                     m.max_abs <= 2e-5,

@@ -30,8 +30,13 @@ fn logits(model: &Decoder, exec: &Exec, prompt: &[u32]) -> Vec<u32> {
 #[test]
 fn logits_are_the_same_bits_at_any_thread_count_and_piece_size() {
     // q4g32 through the AVX-512 group-32 tiles (rows of 128), q4 (group 128), a hybrid with
-    // Gated DeltaNet layers and a shared expert, q8, gpt-oss (sliding windows, sinks, biases)
+    // Gated DeltaNet layers and a shared expert, q8, gpt-oss (sliding windows, sinks, biases),
+    // DeepSeek-V3 (latent attention: the prompt's heads expanded, one task each; the decode
+    // steps absorbed) and GLM-4.5 (group routing with a correction bias)
     for (name, quant) in [
+        ("deepseek", "q4"),
+        ("deepseek-noqlora", "bf16"),
+        ("glm", "q4g32"),
         ("single", "q4g32"),
         ("single", "q4"),
         ("qwen35", "q4"),

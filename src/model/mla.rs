@@ -15,7 +15,8 @@
 //! ```
 //! `qa_h · [c_t, k_pe_t] = q_nope_h · (W_UK_h c_t) + q_pe_h · k_pe_t`: the expanded form's
 //! score, and `W_UV_h Σ p_t c_t` its output, the sums taken in another order (the f32 bound).
-//! Prompt and decode both run it, so a prompt's rows equal its tokens decoded one by one.
+//! Decode runs this form; a batch runs the expanded one (`mla_expanded.rs`) where that takes
+//! fewer multiply-adds (a prompt's hundreds of tokens: about half).
 
 use std::ops::Range;
 
@@ -25,6 +26,7 @@ use moescope_kernels::{Isa, Mat, QuantAct};
 
 use super::attention::{At, Heads, attend};
 use super::error::ModelError;
+use super::mla_expanded;
 use super::pass::Pass;
 use super::run_state::RunState;
 use crate::exec::{Chunks, Exec};
@@ -221,8 +223,15 @@ impl LatentAttention {
             turn(&mut w.key[kvl..], t, rot);
             pass.kv.write(l, pos0 + t, &w.key, &[]);
         }
-        // each head's query folded through its key up-projection, its rotary part beside it
         let (k_b, v_b) = (pkg.mat_by_index(self.k_b), pkg.mat_by_index(self.v_b));
+        let out = &mut w.out[..t_n * nh * vd];
+        if mla_expanded::pays(&m, t_n, pos0) {
+            let lat = mla_expanded::Latent { kv: pass.kv, layer: l, m, heads: nh, k_b: &k_b, v_b: &v_b };
+            mla_expanded::attend(exec, &lat, q, pos0, out);
+            exec.matmul("o_proj", &pkg.mat_by_index(self.o), out, t_n, &mut delta[..t_n * h], s);
+            return;
+        }
+        // each head's query folded through its key up-projection, its rotary part beside it
         let qa = &mut w.qa_abs[..t_n * nh * hk];
         heads_product(exec, "k_b_proj", &k_b, (nh, t_n), (q, hd), (qa, hk));
         for (i, row) in qa.chunks_exact_mut(hk).enumerate() {
@@ -233,7 +242,7 @@ impl LatentAttention {
         let at = At { layer: l, heads, pos0, window: None, sinks: None, scale: Some(m.softmax_scale) };
         attend(exec, pass.kv, at, qa, lat, attn_work);
         // each head's values through its value up-projection
-        heads_product(exec, "v_b_proj", &v_b, (nh, t_n), (lat, kvl), (&mut w.out[..t_n * nh * vd], vd));
-        exec.matmul("o_proj", &pkg.mat_by_index(self.o), &w.out[..t_n * nh * vd], t_n, &mut delta[..t_n * h], s);
+        heads_product(exec, "v_b_proj", &v_b, (nh, t_n), (lat, kvl), (out, vd));
+        exec.matmul("o_proj", &pkg.mat_by_index(self.o), out, t_n, &mut delta[..t_n * h], s);
     }
 }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod expert_source;
 pub mod kv_cache;
 pub mod mla;
+mod mla_expanded;
 pub mod mlp;
 pub mod moe;
 pub mod observer;

@@ -23,6 +23,7 @@ use std::ops::Range;
 
 use crate::Isa;
 use block::{Block, QUERIES};
+pub use latent::Expansion;
 
 /// Keys per step of the online softmax: its scores stay on the stack, its keys and values
 /// (`2 x 64 x head_dim` f32: 64 KiB at head_dim 128) in L1/L2 across a tile's queries.
@@ -390,5 +391,6 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod block;
+mod latent;
 #[cfg(test)]
 mod tests;
