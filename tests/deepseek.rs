@@ -52,3 +52,43 @@ fn the_gguf_reads_as_the_checkpoints_config() {
     (a.eos_token_ids, b.eos_token_ids, a.bos_token_id, b.bos_token_id) = (vec![], vec![], None, None);
     assert_eq!(a, b);
 }
+
+/// A batch runs latent attention expanded (each head's keys and values made from the cache a
+/// split of 1,024 positions at a time), a decoded token absorbed. 1,100 tokens in one pass
+/// (two splits, the second cut short), and as batches of 1,000 and 100 (the second's queries
+/// see all of one split and part of the next), against the same tokens decoded one at a
+/// time: the same weights' sums in another order, within the f32 bound (bf16 weights: no
+/// activation rounding in either form).
+#[test]
+fn expanded_batches_over_two_splits_equal_absorbed_decode() {
+    use moescope::exec::Exec;
+    use moescope::model::{Decoder, KvCache, Logits, NoObserver, Resident, RunState, Runtime};
+    use moescope_kernels::Isa;
+    use std::sync::Arc;
+
+    let (_d, path) = convert("deepseek-noqlora", "bf16");
+    let model = Decoder::load(Arc::new(moescope::package::Package::open(&path).expect("package"))).expect("load");
+    let (n, v) = (1100, model.cfg.vocab_size);
+    let ids: Vec<u32> = (0..n).map(|i| ((i * 7919 + 13) % v) as u32).collect();
+    let exec = Exec::new(2, Isa::detect()).expect("exec");
+    let experts = Resident(model.package());
+    let rt = Runtime { exec: &exec, experts: &experts };
+    let run = |batches: &[usize]| {
+        let mut st = RunState::new(&model.cfg, n);
+        let mut kv = KvCache::new(&model.cfg, n);
+        let (mut out, mut at) = (Vec::new(), 0);
+        for &b in batches {
+            let want = if b == 1 { Logits::Last } else { Logits::All };
+            let rows = model.forward(rt, &mut st, &mut kv, &ids[at..at + b], want, &mut NoObserver).expect("forward");
+            out.extend_from_slice(rows);
+            at += b;
+        }
+        out
+    };
+    let decoded = run(&[1; 1100]);
+    for batches in [&[1100][..], &[1000, 100]] {
+        let batch = run(batches);
+        let d = max_abs_diff(&batch, &decoded);
+        assert!(d <= 1e-4, "batches {batches:?}: max |dlogit| {d} from the tokens decoded one at a time");
+    }
+}
