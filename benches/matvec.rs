@@ -115,10 +115,15 @@ fn main() {
     // numbers are memory-bound like decode; "hot": one copy over and over (in L2 or L3), so
     // the number is the kernel's own speed, the ceiling it would reach with infinite bandwidth
     // the output layer [151936, 2048] only in the formats packages give it
-    let shapes: [(usize, usize, &[&str]); 5] = [
+    let shapes: [(usize, usize, &[&str]); 9] = [
         (768, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4", "mxfp4"]),
         (2048, 768, &["bf16", "q8", "q4", "q4x4", "mxfp4"]),
-        (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4"]),
+        (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q4g32x4", "q6", "q6x4"]),
+        // DeepSeek-V3's o_proj: 512 groups of 32 a row, 2 KiB of scales beside 8 KiB of values
+        (7168, 16384, &["q4x4", "q4g32x4", "q4g32"]),
+        (4096, 4096, &["q4g32x4"]),
+        (4096, 7168, &["q4g32x4", "q4g32"]),
+        (2048, 10240, &["q4g32x4"]),
         // gpt-oss's expert rows (2880 values: 90 MXFP4 blocks, q8 in groups of 64)
         (5760, 2880, &["q8", "mxfp4"]),
         (151936, 2048, &["q8", "q6", "q6x4"]),
@@ -139,6 +144,8 @@ fn main() {
                 "bf16" => Format::Bf16,
                 "q8" => Format::Q8 { group: g },
                 "q4" | "q4x4" => Format::Q4 { group: g },
+                // GGUF Q4_0's groups (the q4g32 packages)
+                "q4g32x4" | "q4g32" => Format::Q4 { group: 32 },
                 "mxfp4" => Format::Mxfp4,
                 _ => Format::Q6 { group: g },
             };
