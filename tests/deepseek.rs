@@ -4,7 +4,8 @@
 //! tests/reference/make_gguf_deepseek.py), run from the package `convert_gguf` makes of it,
 //! against transformers' logits of the checkpoint it holds (YaRN's mscale equal to
 //! mscale_all_dim, the one value a GGUF states for both), and its configuration against the
-//! checkpoint's. (Its BF16 file is not committed, for the tree's size.)
+//! checkpoint's, and the older converter's whole `attn_kv_b` form of the same checkpoint.
+//! (Their BF16 files are not committed, for the tree's size.)
 
 mod common;
 
@@ -23,6 +24,20 @@ fn gguf() -> std::path::PathBuf {
 fn q8_0_gguf_by_llama_cpps_converter_stays_in_the_q8_bounds() {
     let r = Reference::load("gguf/deepseek");
     check_gguf_logits(&gguf(), &r.ids("input_ids"), &r.f32("logits"), Some(Q8));
+}
+
+/// The same checkpoint through llama.cpp's converter of early 2025 (llama-cpp-python 0.3.8's
+/// tree, by tests/reference/make_gguf_deepseek.py), which writes kv_b_proj whole (`attn_kv_b`)
+/// and states a head's own key and value lengths: split into the absorbed halves on reading,
+/// within the same q8 bounds of transformers' logits.
+#[test]
+fn legacy_attn_kv_b_gguf_by_an_older_converter_stays_in_the_q8_bounds() {
+    let path = fixture("gguf/deepseek/deepseek-legacy-q8_0.gguf");
+    let bytes = std::fs::read(&path).expect("fixture");
+    let has = |name: &[u8]| bytes.windows(name.len()).any(|w| w == name);
+    assert!(has(b"blk.1.attn_kv_b.weight") && !has(b"attn_k_b"), "the fixture holds the legacy layout");
+    let r = Reference::load("gguf/deepseek");
+    check_gguf_logits(&path, &r.ids("input_ids"), &r.f32("logits"), Some(Q8));
 }
 
 /// The file states what the checkpoint's config.json does (latent attention's ranks and head

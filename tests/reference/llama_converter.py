@@ -14,8 +14,15 @@ import sys
 def convert(llama, args):
     sys.argv = ["convert_hf_to_gguf.py"] + list(args)
     sys.path.insert(0, llama)
-    import conversion.base as b
-    orig = b.TextModel.get_vocab_base_pre
+    try:
+        import conversion.base as b
+        cls, run = b.TextModel, lambda: runpy.run_path(os.path.join(llama, "convert_hf_to_gguf.py"), run_name="__main__")
+    except ModuleNotFoundError:
+        # a tree from before the converter became a package (llama-cpp-python 0.3.8's, early
+        # 2025): its classes live in the script itself, so it runs as the module it is patched in
+        import convert_hf_to_gguf as b
+        cls, run = b.Model, b.main
+    orig = cls.get_vocab_base_pre
 
     def pre(self, tok):
         try:
@@ -23,9 +30,9 @@ def convert(llama, args):
         except NotImplementedError:
             return "qwen2"
 
-    b.TextModel.get_vocab_base_pre = pre
+    cls.get_vocab_base_pre = pre
     try:
-        runpy.run_path(os.path.join(llama, "convert_hf_to_gguf.py"), run_name="__main__")
+        run()
     except SystemExit as e:
         if e.code:
             raise

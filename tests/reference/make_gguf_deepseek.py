@@ -8,7 +8,8 @@ usage: PYTHONPATH=LLAMA/gguf-py make_gguf_deepseek.py LLAMA OUT_DIR
          environment of make_fixtures.py (the converter imports torch)
 Run from the repository root, after `pack_fixtures.py unpack` (and `pack` afterwards).
 Writes OUT_DIR/deepseek-bf16.gguf, OUT_DIR/deepseek-q8_0.gguf (the tree keeps the Q8_0 one) and
-OUT_DIR/reference.safetensors (`input_ids`: the fixture's prompt, `logits`: transformers, f32,
+OUT_DIR/reference.safetensors; given an older tree (llama-cpp-python 0.3.8's, whose converter
+writes kv_b_proj whole as `attn_kv_b`), OUT_DIR/deepseek-legacy-q8_0.gguf and the same reference (`input_ids`: the fixture's prompt, `logits`: transformers, f32,
 eager attention).
 
 A GGUF cannot say YaRN's `mscale` apart from `mscale_all_dim`: llama.cpp writes only
@@ -71,12 +72,19 @@ def main():
         # the gating function from scoring_func, and llama.cpp takes a file without it for
         # DeepSeek-V2's softmax router)
         cfg.update(scoring_func="sigmoid", topk_method="noaux_tc")
+        legacy = not os.path.isdir(os.path.join(llama, "conversion"))
+        if legacy:
+            # a converter of early 2025 (llama-cpp-python 0.3.8's tree) writes kv_b_proj whole
+            # (`attn_kv_b`) and states the key length from `head_dim` as well as its own, which
+            # its writer refuses as a duplicate: the released configs have no `head_dim`
+            cfg.pop("head_dim", None)
         json.dump(cfg, open(cfg_path, "w"), indent=2, sort_keys=True)
         byte_tokenizer(hf, cfg["vocab_size"])
         os.makedirs(out, exist_ok=True)
         oracle(hf, out)
-        for ty in ("bf16", "q8_0"):
-            convert(llama, [hf, "--outtype", ty, "--outfile", os.path.join(out, f"deepseek-{ty}.gguf")])
+        for ty in ("q8_0",) if legacy else ("bf16", "q8_0"):
+            name = f"deepseek-legacy-{ty}.gguf" if legacy else f"deepseek-{ty}.gguf"
+            convert(llama, [hf, "--outtype", ty, "--outfile", os.path.join(out, name)])
 
 
 if __name__ == "__main__":
