@@ -354,16 +354,21 @@ mod tests {
         }
     }
 
+    /// `groups` groups of random values, quantized to q4 and dequantized: `(x, q, scales, y)`.
+    fn q4_round_trip(seed: &mut u64, group: usize, groups: usize) -> (Vec<f32>, Vec<u8>, Vec<f32>, Vec<f32>) {
+        let x: Vec<f32> = (0..group * groups).map(|_| lcg(seed)).collect();
+        let (mut q, mut d) = (vec![0u8; x.len() / 2], vec![0f32; groups]);
+        quantize_q4_row(&x, group, &mut q, &mut d);
+        let mut y = vec![0f32; x.len()];
+        dequantize_q4_row(&q, &d, group, &mut y);
+        (x, q, d, y)
+    }
+
     #[test]
     fn q4_rows_dequantize_to_each_values_nibble_times_its_scale() {
         let mut s = 11;
         for group in GROUPS {
-            let x: Vec<f32> = (0..group * 8).map(|_| lcg(&mut s)).collect();
-            let mut q = vec![0u8; x.len() / 2];
-            let mut d = vec![0f32; 8];
-            quantize_q4_row(&x, group, &mut q, &mut d);
-            let mut y = vec![0f32; x.len()];
-            dequantize_q4_row(&q, &d, group, &mut y);
+            let (_, q, d, y) = q4_round_trip(&mut s, group, 8);
             for (j, &v) in y.iter().enumerate() {
                 let (g, qg) = (j / group, &q[j / group * group / 2..(j / group + 1) * group / 2]);
                 assert_eq!(
@@ -379,12 +384,7 @@ mod tests {
     fn q4_round_trip_and_extreme_maps_to_minus_8() {
         let mut s = 7;
         for group in GROUPS {
-            let x: Vec<f32> = (0..group * 2).map(|_| lcg(&mut s)).collect();
-            let mut q = vec![0u8; x.len() / 2];
-            let mut d = vec![0f32; 2];
-            quantize_q4_row(&x, group, &mut q, &mut d);
-            let mut y = vec![0f32; x.len()];
-            dequantize_q4_row(&q, &d, group, &mut y);
+            let (x, _, d, y) = q4_round_trip(&mut s, group, 2);
             for g in 0..2 {
                 let xs = &x[g * group..(g + 1) * group];
                 let (im, _) = xs

@@ -228,21 +228,20 @@ impl LatentAttention {
         if mla_expanded::pays(&m, t_n, pos0) {
             let lat = mla_expanded::Latent { kv: pass.kv, layer: l, m, heads: nh, k_b: &k_b, v_b: &v_b };
             mla_expanded::attend(exec, &lat, q, pos0, out);
-            exec.matmul("o_proj", &pkg.mat_by_index(self.o), out, t_n, &mut delta[..t_n * h], s);
-            return;
+        } else {
+            // each head's query folded through its key up-projection, its rotary part beside it
+            let qa = &mut w.qa_abs[..t_n * nh * hk];
+            heads_product(exec, "k_b_proj", &k_b, (nh, t_n), (q, hd), (qa, hk));
+            for (i, row) in qa.chunks_exact_mut(hk).enumerate() {
+                row[kvl..].copy_from_slice(&q[i * hd + nope..][..rope]);
+            }
+            let lat = &mut w.lat[..t_n * nh * kvl];
+            let heads = Heads { nh, nkv: 1, hd: hk, hv: kvl, keyed: true };
+            let at = At { layer: l, heads, pos0, window: None, sinks: None, scale: Some(m.softmax_scale) };
+            attend(exec, pass.kv, at, qa, lat, attn_work);
+            // each head's values through its value up-projection
+            heads_product(exec, "v_b_proj", &v_b, (nh, t_n), (lat, kvl), (out, vd));
         }
-        // each head's query folded through its key up-projection, its rotary part beside it
-        let qa = &mut w.qa_abs[..t_n * nh * hk];
-        heads_product(exec, "k_b_proj", &k_b, (nh, t_n), (q, hd), (qa, hk));
-        for (i, row) in qa.chunks_exact_mut(hk).enumerate() {
-            row[kvl..].copy_from_slice(&q[i * hd + nope..][..rope]);
-        }
-        let lat = &mut w.lat[..t_n * nh * kvl];
-        let heads = Heads { nh, nkv: 1, hd: hk, hv: kvl, keyed: true };
-        let at = At { layer: l, heads, pos0, window: None, sinks: None, scale: Some(m.softmax_scale) };
-        attend(exec, pass.kv, at, qa, lat, attn_work);
-        // each head's values through its value up-projection
-        heads_product(exec, "v_b_proj", &v_b, (nh, t_n), (lat, kvl), (out, vd));
         exec.matmul("o_proj", &pkg.mat_by_index(self.o), out, t_n, &mut delta[..t_n * h], s);
     }
 }

@@ -47,9 +47,8 @@ struct HeadWork {
     keys: Vec<f32>,
     vt: Vec<f32>,
     vals: Vec<f32>,
-    /// the head's queries `[T, nope + rope]`, their ends overall and within a split
+    /// the head's queries `[T, nope + rope]` and their ends within a split
     q: Vec<f32>,
-    ends: Vec<usize>,
     split_ends: Vec<usize>,
     acc: Option<State>,
     part: Option<State>,
@@ -99,14 +98,12 @@ fn head<'w>(isa: Isa, lat: &Latent<'_>, h: usize, (q, pos0): (&[f32], usize), w:
     let (r, nope, rope, vd) = (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
     let (hd, ck) = (nope + rope, r + rope);
     let t_n = q.len() / (nh * hd);
-    let HeadWork { kx, vx, row, keys, vt, vals, q: qh, ends, split_ends, acc, part } = w;
+    let HeadWork { kx, vx, row, keys, vt, vals, q: qh, split_ends, acc, part } = w;
     // k_b's rows h r .. are W_UK_h transposed (`[r, nope]`), v_b's rows h v .. W_UV_h (`[v, r]`)
     kx.set_rows((r, nope), row, |i, out| lat.k_b.dequant_row(h * r + i, out));
     vx.set_cols((r, vd), row, |j, out| lat.v_b.dequant_row(h * vd + j, out));
     qh.clear();
     (0..t_n).for_each(|t| qh.extend_from_slice(&q[(t * nh + h) * hd..][..hd]));
-    ends.clear();
-    ends.extend((0..t_n).map(|t| pos0 + t + 1));
     let acc = acc.get_or_insert_with(|| State::new(0, vd));
     let part = part.get_or_insert_with(|| State::new(0, vd));
     if acc.hd != vd {
@@ -131,9 +128,10 @@ fn head<'w>(isa: Isa, lat: &Latent<'_>, h: usize, (q, pos0): (&[f32], usize), w:
             let b = p / KEY_BLOCK * vd * KEY_BLOCK + p % KEY_BLOCK;
             v.iter_mut().enumerate().for_each(|(d, v)| *v = vt[b + d * KEY_BLOCK]);
         }
-        // positions within the split: a query ending before it sees none of it
+        // query t sees positions up to pos0 + t, counted within the split: a query ending
+        // before it sees none of it
         split_ends.clear();
-        split_ends.extend(ends.iter().map(|&e| e.saturating_sub(s.start).min(s.len())));
+        split_ends.extend((0..t_n).map(|t| (pos0 + t + 1).saturating_sub(s.start).min(s.len())));
         part.reset(t_n);
         attn::fold_keyed(isa, (qh, hd), split_ends, keys, attn::Values::Rows(vals), 0..s.len(), sc, part);
         acc.merge(part);

@@ -29,34 +29,36 @@ pub struct Expansion {
 impl Expansion {
     /// `w[i, ..]` from `row(i, out)` (`out`: `[n]`), for `i` in `0..r`: a matrix stored `[r, n]`
     /// (k_b_proj's rows of one head). `buf` is scratch.
-    pub fn set_rows(&mut self, (r, n): (usize, usize), buf: &mut Vec<f32>, mut row: impl FnMut(usize, &mut [f32])) {
-        self.reset(r, n);
-        buf.resize(n, 0.0);
-        for i in 0..r {
-            row(i, buf);
-            for (j, &x) in buf.iter().enumerate() {
-                self.w[(j / J * r + i) * J + j % J] = x;
-            }
-        }
+    pub fn set_rows(&mut self, shape: (usize, usize), buf: &mut Vec<f32>, row: impl FnMut(usize, &mut [f32])) {
+        self.fill(shape, true, buf, row);
     }
 
     /// `w[.., j]` from `col(j, out)` (`out`: `[r]`), for `j` in `0..n`: a matrix stored `[n, r]`
     /// (v_b_proj's rows of one head). `buf` is scratch.
-    pub fn set_cols(&mut self, (r, n): (usize, usize), buf: &mut Vec<f32>, mut col: impl FnMut(usize, &mut [f32])) {
-        self.reset(r, n);
-        buf.resize(r, 0.0);
-        for j in 0..n {
-            col(j, buf);
-            for (i, &x) in buf.iter().enumerate() {
-                self.w[(j / J * r + i) * J + j % J] = x;
-            }
-        }
+    pub fn set_cols(&mut self, shape: (usize, usize), buf: &mut Vec<f32>, col: impl FnMut(usize, &mut [f32])) {
+        self.fill(shape, false, buf, col);
     }
 
-    fn reset(&mut self, r: usize, n: usize) {
+    /// `w` packed from the lines `read` gives: its rows (`by_rows`) or its columns.
+    fn fill(
+        &mut self,
+        (r, n): (usize, usize),
+        by_rows: bool,
+        buf: &mut Vec<f32>,
+        mut read: impl FnMut(usize, &mut [f32]),
+    ) {
         (self.r, self.n) = (r, n);
         self.w.clear();
         self.w.resize(n.div_ceil(J) * r * J, 0.0);
+        let (lines, len) = if by_rows { (r, n) } else { (n, r) };
+        buf.resize(len, 0.0);
+        for a in 0..lines {
+            read(a, buf);
+            for (b, &x) in buf.iter().enumerate() {
+                let (i, j) = if by_rows { (a, b) } else { (b, a) };
+                self.w[(j / J * r + i) * J + j % J] = x;
+            }
+        }
     }
 
     /// Every block of `c` (`[blocks, c_dims, KEY_BLOCK]`, `c_dims >= r`) expanded into the same
