@@ -10,6 +10,7 @@ pub mod contained;
 pub mod convert;
 pub mod demo;
 pub mod derived_fixture;
+pub mod derived_gguf;
 pub mod engine;
 pub mod exec;
 pub mod experts;

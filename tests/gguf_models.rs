@@ -136,38 +136,11 @@ fn inspect_says_how_each_type_runs() {
 /// bit (gguf-py's, by kernels/tests/ggml_blocks.rs): dense tensors and every expert.
 #[test]
 fn packages_hold_the_files_values_exactly() {
-    use moescope::convert::gguf::source::GgufSource;
-    use moescope::convert::source::TensorSource;
-    use moescope::package::Package;
     for file in ["split/tiny-bf16-00001-of-00003.gguf", "tiny-q8_0.gguf", "tiny-q4_0.gguf", "tiny-q4_k_m.gguf"] {
         let gguf = fixture("gguf/tiny").join(file);
         let dir = tempfile::tempdir().expect("tempdir");
         let pkg = dir.path().join("x.moe");
         convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
-        let (src, p) = (GgufSource::open(&gguf).expect("open"), Package::open(&pkg).expect("package"));
-        let (mut want, mut got) = (Vec::new(), Vec::new());
-        let mut check = |name: &str, m: moescope_kernels::Mat<'_>| {
-            for r in 0..m.rows {
-                src.read_rows(name, r, 1, &mut want).expect("rows");
-                got.resize(m.cols, 0.0);
-                m.dequant_row(r, &mut got);
-                for (j, (g, w)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(g.to_bits(), w.to_bits(), "{file}: {name} row {r} value {j}: {g} != {w}");
-                }
-            }
-        };
-        for t in p.meta.tensors.iter().filter(|t| t.shape.len() == 2) {
-            check(&t.name, p.mat_by_index(p.require(&t.name, &t.shape, false).expect("tensor")));
-        }
-        let cfg = p.meta.model.clone();
-        for l in cfg.moe_layers() {
-            for e in 0..cfg.num_experts {
-                let x = p.expert(l, e).expect("expert");
-                let names = moescope::convert::plan::expert_tensors(&cfg, l, e);
-                for (m, (name, _)) in [x.gate, x.up, x.down].into_iter().zip(names.iter()) {
-                    check(name, m);
-                }
-            }
-        }
+        assert_package_holds_gguf_values(&gguf, &pkg);
     }
 }

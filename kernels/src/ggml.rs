@@ -15,6 +15,14 @@
 //! | Q4_K   | 256 / 144      | f16 d, f16 dmin, 12 bytes of 6-bit (sc, m) x 8, 128 bytes  |
 //! | Q5_K   | 256 / 176      | as Q4_K, then 32 bytes qh (bit j of byte l: sub-block j) before the nibbles |
 //! | Q6_K   | 256 / 210      | 128 bytes low nibbles, 64 bytes 2-bit highs, 16 x i8 scales, f16 d |
+//! | Q2_K   | 256 / 84       | 16 bytes (scale lo nibble, min hi nibble) per 16 values, 64 bytes of 2-bit codes, f16 d, f16 dmin |
+//! | Q3_K   | 256 / 110      | 32 bytes high-bit mask, 64 bytes 2-bit codes, 12 bytes of 6-bit scales x 16, f16 d |
+//! | IQ4_NL | 32 / 18        | f16 d, 16 bytes of nibbles indexing a fixed 16-value table (`IQ4_VALUES`) |
+//! | IQ4_XS | 256 / 136      | f16 d, 2 + 4 bytes of 6-bit scales x 8, 128 bytes of nibbles as IQ4_NL's |
+//!
+//! The low-bit types are read through [`codes`]: a block's integer codes with one scale (and,
+//! Q2_K, one min) per sub-block, so a dequantized value is `scale * code` (`- min`), and a
+//! relayout into a moescope format copies the same numbers.
 
 use half::f16;
 
@@ -33,6 +41,10 @@ pub enum BlockType {
     Q6K,
     /// ggml's `block_mxfp4`: moescope's own MXFP4 layout (`crate::mxfp4`), byte for byte.
     Mxfp4,
+    Q2K,
+    Q3K,
+    Iq4Nl,
+    Iq4Xs,
 }
 
 /// Values per K-quant super-block.
@@ -40,16 +52,20 @@ pub const QK_K: usize = 256;
 
 impl BlockType {
     /// Every supported type, in ggml id order.
-    pub const ALL: [BlockType; 11] = [
+    pub const ALL: [BlockType; 15] = [
         BlockType::F32,
         BlockType::F16,
         BlockType::Q4_0,
         BlockType::Q4_1,
         BlockType::Q5_0,
         BlockType::Q8_0,
+        BlockType::Q2K,
+        BlockType::Q3K,
         BlockType::Q4K,
         BlockType::Q5K,
         BlockType::Q6K,
+        BlockType::Iq4Nl,
+        BlockType::Iq4Xs,
         BlockType::Bf16,
         BlockType::Mxfp4,
     ];
@@ -67,9 +83,13 @@ impl BlockType {
             BlockType::Q4_1 => 3,
             BlockType::Q5_0 => 6,
             BlockType::Q8_0 => 8,
+            BlockType::Q2K => 10,
+            BlockType::Q3K => 11,
             BlockType::Q4K => 12,
             BlockType::Q5K => 13,
             BlockType::Q6K => 14,
+            BlockType::Iq4Nl => 20,
+            BlockType::Iq4Xs => 23,
             BlockType::Bf16 => 30,
             BlockType::Mxfp4 => 39,
         }
@@ -89,6 +109,10 @@ impl BlockType {
             BlockType::Q5K => "Q5_K",
             BlockType::Q6K => "Q6_K",
             BlockType::Mxfp4 => "MXFP4",
+            BlockType::Q2K => "Q2_K",
+            BlockType::Q3K => "Q3_K",
+            BlockType::Iq4Nl => "IQ4_NL",
+            BlockType::Iq4Xs => "IQ4_XS",
         }
     }
 
@@ -96,8 +120,15 @@ impl BlockType {
     pub fn block(self) -> usize {
         match self {
             BlockType::F32 | BlockType::F16 | BlockType::Bf16 => 1,
-            BlockType::Q4_0 | BlockType::Q4_1 | BlockType::Q5_0 | BlockType::Q8_0 | BlockType::Mxfp4 => 32,
-            BlockType::Q4K | BlockType::Q5K | BlockType::Q6K => QK_K,
+            BlockType::Q4_0
+            | BlockType::Q4_1
+            | BlockType::Q5_0
+            | BlockType::Q8_0
+            | BlockType::Mxfp4
+            | BlockType::Iq4Nl => 32,
+            BlockType::Q4K | BlockType::Q5K | BlockType::Q6K | BlockType::Q2K | BlockType::Q3K | BlockType::Iq4Xs => {
+                QK_K
+            }
         }
     }
 
@@ -114,6 +145,10 @@ impl BlockType {
             BlockType::Q5K => 176,
             BlockType::Q6K => 210,
             BlockType::Mxfp4 => crate::mxfp4::BLOCK_BYTES,
+            BlockType::Q2K => 84,
+            BlockType::Q3K => 110,
+            BlockType::Iq4Nl => 18,
+            BlockType::Iq4Xs => 136,
         }
     }
 
@@ -151,6 +186,96 @@ pub fn dequantize(t: BlockType, bytes: &[u8], out: &mut [f32]) {
         BlockType::Q5K => blocks.for_each(|(b, o)| q5_k(b, o)),
         BlockType::Q6K => blocks.for_each(|(b, o)| q6_k(b, o)),
         BlockType::Mxfp4 => crate::mxfp4::dequantize_row(bytes, out),
+        BlockType::Q2K | BlockType::Q3K | BlockType::Iq4Nl | BlockType::Iq4Xs => {
+            let (mut codes, mut scales, mut mins) = ([0i8; QK_K], Vec::with_capacity(16), Vec::with_capacity(16));
+            for (b, o) in blocks {
+                scales.clear();
+                mins.clear();
+                let sub = low_bit_codes(t, b, &mut codes, &mut scales, &mut mins);
+                for (j, o) in o.iter_mut().enumerate() {
+                    // gguf-py's two operations, never fused: scale * code, then (Q2_K) - min
+                    let v = scales[j / sub] * codes[j] as f32;
+                    *o = if t == BlockType::Q2K { v - mins[j / sub] } else { v };
+                }
+            }
+        }
+    }
+}
+
+/// IQ4_NL's and IQ4_XS's 16 values, which a nibble indexes (ggml's `kvalues_iq4nl`): the
+/// format's codebook, not a tuning.
+pub const IQ4_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// Sub-block `j`'s 6-bit scale (0-63, stored biased by 32) of a Q3_K block's 12 scale bytes:
+/// the low four bits are the low (`j < 8`) or high nibble of byte `j % 8`, the high two bits
+/// field `j / 4` of byte `8 + j % 4`.
+pub fn q3_k_scale(s: &[u8], j: usize) -> u8 {
+    let lo = if j < 8 { s[j] & 15 } else { s[j - 8] >> 4 };
+    lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4
+}
+
+/// Value `i`'s 2-bit field of a Q2_K / Q3_K block's 64 code bytes: two halves of 128 values,
+/// each four runs of 32 taking bits `2s..2s + 1` (run `s`) of bytes `32h .. 32h + 32`.
+fn two_bits(qs: &[u8], i: usize) -> u8 {
+    let (h, s, l) = (i / 128, (i / 32) % 4, i % 32);
+    (qs[32 * h + l] >> (2 * s)) & 3
+}
+
+/// A Q2_K, Q3_K, IQ4_NL or IQ4_XS block `b` as integer codes (`codes[..t.block()]`) with one
+/// scale per sub-block pushed to `scales` (and, Q2_K, one min to `mins`, the value being
+/// `scale * code - min`); returns the sub-block length. Each scale is rounded to f32 once, as
+/// gguf-py computes it (`d * sc`).
+///
+/// # Panics
+/// For any other type (a caller's bug), or `b` shorter than a block.
+pub fn low_bit_codes(t: BlockType, b: &[u8], codes: &mut [i8], scales: &mut Vec<f32>, mins: &mut Vec<f32>) -> usize {
+    match t {
+        BlockType::Q2K => {
+            let (sc, qs, d, dmin) = (&b[0..16], &b[16..80], f16_at(b, 80), f16_at(b, 82));
+            for &s in sc {
+                scales.push(d * (s & 15) as f32);
+                mins.push(dmin * (s >> 4) as f32);
+            }
+            for (i, c) in codes[..QK_K].iter_mut().enumerate() {
+                *c = two_bits(qs, i) as i8;
+            }
+            16
+        }
+        BlockType::Q3K => {
+            let (hmask, qs, sc, d) = (&b[0..32], &b[32..96], &b[96..108], f16_at(b, 108));
+            for j in 0..16 {
+                scales.push(d * (q3_k_scale(sc, j) as i32 - 32) as f32);
+            }
+            for (i, c) in codes[..QK_K].iter_mut().enumerate() {
+                // the high bit is a mask: set means no offset, clear means -4
+                let high = (hmask[i % 32] >> (i / 32)) & 1;
+                *c = two_bits(qs, i) as i8 - if high == 1 { 0 } else { 4 };
+            }
+            16
+        }
+        BlockType::Iq4Nl => {
+            scales.push(f16_at(b, 0));
+            nibble_values(&b[2..18], &mut codes[..32]);
+            32
+        }
+        BlockType::Iq4Xs => {
+            let (d, high, low) = (f16_at(b, 0), u16::from_le_bytes([b[2], b[3]]), &b[4..8]);
+            for j in 0..8 {
+                let ls = (low[j / 2] >> (4 * (j % 2))) & 15 | (((high >> (2 * j)) & 3) as u8) << 4;
+                scales.push(d * (ls as i32 - 32) as f32);
+                nibble_values(&b[8 + 16 * j..24 + 16 * j], &mut codes[32 * j..32 * j + 32]);
+            }
+            32
+        }
+        _ => panic!("{} has no low-bit codes", t.name()),
+    }
+}
+
+/// 16 bytes of nibbles as 32 values of [`IQ4_VALUES`]: low nibbles first, then high ones.
+fn nibble_values(q: &[u8], out: &mut [i8]) {
+    for (l, &byte) in q.iter().enumerate() {
+        out[l] = IQ4_VALUES[(byte & 15) as usize];
+        out[l + 16] = IQ4_VALUES[(byte >> 4) as usize];
     }
 }
 
@@ -253,7 +378,7 @@ mod tests {
         for t in BlockType::ALL {
             assert_eq!(BlockType::from_ggml_id(t.ggml_id()), Some(t));
         }
-        assert_eq!(BlockType::from_ggml_id(10), None, "Q2_K is not read");
+        assert_eq!(BlockType::from_ggml_id(16), None, "IQ2_XXS is not read");
         assert_eq!(BlockType::Q6K.bytes_of(512), 420);
     }
 

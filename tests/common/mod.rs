@@ -294,3 +294,38 @@ pub fn check_gguf_logits(gguf: &Path, ids: &[u32], want: &[f32], bounds: Option<
         check_logits(&tag, &got, want, v, bounds);
     }
 }
+
+/// Every weight of the package `pkg` (converted from `gguf` with the file's types kept) equals
+/// the file's value bit for bit, as the GGUF source dequantizes it: dense tensors and every
+/// expert.
+pub fn assert_package_holds_gguf_values(gguf: &Path, pkg: &Path) {
+    use moescope::convert::gguf::source::GgufSource;
+    use moescope::convert::source::TensorSource;
+    use moescope::package::Package;
+    let file = gguf.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let (src, p) = (GgufSource::open(gguf).expect("open"), Package::open(pkg).expect("package"));
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    let mut check = |name: &str, m: moescope_kernels::Mat<'_>| {
+        for r in 0..m.rows {
+            src.read_rows(name, r, 1, &mut want).expect("rows");
+            got.resize(m.cols, 0.0);
+            m.dequant_row(r, &mut got);
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{file}: {name} row {r} value {j}: {g} != {w}");
+            }
+        }
+    };
+    for t in p.meta.tensors.iter().filter(|t| t.shape.len() == 2) {
+        check(&t.name, p.mat_by_index(p.require(&t.name, &t.shape, false).expect("tensor")));
+    }
+    let cfg = p.meta.model.clone();
+    for l in cfg.moe_layers() {
+        for e in 0..cfg.num_experts {
+            let x = p.expert(l, e).expect("expert");
+            let names = moescope::convert::plan::expert_tensors(&cfg, l, e);
+            for (m, (name, _)) in [x.gate, x.up, x.down].into_iter().zip(names.iter()) {
+                check(name, m);
+            }
+        }
+    }
+}

@@ -29,6 +29,7 @@ def blocks(t, n_blocks):
     f16_at = {
         T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q8_0: [0],
         T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
+        T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0],
     }.get(t, [])
     for at in f16_at:
         b[:, at:at + 2] = finite_f16(n_blocks).view(np.uint8).reshape(n_blocks, 2)
@@ -45,7 +46,9 @@ def blocks(t, n_blocks):
 
 out = open(sys.argv[1], "wb")
 for t, n_blocks in [(T.F32, 64), (T.F16, 256), (T.BF16, 256), (T.Q4_0, 48), (T.Q4_1, 48),
-                    (T.Q5_0, 48), (T.Q8_0, 48), (T.Q4_K, 12), (T.Q5_K, 12), (T.Q6_K, 12), (T.MXFP4, 48)]:
+                    (T.Q5_0, 48), (T.Q8_0, 48), (T.Q4_K, 12), (T.Q5_K, 12), (T.Q6_K, 12), (T.MXFP4, 48),
+                    # the low-bit types, appended so the records above keep their bytes
+                    (T.Q2_K, 6), (T.Q3_K, 6), (T.IQ4_NL, 24), (T.IQ4_XS, 6)]:
     b, size = blocks(t, n_blocks)
     vals = gguf.quants.dequantize(b.reshape(-1), t).astype(np.float32).reshape(-1)
     assert vals.size == n_blocks * size and np.isfinite(vals).all()

@@ -75,6 +75,12 @@ pub(super) fn block_codes(
             codes.iter_mut().zip(&v).for_each(|(c, &x)| *c = x as i8);
             Some(16)
         }
+        BlockType::Q2K | BlockType::Q3K | BlockType::Iq4Nl | BlockType::Iq4Xs => {
+            let sub = moescope_kernels::ggml::low_bit_codes(t, b, codes, scales, mins);
+            // the symmetric types' mins are 0, one per scale as every type's
+            mins.resize(scales.len(), 0.0);
+            Some(sub)
+        }
         BlockType::F32 | BlockType::F16 | BlockType::Bf16 => None,
     }
 }
@@ -105,7 +111,12 @@ mod tests {
             (s >> 33) as u32
         };
         let mut b: Vec<u8> = (0..t.block_bytes()).map(|_| next() as u8).collect();
-        let at = if t == BlockType::Q6K { 208 } else { 0 };
+        let at = match t {
+            BlockType::Q6K => 208,
+            BlockType::Q2K => 80,
+            BlockType::Q3K => 108,
+            _ => 0,
+        };
         let d = half::f16::from_f32((next() % 20) as f32 / 10.0 - 1.0).to_f32().exp2()
             * if next() % 2 == 0 { 1.0 } else { -1.0 };
         b[at..at + 2].copy_from_slice(&half::f16::from_f32(d * 0.01).to_le_bytes());
@@ -122,6 +133,10 @@ mod tests {
             BlockType::Q4_1,
             BlockType::Q4K,
             BlockType::Q5K,
+            BlockType::Q2K,
+            BlockType::Q3K,
+            BlockType::Iq4Nl,
+            BlockType::Iq4Xs,
         ] {
             for seed in 0..50 {
                 let mut b = random_block(t, seed);

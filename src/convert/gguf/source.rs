@@ -195,8 +195,10 @@ fn layer_name_gpt_oss(rest: &str) -> Option<&'static str> {
 /// they are; Q8_0 as q8 and Q4_0 as q4 at group 32 (the same codes and scales); Q5_0 as q8
 /// group 32 (codes q - 16); Q6_K as q6 group 16 (its 6-bit codes, scale d * sc: an f16 times
 /// an 8-bit integer, exact in f32); Q4_K and Q4_1 as q4 group 32 with mins (the unsigned nibbles,
-/// scale d * sc and min dmin * m, or d and -m); Q5_K as q8 group 32 with mins (5-bit codes).
-/// F16 runs as f32.
+/// scale d * sc and min dmin * m, or d and -m); Q5_K as q8 group 32 with mins (5-bit codes);
+/// Q2_K as q8 group 16 with mins, Q3_K as q8 group 16 (codes -4..3), IQ4_NL and IQ4_XS as q8
+/// group 32 (the codebook's values as codes): exact, but widened to 8 bits a code until these
+/// types get layouts of their own. F16 runs as f32.
 pub fn exact_format(t: BlockType) -> (Format, bool) {
     match t {
         BlockType::Bf16 => (Format::Bf16, false),
@@ -206,6 +208,9 @@ pub fn exact_format(t: BlockType) -> (Format, bool) {
         BlockType::Mxfp4 => (Format::Mxfp4, false),
         BlockType::Q4K | BlockType::Q4_1 => (Format::Q4 { group: 32 }, true),
         BlockType::Q5K => (Format::Q8 { group: 32 }, true),
+        BlockType::Q2K => (Format::Q8 { group: 16 }, true),
+        BlockType::Q3K => (Format::Q8 { group: 16 }, false),
+        BlockType::Iq4Nl | BlockType::Iq4Xs => (Format::Q8 { group: 32 }, false),
         BlockType::F32 | BlockType::F16 => (Format::F32, false),
     }
 }

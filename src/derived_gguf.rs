@@ -1,0 +1,143 @@
+//! GGUF files the tests and the fuzz seeds derive from a committed GGUF fixture instead of
+//! committing one per quant type (the tracked tree stays under 60 MiB).
+//!
+//! [low_bit_mix]: a file whose quantized tensors are re-typed in turn as Q2_K, Q3_K, IQ4_NL and
+//! IQ4_XS, so types mix per tensor and per layer as the "dynamic" quants people download do (an
+//! expert's gate, up and down each in its own type). The blocks are seeded random bytes with
+//! finite f16 scales sized for weights of about 0.01-0.1: what is tested with it is that every
+//! weight is read as the file holds it and that the model runs, not what it says.
+//!
+//! [write]: a GGUF v3 writer (header, metadata, tensor infos, padding to the alignment, each
+//! tensor's data at an aligned offset), for files read by [`crate::convert::gguf::open`] and
+//! written back with other tensor data.
+
+use std::path::Path;
+
+use moescope_kernels::ggml::BlockType;
+
+use crate::convert::gguf::Value;
+use crate::rng::Rng;
+
+/// One tensor to write: its name, ggml dims (`ne[0]` innermost), ggml type id and bytes.
+pub struct Tensor {
+    pub name: String,
+    pub ne: Vec<u64>,
+    pub ty: u32,
+    pub data: Vec<u8>,
+}
+
+/// The types [`low_bit_mix`] takes in turn.
+pub const LOW_BIT_TYPES: [BlockType; 4] = [BlockType::Q2K, BlockType::Q3K, BlockType::Iq4Nl, BlockType::Iq4Xs];
+
+/// `src` (a GGUF file) written to `out` with each Q8_0 tensor as random blocks of the next of
+/// [`LOW_BIT_TYPES`] (seeded: the same file every time); returns how many tensors were re-typed.
+pub fn low_bit_mix(src: &Path, out: &Path) -> Result<usize, String> {
+    let g = crate::convert::gguf::open(src).map_err(|e| e.to_string())?;
+    let bytes = std::fs::read(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let mut rng = Rng::new(44);
+    let mut tensors = Vec::with_capacity(g.tensors.len());
+    let mut k = 0;
+    for t in &g.tensors {
+        let raw = bytes.get(t.offset as usize..(t.offset + t.bytes) as usize).ok_or(format!("{}: bounds", t.name))?;
+        let n = t.ne.iter().product::<u64>() as usize;
+        let ty = LOW_BIT_TYPES[k % LOW_BIT_TYPES.len()];
+        if t.ty.name != "Q8_0" || !n.is_multiple_of(ty.block()) {
+            tensors.push(Tensor { name: t.name.clone(), ne: t.ne.clone(), ty: t.ty.id, data: raw.to_vec() });
+            continue;
+        }
+        k += 1;
+        let data = random_blocks(ty, n / ty.block(), &mut rng);
+        tensors.push(Tensor { name: t.name.clone(), ne: t.ne.clone(), ty: ty.ggml_id(), data });
+    }
+    write(out, &g.metadata, &tensors, g.alignment)?;
+    Ok(k)
+}
+
+/// `n` blocks of `t`: random bytes, each f16 scale (Q2_K's d and dmin, the others' d) set to a
+/// finite value of the size that gives weights of about 0.01-0.1.
+fn random_blocks(t: BlockType, n: usize, rng: &mut Rng) -> Vec<u8> {
+    let (scales, size): (&[usize], f32) = match t {
+        BlockType::Q2K => (&[80, 82], 2e-3),
+        BlockType::Q3K => (&[108], 6e-4),
+        BlockType::Iq4Nl => (&[0], 3e-4),
+        _ => (&[0], 2e-5),
+    };
+    let mut out = Vec::with_capacity(n * t.block_bytes());
+    for _ in 0..n {
+        let at = out.len();
+        out.extend((0..t.block_bytes()).map(|_| rng.next_u64() as u8));
+        for &s in scales {
+            let d = size * (1.0 + rng.next_f64() as f32);
+            out[at + s..at + s + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        }
+    }
+    out
+}
+
+fn put_str(o: &mut Vec<u8>, s: &str) {
+    o.extend((s.len() as u64).to_le_bytes());
+    o.extend(s.as_bytes());
+}
+
+/// GGUF's value type id of a type name as the reader spells it.
+fn type_id(name: &str) -> Result<u32, String> {
+    const NAMES: [&str; 13] = [
+        "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool", "string", "array", "uint64", "int64",
+        "float64",
+    ];
+    NAMES.iter().position(|n| *n == name).map(|i| i as u32).ok_or(format!("value type {name}"))
+}
+
+fn put_value(o: &mut Vec<u8>, v: &Value) -> Result<(), String> {
+    match v {
+        Value::U8(x) => o.push(*x),
+        Value::I8(x) => o.push(*x as u8),
+        Value::U16(x) => o.extend(x.to_le_bytes()),
+        Value::I16(x) => o.extend(x.to_le_bytes()),
+        Value::U32(x) => o.extend(x.to_le_bytes()),
+        Value::I32(x) => o.extend(x.to_le_bytes()),
+        Value::F32(x) => o.extend(x.to_le_bytes()),
+        Value::Bool(x) => o.push(*x as u8),
+        Value::Str(s) => put_str(o, s),
+        Value::Array(ty, items) => {
+            o.extend(type_id(ty)?.to_le_bytes());
+            o.extend((items.len() as u64).to_le_bytes());
+            for x in items {
+                put_value(o, x)?;
+            }
+        }
+        Value::U64(x) => o.extend(x.to_le_bytes()),
+        Value::I64(x) => o.extend(x.to_le_bytes()),
+        Value::F64(x) => o.extend(x.to_le_bytes()),
+    }
+    Ok(())
+}
+
+/// Write `metadata` and `tensors` to `path` as GGUF v3 with `alignment` (a power of two).
+pub fn write(path: &Path, metadata: &[(String, Value)], tensors: &[Tensor], alignment: u64) -> Result<(), String> {
+    let mut o = b"GGUF".to_vec();
+    o.extend(3u32.to_le_bytes());
+    o.extend((tensors.len() as u64).to_le_bytes());
+    o.extend((metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata {
+        put_str(&mut o, k);
+        o.extend(type_id(v.type_name())?.to_le_bytes());
+        put_value(&mut o, v)?;
+    }
+    let align = |x: u64| x.div_ceil(alignment.max(1)) * alignment.max(1);
+    let mut at = 0u64;
+    for t in tensors {
+        put_str(&mut o, &t.name);
+        o.extend((t.ne.len() as u32).to_le_bytes());
+        t.ne.iter().for_each(|d| o.extend(d.to_le_bytes()));
+        o.extend(t.ty.to_le_bytes());
+        o.extend(at.to_le_bytes());
+        at = align(at + t.data.len() as u64);
+    }
+    o.resize(align(o.len() as u64) as usize, 0);
+    for t in tensors {
+        o.extend(&t.data);
+        o.resize(align(o.len() as u64) as usize, 0);
+    }
+    std::fs::write(path, &o).map_err(|e| format!("{}: {e}", path.display()))
+}

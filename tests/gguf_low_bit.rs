@@ -1,0 +1,68 @@
+//! GGUF's low-bit types read with their exact values: Q2_K, Q3_K, IQ4_NL and IQ4_XS (the
+//! dequantizers themselves are held to gguf-py bit for bit by kernels/tests/ggml_blocks.rs).
+//! The tiny Qwen3-MoE's Q8_0 file is written back (test time, `moescope::derived_gguf`) with each
+//! quantized tensor as random blocks of one of the four types in turn, so types mix per tensor
+//! and per layer as the "dynamic" quants people download do (an expert's gate, up and down each
+//! in its own type). Converted with the file's types kept, every weight equals the file's value,
+//! and the model runs: the prompt's last row equals that token decoded through the cache, and
+//! experts streamed through a pool of three equal the resident run bit for bit.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use moescope::convert::{ConvertOptions, QuantMode, convert_gguf};
+use moescope::engine::{Engine, EngineOptions};
+use moescope::experts::{IoMode, StreamConfig};
+use moescope::model::{Logits, NoObserver};
+use moescope_kernels::Isa;
+
+/// The Q8_0 fixture with its quantized tensors re-typed in turn by the four types, in `dir`.
+fn mixed_file(dir: &Path) -> PathBuf {
+    let path = dir.join("tiny-mixed.gguf");
+    let k = moescope::derived_gguf::low_bit_mix(&fixture("gguf/tiny/tiny-q8_0.gguf"), &path).expect("derive");
+    assert!(k >= 8, "every type on at least two tensors ({k} re-typed)");
+    path
+}
+
+#[test]
+fn a_file_mixing_the_low_bit_types_converts_exactly_and_runs_streamed_as_resident() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gguf = mixed_file(dir.path());
+    let o = moescope(&["inspect", gguf.to_str().unwrap(), "--json"], dir.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let runs = |t: &str| j["by_type"][t]["runs_as"].as_str().map(String::from);
+    assert_eq!(runs("Q2_K").as_deref(), Some("q8, group 16 with mins"));
+    assert_eq!(runs("Q3_K").as_deref(), Some("q8, group 16"));
+    assert_eq!(runs("IQ4_NL").as_deref(), Some("q8, group 32"));
+    assert_eq!(runs("IQ4_XS").as_deref(), Some("q8, group 32"));
+
+    let pkg = dir.path().join("mixed.moe");
+    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    assert_package_holds_gguf_values(&gguf, &pkg);
+
+    let ids: Vec<u32> = Reference::load("gguf/tiny").ids("ids");
+    let run = |stream: Option<StreamConfig>, isa: Isa| {
+        let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa, stream };
+        let mut eng = Engine::load(&pkg, opts).expect("load");
+        let all = eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill").to_vec();
+        eng.reset();
+        eng.eval(&ids[..ids.len() - 1], Logits::Last, &mut NoObserver).expect("prefill");
+        let last = eng.eval(&ids[ids.len() - 1..], Logits::Last, &mut NoObserver).expect("decode").to_vec();
+        (all, last)
+    };
+    for isa in Isa::available() {
+        let (all, last) = run(None, isa);
+        assert!(all.iter().all(|x| x.is_finite()), "{isa}: logits not finite");
+        let v = last.len();
+        let d = max_abs_diff(&last, &all[all.len() - v..]);
+        assert!(d <= 1e-4, "{isa}: decode differs from the prompt's last row by {d}");
+    }
+    let resident = run(None, Isa::detect()).0;
+    let blob = moescope::package::Package::open(&pkg).expect("open").sizes().blob;
+    let small = StreamConfig { budget_bytes: Some(3 * blob), io: Some(IoMode::Direct), ..StreamConfig::default() };
+    let streamed = run(Some(small), Isa::detect()).0;
+    assert!(resident.iter().zip(&streamed).all(|(a, b)| a.to_bits() == b.to_bits()), "streamed logits differ");
+}
