@@ -20,7 +20,7 @@
 //! | IQ4_NL | 32 / 18        | f16 d, 16 bytes of nibbles indexing a fixed 16-value table (`IQ4_VALUES`) |
 //! | IQ4_XS | 256 / 136      | f16 d, 2 + 4 bytes of 6-bit scales x 8, 128 bytes of nibbles as IQ4_NL's |
 //!
-//! The low-bit types are read through [`codes`]: a block's integer codes with one scale (and,
+//! The low-bit types are read through [`low_bit_codes`]: a block's integer codes with one scale (and,
 //! Q2_K, one min) per sub-block, so a dequantized value is `scale * code` (`- min`), and a
 //! relayout into a moescope format copies the same numbers.
 
