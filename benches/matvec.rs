@@ -6,14 +6,17 @@
 //!
 //! Then each matrix times 64 tokens (prefill's batched products), in GFLOP/s.
 //!
-//! `cargo bench --bench matvec [-- FORMAT ...]` (only those formats, e.g. `mxfp4 q8`; the decode
+//! `cargo bench --bench matvec [-- FORMAT ... TIER ...]` (only those formats, e.g. `mxfp4 q8`, at
+//! those tiers, e.g. `avx512`; the decode
 //! and prefill macro numbers come from `moescope bench`).
 
 use std::time::Instant;
 
 use moescope_kernels::Format;
 use moescope_kernels::mat::{Input, Mat, MatData};
-use moescope_kernels::quant::{f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row};
+use moescope_kernels::quant::{
+    f32_to_bf16, interleave_rows, panel_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row,
+};
 use moescope_kernels::{Isa, QuantAct};
 
 fn rnd(n: usize, seed: u64) -> Vec<f32> {
@@ -26,8 +29,9 @@ fn rnd(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// `w` (`[rows, cols]`) in `format`: value bytes (rows interleaved when `x4`) and scales.
-fn encode(format: Format, w: &[f32], rows: usize, cols: usize, x4: bool) -> (Vec<u8>, Vec<f32>) {
+/// `w` (`[rows, cols]`) in `format`: value bytes (rows interleaved when `x4`, panel-major when
+/// `panels` too) and scales.
+fn encode(format: Format, w: &[f32], rows: usize, cols: usize, (x4, panels): (bool, bool)) -> (Vec<u8>, Vec<f32>) {
     let (rb, ng) = (format.data_bytes(1, cols), format.group().map_or(0, |g| cols / g));
     let (mut q, mut d) = (vec![0u8; rows * rb], vec![0f32; rows * ng]);
     for r in 0..rows {
@@ -55,6 +59,11 @@ fn encode(format: Format, w: &[f32], rows: usize, cols: usize, x4: bool) -> (Vec
     if x4 {
         let mut out = vec![0u8; q.len()];
         interleave_rows(&q, rb, format.chunk_bytes().unwrap_or(rb), &mut out);
+        q = out;
+    }
+    if panels {
+        let mut out = vec![0u8; q.len()];
+        panel_rows(&q, rb, format.chunk_bytes().unwrap_or(rb), &mut out);
         q = out;
     }
     (q, d)
@@ -118,12 +127,13 @@ fn main() {
     let shapes: [(usize, usize, &[&str]); 9] = [
         (768, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4", "mxfp4"]),
         (2048, 768, &["bf16", "q8", "q4", "q4x4", "mxfp4"]),
-        (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q4g32x4", "q6", "q6x4"]),
+        (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q4g32x4", "q4g32x4p", "q6", "q6x4"]),
         // DeepSeek-V3's o_proj: 512 groups of 32 a row, 2 KiB of scales beside 8 KiB of values
-        (7168, 16384, &["q4x4", "q4g32x4", "q4g32"]),
-        (4096, 4096, &["q4g32x4"]),
-        (4096, 7168, &["q4g32x4", "q4g32"]),
-        (2048, 10240, &["q4g32x4"]),
+        // and x4p: the panel-major order the engine gives resident rows this long
+        (7168, 16384, &["q4x4", "q4g32x4", "q4g32x4p", "q4g32"]),
+        (4096, 4096, &["q4g32x4", "q4g32x4p"]),
+        (4096, 7168, &["q4g32x4", "q4g32x4p", "q4g32"]),
+        (2048, 10240, &["q4g32x4", "q4g32x4p"]),
         // gpt-oss's expert rows (2880 values: 90 MXFP4 blocks, q8 in groups of 64)
         (5760, 2880, &["q8", "mxfp4"]),
         (151936, 2048, &["q8", "q6", "q6x4"]),
@@ -145,15 +155,15 @@ fn main() {
                 "q8" => Format::Q8 { group: g },
                 "q4" | "q4x4" => Format::Q4 { group: g },
                 // GGUF Q4_0's groups (the q4g32 packages)
-                "q4g32x4" | "q4g32" => Format::Q4 { group: 32 },
+                "q4g32x4" | "q4g32x4p" | "q4g32" => Format::Q4 { group: 32 },
                 "mxfp4" => Format::Mxfp4,
                 _ => Format::Q6 { group: g },
             };
             // the activations quantized with the format's group (MXFP4: 32)
             let mut qa = QuantAct::default();
             qa.quantize(&x, cols, format.group().unwrap_or(g), Isa::detect());
-            let x4 = fmt.ends_with("x4");
-            let (vals, scales) = encode(format, &w, rows, cols, x4);
+            let (x4, panels) = (fmt.ends_with("x4") || fmt.ends_with("x4p"), fmt.ends_with("x4p"));
+            let (vals, scales) = encode(format, &w, rows, cols, (x4, panels));
             let bytes = vals.len();
             let copies = (256usize << 20).div_ceil(bytes);
             // the copies side by side in one arena of 2 MiB pages, as the engine keeps the dense
@@ -182,14 +192,16 @@ fn main() {
                             group,
                             mins: None,
                         },
-                        Format::Q4 { group } => MatData::Q4 { q: b, scales, group, x4, mins: None },
+                        Format::Q4 { group } => MatData::Q4 { q: b, scales, group, x4, panels, mins: None },
                         Format::Mxfp4 => MatData::Mxfp4 { q: b },
-                        _ => MatData::Q6 { q: b, scales, group: g, x4 },
+                        _ => MatData::Q6 { q: b, scales, group: g, x4, panels },
                     };
                     Mat { rows, cols, data }
                 })
                 .collect();
-            for isa in Isa::available() {
+            // tiers named among the arguments (`avx512`, ...), else every tier
+            let named: Vec<Isa> = Isa::available().into_iter().filter(|i| only.iter().any(|o| o == i.name())).collect();
+            for isa in if named.is_empty() { Isa::available() } else { named } {
                 let mem = run(rows, cols, isa, fmt, &mats, &x, &qa, 1);
                 // (a matrix past the L3 cache has no hot number)
                 let hot = if bytes <= 16 << 20 {

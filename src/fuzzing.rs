@@ -74,7 +74,13 @@ fn scratch() -> PathBuf {
 
 /// Load the package at `path` and run two tokens through it: whether both worked.
 fn run_package(path: &Path) -> bool {
-    let opts = EngineOptions { threads: 1, ctx_size: Some(32), isa: moescope_kernels::Isa::detect(), stream: None };
+    let opts = EngineOptions {
+        threads: 1,
+        ctx_size: Some(32),
+        isa: moescope_kernels::Isa::detect(),
+        stream: None,
+        panels: true,
+    };
     let Ok(mut e) = Engine::load(path, opts) else { return false };
     let vocab = e.package().meta.model.vocab_size as u32;
     e.eval(&[0, vocab.saturating_sub(1)], Logits::Last, &mut NoObserver).is_ok()
@@ -225,8 +231,13 @@ fn server() -> Option<std::net::SocketAddr> {
             shutdown: None,
         };
         let load: crate::serve::Loader = Box::new(move || {
-            let o =
-                EngineOptions { threads: 1, ctx_size: Some(256), isa: moescope_kernels::Isa::detect(), stream: None };
+            let o = EngineOptions {
+                threads: 1,
+                ctx_size: Some(256),
+                isa: moescope_kernels::Isa::detect(),
+                stream: None,
+                panels: true,
+            };
             Engine::load(&pkg, o).map_err(|e| e.to_string())
         });
         std::thread::Builder::new()

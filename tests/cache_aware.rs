@@ -23,7 +23,7 @@ impl Observer for Seen {
 }
 
 fn engine(pkg: &Path, slots: u64, tol: Option<f32>) -> Engine {
-    let o = |stream| EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream };
+    let o = |stream| EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream, panels: true };
     let blob = slot_bytes(pkg);
     let stream = StreamConfig {
         budget_bytes: Some(slots * blob),
@@ -64,11 +64,13 @@ fn substitutes_come_from_the_next_candidates_within_the_tolerance() {
         let (_d, pkg) = convert(name, "q4");
         let r = Reference::load(name);
         let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
-        let cfg =
-            Engine::load(&pkg, EngineOptions { threads: 1, ctx_size: Some(320), isa: Isa::detect(), stream: None })
-                .unwrap()
-                .config()
-                .clone();
+        let cfg = Engine::load(
+            &pkg,
+            EngineOptions { threads: 1, ctx_size: Some(320), isa: Isa::detect(), stream: None, panels: true },
+        )
+        .unwrap()
+        .config()
+        .clone();
         let (e_n, k) = (cfg.num_experts, cfg.num_experts_per_tok);
         let slots = (e_n * cfg.moe_layers().len() / 3) as u64;
         let tol = 0.05f32;

@@ -12,8 +12,11 @@ use moescope_kernels::Isa;
 
 fn demo_engine(dir: &std::path::Path, ctx: usize) -> Engine {
     let (pkg, _) = moescope::demo::ensure_package(dir).expect("demo package");
-    Engine::load(&pkg, EngineOptions { threads: 1, ctx_size: Some(ctx), isa: Isa::detect(), stream: None })
-        .expect("engine")
+    Engine::load(
+        &pkg,
+        EngineOptions { threads: 1, ctx_size: Some(ctx), isa: Isa::detect(), stream: None, panels: true },
+    )
+    .expect("engine")
 }
 
 /// What a turn streamed: the prompt's (tokens, cached), the ids, and the text of the pieces and

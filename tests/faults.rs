@@ -41,7 +41,8 @@ fn setup_with(io: IoMode, prefetch: bool) -> (tempfile::TempDir, Engine, Arc<Fau
 }
 
 fn load(pkg: &Path, stream: Option<StreamConfig>) -> Engine {
-    Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream }).expect("load")
+    Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream, panels: true })
+        .expect("load")
 }
 
 fn stream(budget: u64, io: IoMode) -> StreamConfig {

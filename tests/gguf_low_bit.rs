@@ -45,7 +45,7 @@ fn a_file_mixing_the_low_bit_types_converts_exactly_and_runs_streamed_as_residen
 
     let ids: Vec<u32> = Reference::load("gguf/tiny").ids("ids");
     let run = |stream: Option<StreamConfig>, isa: Isa| {
-        let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa, stream };
+        let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa, stream, panels: true };
         let mut eng = Engine::load(&pkg, opts).expect("load");
         let all = eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill").to_vec();
         eng.reset();

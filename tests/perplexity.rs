@@ -225,7 +225,8 @@ fn second_half_scores_whole_windows_from_their_middle() {
     // the tier the command runs at (CI runs the tests again with MOESCOPE_ISA capped)
     let cap = std::env::var("MOESCOPE_ISA").ok().filter(|v| !v.is_empty()).map(|v| v.parse().expect("MOESCOPE_ISA"));
     let isa = moescope_kernels::Isa::detect_capped(cap);
-    let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(w), isa, stream: None }).expect("load");
+    let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(w), isa, stream: None, panels: true })
+        .expect("load");
     let v = eng.config().vocab_size;
     let (mut sum, mut n) = (0f64, 0usize);
     for win in ids.chunks_exact(w) {

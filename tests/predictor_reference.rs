@@ -57,9 +57,11 @@ fn the_predictor_scores_as_transformers_one_and_two_layers_ahead() {
         auto: false,
         force: false,
     };
-    let mut eng =
-        Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream: Some(stream) })
-            .expect("load");
+    let mut eng = Engine::load(
+        &pkg,
+        EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream: Some(stream), panels: true },
+    )
+    .expect("load");
     eng.streamed().unwrap().predictor.set_lossless(true);
     eng.reset();
     eng.eval(&prompt, Logits::Last, &mut NoObserver).unwrap();

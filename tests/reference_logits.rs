@@ -136,7 +136,8 @@ fn check_fixture_in(name: &str, quants: &[&str]) {
         for isa in Isa::available() {
             let tag = format!("{name} {quant} {isa}");
             let mut eng =
-                Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(ctx), isa, stream: None }).expect("load");
+                Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(ctx), isa, stream: None, panels: true })
+                    .expect("load");
             let moe_layers = eng.config().moe_layers();
             let mut m = Measured::new();
             let bounds = quant_bounds(name, quant);

@@ -89,7 +89,8 @@ impl Observer for Seen {
 
 fn engine(pkg: &Path, stream: Option<StreamConfig>, trace: Option<&Path>) -> Engine {
     let mut eng =
-        Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream }).expect("load");
+        Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream, panels: true })
+            .expect("load");
     if let Some(t) = trace {
         let (h, recs) = routing_log::read(t).expect("trace");
         let r = routing_log::replay(&t.display().to_string(), &h, recs).expect("replay");

@@ -31,7 +31,13 @@ fn sim_matches_the_engine(name: &str, quant: &str, ids: &[u32], slot_counts: &[u
                 auto: false,
                 force: false,
             };
-            let opts = EngineOptions { threads: 2, ctx_size: Some(128), isa: Isa::detect(), stream: Some(stream) };
+            let opts = EngineOptions {
+                threads: 2,
+                ctx_size: Some(128),
+                isa: Isa::detect(),
+                stream: Some(stream),
+                panels: true,
+            };
             let mut eng = Engine::load(&pkg, opts).expect("load");
             let cfg = eng.config().clone();
             let all = (cfg.num_experts * cfg.moe_layers().len()) as u64;

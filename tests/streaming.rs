@@ -15,7 +15,8 @@ use moescope::model::{Logits, NoObserver};
 use moescope_kernels::Isa;
 
 fn engine(pkg: &Path, stream: Option<StreamConfig>) -> Engine {
-    Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream }).expect("load")
+    Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream, panels: true })
+        .expect("load")
 }
 
 /// Prompt logits (all positions) then 12 cached decode steps on the reference's forced ids.

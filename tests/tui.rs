@@ -37,7 +37,13 @@ fn recorded() -> &'static Vec<Event> {
         let load = Box::new(move || {
             Engine::load(
                 &pkg,
-                EngineOptions { threads: 2, ctx_size: Some(512), isa: Isa::detect(), stream: Some(Default::default()) },
+                EngineOptions {
+                    threads: 2,
+                    ctx_size: Some(512),
+                    isa: Isa::detect(),
+                    stream: Some(Default::default()),
+                    panels: true,
+                },
             )
             .map(Loaded::from)
             .map_err(|e| e.to_string())

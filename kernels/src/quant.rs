@@ -31,6 +31,10 @@
 //! stream (4 rows side by side in the row-major order were 4 streams 1 KiB apart, which the
 //! hardware prefetcher followed badly: `cargo bench --bench matvec` shows both layouts). Scales
 //! stay `[rows, cols / group]`.
+//!
+//! Panel-major order (in memory only, never in a file): the same chunks as x4, superblocks of 16
+//! rows stored panel by panel ([`panel_offset`]), for rows so long that the x4 decode kernel's
+//! activation row fell out of L1 between two 4-row blocks ([`panels_pay`]). Scales unchanged.
 
 use half::bf16;
 
@@ -62,6 +66,69 @@ pub fn interleaved_offset(r: usize, c: usize, row_bytes: usize, chunk_bytes: usi
     (r / ROW_BLOCK) * ROW_BLOCK * row_bytes + (c * ROW_BLOCK + r % ROW_BLOCK) * chunk_bytes
 }
 
+/// Rows of a panel-major superblock ([`panel_offset`]).
+pub const PANEL_ROWS: usize = 16;
+/// 128-value chunks of a row per panel: 2 KiB of int8 activations, which stay in L1 while the
+/// superblock's 16 rows stream past them.
+pub const PANEL_CHUNKS: usize = 16;
+
+/// Offset of chunk `c` of row `r` in a panel-major matrix: superblocks of [`PANEL_ROWS`] rows
+/// (the matrix's rows a multiple of it), each stored as its column panels of [`PANEL_CHUNKS`]
+/// chunks (the last panel what is left) one after another, and within a panel its four
+/// [`ROW_BLOCK`]-row blocks one after another, each block's chunks alternating row by row as in
+/// [`interleaved_offset`]. A decode kernel that runs every block of a superblock over a panel
+/// before the next panel reads one sequential stream and reuses the panel's activations four
+/// times while they are in L1; over rows of thousands of values the x4 order made it fetch the
+/// whole activation row again for every block (see [`panels_pay`]).
+#[inline]
+pub fn panel_offset(r: usize, c: usize, row_bytes: usize, chunk_bytes: usize) -> usize {
+    let chunks = row_bytes / chunk_bytes;
+    let p = c / PANEL_CHUNKS;
+    // the panel's width: whole, or the row's last chunks
+    let w = PANEL_CHUNKS.min(chunks - p * PANEL_CHUNKS);
+    let panel = (r / PANEL_ROWS) * PANEL_ROWS * row_bytes + p * PANEL_CHUNKS * PANEL_ROWS * chunk_bytes;
+    let block = (r % PANEL_ROWS) / ROW_BLOCK * ROW_BLOCK * w * chunk_bytes;
+    panel + block + ((c % PANEL_CHUNKS) * ROW_BLOCK + r % ROW_BLOCK) * chunk_bytes
+}
+
+/// Offset of chunk `c` of row `r` of an interleaved matrix: panel-major when `panels`.
+#[inline]
+pub fn chunk_offset(r: usize, c: usize, row_bytes: usize, chunk_bytes: usize, panels: bool) -> usize {
+    if panels { panel_offset(r, c, row_bytes, chunk_bytes) } else { interleaved_offset(r, c, row_bytes, chunk_bytes) }
+}
+
+/// Rows of at least this many chunks (10240 values) go panel-major. One thread from memory on
+/// Zen 5 (`cargo bench --bench matvec`, q4 groups of 32, three alternated runs), panels against
+/// x4: 16384 values +30-39%, 10240 +7-10%, 7168 -1-3%, 4096 -2-4%; prefill's tiles lost ~12% at
+/// 4096 and nothing from 7168 on.
+pub const PANEL_MIN_CHUNKS: usize = 80;
+
+/// Whether a row-interleaved `[rows, cols]` matrix in `format` goes panel-major when loaded for
+/// decode: q4 or q6, rows a multiple of [`PANEL_ROWS`], rows of at least [`PANEL_MIN_CHUNKS`]
+/// chunks, and groups that end on panel boundaries (so each panel's groups are whole).
+pub fn panels_pay(format: Format, rows: usize, cols: usize) -> bool {
+    let group_fits = format.group().is_some_and(|g| (PANEL_CHUNKS * CHUNK).is_multiple_of(g));
+    matches!(format, Format::Q4 { .. } | Format::Q6 { .. })
+        && format.interleaves(rows, cols)
+        && rows.is_multiple_of(PANEL_ROWS)
+        && cols / CHUNK >= PANEL_MIN_CHUNKS
+        && group_fits
+}
+
+/// A row-interleaved matrix `src` (rows of `row_bytes`) in the panel-major order, into `out`
+/// (same length; the rows a multiple of [`PANEL_ROWS`]).
+pub fn panel_rows(src: &[u8], row_bytes: usize, chunk_bytes: usize, out: &mut [u8]) {
+    debug_assert!(src.len() == out.len() && src.len().is_multiple_of(row_bytes * PANEL_ROWS));
+    let chunks = row_bytes / chunk_bytes;
+    for r in 0..src.len() / row_bytes {
+        for c in 0..chunks {
+            let (from, to) =
+                (interleaved_offset(r, c, row_bytes, chunk_bytes), panel_offset(r, c, row_bytes, chunk_bytes));
+            out[to..to + chunk_bytes].copy_from_slice(&src[from..from + chunk_bytes]);
+        }
+    }
+}
+
 /// Row-major `src` (rows of `row_bytes`) in the row-interleaved order, into `out` (same length).
 pub fn interleave_rows(src: &[u8], row_bytes: usize, chunk_bytes: usize, out: &mut [u8]) {
     debug_assert!(src.len() == out.len() && src.len().is_multiple_of(row_bytes * ROW_BLOCK));
@@ -73,11 +140,12 @@ pub fn interleave_rows(src: &[u8], row_bytes: usize, chunk_bytes: usize, out: &m
     }
 }
 
-/// Row `r` of a row-interleaved matrix `q`, gathered into `out` (`row_bytes` long).
-pub fn gather_row(q: &[u8], r: usize, chunk_bytes: usize, out: &mut [u8]) {
+/// Row `r` of a row-interleaved matrix `q` (panel-major when `panels`), gathered into `out`
+/// (`row_bytes` long).
+pub fn gather_row(q: &[u8], r: usize, chunk_bytes: usize, panels: bool, out: &mut [u8]) {
     let row_bytes = out.len();
     for (c, chunk) in out.chunks_exact_mut(chunk_bytes).enumerate() {
-        let at = interleaved_offset(r, c, row_bytes, chunk_bytes);
+        let at = chunk_offset(r, c, row_bytes, chunk_bytes, panels);
         chunk.copy_from_slice(&q[at..at + chunk_bytes]);
     }
 }

@@ -55,8 +55,16 @@ fn mins_make_groups_asymmetric() {
         interleave_rows(&q4b, cols / 2, 64, &mut x4b);
         let mats: Vec<Mat<'_>> = if q4 {
             vec![
-                Mat { rows, cols, data: MatData::Q4 { q: &q4b, scales: &d, group, x4: false, mins: Some(&mins) } },
-                Mat { rows, cols, data: MatData::Q4 { q: &x4b, scales: &d, group, x4: true, mins: Some(&mins) } },
+                Mat {
+                    rows,
+                    cols,
+                    data: MatData::Q4 { q: &q4b, scales: &d, group, x4: false, panels: false, mins: Some(&mins) },
+                },
+                Mat {
+                    rows,
+                    cols,
+                    data: MatData::Q4 { q: &x4b, scales: &d, group, x4: true, panels: false, mins: Some(&mins) },
+                },
             ]
         } else {
             vec![Mat { rows, cols, data: MatData::Q8 { q: &q8b, scales: &d, group, mins: Some(&mins) } }]

@@ -19,7 +19,7 @@ use serde_json::json;
 
 use moescope::experts::{PolicyKind, StreamConfig};
 
-use super::run_config::{self as run, isa_from_env};
+use super::run_config::{self as run, isa_from_env, panels_from_env};
 use super::{experts_report, model_arg};
 use crate::cli::PerplexityArgs;
 
@@ -88,7 +88,13 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {})", a.file.display(), e.utf8_error().valid_up_to()))?;
     let path = model_arg::resolve(a.model.as_deref(), a.quant.as_deref())?;
     let opts = |stream: Option<StreamConfig>| -> Result<EngineOptions> {
-        Ok(EngineOptions { threads, ctx_size: Some(a.window), isa: isa_from_env()?, stream })
+        Ok(EngineOptions {
+            threads,
+            ctx_size: Some(a.window),
+            isa: isa_from_env()?,
+            stream,
+            panels: panels_from_env()?,
+        })
     };
     // the model streams as `run` would (pool options given or not); the base is always exact
     let stream = StreamConfig {

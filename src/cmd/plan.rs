@@ -226,7 +226,11 @@ fn probe_q4_flops(threads: usize) -> f64 {
     let x: Vec<f32> = (0..n * cols).map(|_| rng.next_f64() as f32 - 0.5).collect();
     let mut act = QuantAct::default();
     act.quantize(&x, cols, 32, isa);
-    let m = Mat { rows, cols, data: MatData::Q4 { q: &q, scales: &scales, group: 32, x4: true, mins: None } };
+    let m = Mat {
+        rows,
+        cols,
+        data: MatData::Q4 { q: &q, scales: &scales, group: 32, x4: true, panels: false, mins: None },
+    };
     let per = rows.div_ceil(threads) / 4 * 4;
     let mut best = 0f64;
     for _ in 0..3 {

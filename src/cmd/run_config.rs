@@ -102,6 +102,16 @@ pub fn isa_from_env() -> Result<Isa> {
     Ok(Isa::detect_capped(cap))
 }
 
+/// Whether long rows go panel-major at load (`EngineOptions::panels`): `MOESCOPE_PANELS` `on`
+/// (or unset) or `off`, for measuring what the order buys.
+pub fn panels_from_env() -> Result<bool> {
+    match std::env::var("MOESCOPE_PANELS").as_deref() {
+        Ok("" | "on") | Err(_) => Ok(true),
+        Ok("off") => Ok(false),
+        Ok(v) => anyhow::bail!("MOESCOPE_PANELS: '{v}' (expected on or off)"),
+    }
+}
+
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
     let ids: Vec<u32> = s
         .split(',')
@@ -170,6 +180,7 @@ impl RunConfig {
                 threads,
                 ctx_size: a.ctx_size,
                 isa: isa_from_env()?,
+                panels: panels_from_env()?,
                 stream: if a.experts.no_stream {
                     None
                 } else {

@@ -61,6 +61,9 @@ pub struct EngineOptions {
     /// Stream experts through a pool (None: read them through the package's mapping, all
     /// resident once touched).
     pub stream: Option<StreamConfig>,
+    /// Put the resident matrices with long rows in panel-major order when the AVX-512 kernels
+    /// run (`package::panels`; the same results either way, faster decode).
+    pub panels: bool,
 }
 
 /// Prompts are evaluated in chunks of this many tokens (bounds the activation buffers).
@@ -167,8 +170,10 @@ impl Engine {
             opts.stream = None;
             experts_in_memory = true;
         }
-        // the dense weights, which every decode token reads, in huge pages (and the experts)
-        if let Err(e) = pkg.make_resident(experts_in_memory, opts.stream.is_some()) {
+        // the dense weights, which every decode token reads, in huge pages (and the experts);
+        // long rows panel-major where the AVX-512 kernels will read them
+        let panels = opts.panels && opts.isa >= Isa::Avx512;
+        if let Err(e) = pkg.make_resident(experts_in_memory, opts.stream.is_some(), panels) {
             warnings.push(format!("weights stay memory-mapped from the file (no resident copy: {e})"));
         }
         pkg.verify_dense()?;

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use moescope_kernels::act::QuantPart;
 use moescope_kernels::mat::Input;
 use moescope_kernels::ops::Glu;
-use moescope_kernels::quant::{Format, ROW_BLOCK};
+use moescope_kernels::quant::{Format, PANEL_ROWS};
 use moescope_kernels::{Isa, Mat, QuantAct};
 
 use crate::trace;
@@ -189,8 +189,9 @@ impl Exec {
     }
 
     /// The pieces of a parallel section over `rows` rows of `row_bytes` weight bytes each,
-    /// claimed in order: each about 1/(2 x threads) of the rows still unclaimed, in whole blocks
-    /// of interleaved rows (`ROW_BLOCK`) and of at least `min_piece_bytes`, so the pieces shrink
+    /// claimed in order: each about 1/(2 x threads) of the rows still unclaimed, in whole
+    /// superblocks of panel-major rows (`PANEL_ROWS`, whole blocks of interleaved rows too) and
+    /// of at least `min_piece_bytes`, so the pieces shrink
     /// as the section runs out and the threads finish within one small piece of each other
     /// (with equal pieces, one thread idled at the end of every section; measured in the commit
     /// that chose this). One thread: one piece.
@@ -202,7 +203,7 @@ impl Exec {
         let mut r0 = 0;
         while r0 < rows {
             let left = rows - r0;
-            let n = left.div_ceil(share).max(least).next_multiple_of(ROW_BLOCK).min(left);
+            let n = left.div_ceil(share).max(least).next_multiple_of(PANEL_ROWS).min(left);
             out.push(r0..r0 + n);
             r0 += n;
         }

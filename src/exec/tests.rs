@@ -42,7 +42,7 @@ fn x4(rows: usize, cols: usize) -> bool {
 }
 
 fn mat<'a>(rows: usize, cols: usize, (q, d): &'a (Vec<u8>, Vec<f32>)) -> Mat<'a> {
-    Mat { rows, cols, data: MatData::Q4 { q, scales: d, group: 32, x4: x4(rows, cols), mins: None } }
+    Mat { rows, cols, data: MatData::Q4 { q, scales: d, group: 32, x4: x4(rows, cols), panels: false, mins: None } }
 }
 
 /// The first index where two results differ in any bit.
@@ -140,11 +140,12 @@ fn pieces_cover_the_rows_in_order_and_shrink_to_the_least_size() {
             assert_eq!(r0, rows, "{rows} rows of {row_bytes} B: pieces end at {r0}");
             for (i, r) in p.iter().enumerate() {
                 let last = i + 1 == p.len();
-                // whole blocks of interleaved rows and at least the least size, but the last
-                assert!(last || (r.start % 4 == 0 && r.len() % 4 == 0), "{rows} rows: piece {r:?}");
+                // whole superblocks of panel-major rows (so whole blocks of interleaved rows) and
+                // at least the least size, but the last
+                assert!(last || (r.start % 16 == 0 && r.len() % 16 == 0), "{rows} rows: piece {r:?}");
                 assert!(last || r.len() >= least, "{rows} rows of {row_bytes} B: piece {r:?} under {least}");
                 // never larger than a sixth (1 / (2 x 3 threads)) of what was left, rounded up
-                let cap = (rows - r.start).div_ceil(6).max(least).next_multiple_of(4);
+                let cap = (rows - r.start).div_ceil(6).max(least).next_multiple_of(16);
                 assert!(r.len() <= cap, "{rows} rows: piece {r:?} over {cap}");
             }
             // shrinking: no piece after the first is larger than the one before it

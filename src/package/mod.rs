@@ -5,6 +5,7 @@ pub mod finite;
 pub mod layout;
 mod mtp;
 pub mod reader;
+mod resident;
 pub mod sigbus;
 mod sink;
 pub mod writer;

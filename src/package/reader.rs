@@ -14,11 +14,11 @@ use super::layout::*;
 
 /// An open, validated package.
 pub struct Package {
-    path: PathBuf,
+    pub(super) path: PathBuf,
     pub(super) mmap: Mmap,
     /// The dense region, and the experts' when they fit, copied into anonymous memory backed by
     /// huge pages (see [`Package::make_resident`]): `(file offset of its first byte, the bytes)`.
-    resident: Option<(u64, Mmap)>,
+    pub(super) resident: Option<(u64, Mmap)>,
     pub header: Header,
     pub meta: Meta,
     index: HashMap<String, usize>,
@@ -26,6 +26,9 @@ pub struct Package {
     pub(super) mtp_index: HashMap<String, usize>,
     /// Per expert blob: 0 = not checked yet, 1 = checksum good.
     expert_checked: Vec<AtomicU8>,
+    /// Per dense tensor: its resident copy is in panel-major order (`package::panels`), its
+    /// checksum verified before the reordering.
+    pub(super) panelled: Vec<bool>,
 }
 
 /// What to check when opening.
@@ -147,6 +150,7 @@ impl Package {
             path: p,
             mmap,
             resident: None,
+            panelled: vec![false; meta.tensors.len()],
             header,
             meta,
             index,
@@ -161,7 +165,10 @@ impl Package {
 
     /// Check every dense tensor against its checksum (in the resident copy once there is one).
     pub fn verify_dense(&self) -> Result<(), PackageError> {
-        self.meta.tensors.iter().try_for_each(|t| self.verify_entry(t))
+        self.meta.tensors.iter().zip(&self.panelled).try_for_each(|(t, &p)| {
+            // a reordered copy was verified before it was reordered
+            if p { self.check_finite(|| t.name.clone(), t, 0) } else { self.verify_entry(t) }
+        })
     }
 
     /// One dense-layout tensor's checksum and values.
@@ -187,16 +194,14 @@ impl Package {
     }
 
     fn verify(&self, what: &str, offset: u64, len: u64, sum: Option<&str>) -> Result<(), PackageError> {
-        let want = sum.and_then(parse_hex64).ok_or_else(|| PackageError::Meta {
-            path: self.path.clone(),
-            msg: format!("{what}: missing or malformed checksum"),
-        })?;
         let (bytes, origin) = self.bytes_for(offset, len);
-        let bytes = &bytes[(offset - origin) as usize..(offset - origin + len) as usize];
-        if xxhash_rust::xxh3::xxh3_64(bytes) != want {
-            return Err(PackageError::Checksum { path: self.path.clone(), what: what.to_string(), offset, len });
-        }
-        Ok(())
+        verify_bytes(
+            &self.path,
+            what,
+            &bytes[(offset - origin) as usize..(offset - origin + len) as usize],
+            offset,
+            sum,
+        )
     }
 
     pub fn entry(&self, name: &str) -> Result<&TensorEntry, PackageError> {
@@ -227,7 +232,13 @@ impl Package {
     pub fn mat_by_index(&self, i: TensorId) -> Mat<'_> {
         let t = &self.meta.tensors[i.0];
         let (bytes, origin) = self.bytes_for(t.offset, t.length);
-        mat_at(bytes, origin, t, 0)
+        let mut m = mat_at(bytes, origin, t, 0);
+        if self.panelled[i.0]
+            && let MatData::Q4 { panels, .. } | MatData::Q6 { panels, .. } = &mut m.data
+        {
+            *panels = true;
+        }
+        m
     }
 
     /// Dense f32 tensor `i` (from [`Package::require`] with `f32_only`).
@@ -244,62 +255,6 @@ impl Package {
             Some((start, r)) if offset >= *start && offset + len <= start + r.len() as u64 => (&r[..], *start),
             _ => (&self.mmap[..], 0),
         }
-    }
-
-    /// Copy the dense region (`with_experts`: and the expert region after it) into anonymous
-    /// memory backed by transparent huge pages. Decode streams every dense weight once per token
-    /// (the lm_head alone is nearly half of a Qwen3-30B-A3B q4 token): with 2 MiB pages the reads
-    /// cross no 4 KiB page boundaries and miss no TLB entries. The page cache's copy is 4 KiB
-    /// pages the kernel does not map huge. The experts too when they are served from memory
-    /// rather than streamed (the package fits): through 4 KiB pages they ran slower than the
-    /// copy (both measured in the commits that added them). The cost is a start that reads the
-    /// whole file.
-    /// `drop_cached`: drop the file's copy of those pages from the page cache (when experts
-    /// stream, memory is what the pool is sized against; else the next start reads them from
-    /// memory rather than the disk).
-    pub fn make_resident(&mut self, with_experts: bool, drop_cached: bool) -> Result<(), PackageError> {
-        use std::os::unix::fs::FileExt;
-        let start = self.header.dense_offset;
-        let end = if with_experts && self.header.expert_len > 0 {
-            self.header.expert_offset + self.header.expert_len
-        } else {
-            start + self.header.dense_len
-        };
-        let len = end - start;
-        let io = |e: std::io::Error| PackageError::Io { path: self.path.clone(), error: e };
-        let _s = crate::trace::span("make_resident")
-            .arg("bytes", len)
-            .arg("with_experts", if with_experts { "yes" } else { "no" });
-        let mut anon = memmap2::MmapMut::map_anon(len as usize).map_err(io)?;
-        // advisory: without THP the copy still works, as 4 KiB pages
-        let _ = anon.advise(memmap2::Advice::HugePage);
-        let file = std::fs::File::open(&self.path).map_err(io)?;
-        // in as many parts as there are cores: each part's page faults (zeroing huge pages) and
-        // copy out of the page cache run beside the others' (3.2 GB: 0.8-2.6 s in one part here)
-        let parts = crate::sysinfo::logical_cores().clamp(1, 8);
-        let step = (len as usize).div_ceil(parts).next_multiple_of(2 << 20);
-        std::thread::scope(|sc| {
-            let jobs: Vec<_> = anon
-                .chunks_mut(step)
-                .enumerate()
-                .map(|(i, part)| {
-                    let file = &file;
-                    sc.spawn(move || file.read_exact_at(part, start + (i * step) as u64))
-                })
-                .collect();
-            jobs.into_iter()
-                .try_for_each(|j| j.join().unwrap_or_else(|_| Err(std::io::Error::other("a copy thread panicked"))))
-        })
-        .map_err(io)?;
-        if drop_cached {
-            // SAFETY: advisory call on an open descriptor
-            unsafe {
-                use std::os::fd::AsRawFd;
-                libc::posix_fadvise(file.as_raw_fd(), start as i64, len as i64, libc::POSIX_FADV_DONTNEED);
-            }
-        }
-        self.resident = Some((start, anon.make_read_only().map_err(io)?));
-        Ok(())
     }
 
     /// Bytes of the resident copy ([`make_resident`](Self::make_resident)); 0 without one.
@@ -436,6 +391,26 @@ pub struct ExpertMats<'a> {
     pub down: Mat<'a>,
 }
 
+/// `bytes` (file offset `offset`) against the hex xxh3 `sum`: an error naming `what` if it is
+/// missing, malformed or different.
+pub(super) fn verify_bytes(
+    path: &Path,
+    what: &str,
+    bytes: &[u8],
+    offset: u64,
+    sum: Option<&str>,
+) -> Result<(), PackageError> {
+    let want = sum.and_then(parse_hex64).ok_or_else(|| PackageError::Meta {
+        path: path.to_path_buf(),
+        msg: format!("{what}: missing or malformed checksum"),
+    })?;
+    if xxhash_rust::xxh3::xxh3_64(bytes) != want {
+        let len = bytes.len() as u64;
+        return Err(PackageError::Checksum { path: path.to_path_buf(), what: what.to_string(), offset, len });
+    }
+    Ok(())
+}
+
 /// The matrix an (already validated) entry describes, its offsets taken from `base`.
 /// `bytes` start at file (or blob) offset `origin`.
 pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u64) -> Mat<'a> {
@@ -451,8 +426,10 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
         Format::F32 => MatData::F32(bytemuck::cast_slice(data)),
         Format::Bf16 => MatData::Bf16(bytemuck::cast_slice(data)),
         Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group, mins },
-        Format::Q4 { group } => MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), mins },
-        Format::Q6 { group } => MatData::Q6 { q: data, scales: scales(), group, x4: interleaved(t) },
+        Format::Q4 { group } => {
+            MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), panels: false, mins }
+        }
+        Format::Q6 { group } => MatData::Q6 { q: data, scales: scales(), group, x4: interleaved(t), panels: false },
         Format::Mxfp4 => MatData::Mxfp4 { q: data },
     };
     Mat { rows, cols, data }

@@ -140,8 +140,13 @@ pub fn slot_bytes(pkg: &Path) -> u64 {
     use moescope::engine::{Engine, EngineOptions};
     use moescope::experts::StreamConfig;
     let probe = StreamConfig { budget_bytes: Some(1), ..StreamConfig::default() };
-    let opts =
-        EngineOptions { threads: 1, ctx_size: Some(64), isa: moescope_kernels::Isa::detect(), stream: Some(probe) };
+    let opts = EngineOptions {
+        threads: 1,
+        ctx_size: Some(64),
+        isa: moescope_kernels::Isa::detect(),
+        stream: Some(probe),
+        panels: true,
+    };
     Engine::load(pkg, opts).expect("load").pool().expect("streamed").blob_len() as u64
 }
 
@@ -284,7 +289,8 @@ pub fn check_gguf_logits(gguf: &Path, ids: &[u32], want: &[f32], bounds: Option<
     for isa in moescope_kernels::Isa::available() {
         let tag = format!("{name} {isa}");
         let ctx = Some(ids.len().next_multiple_of(64));
-        let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: ctx, isa, stream: None }).expect("load");
+        let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: ctx, isa, stream: None, panels: true })
+            .expect("load");
         let got = eng.eval(ids, Logits::All, &mut NoObserver).expect("prefill").to_vec();
         eng.reset();
         eng.eval(&ids[..ids.len() - 1], Logits::Last, &mut NoObserver).expect("prefill");

@@ -22,8 +22,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx512_finish::finish;
 use crate::act::QuantAct;
-use crate::quant::{ROW_BLOCK, interleaved_offset};
+use crate::quant::{PANEL_CHUNKS, ROW_BLOCK, chunk_offset};
 
 /// The mask of the first `n` of 16 lanes (all of them from 16 on): a row's last groups, fewer
 /// than a vector.
@@ -46,7 +47,7 @@ pub fn supports_q6(group: usize) -> bool {
 /// `out[i * n + t] = W[rows.start + i] · x[t]` for q4 weights `q` (`[rows, cols / 2]`), or with
 /// `six` q6 weights (`q6_lo4hi2`: `[rows, cols / 128 * 96]`, the same low-nibble unpacking with
 /// the high bits ORed in from each chunk's last 32 bytes, and a bias of 32), rows interleaved by
-/// [`ROW_BLOCK`] when `x4` (see [`crate::quant`]), with `scales` (`[rows, cols / group]`) and the
+/// [`ROW_BLOCK`] when `x4` (see [`crate::quant`]; and panel-major when `panels`), with `scales` (`[rows, cols / group]`) and the
 /// `n` activation rows of `a`; `ap` is `a.q` (all `n` rows) permuted by
 /// [`permute_q4_act`](crate::act::permute_q4_act).
 ///
@@ -61,7 +62,7 @@ pub fn supports_q6(group: usize) -> bool {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q_matmul(
     six: bool,
-    x4: bool,
+    (x4, panels): (bool, bool),
     q: &[u8],
     scales: &[f32],
     mins: Option<&[f32]>,
@@ -76,8 +77,9 @@ pub unsafe fn q_matmul(
     // decode over interleaved rows reads one stream: prefetch along it where that pays
     let pf = if x4 && n == 1 { crate::prefetch::distance() } else { 0 };
     let (cpg, gpc) = (a.group / 128, 128 / a.group.min(128));
+    let mins = mins.filter(|_| !six);
     let m =
-        QMat { q, wd: scales, mins: mins.filter(|_| !six), cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
+        QMat { q, wd: scales, mins, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf, panels: x4 && panels };
     // SAFETY (all four): the caller's guarantees
     unsafe {
         match (six, x4) {
@@ -96,6 +98,11 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
     // token tile over a block before the next, so a block's weights come from memory once
     // rather than once per tile (an expert's 2 x 4 tiles over its 5-12 tokens of a prompt
     // streamed its matrices 2-3 times); each product is computed as before, the same bits
+    if n == 1 && IL > 1 && m.panels {
+        // SAFETY: the caller's guarantees
+        unsafe { super::avx512_panels::panel_matvec::<SIX>(m, rows, out) };
+        return;
+    }
     let block = if n > 4 { ROWS_IN_CACHE } else { rows.end.max(1) };
     let mut r = rows.start;
     while r < rows.end {
@@ -139,23 +146,25 @@ unsafe fn token_tiles<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, 
 }
 
 /// A q4 or q6 matrix and the activations it multiplies.
-struct QMat<'a> {
-    q: &'a [u8],
-    wd: &'a [f32],
+pub(super) struct QMat<'a> {
+    pub(super) q: &'a [u8],
+    pub(super) wd: &'a [f32],
     /// q4 with asymmetric groups: value `wd_g * n - mins_g` of the unsigned nibble `n`
-    mins: Option<&'a [f32]>,
-    cols: usize,
+    pub(super) mins: Option<&'a [f32]>,
+    pub(super) cols: usize,
     /// bytes of one weight row
-    row_bytes: usize,
+    pub(super) row_bytes: usize,
     /// groups per row, 128-value chunks per group (0 when groups are smaller), groups per chunk
     /// (1 when groups are whole chunks)
-    ng: usize,
-    cpg: usize,
-    gpc: usize,
-    a: &'a QuantAct,
-    ap: &'a [i8],
+    pub(super) ng: usize,
+    pub(super) cpg: usize,
+    pub(super) gpc: usize,
+    pub(super) a: &'a QuantAct,
+    pub(super) ap: &'a [i8],
     /// software prefetch distance in bytes, 0: none ([`crate::prefetch`])
-    pf: usize,
+    pub(super) pf: usize,
+    /// interleaved rows in panel-major superblocks ([`crate::quant::panel_offset`])
+    pub(super) panels: bool,
 }
 
 /// Tokens `t0..t0 + T` for every row of `rows`, `R` rows at a time (the rest one by one; with
@@ -163,7 +172,7 @@ struct QMat<'a> {
 /// of a decode reads its block's bytes in order).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tiles<const R: usize, const T: usize, const SIX: bool, const IL: usize>(
+pub(super) unsafe fn tiles<const R: usize, const T: usize, const SIX: bool, const IL: usize>(
     m: &QMat<'_>,
     rows: Range<usize>,
     t0: usize,
@@ -217,6 +226,32 @@ unsafe fn tile<const R: usize, const T: usize, const SIX: bool, const IL: usize>
     }
 }
 
+/// Chunks `chunks` of rows `r0..r0 + R` times tokens `t0..t0 + T`, added to the float
+/// accumulators `f` ([`q_span`] or [`sub_span`] for the matrix's group; the chunks' groups whole).
+///
+/// # Safety
+/// As [`q_tile`]'s.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn span<const R: usize, const T: usize, const SIX: bool, const IL: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    t0: usize,
+    chunks: Range<usize>,
+    f: &mut [[__m512; T]; R],
+) {
+    // SAFETY (all): the caller's guarantees; q6 groups are whole chunks (the format's rule)
+    unsafe {
+        match (m.gpc, m.cpg) {
+            (8, _) if SIX => sub_span::<R, T, 8, true, IL>(m, r0, t0, chunks, f),
+            (4, _) if !SIX => sub_span::<R, T, 4, false, IL>(m, r0, t0, chunks, f),
+            (2, _) if !SIX => sub_span::<R, T, 2, false, IL>(m, r0, t0, chunks, f),
+            (_, 1) => q_span::<R, T, true, SIX, IL>(m, r0, t0, chunks, f),
+            (_, cpg) => q_span::<R, T, false, SIX, IL>(m, r0, t0, chunks.start / cpg..chunks.end / cpg, f),
+        }
+    }
+}
+
 /// Rows `r0..r0 + R` times tokens `t0..t0 + T`. Per (row, token): int32 lanes per group (low
 /// and high nibbles in separate accumulators: two chains), then one FMA per group into a float
 /// accumulator with the group's weight x activation scale; at the end the 16 lanes are summed
@@ -231,46 +266,65 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     t0: usize,
     out: &mut [[f32; T]; R],
 ) {
-    let ng = m.ng;
     if T == 1 && IL > 1 {
         // decode: the scales of the rows a few blocks on
-        crate::prefetch::scales_ahead(m.wd, r0, R, ng);
+        crate::prefetch::scales_ahead(m.wd, r0, R, m.ng);
     }
-    // group gi's products, folded into `acc` with the group's scales
-    let group = |gi: usize, sc: &[[[f32; 16]; T]; R], acc: &mut [[__m512; T]; R]| {
+    // one float accumulator per product: its FMA chain (4 cycles a group of 128 values, 48
+    // GB/s of q4 at 3 GHz) is not the limit, and a second set would not fit the 2 x 4 tile in
+    // the 32 registers (even/odd accumulators spilled pointers to the stack)
+    let mut f = [[_mm512_setzero_ps(); T]; R];
+    // SAFETY (both): the caller's guarantees
+    unsafe {
+        q_span::<R, T, G128, SIX, IL>(m, r0, t0, 0..m.ng, &mut f);
+        finish::<R, T, SIX>(m, r0, t0, &mut f, out)
+    }
+}
+
+/// Groups `groups` of [`q_tile`]'s products, added to its float accumulators `f`.
+///
+/// # Safety
+/// As [`q_tile`]'s; the groups exist.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn q_span<const R: usize, const T: usize, const G128: bool, const SIX: bool, const IL: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    t0: usize,
+    groups: Range<usize>,
+    f: &mut [[__m512; T]; R],
+) {
+    // groups of 128 (the default) are one chunk: a loop the compiler can drop
+    let cpg = if G128 { 1 } else { m.cpg };
+    // where the next chunk of row r0 lies
+    let mut at = chunk_at::<SIX, IL>(m, r0, groups.start * cpg);
+    // group gi's products, folded into `acc` with the group's scales (`sc`: from group `gb` on)
+    let mut group = |gi: usize, gb: usize, sc: &[[[f32; 16]; T]; R], acc: &mut [[__m512; T]; R]| {
         let mut lo = [[_mm512_setzero_si512(); T]; R];
         let mut hi = [[_mm512_setzero_si512(); T]; R];
-        // groups of 128 (the default) are one chunk: a loop the compiler can drop
-        let cpg = if G128 { 1 } else { m.cpg };
         for ch in 0..cpg {
             let ci = gi * cpg + ch;
             // SAFETY: the caller's guarantees
-            unsafe { chunk_dots::<R, T, SIX, IL, false>(m, r0, t0, ci, &mut lo, &mut hi) };
+            unsafe { chunk_dots::<R, T, SIX, IL, false>(m, at, t0, ci, &mut lo, &mut hi) };
+            at = next_chunk::<SIX, IL>(m, r0, ci + 1, at);
         }
         for i in 0..R {
             for t in 0..T {
                 // the scale from the block's table: one FMA with a broadcast memory operand
                 let v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i][t], hi[i][t]));
-                acc[i][t] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc[i][t][gi % 16]), acc[i][t]);
+                acc[i][t] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc[i][t][gi - gb]), acc[i][t]);
             }
         }
     };
-    // one float accumulator per product: its FMA chain (4 cycles a group of 128 values, 48
-    // GB/s of q4 at 3 GHz) is not the limit, and a second set would not fit the 2 x 4 tile in
-    // the 32 registers (even/odd accumulators spilled pointers to the stack)
-    let mut f = [[_mm512_setzero_ps(); T]; R];
     // per block of 16 groups, each product's group scales (weight x activation), 16 at a time
     let mut sc = [[[0f32; 16]; T]; R];
-    for gb in (0..ng).step_by(16) {
-        let k = (ng - gb).min(16);
+    for gb in groups.clone().step_by(16) {
         // SAFETY: the caller's guarantees
         unsafe { scale_products(m, r0, t0, gb, &mut sc) };
-        for gi in gb..gb + k {
-            group(gi, &sc, &mut f);
+        for gi in gb..groups.end.min(gb + 16) {
+            group(gi, gb, &sc, f);
         }
     }
-    // SAFETY: the caller's guarantees
-    unsafe { finish::<R, T, SIX>(m, r0, t0, &mut f, out) }
 }
 
 /// [`q_tile`] for groups smaller than a chunk: `GPC` groups per 128-value chunk, 4 or 2 (q4 and
@@ -291,10 +345,30 @@ unsafe fn q_tile_sub<const R: usize, const T: usize, const GPC: usize, const SIX
     t0: usize,
     out: &mut [[f32; T]; R],
 ) {
-    let ng = m.ng;
     if T == 1 && IL > 1 {
-        crate::prefetch::scales_ahead(m.wd, r0, R, ng);
+        crate::prefetch::scales_ahead(m.wd, r0, R, m.ng);
     }
+    let mut f = [[_mm512_setzero_ps(); T]; R];
+    // SAFETY (both): the caller's guarantees
+    unsafe {
+        sub_span::<R, T, GPC, SIX, IL>(m, r0, t0, 0..m.cols / 128, &mut f);
+        finish::<R, T, SIX>(m, r0, t0, &mut f, out)
+    }
+}
+
+/// Chunks `chunks` of [`q_tile_sub`]'s products, added to its float accumulators `f`.
+///
+/// # Safety
+/// As [`q_tile_sub`]'s; the chunks exist.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn sub_span<const R: usize, const T: usize, const GPC: usize, const SIX: bool, const IL: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    t0: usize,
+    chunks: Range<usize>,
+    f: &mut [[__m512; T]; R],
+) {
     // lane l of a chunk: its group's place among the chunk's groups (at 8: the low nibbles')
     let lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     let lane_group = if GPC == 8 {
@@ -303,22 +377,22 @@ unsafe fn q_tile_sub<const R: usize, const T: usize, const GPC: usize, const SIX
         _mm512_srli_epi32::<4>(_mm512_mullo_epi32(lanes, _mm512_set1_epi32(GPC as i32)))
     };
     let one = _mm512_set1_epi32(1);
-    let mut f = [[_mm512_setzero_ps(); T]; R];
     let mut sc = [[[0f32; 16]; T]; R];
-    let chunks = m.cols / 128;
+    let mut at = chunk_at::<SIX, IL>(m, r0, chunks.start);
     // 16 groups of scales at a time: 16 / GPC chunks
-    for cb in (0..chunks).step_by(16 / GPC) {
+    for cb in chunks.clone().step_by(16 / GPC) {
         // SAFETY: the caller's guarantees
         unsafe { scale_products(m, r0, t0, cb * GPC, &mut sc) };
-        for ci in cb..chunks.min(cb + 16 / GPC) {
+        for ci in cb..chunks.end.min(cb + 16 / GPC) {
             let mut lo = [[_mm512_setzero_si512(); T]; R];
             let mut hi = [[_mm512_setzero_si512(); T]; R];
             // SAFETY (both): the caller's guarantees
             if GPC == 8 {
-                unsafe { chunk_dots::<R, T, SIX, IL, true>(m, r0, t0, ci, &mut lo, &mut hi) };
+                unsafe { chunk_dots::<R, T, SIX, IL, true>(m, at, t0, ci, &mut lo, &mut hi) };
             } else {
-                unsafe { chunk_dots::<R, T, SIX, IL, false>(m, r0, t0, ci, &mut lo, &mut hi) };
+                unsafe { chunk_dots::<R, T, SIX, IL, false>(m, at, t0, ci, &mut lo, &mut hi) };
             }
+            at = next_chunk::<SIX, IL>(m, r0, ci + 1, at);
             let idx = _mm512_add_epi32(lane_group, _mm512_set1_epi32(((ci - cb) * GPC) as i32));
             for i in 0..R {
                 for t in 0..T {
@@ -337,11 +411,34 @@ unsafe fn q_tile_sub<const R: usize, const T: usize, const GPC: usize, const SIX
             }
         }
     }
-    // SAFETY: the caller's guarantees
-    unsafe { finish::<R, T, SIX>(m, r0, t0, &mut f, out) }
 }
 
-/// The int32 lanes of chunk `ci` for rows `r0..r0 + R` and tokens `t0..t0 + T`, added to `lo`
+/// Bytes of one 128-value chunk of a row.
+const fn chunk_bytes<const SIX: bool>() -> usize {
+    if SIX { 96 } else { 64 }
+}
+
+/// Where chunk `ci` of row `r0` lies in `m.q`.
+#[inline(always)]
+fn chunk_at<const SIX: bool, const IL: usize>(m: &QMat<'_>, r0: usize, ci: usize) -> usize {
+    let cb = chunk_bytes::<SIX>();
+    if IL == 1 { r0 * m.row_bytes + ci * cb } else { chunk_offset(r0, ci, m.row_bytes, cb, m.panels) }
+}
+
+/// [`chunk_at`] for chunk `ci` of row `r0`, from `at`, where chunk `ci - 1` lies: one step on
+/// (interleaved: past the block's other rows' chunks), except where a panel starts. The kernels
+/// walk a row's chunks in order, and working out each chunk's place from scratch cost the
+/// prefill tiles a tenth of their speed.
+#[inline(always)]
+fn next_chunk<const SIX: bool, const IL: usize>(m: &QMat<'_>, r0: usize, ci: usize, at: usize) -> usize {
+    if IL > 1 && m.panels && ci.is_multiple_of(PANEL_CHUNKS) {
+        chunk_at::<SIX, IL>(m, r0, ci)
+    } else {
+        at + IL * chunk_bytes::<SIX>()
+    }
+}
+
+/// The int32 lanes of chunk `ci` (of row `r0` at byte `at`) for rows `r0..r0 + R` and tokens `t0..t0 + T`, added to `lo`
 /// and `hi` (low- and high-nibble products; with enough products in the tile and unless
 /// `SPLIT` (the two hold different groups), both into `lo`: integer sums, the same result).
 ///
@@ -351,16 +448,19 @@ unsafe fn q_tile_sub<const R: usize, const T: usize, const GPC: usize, const SIX
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool, const IL: usize, const SPLIT: bool>(
     m: &QMat<'_>,
-    r0: usize,
+    at: usize,
     t0: usize,
     ci: usize,
     lo: &mut [[__m512i; T]; R],
     hi: &mut [[__m512i; T]; R],
 ) {
     let (mut wl, mut wh) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+    // the tile's rows lie in one interleaved block (R is 1, 2 from an even row, or 4 from a
+    // multiple of 4), so their chunks are consecutive
     for i in 0..R {
+        let off = if IL == 1 { at + i * m.row_bytes } else { at + i * chunk_bytes::<SIX>() };
         // SAFETY: row r0 + i exists and chunk ci is inside it
-        (wl[i], wh[i]) = unsafe { chunk_nibbles::<SIX, IL>(m, r0 + i, ci) };
+        (wl[i], wh[i]) = unsafe { chunk_nibbles::<SIX>(m, off) };
     }
     for t in 0..T {
         let base = (t0 + t) * m.cols + ci * 128;
@@ -412,7 +512,7 @@ unsafe fn scale_products<const R: usize, const T: usize>(
     }
 }
 
-/// Row `r`'s 128-value chunk `ci` as unsigned bytes for `vpdpbusd`: the low-nibble lanes and the
+/// The 128-value chunk at byte `off` of `m.q` as unsigned bytes for `vpdpbusd`: the low-nibble lanes and the
 /// high-nibble lanes (in the permuted activation order), q6 (`SIX`) with its high bits ORed in.
 /// With `m.pf`, the line `m.pf` bytes on is prefetched.
 ///
@@ -422,14 +522,11 @@ unsafe fn scale_products<const R: usize, const T: usize>(
 /// 16-bit shifts move bits across bytes only into bits the mask drops.
 ///
 /// # Safety
-/// AVX-512 F and BW; row `r` of `m.q` exists and chunk `ci` is inside it.
+/// AVX-512 F and BW; a whole chunk lies at `off`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn chunk_nibbles<const SIX: bool, const IL: usize>(m: &QMat<'_>, r: usize, ci: usize) -> (__m512i, __m512i) {
+unsafe fn chunk_nibbles<const SIX: bool>(m: &QMat<'_>, off: usize) -> (__m512i, __m512i) {
     let mask = _mm512_set1_epi8(0x0F);
-    let chunk_bytes = if SIX { 96 } else { 64 };
-    let off =
-        if IL == 1 { r * m.row_bytes + ci * chunk_bytes } else { interleaved_offset(r, ci, m.row_bytes, chunk_bytes) };
     // SAFETY: the caller's guarantee (interleaved: the chunk lies in its block)
     let p = unsafe { m.q.as_ptr().add(off) };
     if m.pf != 0 {
@@ -453,103 +550,4 @@ unsafe fn chunk_nibbles<const SIX: bool, const IL: usize>(m: &QMat<'_>, r: usize
         wh = _mm512_or_si512(wh, _mm512_and_si512(_mm512_srlv_epi16(h, shr), hmask));
     }
     (wl, wh)
-}
-
-/// The groups of 16 float lanes per (row, token), `f`, to the tile's products: the bias term,
-/// 16 groups at a time (`sum_g wd_g * (-bias * sum_g a * as_g)`, or with mins
-/// `sum_g mins_g * (-sum_g a * as_g)`, added to the float lanes
-/// before the one reduction: a scalar loop over the groups is one long chain of dependent adds;
-/// `sum_g a * as_g` comes made per token, `scaled_sums`), then the lanes summed.
-///
-/// # Safety
-/// AVX-512 F; rows `r0..r0 + R` and tokens `t0..t0 + T` exist.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn finish<const R: usize, const T: usize, const SIX: bool>(
-    m: &QMat<'_>,
-    r0: usize,
-    t0: usize,
-    f: &mut [[__m512; T]; R],
-    out: &mut [[f32; T]; R],
-) {
-    let ng = m.ng;
-    // asymmetric groups: `- min_g * sum_g a * as_g` in place of the bias term; either as
-    // `f - w * (bias * ss)`, one fused operation (the bias a power of two: exact, and 1 with
-    // mins: no multiply). 16 groups at a time, each row's and each token's lanes loaded once
-    // for the tile; per (row, token) the groups in order, so the same bits whatever the tile.
-    let (terms, bias) = match m.mins {
-        Some(mins) => (mins, None),
-        None => (m.wd, Some(_mm512_set1_ps(if SIX { 32.0 } else { 8.0 }))),
-    };
-    for g in (0..ng).step_by(16) {
-        let k = (ng - g).min(16);
-        let mask = first_lanes(k);
-        let b: [__m512; T] = std::array::from_fn(|t| {
-            // SAFETY: lanes g..g + k of the token's sums exist; masked lanes are not read
-            let ss = unsafe { _mm512_maskz_loadu_ps(mask, m.a.scaled_sums.as_ptr().add((t0 + t) * ng + g)) };
-            bias.map_or(ss, |b| _mm512_mul_ps(b, ss))
-        });
-        for (i, f) in f.iter_mut().enumerate() {
-            // SAFETY: as above, for the row's terms
-            let w = unsafe { _mm512_maskz_loadu_ps(mask, terms.as_ptr().add((r0 + i) * ng + g)) };
-            for (f, b) in f.iter_mut().zip(&b) {
-                *f = _mm512_fnmadd_ps(w, *b, *f);
-            }
-        }
-    }
-    if (R * T).is_multiple_of(4) {
-        // four reductions at once (decode's 4-row blocks, prefill's 2 x 4 tiles), each the
-        // same sums as `hsum`
-        for k in (0..R * T).step_by(4) {
-            let s = hsum4(std::array::from_fn(|j| f[(k + j) / T][(k + j) % T]));
-            for (j, v) in s.into_iter().enumerate() {
-                out[(k + j) / T][(k + j) % T] = v;
-            }
-        }
-    } else {
-        for (o, f) in out.iter_mut().zip(f.iter()) {
-            for (o, &f) in o.iter_mut().zip(f) {
-                *o = hsum(f);
-            }
-        }
-    }
-}
-
-/// The sum of the 16 lanes as a fixed tree: lanes `i` and `i + 8`, then `i` and `i + 4`, `i` and
-/// `i + 2`, `0` and `1` (as `_mm512_reduce_add_ps` compiles here, but fixed, so that [`hsum4`]
-/// can give the same bits).
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn hsum(v: __m512) -> f32 {
-    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-    let s8 = _mm256_add_ps(_mm512_castps512_ps256(v), hi);
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
-    let s2 = _mm_add_ps(s4, _mm_permute_ps::<0b01_00_11_10>(s4));
-    _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)))
-}
-
-/// [`hsum`] of four vectors at once, with the same additions lane for lane (so the same bits):
-/// two rows per register after the first step, four after the second (decode's tiles reduce four
-/// rows each; one at a time the reductions were a long chain each).
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn hsum4(v: [__m512; 4]) -> [f32; 4] {
-    // [a lanes 0-7 | b lanes 0-7] + [a lanes 8-15 | b lanes 8-15]: a8 | b8, and c8 | d8
-    let ab = _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
-        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[0], v[1]),
-    );
-    let cd = _mm512_add_ps(
-        _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2], v[3]),
-        _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2], v[3]),
-    );
-    // [a8 0-3 | b8 0-3 | c8 0-3 | d8 0-3] + the 4-7 quarters: a4 | b4 | c4 | d4
-    let q = _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd), _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd));
-    // within each quarter: lanes 0 + 2 and 1 + 3, then 0 + 1
-    let h = _mm512_add_ps(q, _mm512_permute_ps::<0b01_00_11_10>(q));
-    let o = _mm512_add_ps(h, _mm512_movehdup_ps(h));
-    let mut lanes = [0f32; 16];
-    // SAFETY: 16 floats into a 16-float array
-    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), o) };
-    [lanes[0], lanes[4], lanes[8], lanes[12]]
 }

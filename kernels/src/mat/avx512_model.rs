@@ -216,9 +216,9 @@ mod tests {
                         }
                         let m_opt = with_mins.then_some(mins.as_slice());
                         let data = if six {
-                            MatData::Q6 { q: &stored, scales: &wd, group, x4 }
+                            MatData::Q6 { q: &stored, scales: &wd, group, x4, panels: false }
                         } else {
-                            MatData::Q4 { q: &stored, scales: &wd, group, x4, mins: m_opt }
+                            MatData::Q4 { q: &stored, scales: &wd, group, x4, panels: false, mins: m_opt }
                         };
                         let m = Mat { rows, cols, data };
                         check(&m, &x, &qa, n, |r, t| {

@@ -6,10 +6,14 @@
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
+#[cfg(target_arch = "x86_64")]
+mod avx512_finish;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod avx512_model;
 #[cfg(target_arch = "x86_64")]
 mod avx512_mxfp4;
+#[cfg(target_arch = "x86_64")]
+mod avx512_panels;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q8;
 mod mins;
@@ -45,6 +49,9 @@ pub enum MatData<'a> {
         scales: &'a [f32],
         group: usize,
         x4: bool,
+        /// with `x4`: superblocks of 16 rows stored panel by panel ([`crate::quant::panel_offset`]),
+        /// the order a loader may give long rows for decode ([`crate::quant::panels_pay`])
+        panels: bool,
         mins: Option<&'a [f32]>,
     },
     /// `q`: `[rows, cols / 128 * 96]` bytes in the `q6_lo4hi2` layout (`_x4`: rows interleaved
@@ -54,6 +61,8 @@ pub enum MatData<'a> {
         scales: &'a [f32],
         group: usize,
         x4: bool,
+        /// as for Q4
+        panels: bool,
     },
     /// `q`: `[rows, cols / 32 * 17]` bytes, ggml's MXFP4 blocks (`mxfp4_ggml`, see
     /// [`crate::mxfp4`]).
@@ -111,9 +120,9 @@ impl<'a> Mat<'a> {
         self.format().group()
     }
 
-    /// `f` applied to row `r`'s value bytes of a q4 or q6 matrix (`q`, interleaved when `x4`):
-    /// the row itself, or gathered into a thread-local buffer.
-    fn with_q_row<R>(&self, q: &[u8], x4: bool, r: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+    /// `f` applied to row `r`'s value bytes of a q4 or q6 matrix (`q`, interleaved when `x4`,
+    /// panel-major when `panels`): the row itself, or gathered into a thread-local buffer.
+    fn with_q_row<R>(&self, q: &[u8], (x4, panels): (bool, bool), r: usize, f: impl FnOnce(&[u8]) -> R) -> R {
         let fmt = self.format();
         let rb = fmt.data_bytes(1, self.cols);
         if !x4 {
@@ -125,13 +134,13 @@ impl<'a> Mat<'a> {
         // takes which rows changes from pass to pass
         if rb <= STACK_ROW {
             let mut b = [0u8; STACK_ROW];
-            gather_row(q, r, cb, &mut b[..rb]);
+            gather_row(q, r, cb, panels, &mut b[..rb]);
             return f(&b[..rb]);
         }
         ROW.with(|b| {
             let mut b = b.borrow_mut();
             b.resize(rb, 0);
-            gather_row(q, r, cb, &mut b);
+            gather_row(q, r, cb, panels, &mut b);
             f(&b)
         })
     }
@@ -155,18 +164,18 @@ impl<'a> Mat<'a> {
                     }
                 }
             }
-            MatData::Q4 { q, scales, group, x4, mins } => {
+            MatData::Q4 { q, scales, group, x4, panels, mins } => {
                 let ng = c / group;
-                self.with_q_row(q, x4, r, |q| match mins {
+                self.with_q_row(q, (x4, panels), r, |q| match mins {
                     None => dequantize_q4_row(q, &scales[r * ng..(r + 1) * ng], group, out),
                     Some(m) => {
                         mins::dequant_q4_row(q, &scales[r * ng..(r + 1) * ng], &m[r * ng..(r + 1) * ng], group, out)
                     }
                 })
             }
-            MatData::Q6 { q, scales, group, x4 } => {
+            MatData::Q6 { q, scales, group, x4, panels } => {
                 let ng = c / group;
-                self.with_q_row(q, x4, r, |q| dequantize_q6_row(q, &scales[r * ng..(r + 1) * ng], group, out))
+                self.with_q_row(q, (x4, panels), r, |q| dequantize_q6_row(q, &scales[r * ng..(r + 1) * ng], group, out))
             }
             MatData::Mxfp4 { q } => crate::mxfp4::dequantize_row(self.mxfp4_row(q, r), out),
         }
@@ -197,17 +206,17 @@ impl<'a> Mat<'a> {
                     *o = dot::dot_q8(isa, &q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], a.row(t));
                 }
             }
-            (MatData::Q4 { q, scales, group, x4, .. }, Input::Quant(a)) => {
+            (MatData::Q4 { q, scales, group, x4, panels, .. }, Input::Quant(a)) => {
                 let wd = &scales[r * (c / group)..(r + 1) * (c / group)];
-                self.with_q_row(q, x4, r, |q| {
+                self.with_q_row(q, (x4, panels), r, |q| {
                     for (t, o) in out.iter_mut().enumerate() {
                         *o = dot::dot_q4(isa, q, wd, a.row(t));
                     }
                 })
             }
-            (MatData::Q6 { q, scales, group, x4 }, Input::Quant(a)) => {
+            (MatData::Q6 { q, scales, group, x4, panels }, Input::Quant(a)) => {
                 let wd = &scales[r * (c / group)..(r + 1) * (c / group)];
-                self.with_q_row(q, x4, r, |q| {
+                self.with_q_row(q, (x4, panels), r, |q| {
                     for (t, o) in out.iter_mut().enumerate() {
                         *o = dot::dot_q6(isa, q, wd, a.row(t));
                     }
@@ -260,9 +269,11 @@ impl<'a> Mat<'a> {
                     }
                 }
             }
-            // interleaved rows: whole blocks through the block kernel (one stream of weights)
+            // interleaved rows: whole blocks through the block kernel (one stream of weights);
+            // panel-major ones (made only where the AVX-512 kernels run) row by row, gathered
             (
-                MatData::Q4 { q, scales, group, x4: true, .. } | MatData::Q6 { q, scales, group, x4: true },
+                MatData::Q4 { q, scales, group, x4: true, panels: false, .. }
+                | MatData::Q6 { q, scales, group, x4: true, panels: false },
                 Input::Quant(a),
             ) => {
                 let six = matches!(self.data, MatData::Q6 { .. });
@@ -319,12 +330,14 @@ impl Mat<'_> {
     fn matmul_avx512(&self, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> Option<bool> {
         let c = self.cols;
         match (self.data, input) {
-            (MatData::Q4 { q, scales, group, x4, .. } | MatData::Q6 { q, scales, group, x4 }, Input::Quant(a))
-                if (if matches!(self.data, MatData::Q6 { .. }) {
-                    avx512::supports_q6(group)
-                } else {
-                    avx512::supports_q4(group)
-                }) && a.permuted.len() >= n * c =>
+            (
+                MatData::Q4 { q, scales, group, x4, panels, .. } | MatData::Q6 { q, scales, group, x4, panels },
+                Input::Quant(a),
+            ) if (if matches!(self.data, MatData::Q6 { .. }) {
+                avx512::supports_q6(group)
+            } else {
+                avx512::supports_q4(group)
+            }) && a.permuted.len() >= n * c =>
             {
                 let mins = if let MatData::Q4 { mins, .. } = self.data { mins } else { None };
                 // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles
@@ -332,7 +345,7 @@ impl Mat<'_> {
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                 // group suits the kernel; the slices are the matrix's and the tokens' (the
                 // permuted rows were made with the rows, `QuantAct::quantize`)
-                unsafe { avx512::q_matmul(six, x4, q, scales, mins, c, a, &a.permuted, n, rows, out) };
+                unsafe { avx512::q_matmul(six, (x4, panels), q, scales, mins, c, a, &a.permuted, n, rows, out) };
                 Some(true)
             }
             // several tokens (prefill): tiles of rows x tokens

@@ -2,7 +2,9 @@
 //! sub-ranges and row layouts.
 
 use super::*;
-use crate::quant::{bf16_to_f32, f32_to_bf16, interleave_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row};
+use crate::quant::{
+    bf16_to_f32, f32_to_bf16, interleave_rows, panel_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row,
+};
 
 use crate::testutil::uniform;
 
@@ -35,7 +37,7 @@ fn matmul_rows_matches_dequantized_f64_product() {
         Mat { rows, cols, data: MatData::F32(&w) },
         Mat { rows, cols, data: MatData::Bf16(&wb) },
         Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group: 32, mins: None } },
-        Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32, x4: false, mins: None } },
+        Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32, x4: false, panels: false, mins: None } },
     ];
     let mut qa = QuantAct::default();
     qa.quantize(&x, cols, 32, Isa::detect());
@@ -146,10 +148,18 @@ fn matvec_tiers_agree_with_the_scalar_reference() {
             qa.quantize(&x, cols, group, Isa::detect());
             let mut mats = vec![
                 Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group, mins: None } },
-                Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group, x4: false, mins: None } },
+                Mat {
+                    rows,
+                    cols,
+                    data: MatData::Q4 { q: &q4, scales: &d4, group, x4: false, panels: false, mins: None },
+                },
             ];
             if six {
-                mats.push(Mat { rows, cols, data: MatData::Q6 { q: &q6, scales: &d6, group, x4: false } });
+                mats.push(Mat {
+                    rows,
+                    cols,
+                    data: MatData::Q6 { q: &q6, scales: &d6, group, x4: false, panels: false },
+                });
             }
             for m in mats {
                 let mut want = vec![0f32; rows * n];
@@ -202,6 +212,27 @@ fn matvec_tiers_agree_with_the_scalar_reference() {
     }
 }
 
+/// `w` (rows of `cols`) as q4 or q6 (`six`) rows, one after another; the scales into `d`.
+fn quantize_rows(six: bool, w: &[f32], cols: usize, group: usize, d: &mut [f32]) -> Vec<u8> {
+    let f = if six { Format::Q6 { group } } else { Format::Q4 { group } };
+    let (rb, ng) = (f.data_bytes(1, cols), cols / group);
+    let mut q = vec![0u8; w.len() / cols * rb];
+    for ((wr, qr), dr) in w.chunks_exact(cols).zip(q.chunks_exact_mut(rb)).zip(d.chunks_exact_mut(ng)) {
+        if six { quantize_q6_row(wr, group, qr, dr) } else { quantize_q4_row(wr, group, qr, dr) }
+    }
+    q
+}
+
+/// Every row of `a` and `b` (the same matrix in two row orders) dequantizes to the same values.
+fn assert_same_rows(a: &Mat<'_>, b: &Mat<'_>, what: &str) {
+    let (mut ra, mut rb) = (vec![0f32; a.cols], vec![0f32; b.cols]);
+    for i in 0..a.rows {
+        a.dequant_row(i, &mut ra);
+        b.dequant_row(i, &mut rb);
+        assert_eq!(ra, rb, "{what} row {i}");
+    }
+}
+
 #[test]
 fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
     // the x4 layouts hold the same bytes in another order: every tier, every sub-range
@@ -231,31 +262,21 @@ fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
                 }
                 assert!(f.interleaves(rows, cols));
                 let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(0));
-                let mut q = vec![0u8; rows * rb];
-                for i in 0..rows {
-                    let (wr, qr, dr) =
-                        (&w[i * cols..(i + 1) * cols], &mut q[i * rb..(i + 1) * rb], &mut d[i * ng..(i + 1) * ng]);
-                    if six { quantize_q6_row(wr, group, qr, dr) } else { quantize_q4_row(wr, group, qr, dr) }
-                }
+                let q = quantize_rows(six, &w, cols, group, &mut d);
                 let mut qx = vec![0u8; q.len()];
                 interleave_rows(&q, rb, cb, &mut qx);
                 // (rows of one chunk are the same either way)
                 assert_eq!(q == qx, cols == 128, "{f:?} rows={rows} cols={cols}");
                 let mk = |q, x4| {
                     let data = if six {
-                        MatData::Q6 { q, scales: &d, group, x4 }
+                        MatData::Q6 { q, scales: &d, group, x4, panels: false }
                     } else {
-                        MatData::Q4 { q, scales: &d, group, x4, mins: None }
+                        MatData::Q4 { q, scales: &d, group, x4, panels: false, mins: None }
                     };
                     Mat { rows, cols, data }
                 };
                 let (plain, x4) = (mk(&q, false), mk(&qx, true));
-                let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-                for i in 0..rows {
-                    plain.dequant_row(i, &mut a);
-                    x4.dequant_row(i, &mut b);
-                    assert_eq!(a, b, "{f:?} row {i}");
-                }
+                assert_same_rows(&plain, &x4, &format!("{f:?}"));
                 for n in [1, 3, 4, 9] {
                     let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
                     let mut qa = QuantAct::default();
@@ -274,6 +295,73 @@ fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
                                     got.iter().map(|v| v.to_bits()).collect(),
                                 );
                                 assert_eq!(wb, gb, "{f:?} {isa} rows={rows} cols={cols} n={n} range {range:?} pf {pf}");
+                            }
+                            crate::prefetch::set_distance(0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn panel_major_rows_give_the_x4_products_bit_for_bit() {
+    // the panel order holds an x4 matrix's bytes in another order, and its decode kernel adds a
+    // row's groups panel by panel: every tier, sub-ranges that start inside a superblock (a
+    // thread's piece), one token and several, q4 with and without mins, must give exactly the
+    // x4 matrix's values. Rows of one whole panel (2048), of a panel and a part (2560: the last
+    // panel 4 chunks wide), and of several with groups from 16 (q6) to 256.
+    let mut r = uniform(31);
+    for (cols, group) in [(2048, 32), (2560, 32), (4608, 128), (5120, 64), (4096, 256), (4352, 16)] {
+        for rows in [16, 48] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+            let ng = cols / group;
+            let mut d = vec![0f32; rows * ng];
+            let mins: Vec<f32> = (0..rows * ng).map(|_| 0.01 * r()).collect();
+            for (six, with_mins) in [(false, false), (false, true), (true, false)] {
+                let f = if six { Format::Q6 { group } } else { Format::Q4 { group } };
+                if !f.fits(cols) {
+                    continue;
+                }
+                let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(0));
+                let q = quantize_rows(six, &w, cols, group, &mut d);
+                let (mut qx, mut qp) = (vec![0u8; q.len()], vec![0u8; q.len()]);
+                interleave_rows(&q, rb, cb, &mut qx);
+                panel_rows(&qx, rb, cb, &mut qp);
+                // one panel: the orders agree; past it they differ
+                assert_eq!(qx == qp, cols == 2048, "{f:?} rows={rows} cols={cols}");
+                let mk = |q, panels| {
+                    let data = if six {
+                        MatData::Q6 { q, scales: &d, group, x4: true, panels }
+                    } else {
+                        let mins = with_mins.then_some(&mins[..]);
+                        MatData::Q4 { q, scales: &d, group, x4: true, panels, mins }
+                    };
+                    Mat { rows, cols, data }
+                };
+                let (x4, pm) = (mk(&qx, false), mk(&qp, true));
+                assert_same_rows(&x4, &pm, &format!("{f:?}"));
+                for n in [1, 2, 5] {
+                    let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
+                    let mut qa = QuantAct::default();
+                    qa.quantize(&x, cols, group, Isa::detect());
+                    for isa in Isa::available() {
+                        for range in [0..rows, 4..rows, 1..rows - 1, 16..32, 20..rows]
+                            .into_iter()
+                            .filter(|g| g.start < g.end && g.end <= rows)
+                        {
+                            let (mut want, mut got) = (vec![0f32; range.len() * n], vec![0f32; range.len() * n]);
+                            x4.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut want);
+                            for pf in [0, 4096] {
+                                crate::prefetch::set_distance(pf);
+                                pm.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut got);
+                                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                                assert_eq!(
+                                    bits(&want),
+                                    bits(&got),
+                                    "{f:?} mins {with_mins} {isa} rows={rows} cols={cols} n={n} range {range:?}"
+                                );
                             }
                             crate::prefetch::set_distance(0);
                         }

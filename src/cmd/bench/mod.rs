@@ -19,7 +19,7 @@ use moescope::engine::{Engine, EngineOptions};
 use moescope::experts::routing_log::RoutingLog;
 use serde_json::json;
 
-use super::run_config::{self as run, isa_from_env};
+use super::run_config::{self as run, isa_from_env, panels_from_env};
 use super::{experts_report, model_arg, trace_out};
 use crate::cli::BenchArgs;
 use report::Format;
@@ -185,14 +185,15 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let model = ModelInfo::of(&engine, &path);
     let meta = engine.package().meta.clone();
     eprintln!(
-        "moescope bench: {} ({}, {:.2} GiB, {:.2} B params), {:.1} MB of weights per decode token, {} kernels, {}",
+        "moescope bench: {} ({}, {:.2} GiB, {:.2} B params), {:.1} MB of weights per decode token, {} kernels, {}, {} long-row matrices panel-major",
         meta.name,
         meta.quant.mode,
         model.size as f64 / (1u64 << 30) as f64,
         model.n_params as f64 / 1e9,
         model.weight_bytes as f64 / 1e6,
         engine.isa(),
-        moescope_kernels::prefetch::describe()
+        moescope_kernels::prefetch::describe(),
+        engine.package().panelled_tensors()
     );
     let mut stdout = std::io::stdout().lock();
     report::print_header(&mut stdout, plan.format)?;
@@ -221,7 +222,13 @@ fn load(plan: &Plan, a: &BenchArgs, path: &Path) -> Result<(Engine, Option<Routi
     let first = plan.first_budget();
     let stream = run::stream_config(&a.experts, first.as_deref(), plan.prefetches[0])?;
     let stream = (!a.experts.no_stream).then_some(stream);
-    let opts = EngineOptions { threads: plan.threads[0], ctx_size: Some(plan.ctx), isa: isa_from_env()?, stream };
+    let opts = EngineOptions {
+        threads: plan.threads[0],
+        ctx_size: Some(plan.ctx),
+        isa: isa_from_env()?,
+        stream,
+        panels: panels_from_env()?,
+    };
     let mut engine = Engine::load(path, opts)?;
     for w in engine.warnings() {
         eprintln!("warning: {w}");
