@@ -1,8 +1,8 @@
 //! GGUF files the tests and the fuzz seeds derive from a committed GGUF fixture instead of
 //! committing one per quant type (the tracked tree stays under 60 MiB).
 //!
-//! [low_bit_mix]: a file whose quantized tensors are re-typed in turn as Q2_K, Q3_K, IQ4_NL and
-//! IQ4_XS, so types mix per tensor and per layer as the "dynamic" quants people download do (an
+//! [low_bit_mix]: a file whose quantized tensors are re-typed in turn by a list of types
+//! ([LOW_BIT_TYPES]: Q2_K, Q3_K, IQ4_NL and IQ4_XS; [CODEBOOK_TYPES]: IQ1_S ... IQ3_S), so types mix per tensor and per layer as the "dynamic" quants people download do (an
 //! expert's gate, up and down each in its own type). The blocks are seeded random bytes with
 //! finite f16 scales sized for weights of about 0.01-0.1: what is tested with it is that every
 //! weight is read as the file holds it and that the model runs, not what it says.
@@ -26,12 +26,19 @@ pub struct Tensor {
     pub data: Vec<u8>,
 }
 
-/// The types [`low_bit_mix`] takes in turn.
+/// Low-bit types with scales per sub-block, for [`low_bit_mix`].
 pub const LOW_BIT_TYPES: [BlockType; 4] = [BlockType::Q2K, BlockType::Q3K, BlockType::Iq4Nl, BlockType::Iq4Xs];
 
+/// The codebook types (`moescope_kernels::ggml_iq`), for [`low_bit_mix`].
+pub const CODEBOOK_TYPES: [BlockType; 7] = moescope_kernels::ggml_iq::TYPES;
+
+/// The mixes the tests and the fuzz seeds make: a name and the types taken in turn.
+pub const MIXES: [(&str, &[BlockType]); 2] =
+    [("Q2_K/Q3_K/IQ4_NL/IQ4_XS", &LOW_BIT_TYPES), ("IQ2_XXS/IQ2_XS/IQ2_S/IQ3_XXS/IQ3_S/IQ1_S/IQ1_M", &CODEBOOK_TYPES)];
+
 /// `src` (a GGUF file) written to `out` with each Q8_0 tensor as random blocks of the next of
-/// [`LOW_BIT_TYPES`] (seeded: the same file every time); returns how many tensors were re-typed.
-pub fn low_bit_mix(src: &Path, out: &Path) -> Result<usize, String> {
+/// `types` (seeded: the same file every time); returns how many tensors were re-typed.
+pub fn low_bit_mix(src: &Path, out: &Path, types: &[BlockType]) -> Result<usize, String> {
     let g = crate::convert::gguf::open(src).map_err(|e| e.to_string())?;
     let bytes = std::fs::read(src).map_err(|e| format!("{}: {e}", src.display()))?;
     let mut rng = Rng::new(44);
@@ -40,7 +47,7 @@ pub fn low_bit_mix(src: &Path, out: &Path) -> Result<usize, String> {
     for t in &g.tensors {
         let raw = bytes.get(t.offset as usize..(t.offset + t.bytes) as usize).ok_or(format!("{}: bounds", t.name))?;
         let n = t.ne.iter().product::<u64>() as usize;
-        let ty = LOW_BIT_TYPES[k % LOW_BIT_TYPES.len()];
+        let ty = types[k % types.len()];
         if t.ty.name != "Q8_0" || !n.is_multiple_of(ty.block()) {
             tensors.push(Tensor { name: t.name.clone(), ne: t.ne.clone(), ty: t.ty.id, data: raw.to_vec() });
             continue;
@@ -60,6 +67,11 @@ fn random_blocks(t: BlockType, n: usize, rng: &mut Rng) -> Vec<u8> {
         BlockType::Q2K => (&[80, 82], 2e-3),
         BlockType::Q3K => (&[108], 6e-4),
         BlockType::Iq4Nl => (&[0], 3e-4),
+        BlockType::Iq2Xxs | BlockType::Iq2Xs | BlockType::Iq2S => (&[0], 2e-4),
+        BlockType::Iq3Xxs | BlockType::Iq3S => (&[0], 1e-4),
+        BlockType::Iq1S => (&[0], 3e-3),
+        // IQ1_M's d is in the top nibbles of its scales, set below
+        BlockType::Iq1M => (&[], 3e-3),
         _ => (&[0], 2e-5),
     };
     let mut out = Vec::with_capacity(n * t.block_bytes());
@@ -69,6 +81,14 @@ fn random_blocks(t: BlockType, n: usize, rng: &mut Rng) -> Vec<u8> {
         for &s in scales {
             let d = size * (1.0 + rng.next_f64() as f32);
             out[at + s..at + s + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        }
+        if t == BlockType::Iq1M {
+            let d = half::f16::from_f32(size * (1.0 + rng.next_f64() as f32)).to_bits();
+            for k in 0..4 {
+                let s = &mut out[at + 48 + 2 * k..at + 50 + 2 * k];
+                let v = u16::from_le_bytes([s[0], s[1]]) & 0x0FFF | ((d >> (4 * k)) & 15) << 12;
+                s.copy_from_slice(&v.to_le_bytes());
+            }
         }
     }
     out

@@ -86,18 +86,19 @@ fn qwen3next_ssm_ba_of_the_wrong_size_is_named() {
 #[test]
 fn unsupported_tensor_type_lists_the_supported_ones() {
     let d = tempfile::tempdir().unwrap();
-    // attn_q of layer 0: its type (u32 after the name and dims) from Q8_0 (8) to IQ2_XXS (16),
-    // whose blocks of 256 take less room than the Q8_0 data there, so the file still reads
+    // attn_q of layer 0: its type (u32 after the name and dims) from Q8_0 (8) to TQ1_0 (34, a
+    // ternary type moescope does not read), whose blocks of 256 take less room than the Q8_0
+    // data there, so the file still reads
     let name = b"blk.0.attn_q.weight";
     let mut b = std::fs::read(fixture("gguf/tiny/tiny-q8_0.gguf")).unwrap();
     let at = b.windows(name.len()).position(|w| w == name).expect("tensor") + name.len();
     let n_dims = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
     let ty = at + 4 + 8 * n_dims;
     assert_eq!(u32::from_le_bytes(b[ty..ty + 4].try_into().unwrap()), 8, "Q8_0");
-    b[ty..ty + 4].copy_from_slice(&16u32.to_le_bytes());
+    b[ty..ty + 4].copy_from_slice(&34u32.to_le_bytes());
     let p = d.path().join("bad.gguf");
     std::fs::write(&p, b).unwrap();
-    convert_fails(&p, &["blk.0.attn_q.weight", "IQ2_XXS is not supported", "Q2_K", "IQ4_XS", "Q8_0", "BF16"]);
+    convert_fails(&p, &["blk.0.attn_q.weight", "TQ1_0 is not supported", "Q2_K", "IQ2_XXS", "IQ1_M", "Q8_0", "BF16"]);
 }
 
 #[test]

@@ -1,7 +1,8 @@
-//! GGUF's low-bit types read with their exact values: Q2_K, Q3_K, IQ4_NL and IQ4_XS (the
-//! dequantizers themselves are held to gguf-py bit for bit by kernels/tests/ggml_blocks.rs).
-//! The tiny Qwen3-MoE's Q8_0 file is written back (test time, `moescope::derived_gguf`) with each
-//! quantized tensor as random blocks of one of the four types in turn, so types mix per tensor
+//! GGUF's low-bit types read with their exact values: Q2_K, Q3_K, IQ4_NL and IQ4_XS, and the
+//! codebook types IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S and IQ1_M (the dequantizers
+//! themselves are held to gguf-py bit for bit by kernels/tests/ggml_blocks.rs). The tiny
+//! Qwen3-MoE's Q8_0 file is written back (test time, `moescope::derived_gguf`) with each
+//! quantized tensor as random blocks of one of a mix's types in turn, so types mix per tensor
 //! and per layer as the "dynamic" quants people download do (an expert's gate, up and down each
 //! in its own type). Converted with the file's types kept, every weight equals the file's value,
 //! and the model runs: the prompt's last row equals that token decoded through the cache, and
@@ -13,31 +14,44 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use moescope::convert::{ConvertOptions, QuantMode, convert_gguf};
+use moescope::derived_gguf::{CODEBOOK_TYPES, LOW_BIT_TYPES};
 use moescope::engine::{Engine, EngineOptions};
 use moescope::experts::{IoMode, StreamConfig};
 use moescope::model::{Logits, NoObserver};
 use moescope_kernels::Isa;
+use moescope_kernels::ggml::BlockType;
 
-/// The Q8_0 fixture with its quantized tensors re-typed in turn by the four types, in `dir`.
-fn mixed_file(dir: &Path) -> PathBuf {
+/// The Q8_0 fixture with its quantized tensors re-typed in turn by `types`, in `dir`.
+fn mixed_file(dir: &Path, types: &[BlockType]) -> PathBuf {
     let path = dir.join("tiny-mixed.gguf");
-    let k = moescope::derived_gguf::low_bit_mix(&fixture("gguf/tiny/tiny-q8_0.gguf"), &path).expect("derive");
-    assert!(k >= 8, "every type on at least two tensors ({k} re-typed)");
+    let k = moescope::derived_gguf::low_bit_mix(&fixture("gguf/tiny/tiny-q8_0.gguf"), &path, types).expect("derive");
+    assert!(k >= 2 * types.len(), "every type on at least two tensors ({k} re-typed)");
     path
 }
 
 #[test]
 fn a_file_mixing_the_low_bit_types_converts_exactly_and_runs_streamed_as_resident() {
+    // what inspect says each type runs as (the codes widened to q8, groups of the sub-blocks)
+    let q2 = [("Q2_K", "q8, group 16 with mins"), ("Q3_K", "q8, group 16"), ("IQ4_NL", "q8, group 32")];
+    let iq = [("IQ2_XXS", "q8, group 32"), ("IQ2_XS", "q8, group 16"), ("IQ2_S", "q8, group 16")];
+    let iq3 = [("IQ3_XXS", "q8, group 32"), ("IQ3_S", "q8, group 32"), ("IQ1_S", "q8, group 32")];
+    let runs_as: Vec<(&str, &str)> = q2.into_iter().chain([("IQ4_XS", "q8, group 32")]).collect();
+    let codebook: Vec<(&str, &str)> = iq.into_iter().chain(iq3).chain([("IQ1_M", "q8, group 16")]).collect();
+    mix_converts_exactly_and_runs(&LOW_BIT_TYPES, &runs_as);
+    mix_converts_exactly_and_runs(&CODEBOOK_TYPES, &codebook);
+}
+
+fn mix_converts_exactly_and_runs(types: &[BlockType], runs_as: &[(&str, &str)]) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let gguf = mixed_file(dir.path());
+    let gguf = mixed_file(dir.path(), types);
     let o = moescope(&["inspect", gguf.to_str().unwrap(), "--json"], dir.path());
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
     let runs = |t: &str| j["by_type"][t]["runs_as"].as_str().map(String::from);
-    assert_eq!(runs("Q2_K").as_deref(), Some("q8, group 16 with mins"));
-    assert_eq!(runs("Q3_K").as_deref(), Some("q8, group 16"));
-    assert_eq!(runs("IQ4_NL").as_deref(), Some("q8, group 32"));
-    assert_eq!(runs("IQ4_XS").as_deref(), Some("q8, group 32"));
+    assert_eq!(runs_as.len(), types.len());
+    for (t, want) in runs_as {
+        assert_eq!(runs(t).as_deref(), Some(*want), "{t}");
+    }
 
     let pkg = dir.path().join("mixed.moe");
     convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");

@@ -19,6 +19,7 @@
 //! | Q3_K   | 256 / 110      | 32 bytes high-bit mask, 64 bytes 2-bit codes, 12 bytes of 6-bit scales x 16, f16 d |
 //! | IQ4_NL | 32 / 18        | f16 d, 16 bytes of nibbles indexing a fixed 16-value table (`IQ4_VALUES`) |
 //! | IQ4_XS | 256 / 136      | f16 d, 2 + 4 bytes of 6-bit scales x 8, 128 bytes of nibbles as IQ4_NL's |
+//! | IQ1_S ... IQ3_S | 256 / 50-110 | codebook entries with signs or shifts: see [`crate::ggml_iq`] |
 //!
 //! The low-bit types are read through [`low_bit_codes`]: a block's integer codes with one scale (and,
 //! Q2_K, one min) per sub-block, so a dequantized value is `scale * code` (`- min`), and a
@@ -45,6 +46,13 @@ pub enum BlockType {
     Q3K,
     Iq4Nl,
     Iq4Xs,
+    Iq2Xxs,
+    Iq2Xs,
+    Iq3Xxs,
+    Iq1S,
+    Iq3S,
+    Iq2S,
+    Iq1M,
 }
 
 /// Values per K-quant super-block.
@@ -52,7 +60,7 @@ pub const QK_K: usize = 256;
 
 impl BlockType {
     /// Every supported type, in ggml id order.
-    pub const ALL: [BlockType; 15] = [
+    pub const ALL: [BlockType; 22] = [
         BlockType::F32,
         BlockType::F16,
         BlockType::Q4_0,
@@ -64,8 +72,15 @@ impl BlockType {
         BlockType::Q4K,
         BlockType::Q5K,
         BlockType::Q6K,
+        BlockType::Iq2Xxs,
+        BlockType::Iq2Xs,
+        BlockType::Iq3Xxs,
+        BlockType::Iq1S,
         BlockType::Iq4Nl,
+        BlockType::Iq3S,
+        BlockType::Iq2S,
         BlockType::Iq4Xs,
+        BlockType::Iq1M,
         BlockType::Bf16,
         BlockType::Mxfp4,
     ];
@@ -90,6 +105,13 @@ impl BlockType {
             BlockType::Q6K => 14,
             BlockType::Iq4Nl => 20,
             BlockType::Iq4Xs => 23,
+            BlockType::Iq2Xxs => 16,
+            BlockType::Iq2Xs => 17,
+            BlockType::Iq3Xxs => 18,
+            BlockType::Iq1S => 19,
+            BlockType::Iq3S => 21,
+            BlockType::Iq2S => 22,
+            BlockType::Iq1M => 29,
             BlockType::Bf16 => 30,
             BlockType::Mxfp4 => 39,
         }
@@ -113,6 +135,13 @@ impl BlockType {
             BlockType::Q3K => "Q3_K",
             BlockType::Iq4Nl => "IQ4_NL",
             BlockType::Iq4Xs => "IQ4_XS",
+            BlockType::Iq2Xxs => "IQ2_XXS",
+            BlockType::Iq2Xs => "IQ2_XS",
+            BlockType::Iq3Xxs => "IQ3_XXS",
+            BlockType::Iq1S => "IQ1_S",
+            BlockType::Iq3S => "IQ3_S",
+            BlockType::Iq2S => "IQ2_S",
+            BlockType::Iq1M => "IQ1_M",
         }
     }
 
@@ -126,9 +155,7 @@ impl BlockType {
             | BlockType::Q8_0
             | BlockType::Mxfp4
             | BlockType::Iq4Nl => 32,
-            BlockType::Q4K | BlockType::Q5K | BlockType::Q6K | BlockType::Q2K | BlockType::Q3K | BlockType::Iq4Xs => {
-                QK_K
-            }
+            _ => QK_K,
         }
     }
 
@@ -149,6 +176,13 @@ impl BlockType {
             BlockType::Q3K => 110,
             BlockType::Iq4Nl => 18,
             BlockType::Iq4Xs => 136,
+            BlockType::Iq2Xxs => 66,
+            BlockType::Iq2Xs => 74,
+            BlockType::Iq3Xxs => 98,
+            BlockType::Iq1S => 50,
+            BlockType::Iq3S => 110,
+            BlockType::Iq2S => 82,
+            BlockType::Iq1M => 56,
         }
     }
 
@@ -159,7 +193,7 @@ impl BlockType {
 }
 
 #[inline]
-fn f16_at(b: &[u8], at: usize) -> f32 {
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
 }
 
@@ -186,7 +220,7 @@ pub fn dequantize(t: BlockType, bytes: &[u8], out: &mut [f32]) {
         BlockType::Q5K => blocks.for_each(|(b, o)| q5_k(b, o)),
         BlockType::Q6K => blocks.for_each(|(b, o)| q6_k(b, o)),
         BlockType::Mxfp4 => crate::mxfp4::dequantize_row(bytes, out),
-        BlockType::Q2K | BlockType::Q3K | BlockType::Iq4Nl | BlockType::Iq4Xs => {
+        _ => {
             let (mut codes, mut scales, mut mins) = ([0i8; QK_K], Vec::with_capacity(16), Vec::with_capacity(16));
             for (b, o) in blocks {
                 scales.clear();
@@ -221,7 +255,7 @@ fn two_bits(qs: &[u8], i: usize) -> u8 {
     (qs[32 * h + l] >> (2 * s)) & 3
 }
 
-/// A Q2_K, Q3_K, IQ4_NL or IQ4_XS block `b` as integer codes (`codes[..t.block()]`) with one
+/// A Q2_K, Q3_K, IQ4_NL, IQ4_XS or codebook-type (IQ1_S ... IQ3_S, [`crate::ggml_iq`]) block `b` as integer codes (`codes[..t.block()]`) with one
 /// scale per sub-block pushed to `scales` (and, Q2_K, one min to `mins`, the value being
 /// `scale * code - min`); returns the sub-block length. Each scale is rounded to f32 once, as
 /// gguf-py computes it (`d * sc`).
@@ -267,6 +301,7 @@ pub fn low_bit_codes(t: BlockType, b: &[u8], codes: &mut [i8], scales: &mut Vec<
             }
             32
         }
+        _ if crate::ggml_iq::TYPES.contains(&t) => crate::ggml_iq::codes(t, b, codes, scales),
         _ => panic!("{} has no low-bit codes", t.name()),
     }
 }
@@ -378,8 +413,15 @@ mod tests {
         for t in BlockType::ALL {
             assert_eq!(BlockType::from_ggml_id(t.ggml_id()), Some(t));
         }
-        assert_eq!(BlockType::from_ggml_id(16), None, "IQ2_XXS is not read");
+        assert_eq!(BlockType::from_ggml_id(34), None, "TQ1_0 is not read");
         assert_eq!(BlockType::Q6K.bytes_of(512), 420);
+        // ggml's type_traits: (id, values, bytes) of the codebook types
+        for (id, qk, bytes) in
+            [(16, 256, 66), (17, 256, 74), (18, 256, 98), (19, 256, 50), (21, 256, 110), (22, 256, 82), (29, 256, 56)]
+        {
+            let t = BlockType::from_ggml_id(id).expect("read");
+            assert_eq!((t.block(), t.block_bytes()), (qk, bytes), "{}", t.name());
+        }
     }
 
     #[test]

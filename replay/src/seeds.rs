@@ -261,13 +261,20 @@ fn tools() -> serde_json::Value {
         "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}])
 }
 
-/// The tiny Q8_0 GGUF with its tensors re-typed to the low-bit types (`moescope::derived_gguf`).
-fn low_bit_gguf(root: &Path) -> Option<Vec<u8>> {
+/// The tiny Q8_0 GGUF with its tensors re-typed by each of `moescope::derived_gguf`'s mixes:
+/// (what it mixes, the file).
+fn low_bit_ggufs(root: &Path) -> Vec<(String, Vec<u8>)> {
     let out = std::env::temp_dir().join(format!("moescope-replay-low-bit-{}.gguf", std::process::id()));
-    let made = moescope::derived_gguf::low_bit_mix(&fixtures(root).join("gguf/tiny/tiny-q8_0.gguf"), &out).is_ok();
-    let bytes = if made { std::fs::read(&out).ok() } else { None };
+    let src = fixtures(root).join("gguf/tiny/tiny-q8_0.gguf");
+    let files = moescope::derived_gguf::MIXES
+        .iter()
+        .filter_map(|(name, types)| {
+            moescope::derived_gguf::low_bit_mix(&src, &out, types).ok()?;
+            Some((format!("tiny qwen3-moe, {name} mixed"), std::fs::read(&out).ok()?))
+        })
+        .collect();
     let _ = std::fs::remove_file(&out);
-    bytes
+    files
 }
 
 /// The built-in and fixture seeds of `target`, then the saved corpus's.
@@ -310,7 +317,7 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
             ] {
                 out.extend(std::fs::read(fixtures(root).join(p)).ok().map(|b| (format!("tests/fixtures/{p}"), b)));
             }
-            out.extend(low_bit_gguf(root).map(|b| ("tiny qwen3-moe, Q2_K/Q3_K/IQ4_NL/IQ4_XS mixed".into(), b)));
+            out.extend(low_bit_ggufs(root));
         }
         "routing_trace" => {
             // the demo's trace (its first 300 records), plain, gzipped and in xz

@@ -30,9 +30,17 @@ def blocks(t, n_blocks):
         T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q8_0: [0],
         T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
         T.Q2_K: [80, 82], T.Q3_K: [108], T.IQ4_NL: [0], T.IQ4_XS: [0],
+        T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0], T.IQ3_XXS: [0], T.IQ3_S: [0], T.IQ1_S: [0],
     }.get(t, [])
     for at in f16_at:
         b[:, at:at + 2] = finite_f16(n_blocks).view(np.uint8).reshape(n_blocks, 2)
+    if t == T.IQ1_M:
+        # d's 16 bits are the top nibbles of the four u16 scales at 48..56, low nibble first
+        d = finite_f16(n_blocks)
+        sc = b[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+        for k in range(4):
+            sc[:, k] |= ((d >> np.uint16(4 * k)) & np.uint16(15)) << np.uint16(12)
+        b[:, 48:56] = sc.view(np.uint8)
     if t == T.F16:
         b = finite_f16(n_blocks).view(np.uint8).reshape(n_blocks, 2)
     if t == T.BF16:
@@ -48,7 +56,11 @@ out = open(sys.argv[1], "wb")
 for t, n_blocks in [(T.F32, 64), (T.F16, 256), (T.BF16, 256), (T.Q4_0, 48), (T.Q4_1, 48),
                     (T.Q5_0, 48), (T.Q8_0, 48), (T.Q4_K, 12), (T.Q5_K, 12), (T.Q6_K, 12), (T.MXFP4, 48),
                     # the low-bit types, appended so the records above keep their bytes
-                    (T.Q2_K, 6), (T.Q3_K, 6), (T.IQ4_NL, 24), (T.IQ4_XS, 6)]:
+                    (T.Q2_K, 6), (T.Q3_K, 6), (T.IQ4_NL, 24), (T.IQ4_XS, 6),
+                    # the codebook types, appended likewise (their grids are checked entry by
+                    # entry elsewhere: make_iq_grids.py)
+                    (T.IQ2_XXS, 4), (T.IQ2_XS, 4), (T.IQ2_S, 4), (T.IQ3_XXS, 4), (T.IQ3_S, 4),
+                    (T.IQ1_S, 4), (T.IQ1_M, 4)]:
     b, size = blocks(t, n_blocks)
     vals = gguf.quants.dequantize(b.reshape(-1), t).astype(np.float32).reshape(-1)
     assert vals.size == n_blocks * size and np.isfinite(vals).all()

@@ -75,7 +75,17 @@ pub(super) fn block_codes(
             codes.iter_mut().zip(&v).for_each(|(c, &x)| *c = x as i8);
             Some(16)
         }
-        BlockType::Q2K | BlockType::Q3K | BlockType::Iq4Nl | BlockType::Iq4Xs => {
+        BlockType::Q2K
+        | BlockType::Q3K
+        | BlockType::Iq4Nl
+        | BlockType::Iq4Xs
+        | BlockType::Iq2Xxs
+        | BlockType::Iq2Xs
+        | BlockType::Iq2S
+        | BlockType::Iq3Xxs
+        | BlockType::Iq3S
+        | BlockType::Iq1S
+        | BlockType::Iq1M => {
             let sub = moescope_kernels::ggml::low_bit_codes(t, b, codes, scales, mins);
             // the symmetric types' mins are 0, one per scale as every type's
             mins.resize(scales.len(), 0.0);
@@ -137,7 +147,10 @@ mod tests {
             BlockType::Q3K,
             BlockType::Iq4Nl,
             BlockType::Iq4Xs,
-        ] {
+        ]
+        .into_iter()
+        .chain(moescope_kernels::ggml_iq::TYPES)
+        {
             for seed in 0..50 {
                 let mut b = random_block(t, seed);
                 if matches!(t, BlockType::Q4K | BlockType::Q5K) {

@@ -197,8 +197,10 @@ fn layer_name_gpt_oss(rest: &str) -> Option<&'static str> {
 /// an 8-bit integer, exact in f32); Q4_K and Q4_1 as q4 group 32 with mins (the unsigned nibbles,
 /// scale d * sc and min dmin * m, or d and -m); Q5_K as q8 group 32 with mins (5-bit codes);
 /// Q2_K as q8 group 16 with mins, Q3_K as q8 group 16 (codes -4..3), IQ4_NL and IQ4_XS as q8
-/// group 32 (the codebook's values as codes): exact, but widened to 8 bits a code until these
-/// types get layouts of their own. F16 runs as f32.
+/// group 32 (the codebook's values as codes), the codebook types IQ1_S ... IQ3_S as q8 with
+/// their sub-blocks as groups (signed grid values as codes; IQ1 in eighths, see
+/// `moescope_kernels::ggml_iq`): exact, but widened to 8 bits a code until these types get
+/// layouts of their own. F16 runs as f32.
 pub fn exact_format(t: BlockType) -> (Format, bool) {
     match t {
         BlockType::Bf16 => (Format::Bf16, false),
@@ -211,6 +213,8 @@ pub fn exact_format(t: BlockType) -> (Format, bool) {
         BlockType::Q2K => (Format::Q8 { group: 16 }, true),
         BlockType::Q3K => (Format::Q8 { group: 16 }, false),
         BlockType::Iq4Nl | BlockType::Iq4Xs => (Format::Q8 { group: 32 }, false),
+        BlockType::Iq2Xxs | BlockType::Iq3Xxs | BlockType::Iq3S | BlockType::Iq1S => (Format::Q8 { group: 32 }, false),
+        BlockType::Iq2Xs | BlockType::Iq2S | BlockType::Iq1M => (Format::Q8 { group: 16 }, false),
         BlockType::F32 | BlockType::F16 => (Format::F32, false),
     }
 }
