@@ -97,11 +97,11 @@ pub fn chunk_offset(r: usize, c: usize, row_bytes: usize, chunk_bytes: usize, pa
     if panels { panel_offset(r, c, row_bytes, chunk_bytes) } else { interleaved_offset(r, c, row_bytes, chunk_bytes) }
 }
 
-/// Rows of at least this many chunks (10240 values) go panel-major. One thread from memory on
-/// Zen 5 (`cargo bench --bench matvec`, q4 groups of 32, three alternated runs), panels against
-/// x4: 16384 values +30-39%, 10240 +7-10%, 7168 -1-3%, 4096 -2-4%; prefill's tiles lost ~12% at
-/// 4096 and nothing from 7168 on.
-pub const PANEL_MIN_CHUNKS: usize = 80;
+/// Rows of at least this many chunks (12288 values) go panel-major. One thread on Zen 5
+/// (`cargo bench --bench matvec`, q4 groups of 32, alternated runs), panels against x4: decode
+/// from memory at 16384 values +40-55%, at 10240 +5-8%; prefill's tiles over 64 tokens -8% at
+/// 10240 (each chunk's place costs more to work out).
+pub const PANEL_MIN_CHUNKS: usize = 96;
 
 /// Whether a row-interleaved `[rows, cols]` matrix in `format` goes panel-major when loaded for
 /// decode: q4 or q6, rows a multiple of [`PANEL_ROWS`], rows of at least [`PANEL_MIN_CHUNKS`]

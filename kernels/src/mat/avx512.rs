@@ -22,9 +22,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx512_finish::finish;
+pub(super) use super::avx512_finish::finish;
 use crate::act::QuantAct;
-use crate::quant::{PANEL_CHUNKS, ROW_BLOCK, chunk_offset};
+use crate::quant::{PANEL_ROWS, ROW_BLOCK, interleaved_offset, panel_offset};
 
 /// The mask of the first `n` of 16 lanes (all of them from 16 on): a row's last groups, fewer
 /// than a vector.
@@ -47,7 +47,8 @@ pub fn supports_q6(group: usize) -> bool {
 /// `out[i * n + t] = W[rows.start + i] · x[t]` for q4 weights `q` (`[rows, cols / 2]`), or with
 /// `six` q6 weights (`q6_lo4hi2`: `[rows, cols / 128 * 96]`, the same low-nibble unpacking with
 /// the high bits ORed in from each chunk's last 32 bytes, and a bias of 32), rows interleaved by
-/// [`ROW_BLOCK`] when `x4` (see [`crate::quant`]; and panel-major when `panels`), with `scales` (`[rows, cols / group]`) and the
+/// [`ROW_BLOCK`] when `x4` (see [`crate::quant`]; and in panel-major superblocks of
+/// [`PANEL_ROWS`] when `panels` too), with `scales` (`[rows, cols / group]`) and the
 /// `n` activation rows of `a`; `ap` is `a.q` (all `n` rows) permuted by
 /// [`permute_q4_act`](crate::act::permute_q4_act).
 ///
@@ -77,16 +78,19 @@ pub unsafe fn q_matmul(
     // decode over interleaved rows reads one stream: prefetch along it where that pays
     let pf = if x4 && n == 1 { crate::prefetch::distance() } else { 0 };
     let (cpg, gpc) = (a.group / 128, 128 / a.group.min(128));
-    let mins = mins.filter(|_| !six);
     let m =
-        QMat { q, wd: scales, mins, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf, panels: x4 && panels };
-    // SAFETY (all four): the caller's guarantees
+        QMat { q, wd: scales, mins: mins.filter(|_| !six), cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
+    // the row order is a type parameter, so each order's offsets compile to their own code:
+    // IL = 1 row-major, ROW_BLOCK x4, PANEL_ROWS panel-major (blocks of 4 within superblocks)
+    // SAFETY (all six): the caller's guarantees
     unsafe {
-        match (six, x4) {
-            (false, false) => matmul::<false, 1>(&m, n, rows, out),
-            (false, true) => matmul::<false, ROW_BLOCK>(&m, n, rows, out),
-            (true, false) => matmul::<true, 1>(&m, n, rows, out),
-            (true, true) => matmul::<true, ROW_BLOCK>(&m, n, rows, out),
+        match (six, x4, x4 && panels) {
+            (false, false, _) => matmul::<false, 1>(&m, n, rows, out),
+            (false, true, false) => matmul::<false, ROW_BLOCK>(&m, n, rows, out),
+            (false, true, true) => matmul::<false, PANEL_ROWS>(&m, n, rows, out),
+            (true, false, _) => matmul::<true, 1>(&m, n, rows, out),
+            (true, true, false) => matmul::<true, ROW_BLOCK>(&m, n, rows, out),
+            (true, true, true) => matmul::<true, PANEL_ROWS>(&m, n, rows, out),
         }
     }
 }
@@ -98,7 +102,7 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
     // token tile over a block before the next, so a block's weights come from memory once
     // rather than once per tile (an expert's 2 x 4 tiles over its 5-12 tokens of a prompt
     // streamed its matrices 2-3 times); each product is computed as before, the same bits
-    if n == 1 && IL > 1 && m.panels {
+    if n == 1 && IL == PANEL_ROWS {
         // SAFETY: the caller's guarantees
         unsafe { super::avx512_panels::panel_matvec::<SIX>(m, rows, out) };
         return;
@@ -138,6 +142,10 @@ unsafe fn token_tiles<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, 
         } else if n - t0 == 2 {
             unsafe { tiles::<2, 2, SIX, IL>(m, rows.clone(), t0, n, out) };
             t0 += 2;
+        } else if IL > ROW_BLOCK {
+            // panel-major: a 4-row block at a time, as x4 (16-row tiles would not fit the registers)
+            unsafe { tiles::<ROW_BLOCK, 1, SIX, IL>(m, rows.clone(), t0, n, out) };
+            t0 += 1;
         } else {
             unsafe { tiles::<IL, 1, SIX, IL>(m, rows.clone(), t0, n, out) };
             t0 += 1;
@@ -163,8 +171,6 @@ pub(super) struct QMat<'a> {
     pub(super) ap: &'a [i8],
     /// software prefetch distance in bytes, 0: none ([`crate::prefetch`])
     pub(super) pf: usize,
-    /// interleaved rows in panel-major superblocks ([`crate::quant::panel_offset`])
-    pub(super) panels: bool,
 }
 
 /// Tokens `t0..t0 + T` for every row of `rows`, `R` rows at a time (the rest one by one; with
@@ -226,32 +232,6 @@ unsafe fn tile<const R: usize, const T: usize, const SIX: bool, const IL: usize>
     }
 }
 
-/// Chunks `chunks` of rows `r0..r0 + R` times tokens `t0..t0 + T`, added to the float
-/// accumulators `f` ([`q_span`] or [`sub_span`] for the matrix's group; the chunks' groups whole).
-///
-/// # Safety
-/// As [`q_tile`]'s.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn span<const R: usize, const T: usize, const SIX: bool, const IL: usize>(
-    m: &QMat<'_>,
-    r0: usize,
-    t0: usize,
-    chunks: Range<usize>,
-    f: &mut [[__m512; T]; R],
-) {
-    // SAFETY (all): the caller's guarantees; q6 groups are whole chunks (the format's rule)
-    unsafe {
-        match (m.gpc, m.cpg) {
-            (8, _) if SIX => sub_span::<R, T, 8, true, IL>(m, r0, t0, chunks, f),
-            (4, _) if !SIX => sub_span::<R, T, 4, false, IL>(m, r0, t0, chunks, f),
-            (2, _) if !SIX => sub_span::<R, T, 2, false, IL>(m, r0, t0, chunks, f),
-            (_, 1) => q_span::<R, T, true, SIX, IL>(m, r0, t0, chunks, f),
-            (_, cpg) => q_span::<R, T, false, SIX, IL>(m, r0, t0, chunks.start / cpg..chunks.end / cpg, f),
-        }
-    }
-}
-
 /// Rows `r0..r0 + R` times tokens `t0..t0 + T`. Per (row, token): int32 lanes per group (low
 /// and high nibbles in separate accumulators: two chains), then one FMA per group into a float
 /// accumulator with the group's weight x activation scale; at the end the 16 lanes are summed
@@ -266,65 +246,46 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     t0: usize,
     out: &mut [[f32; T]; R],
 ) {
+    let ng = m.ng;
     if T == 1 && IL > 1 {
         // decode: the scales of the rows a few blocks on
-        crate::prefetch::scales_ahead(m.wd, r0, R, m.ng);
+        crate::prefetch::scales_ahead(m.wd, r0, R, ng);
     }
-    // one float accumulator per product: its FMA chain (4 cycles a group of 128 values, 48
-    // GB/s of q4 at 3 GHz) is not the limit, and a second set would not fit the 2 x 4 tile in
-    // the 32 registers (even/odd accumulators spilled pointers to the stack)
-    let mut f = [[_mm512_setzero_ps(); T]; R];
-    // SAFETY (both): the caller's guarantees
-    unsafe {
-        q_span::<R, T, G128, SIX, IL>(m, r0, t0, 0..m.ng, &mut f);
-        finish::<R, T, SIX>(m, r0, t0, &mut f, out)
-    }
-}
-
-/// Groups `groups` of [`q_tile`]'s products, added to its float accumulators `f`.
-///
-/// # Safety
-/// As [`q_tile`]'s; the groups exist.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q_span<const R: usize, const T: usize, const G128: bool, const SIX: bool, const IL: usize>(
-    m: &QMat<'_>,
-    r0: usize,
-    t0: usize,
-    groups: Range<usize>,
-    f: &mut [[__m512; T]; R],
-) {
-    // groups of 128 (the default) are one chunk: a loop the compiler can drop
-    let cpg = if G128 { 1 } else { m.cpg };
-    // where the next chunk of row r0 lies
-    let mut at = chunk_at::<SIX, IL>(m, r0, groups.start * cpg);
-    // group gi's products, folded into `acc` with the group's scales (`sc`: from group `gb` on)
-    let mut group = |gi: usize, gb: usize, sc: &[[[f32; 16]; T]; R], acc: &mut [[__m512; T]; R]| {
+    // group gi's products, folded into `acc` with the group's scales
+    let group = |gi: usize, sc: &[[[f32; 16]; T]; R], acc: &mut [[__m512; T]; R]| {
         let mut lo = [[_mm512_setzero_si512(); T]; R];
         let mut hi = [[_mm512_setzero_si512(); T]; R];
+        // groups of 128 (the default) are one chunk: a loop the compiler can drop
+        let cpg = if G128 { 1 } else { m.cpg };
         for ch in 0..cpg {
             let ci = gi * cpg + ch;
             // SAFETY: the caller's guarantees
-            unsafe { chunk_dots::<R, T, SIX, IL, false>(m, at, t0, ci, &mut lo, &mut hi) };
-            at = next_chunk::<SIX, IL>(m, r0, ci + 1, at);
+            unsafe { chunk_dots::<R, T, SIX, IL, false>(m, r0, t0, ci, &mut lo, &mut hi) };
         }
         for i in 0..R {
             for t in 0..T {
                 // the scale from the block's table: one FMA with a broadcast memory operand
                 let v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[i][t], hi[i][t]));
-                acc[i][t] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc[i][t][gi - gb]), acc[i][t]);
+                acc[i][t] = _mm512_fmadd_ps(v, _mm512_set1_ps(sc[i][t][gi % 16]), acc[i][t]);
             }
         }
     };
+    // one float accumulator per product: its FMA chain (4 cycles a group of 128 values, 48
+    // GB/s of q4 at 3 GHz) is not the limit, and a second set would not fit the 2 x 4 tile in
+    // the 32 registers (even/odd accumulators spilled pointers to the stack)
+    let mut f = [[_mm512_setzero_ps(); T]; R];
     // per block of 16 groups, each product's group scales (weight x activation), 16 at a time
     let mut sc = [[[0f32; 16]; T]; R];
-    for gb in groups.clone().step_by(16) {
+    for gb in (0..ng).step_by(16) {
+        let k = (ng - gb).min(16);
         // SAFETY: the caller's guarantees
         unsafe { scale_products(m, r0, t0, gb, &mut sc) };
-        for gi in gb..groups.end.min(gb + 16) {
-            group(gi, gb, &sc, f);
+        for gi in gb..gb + k {
+            group(gi, &sc, &mut f);
         }
     }
+    // SAFETY: the caller's guarantees
+    unsafe { finish::<R, T, SIX>(m, r0, t0, &mut f, out) }
 }
 
 /// [`q_tile`] for groups smaller than a chunk: `GPC` groups per 128-value chunk, 4 or 2 (q4 and
@@ -345,54 +306,28 @@ unsafe fn q_tile_sub<const R: usize, const T: usize, const GPC: usize, const SIX
     t0: usize,
     out: &mut [[f32; T]; R],
 ) {
+    let ng = m.ng;
     if T == 1 && IL > 1 {
-        crate::prefetch::scales_ahead(m.wd, r0, R, m.ng);
+        crate::prefetch::scales_ahead(m.wd, r0, R, ng);
     }
-    let mut f = [[_mm512_setzero_ps(); T]; R];
-    // SAFETY (both): the caller's guarantees
-    unsafe {
-        sub_span::<R, T, GPC, SIX, IL>(m, r0, t0, 0..m.cols / 128, &mut f);
-        finish::<R, T, SIX>(m, r0, t0, &mut f, out)
-    }
-}
-
-/// Chunks `chunks` of [`q_tile_sub`]'s products, added to its float accumulators `f`.
-///
-/// # Safety
-/// As [`q_tile_sub`]'s; the chunks exist.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn sub_span<const R: usize, const T: usize, const GPC: usize, const SIX: bool, const IL: usize>(
-    m: &QMat<'_>,
-    r0: usize,
-    t0: usize,
-    chunks: Range<usize>,
-    f: &mut [[__m512; T]; R],
-) {
-    // lane l of a chunk: its group's place among the chunk's groups (at 8: the low nibbles')
-    let lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    let lane_group = if GPC == 8 {
-        _mm512_slli_epi32::<1>(_mm512_srli_epi32::<2>(lanes))
-    } else {
-        _mm512_srli_epi32::<4>(_mm512_mullo_epi32(lanes, _mm512_set1_epi32(GPC as i32)))
-    };
+    let lane_group = lane_groups::<GPC>();
     let one = _mm512_set1_epi32(1);
+    let mut f = [[_mm512_setzero_ps(); T]; R];
     let mut sc = [[[0f32; 16]; T]; R];
-    let mut at = chunk_at::<SIX, IL>(m, r0, chunks.start);
+    let chunks = m.cols / 128;
     // 16 groups of scales at a time: 16 / GPC chunks
-    for cb in chunks.clone().step_by(16 / GPC) {
+    for cb in (0..chunks).step_by(16 / GPC) {
         // SAFETY: the caller's guarantees
         unsafe { scale_products(m, r0, t0, cb * GPC, &mut sc) };
-        for ci in cb..chunks.end.min(cb + 16 / GPC) {
+        for ci in cb..chunks.min(cb + 16 / GPC) {
             let mut lo = [[_mm512_setzero_si512(); T]; R];
             let mut hi = [[_mm512_setzero_si512(); T]; R];
             // SAFETY (both): the caller's guarantees
             if GPC == 8 {
-                unsafe { chunk_dots::<R, T, SIX, IL, true>(m, at, t0, ci, &mut lo, &mut hi) };
+                unsafe { chunk_dots::<R, T, SIX, IL, true>(m, r0, t0, ci, &mut lo, &mut hi) };
             } else {
-                unsafe { chunk_dots::<R, T, SIX, IL, false>(m, at, t0, ci, &mut lo, &mut hi) };
+                unsafe { chunk_dots::<R, T, SIX, IL, false>(m, r0, t0, ci, &mut lo, &mut hi) };
             }
-            at = next_chunk::<SIX, IL>(m, r0, ci + 1, at);
             let idx = _mm512_add_epi32(lane_group, _mm512_set1_epi32(((ci - cb) * GPC) as i32));
             for i in 0..R {
                 for t in 0..T {
@@ -411,34 +346,24 @@ unsafe fn sub_span<const R: usize, const T: usize, const GPC: usize, const SIX: 
             }
         }
     }
+    // SAFETY: the caller's guarantees
+    unsafe { finish::<R, T, SIX>(m, r0, t0, &mut f, out) }
 }
 
-/// Bytes of one 128-value chunk of a row.
-const fn chunk_bytes<const SIX: bool>() -> usize {
-    if SIX { 96 } else { 64 }
-}
-
-/// Where chunk `ci` of row `r0` lies in `m.q`.
-#[inline(always)]
-fn chunk_at<const SIX: bool, const IL: usize>(m: &QMat<'_>, r0: usize, ci: usize) -> usize {
-    let cb = chunk_bytes::<SIX>();
-    if IL == 1 { r0 * m.row_bytes + ci * cb } else { chunk_offset(r0, ci, m.row_bytes, cb, m.panels) }
-}
-
-/// [`chunk_at`] for chunk `ci` of row `r0`, from `at`, where chunk `ci - 1` lies: one step on
-/// (interleaved: past the block's other rows' chunks), except where a panel starts. The kernels
-/// walk a row's chunks in order, and working out each chunk's place from scratch cost the
-/// prefill tiles a tenth of their speed.
-#[inline(always)]
-fn next_chunk<const SIX: bool, const IL: usize>(m: &QMat<'_>, r0: usize, ci: usize, at: usize) -> usize {
-    if IL > 1 && m.panels && ci.is_multiple_of(PANEL_CHUNKS) {
-        chunk_at::<SIX, IL>(m, r0, ci)
+/// Lane `l` of a chunk with `GPC` groups: its group's place among the chunk's groups (at 8: the
+/// low nibbles' group; the high nibbles' is the next).
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn lane_groups<const GPC: usize>() -> __m512i {
+    let lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    if GPC == 8 {
+        _mm512_slli_epi32::<1>(_mm512_srli_epi32::<2>(lanes))
     } else {
-        at + IL * chunk_bytes::<SIX>()
+        _mm512_srli_epi32::<4>(_mm512_mullo_epi32(lanes, _mm512_set1_epi32(GPC as i32)))
     }
 }
 
-/// The int32 lanes of chunk `ci` (of row `r0` at byte `at`) for rows `r0..r0 + R` and tokens `t0..t0 + T`, added to `lo`
+/// The int32 lanes of chunk `ci` for rows `r0..r0 + R` and tokens `t0..t0 + T`, added to `lo`
 /// and `hi` (low- and high-nibble products; with enough products in the tile and unless
 /// `SPLIT` (the two hold different groups), both into `lo`: integer sums, the same result).
 ///
@@ -446,21 +371,29 @@ fn next_chunk<const SIX: bool, const IL: usize>(m: &QMat<'_>, r0: usize, ci: usi
 /// As [`q_tile`]'s; chunk `ci` exists.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool, const IL: usize, const SPLIT: bool>(
+pub(super) unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool, const IL: usize, const SPLIT: bool>(
     m: &QMat<'_>,
-    at: usize,
+    r0: usize,
     t0: usize,
     ci: usize,
     lo: &mut [[__m512i; T]; R],
     hi: &mut [[__m512i; T]; R],
 ) {
     let (mut wl, mut wh) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
-    // the tile's rows lie in one interleaved block (R is 1, 2 from an even row, or 4 from a
-    // multiple of 4), so their chunks are consecutive
-    for i in 0..R {
-        let off = if IL == 1 { at + i * m.row_bytes } else { at + i * chunk_bytes::<SIX>() };
-        // SAFETY: row r0 + i exists and chunk ci is inside it
-        (wl[i], wh[i]) = unsafe { chunk_nibbles::<SIX>(m, off) };
+    if IL == PANEL_ROWS {
+        // panel-major: the tile's rows lie in one 4-row block (R is 1, 2 from an even row, or 4
+        // from a multiple of 4), their chunks one after another: one offset for them all
+        let cb = if SIX { 96 } else { 64 };
+        let at = panel_offset(r0, ci, m.row_bytes, cb);
+        for i in 0..R {
+            // SAFETY: row r0 + i exists and chunk ci is inside it
+            (wl[i], wh[i]) = unsafe { nibbles_at::<SIX>(m, at + i * cb) };
+        }
+    } else {
+        for i in 0..R {
+            // SAFETY: as above
+            (wl[i], wh[i]) = unsafe { chunk_nibbles::<SIX, IL>(m, r0 + i, ci) };
+        }
     }
     for t in 0..T {
         let base = (t0 + t) * m.cols + ci * 128;
@@ -490,7 +423,7 @@ unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool, const IL: 
 /// AVX-512 F; rows `r0..r0 + R`, tokens `t0..t0 + T` and group `gb` exist.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn scale_products<const R: usize, const T: usize>(
+pub(super) unsafe fn scale_products<const R: usize, const T: usize>(
     m: &QMat<'_>,
     r0: usize,
     t0: usize,
@@ -512,7 +445,7 @@ unsafe fn scale_products<const R: usize, const T: usize>(
     }
 }
 
-/// The 128-value chunk at byte `off` of `m.q` as unsigned bytes for `vpdpbusd`: the low-nibble lanes and the
+/// Row `r`'s 128-value chunk `ci` as unsigned bytes for `vpdpbusd`: the low-nibble lanes and the
 /// high-nibble lanes (in the permuted activation order), q6 (`SIX`) with its high bits ORed in.
 /// With `m.pf`, the line `m.pf` bytes on is prefetched.
 ///
@@ -522,10 +455,29 @@ unsafe fn scale_products<const R: usize, const T: usize>(
 /// 16-bit shifts move bits across bytes only into bits the mask drops.
 ///
 /// # Safety
-/// AVX-512 F and BW; a whole chunk lies at `off`.
+/// AVX-512 F and BW; row `r` of `m.q` exists and chunk `ci` is inside it.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn chunk_nibbles<const SIX: bool>(m: &QMat<'_>, off: usize) -> (__m512i, __m512i) {
+unsafe fn chunk_nibbles<const SIX: bool, const IL: usize>(m: &QMat<'_>, r: usize, ci: usize) -> (__m512i, __m512i) {
+    let chunk_bytes = if SIX { 96 } else { 64 };
+    let off = if IL == 1 {
+        r * m.row_bytes + ci * chunk_bytes
+    } else if IL == ROW_BLOCK {
+        interleaved_offset(r, ci, m.row_bytes, chunk_bytes)
+    } else {
+        panel_offset(r, ci, m.row_bytes, chunk_bytes)
+    };
+    // SAFETY: the caller's guarantee (interleaved: the chunk lies in its block)
+    unsafe { nibbles_at::<SIX>(m, off) }
+}
+
+/// [`chunk_nibbles`] of the chunk at byte `off` of `m.q`.
+///
+/// # Safety
+/// As [`chunk_nibbles`]'s, for a whole chunk at `off`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn nibbles_at<const SIX: bool>(m: &QMat<'_>, off: usize) -> (__m512i, __m512i) {
     let mask = _mm512_set1_epi8(0x0F);
     // SAFETY: the caller's guarantee (interleaved: the chunk lies in its block)
     let p = unsafe { m.q.as_ptr().add(off) };

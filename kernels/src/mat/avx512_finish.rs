@@ -1,5 +1,5 @@
-//! The AVX-512 q4/q6 tiles' last step: each (row, token)'s bias or mins term and the sum of its
-//! 16 float lanes, in a fixed order (see `avx512.rs`).
+//! The AVX-512 q4/q6 tiles' last step (`avx512.rs`, `avx512_panels.rs`): each (row, token)'s
+//! bias or mins term and the sum of its 16 float lanes, in a fixed order.
 
 use std::arch::x86_64::*;
 
