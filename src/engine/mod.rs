@@ -62,7 +62,7 @@ pub struct EngineOptions {
     /// resident once touched).
     pub stream: Option<StreamConfig>,
     /// Put the resident matrices with long rows in panel-major order when the AVX-512 kernels
-    /// run (`package::panels`; the same results either way, faster decode).
+    /// run (`package::resident`; the same results either way, faster decode).
     pub panels: bool,
 }
 

@@ -26,7 +26,7 @@ pub struct Package {
     pub(super) mtp_index: HashMap<String, usize>,
     /// Per expert blob: 0 = not checked yet, 1 = checksum good.
     expert_checked: Vec<AtomicU8>,
-    /// Per dense tensor: its resident copy is in panel-major order (`package::panels`), its
+    /// Per dense tensor: its resident copy is in panel-major order (`package::resident`), its
     /// checksum verified before the reordering.
     pub(super) panelled: Vec<bool>,
 }
@@ -436,7 +436,7 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
 }
 
 /// Whether a (validated) entry's rows are stored interleaved.
-fn interleaved(t: &TensorEntry) -> bool {
+pub(super) fn interleaved(t: &TensorEntry) -> bool {
     let (rows, cols) = t.rows_cols();
     t.format().is_some_and(|f| f.interleaves(rows, cols) && t.base_layout() == f.layout(rows, cols))
 }

@@ -100,14 +100,13 @@ impl Package {
 
 /// Whether `t` (a dense tensor) is reordered when made resident: a row-interleaved q4 or q6
 /// matrix with rows as long as [`panels_pay`] asks.
-pub(super) fn wants_panels(t: &TensorEntry) -> bool {
+fn wants_panels(t: &TensorEntry) -> bool {
     let (rows, cols) = t.rows_cols();
-    t.format().is_some_and(|f| panels_pay(f, rows, cols))
-        && t.base_layout() == t.format().map_or("", |f| f.layout(rows, cols))
+    super::reader::interleaved(t) && t.format().is_some_and(|f| panels_pay(f, rows, cols))
 }
 
 /// Reorder the value bytes of `t`, which start at `at` in `bytes`, into panel-major order.
-pub(super) fn reorder(bytes: &mut [u8], at: usize, t: &TensorEntry) {
+fn reorder(bytes: &mut [u8], at: usize, t: &TensorEntry) {
     let (rows, cols) = t.rows_cols();
     let Some(f) = t.format() else { return };
     let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(0));
