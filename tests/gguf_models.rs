@@ -57,7 +57,7 @@ fn q4_k_m_mixes_q4_k_and_q6_k() {
 }
 
 /// Q4_K_M keeps layer 1's `ffn_down_exps` in Q6_K and layer 0's in Q4_K: the package gives each
-/// layer's experts parts of their own (q6 group 16; q4 group 32 with mins), and a small pool
+/// layer's experts parts of their own (q6 group 16; q4 group 32 with k4 records), and a small pool
 /// streaming the blobs from disk gives the logits of the experts served from memory bit for bit.
 #[test]
 fn q4_k_m_experts_keep_each_layers_format() {
@@ -73,7 +73,7 @@ fn q4_k_m_experts_keep_each_layers_format() {
         (p["layout"].as_str().unwrap_or("").to_string(), p["group"].as_u64())
     };
     assert_eq!(parts.len(), 6, "three parts per layer: {parts:?}");
-    assert_eq!(down(0), ("q4_lohi32_x4+mins".to_string(), Some(32)));
+    assert_eq!(down(0), ("q4_lohi32_x4+k4".to_string(), Some(32)));
     assert_eq!(down(1).1, Some(16));
     assert!(down(1).0.starts_with("q6_lo4hi2"), "{:?}", down(1));
 
@@ -88,6 +88,43 @@ fn q4_k_m_experts_keep_each_layers_format() {
     let small = StreamConfig { budget_bytes: Some(3 * blob), io: Some(IoMode::Direct), ..StreamConfig::default() };
     let streamed = run(Some(small));
     assert!(resident.iter().zip(&streamed).all(|(a, b)| a.to_bits() == b.to_bits()), "streamed logits differ");
+}
+
+/// Q4_K and Q6_K keep their own size: ggml's blocks are 144 and 210 bytes a 256 values (4.5 and
+/// 6.5625 bits a weight), and the package's Q4_K and Q6_K tensors (dense and expert parts) take
+/// as many bytes as the file's, as `inspect` says of both.
+#[test]
+fn k_quants_keep_the_files_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gguf = fixture("gguf/tiny/tiny-q4_k_m.gguf");
+    let o = moescope(&["inspect", gguf.to_str().unwrap(), "--json"], dir.path());
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let q4k = &j["by_type"]["Q4_K"];
+    assert_eq!(q4k["bits_per_weight"].as_f64(), Some(4.5), "{q4k}");
+    assert_eq!(q4k["package_bytes"], q4k["bytes"], "{q4k}");
+    let q6k = &j["by_type"]["Q6_K"];
+    assert_eq!(q6k["bits_per_weight"].as_f64(), Some(6.5625), "{q6k}");
+    assert_eq!(q6k["package_bytes"], q6k["bytes"], "{q6k}");
+    let pkg = dir.path().join("k.moe");
+    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    let o = moescope(&["inspect", pkg.to_str().unwrap(), "--json"], dir.path());
+    let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let k4_parts: Vec<_> = j["regions"]["experts"]["parts"]
+        .as_array()
+        .expect("parts")
+        .iter()
+        .filter(|p| p["layout"].as_str().is_some_and(|l| l.ends_with("+k4")))
+        .collect();
+    assert_eq!(k4_parts.len(), 5, "layer 0's three parts and layer 1's gate and up");
+    for p in k4_parts {
+        assert_eq!(p["bits_per_weight"].as_f64(), Some(4.5), "{p}");
+    }
+    let parts = j["regions"]["experts"]["parts"].as_array().expect("parts");
+    let k6: Vec<_> = parts.iter().filter(|p| p["layout"].as_str().is_some_and(|l| l.ends_with("+k6"))).collect();
+    assert_eq!(k6.len(), 1, "layer 1's down_proj");
+    assert_eq!(k6[0]["bits_per_weight"].as_f64(), Some(6.5625), "{}", k6[0]);
+    // every dense q4 tensor of this file is a Q4_K one
+    assert_eq!(j["dense_by_type"]["q4"]["bits_per_weight"].as_f64(), Some(4.5), "{}", j["dense_by_type"]);
 }
 
 /// The overall error a requantizing conversion reports, in percent.
@@ -121,8 +158,8 @@ fn inspect_says_how_each_type_runs() {
     assert!(o.status.success(), "{}", stderr(&o));
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
     let runs = |t: &str| j["by_type"][t]["runs_as"].as_str().map(String::from);
-    assert_eq!(runs("Q6_K").as_deref(), Some("q6, group 16"));
-    assert_eq!(runs("Q4_K").as_deref(), Some("q4, group 32 with mins"));
+    assert_eq!(runs("Q6_K").as_deref(), Some("q6, group 16 with k6 records"));
+    assert_eq!(runs("Q4_K").as_deref(), Some("q4, group 32 with k4 records"));
     assert_eq!(runs("F32").as_deref(), Some("f32"));
     let f = fixture("gguf/tiny.gguf");
     let o = moescope(&["inspect", f.to_str().unwrap(), "--json"], d.path());

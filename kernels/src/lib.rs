@@ -15,6 +15,7 @@ pub mod dot;
 pub mod ggml;
 pub mod ggml_iq;
 pub mod isa;
+pub mod kscales;
 pub mod mat;
 pub mod mxfp4;
 pub mod ops;

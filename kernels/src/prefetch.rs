@@ -126,8 +126,14 @@ pub const SCALE_ROWS_AHEAD: usize = 16;
 /// (measured in the commit that added it). Any row index is fine: a prefetch never faults.
 #[inline(always)]
 pub fn scales_ahead(scales: &[f32], r0: usize, rows: usize, ng: usize) {
-    let start = scales.as_ptr().wrapping_add(r0.wrapping_add(SCALE_ROWS_AHEAD).wrapping_mul(ng)) as usize;
-    let end = start.wrapping_add(rows * ng * 4);
+    rows_ahead(scales.as_ptr() as *const u8, ng * 4, r0, rows);
+}
+
+/// [`scales_ahead`] for scales stored in rows of `row_bytes` bytes at `base` (Q4_K's k4 records).
+#[inline(always)]
+pub fn rows_ahead(base: *const u8, row_bytes: usize, r0: usize, rows: usize) {
+    let start = base.wrapping_add(r0.wrapping_add(SCALE_ROWS_AHEAD).wrapping_mul(row_bytes)) as usize;
+    let end = start.wrapping_add(rows * row_bytes);
     let mut a = start & !63;
     while a < end {
         line(a as *const u8, 0);

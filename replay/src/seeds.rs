@@ -245,6 +245,17 @@ fn package_of(checkpoint: &[u8]) -> Option<Vec<u8>> {
     bytes
 }
 
+/// The package of a GGUF fixture as the file holds it (a Q4_K_M file: k4 records, parts per
+/// layer).
+fn package_of_gguf(root: &Path, rel: &str) -> Option<Vec<u8>> {
+    let out = std::env::temp_dir().join(format!("moescope-replay-gguf-seed-{}.moe", std::process::id()));
+    let ok =
+        moescope::convert::convert_gguf(&fixtures(root).join(rel), &out, ConvertOptions::new(QuantMode::File)).is_ok();
+    let bytes = if ok { std::fs::read(&out).ok() } else { None };
+    let _ = std::fs::remove_file(&out);
+    bytes
+}
+
 fn messages() -> serde_json::Value {
     serde_json::json!([
         {"role": "system", "content": "You are terse."},
@@ -303,6 +314,8 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
             out.extend(pkg.map(|b| ("gpt-oss bf16 package".into(), b)));
             let mtp = derived_checkpoint(root, "glm", &moescope::derived_fixture::with_mtp_layer);
             out.extend(mtp.and_then(|c| package_of(&c)).map(|b| ("glm package with its MTP layer".into(), b)));
+            let k = package_of_gguf(root, "gguf/tiny/tiny-q4_k_m.gguf");
+            out.extend(k.map(|b| ("tiny q4_k_m package (k4 records)".into(), b)));
         }
         "gguf" => {
             for p in [

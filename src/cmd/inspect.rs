@@ -3,10 +3,11 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use moescope::convert::gguf::source::runs_as;
+use moescope::convert::gguf::source::{package_bytes, runs_as};
 use moescope::convert::gguf::{self, Value};
 use moescope::model::LayerKind;
 use moescope::model_config::{ExpertAct, ModelConfig};
+use moescope::package::layout::ScaleForm;
 use moescope::package::{OpenOptions, Package};
 use serde_json::json;
 
@@ -20,12 +21,15 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     pkg.verify_mtp()?;
     let m = &pkg.meta;
     let moescope::package::PackageSizes { dense, experts, blob } = pkg.sizes();
-    let mut by_type: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    // per type: tensors, bytes, weights
+    let mut by_type: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
     for t in &m.tensors {
         let e = by_type.entry(format!("{:?}", t.dtype).to_lowercase()).or_default();
         e.0 += 1;
         e.1 += t.length;
+        e.2 += t.shape.iter().product::<usize>() as u64;
     }
+    let bits = |b: u64, n: u64| 8.0 * b as f64 / n.max(1) as f64;
     let ex = m.experts.as_ref();
     // parts of their own per layer (formats that differ by layer) carry their layer
     let parts: Vec<_> = ex
@@ -34,7 +38,9 @@ pub fn run(a: &InspectArgs) -> Result<()> {
                 .iter()
                 .enumerate()
                 .map(|(i, p)| {
-                    let mut v = json!({"name": p.name, "dtype": p.dtype, "shape": p.shape, "group": p.group, "layout": p.layout, "bytes": p.length});
+                    let w = p.shape.iter().product::<usize>() as u64;
+                    let mut v = json!({"name": p.name, "dtype": p.dtype, "shape": p.shape, "group": p.group, "layout": p.layout,
+                                       "bytes": p.length, "bits_per_weight": bits(p.length, w)});
                     if e.per_layer() {
                         v["layer"] = json!(e.layers[i / 3]);
                     }
@@ -65,7 +71,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             "mtp": m.mtp.as_ref().map(|s| json!({
                 "layers": s.layers, "tensors": s.tensors.len(), "offset": s.extent().0, "bytes": s.extent().1})),
         },
-        "dense_by_type": by_type.iter().map(|(k, (n, b))| (k.clone(), json!({"tensors": n, "bytes": b}))).collect::<serde_json::Map<_, _>>(),
+        "dense_by_type": by_type.iter().map(|(k, (n, b, w))| (k.clone(), json!({"tensors": n, "bytes": b, "weights": w, "bits_per_weight": bits(*b, *w)}))).collect::<serde_json::Map<_, _>>(),
     });
     if a.json {
         println!("{v}");
@@ -145,8 +151,8 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     );
     println!("metadata      {} at offset {}", mb(pkg.header.meta_len), pkg.header.meta_offset);
     println!("dense         {} in {} tensors at offset {}", mb(dense), m.tensors.len(), pkg.header.dense_offset);
-    for (k, (n, b)) in &by_type {
-        println!("  {k:<6} {n:>5} tensors  {}", mb(*b));
+    for (k, (n, b, w)) in &by_type {
+        println!("  {k:<6} {n:>5} tensors  {}  {:.2} bits a weight", mb(*b), bits(*b, *w));
     }
     if let Some(e) = ex {
         println!(
@@ -161,7 +167,21 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         for (i, p) in e.parts.iter().enumerate() {
             let at = if e.per_layer() { format!("layer {:<3} ", e.layers[i / 3]) } else { String::new() };
             let group = p.group.map_or(String::new(), |g| format!(" group {g}"));
-            println!("  {at}{:<10} {:?} {:?}{group}: {} bytes", p.name, p.dtype, p.shape, p.length);
+            let w = p.shape.iter().product::<usize>() as u64;
+            let form = match p.scale_form() {
+                ScaleForm::K4 => " (k4 records)",
+                ScaleForm::K6 => " (k6 records)",
+                ScaleForm::Mins => " (mins)",
+                ScaleForm::Plain => "",
+            };
+            println!(
+                "  {at}{:<10} {:?} {:?}{group}{form}: {} bytes, {:.2} bits a weight",
+                p.name,
+                p.dtype,
+                p.shape,
+                p.length,
+                bits(p.length, w)
+            );
         }
     }
     if let Some(s) = &m.mtp {
@@ -180,13 +200,16 @@ pub fn run(a: &InspectArgs) -> Result<()> {
 /// type and one by one.
 fn inspect_gguf(a: &InspectArgs) -> Result<()> {
     let g = gguf::open(&a.file)?;
-    let mut by_type: BTreeMap<&str, (usize, u64, u32)> = BTreeMap::new();
+    // per type: tensors, bytes, ggml id, weights, bytes in a package
+    let mut by_type: BTreeMap<&str, (usize, u64, u32, u64, Option<u64>)> = BTreeMap::new();
     for t in &g.tensors {
-        let e = by_type.entry(t.ty.name).or_default();
+        let e = by_type.entry(t.ty.name).or_insert((0, 0, t.ty.id, 0, Some(0)));
         e.0 += 1;
         e.1 += t.bytes;
-        e.2 = t.ty.id;
+        e.3 += t.ne.iter().product::<u64>();
+        e.4 = e.4.zip(package_bytes(t.ty.id, &t.ne)).map(|(a, b)| a + b);
     }
+    let bits = |b: u64, n: u64| 8.0 * b as f64 / n.max(1) as f64;
     // a tokenizer's 150k tokens are not for the terminal
     let short = |v: &Value| match v {
         Value::Array(ty, items) if items.len() > 16 => json!(format!("[{} {ty} values]", items.len())),
@@ -203,7 +226,11 @@ fn inspect_gguf(a: &InspectArgs) -> Result<()> {
             "data_offset": g.data_start,
             "metadata": g.metadata.iter().map(|(k, v)| (k.clone(), short(v))).collect::<serde_json::Map<_, _>>(),
             "tensors": g.tensors.iter().map(|t| json!({"name": t.name, "type": t.ty.name, "ne": t.ne, "offset": t.offset, "bytes": t.bytes})).collect::<Vec<_>>(),
-            "by_type": by_type.iter().map(|(k, (n, b, id))| (k.to_string(), json!({"tensors": n, "bytes": b, "runs_as": runs_as(*id)}))).collect::<serde_json::Map<_, _>>(),
+            "by_type": by_type.iter().map(|(k, (n, b, id, w, pb))| (k.to_string(), json!({
+                "tensors": n, "bytes": b, "weights": w, "runs_as": runs_as(*id),
+                "bits_per_weight": bits(*b, *w),
+                "package_bytes": pb, "package_bits_per_weight": pb.map(|pb| bits(pb, *w)),
+            }))).collect::<serde_json::Map<_, _>>(),
         });
         println!("{v}");
         return Ok(());
@@ -221,9 +248,10 @@ fn inspect_gguf(a: &InspectArgs) -> Result<()> {
     for (k, v) in &g.metadata {
         println!("  {k} = {}", short(v));
     }
-    println!("tensors by type (and how moescope runs them, keeping the file's values):");
-    for (t, (n, b, id)) in &by_type {
-        println!("  {t:<8} {n:>6} tensors  {:>10}  {}", mb(*b), runs_as(*id));
+    println!("tensors by type (bits a weight in the file, and how moescope runs them keeping its values):");
+    for (t, (n, b, id, w, pb)) in &by_type {
+        let package = pb.map_or(String::new(), |pb| format!(": {:.2} bits a weight", bits(pb, *w)));
+        println!("  {t:<8} {n:>6} tensors  {:>10}  {:>5.2} bits  {}{package}", mb(*b), bits(*b, *w), runs_as(*id));
     }
     // the first layer's and the rest's (every layer has the same tensors; --json lists all)
     println!("tensors (blk.0 and outside the layers):");

@@ -22,6 +22,7 @@ use moescope_kernels::mxfp4::{self, BLOCK_BYTES};
 use super::error::ConvertError;
 use super::safetensors::HfCheckpoint;
 use super::source::TensorSource;
+use crate::package::layout::ScaleForm;
 
 pub struct GptOssSource<'a> {
     src: &'a HfCheckpoint,
@@ -239,8 +240,8 @@ impl TensorSource for GptOssSource<'_> {
         }
     }
 
-    fn exact_format(&self, name: &str) -> Option<(Format, bool)> {
-        matches!(self.view(name), View::Mx(_)).then_some((Format::Mxfp4, false))
+    fn exact_format(&self, name: &str) -> Option<(Format, ScaleForm)> {
+        matches!(self.view(name), View::Mx(_)).then_some((Format::Mxfp4, ScaleForm::Plain))
     }
 
     fn origin(&self, name: &str) -> String {

@@ -14,6 +14,7 @@
 use super::error::ConvertError;
 use super::source::TensorSource;
 use crate::model_config::{Mla, ModelConfig};
+use crate::package::layout::ScaleForm;
 
 pub struct MlaSource<'a> {
     src: &'a dyn TensorSource,
@@ -138,7 +139,14 @@ impl TensorSource for MlaSource<'_> {
         }
     }
 
-    fn exact_format(&self, name: &str) -> Option<(moescope_kernels::Format, bool)> {
+    fn k_records(&self, name: &str, r0: usize, n: usize, out: &mut Vec<u8>) -> Result<bool, ConvertError> {
+        match self.derived(name) {
+            Some(_) => Ok(false),
+            None => self.src.k_records(name, r0, n, out),
+        }
+    }
+
+    fn exact_format(&self, name: &str) -> Option<(moescope_kernels::Format, ScaleForm)> {
         match self.derived(name) {
             // the split's values are kv_b's, in other groups: exact only where kv_b is unquantized
             Some((kv_b, _)) => self.src.exact_format(&kv_b).filter(|(f, _)| f.group().is_none()),

@@ -39,7 +39,9 @@ pub use source::TensorSource;
 
 use crate::engine::tokenizer::Tok;
 use crate::model_config::ModelConfig;
-use crate::package::layout::{DType, ExpertRegion, FORMAT_NAME, Meta, QuantInfo, TensorEntry, TokenizerInfo, VERSION};
+use crate::package::layout::{
+    DType, ExpertRegion, FORMAT_NAME, Meta, QuantInfo, ScaleForm, TensorEntry, TokenizerInfo, VERSION,
+};
 use crate::package::writer::{BlobBuilder, PackageWriter, plan as plan_offsets};
 
 #[derive(Debug, Clone, Copy)]
@@ -224,30 +226,63 @@ impl BlobSource for EncodedBlobs<'_> {
     fn blob(&self, region: &ExpertRegion, l: usize, e: usize) -> Result<Vec<u8>, ConvertError> {
         let li = region.index_of(l).ok_or_else(|| no_experts_in(l))?;
         let mut b = BlobBuilder::new(region, li);
-        let (mut x, mut vals, mut scales, mut mins) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut x = Vec::new();
+        let mut e_rows = EncodedRows::default();
         for (p, (tname, shape)) in plan::expert_tensors(self.cfg, l, e).iter().enumerate() {
             let part = &region.parts_of(li)[p];
             let f = part.format().unwrap_or(Format::F32);
-            let with_mins = part.has_mins().then_some(&mut mins);
-            if !self.src.encoded_rows(tname, f, 0, shape[0], &mut vals, &mut scales, with_mins)? {
-                if part.has_mins() {
-                    return Err(no_mins(self.src, tname));
-                }
+            if !e_rows.fill(self.src, tname, (f, part.scale_form()), 0, shape[0])? {
                 self.src.read_rows(tname, 0, shape[0], &mut x)?;
-                encode_rows(f, &x, shape[1], f.interleaves(shape[0], shape[1]), &mut vals, &mut scales);
+                encode_rows(f, &x, shape[1], f.interleaves(shape[0], shape[1]), &mut e_rows.vals, &mut e_rows.scales);
             }
-            b.put(p, &vals, &scales, &mins);
+            if part.scale_form().records() {
+                b.put_bytes(p, &e_rows.vals, &e_rows.records);
+            } else {
+                b.put(p, &e_rows.vals, &e_rows.scales, &e_rows.mins);
+            }
         }
         Ok(b.buf)
     }
 }
 
-/// A tensor planned with asymmetric groups whose source could not give them (a plan bug).
-fn no_mins(src: &dyn TensorSource, name: &str) -> ConvertError {
+/// Rows as a source encodes them: values, f32 scales and mins, or k4 records.
+#[derive(Default)]
+struct EncodedRows {
+    vals: Vec<u8>,
+    scales: Vec<f32>,
+    mins: Vec<f32>,
+    records: Vec<u8>,
+}
+
+impl EncodedRows {
+    /// Rows `[r0, r0 + n)` of `name` in format `f` with scales in `form`, from the source's own
+    /// codes; `Ok(false)` when it has none and the form is plain (the caller quantizes), an
+    /// error when the plan asked for mins or records that the source cannot give (a plan bug).
+    fn fill(
+        &mut self,
+        src: &dyn TensorSource,
+        name: &str,
+        (f, form): (Format, ScaleForm),
+        r0: usize,
+        n: usize,
+    ) -> Result<bool, ConvertError> {
+        let mins = form.asymmetric().then_some(&mut self.mins);
+        let coded = src.encoded_rows(name, f, r0, n, &mut self.vals, &mut self.scales, mins)?;
+        let whole = coded && (!form.records() || src.k_records(name, r0, n, &mut self.records)?);
+        if !whole && form != ScaleForm::Plain {
+            return Err(no_scale_form(src, name, form));
+        }
+        Ok(whole)
+    }
+}
+
+/// A tensor planned with mins or k4 records whose source could not give them (a plan bug).
+fn no_scale_form(src: &dyn TensorSource, name: &str, form: ScaleForm) -> ConvertError {
+    let what = if form.records() { "the blocks' scales (k4 or k6 records)" } else { "mins (asymmetric groups)" };
     ConvertError::Tensor {
         file: PathBuf::from(src.origin(name)),
         name: src.source_name(name),
-        msg: "planned with mins (asymmetric groups), but the source cannot give them".into(),
+        msg: format!("planned with {what}, but the source cannot give them"),
     }
 }
 
@@ -354,7 +389,7 @@ fn plan_meta(
     (dense, mtp): (&[plan::DenseTensor], &[plan::DenseTensor]),
     moe_layers: &[usize],
 ) -> Meta {
-    let entry = |name: &str, (f, mins): (Format, bool), shape: &[usize]| TensorEntry {
+    let entry = |name: &str, (f, form): (Format, ScaleForm), shape: &[usize]| TensorEntry {
         name: name.into(),
         dtype: DType::of(f),
         shape: shape.to_vec(),
@@ -364,7 +399,7 @@ fn plan_meta(
                 [r, c] => (*r, *c),
                 _ => (1, shape.iter().product()),
             };
-            format!("{}{}", f.layout(rows, cols), if mins { crate::package::layout::MINS } else { "" })
+            format!("{}{}", f.layout(rows, cols), form.mark())
         },
         offset: 0,
         length: 0,
@@ -374,7 +409,7 @@ fn plan_meta(
     // the plan's format, or with QuantMode::File the one holding the source's values exactly
     let format = |name: &str, kind: plan::Kind, cols: usize| match (opts.quant, src.exact_format(name)) {
         (QuantMode::File, Some(f)) => f,
-        _ => (opts.quant.format(kind, cols), false),
+        _ => (opts.quant.format(kind, cols), ScaleForm::Plain),
     };
     let entries = |list: &[plan::DenseTensor]| -> Vec<TensorEntry> {
         list.iter().map(|t| entry(&t.name, format(&t.name, t.kind, *t.shape.last().unwrap_or(&1)), &t.shape)).collect()
@@ -443,11 +478,11 @@ fn write_dense(
     bar: &ProgressBar,
 ) -> Result<(), ConvertError> {
     let mut x = Vec::new();
-    let (mut vals, mut scales, mut mins) = (Vec::new(), Vec::new(), Vec::new());
+    let mut rows_out = EncodedRows::default();
     for t in dense {
         opts.check_cancel()?;
         let e = w.begin_dense()?;
-        let has_mins = e.has_mins();
+        let form = e.scale_form();
         bar.set_message(t.name.clone());
         let f = e.format().unwrap_or(Format::F32);
         let (rows, cols) = e.rows_cols();
@@ -457,17 +492,19 @@ fn write_dense(
         let mut r0 = 0;
         while r0 < rows {
             let n = chunk.clamp(1, rows - r0);
-            if !src.encoded_rows(&t.name, f, r0, n, &mut vals, &mut scales, has_mins.then_some(&mut mins))? {
-                if has_mins {
-                    return Err(no_mins(src, &t.name));
-                }
+            if !rows_out.fill(src, &t.name, (f, form), r0, n)? {
                 src.read_rows(&t.name, r0, n, &mut x)?;
-                encode_rows(f, &x, cols, x4, &mut vals, &mut scales);
+                encode_rows(f, &x, cols, x4, &mut rows_out.vals, &mut rows_out.scales);
             }
-            w.write_values(&vals)?;
-            w.push_scales(&scales);
-            if has_mins {
-                w.push_mins(&mins);
+            let EncodedRows { vals, scales, mins, records } = &rows_out;
+            w.write_values(vals)?;
+            match form {
+                ScaleForm::Plain => w.push_scales(scales),
+                ScaleForm::Mins => {
+                    w.push_scales(scales);
+                    w.push_mins(mins);
+                }
+                ScaleForm::K4 | ScaleForm::K6 => w.push_scale_bytes(records),
             }
             bar.inc(vals.len() as u64 + scales.len() as u64 * 4);
             r0 += n;

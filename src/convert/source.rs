@@ -2,6 +2,7 @@
 //! f32 (a HuggingFace checkpoint, or the demo model's generator).
 
 use super::error::ConvertError;
+use crate::package::layout::ScaleForm;
 
 pub trait TensorSource: Sync {
     /// Shape of a tensor, or None when absent. Per-expert names
@@ -31,10 +32,17 @@ pub trait TensorSource: Sync {
         Ok(false)
     }
 
-    /// The format that holds the tensor's values exactly, and whether its groups need mins,
-    /// for a source that stores them quantized (a GGUF file); what
+    /// Rows `[r0, r0 + n)`'s k4 or k6 records (GGUF's Q4_K or Q6_K scales as the file stores
+    /// them, one per 256 values of a row, see `moescope_kernels::kscales`), for a source that
+    /// holds them; `Ok(false)` when it does not.
+    fn k_records(&self, _name: &str, _r0: usize, _n: usize, _out: &mut Vec<u8>) -> Result<bool, ConvertError> {
+        Ok(false)
+    }
+
+    /// The format that holds the tensor's values exactly, and how its scales are stored (with
+    /// mins, or as k4 records), for a source that stores them quantized (a GGUF file); what
     /// [`QuantMode::File`](super::QuantMode::File) writes.
-    fn exact_format(&self, _name: &str) -> Option<(moescope_kernels::Format, bool)> {
+    fn exact_format(&self, _name: &str) -> Option<(moescope_kernels::Format, ScaleForm)> {
         None
     }
 

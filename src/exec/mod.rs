@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use moescope_kernels::act::QuantPart;
 use moescope_kernels::mat::Input;
 use moescope_kernels::ops::Glu;
-use moescope_kernels::quant::{Format, PANEL_ROWS};
+use moescope_kernels::quant::PANEL_ROWS;
 use moescope_kernels::{Isa, Mat, QuantAct};
 
 use crate::trace;
@@ -247,7 +247,7 @@ impl Exec {
         let input = self.quantized(first, x, &mut s.qa);
         let rows: Few<usize> = mats.iter().map(|m| m.rows).collect();
         let isa = self.isa;
-        let span = product_span(label, first.format(), out.len(), first.cols, 1);
+        let span = product_span(label, first, out.len(), 1);
         let row_bytes = row_bytes(first);
         self.row_section(span, label, &rows, out, row_bytes, &|i, r, o| mats[i].matmul_rows(isa, input, 1, r, o));
     }
@@ -267,7 +267,7 @@ impl Exec {
         s.each.iter_mut().for_each(|q| q.get_mut().unwrap_or_else(|e| e.into_inner()).0 = false);
         let qas = &s.each[..prods.len()];
         let isa = self.isa;
-        let span = product_span(label, first.format(), out.len(), first.cols, 1);
+        let span = product_span(label, first, out.len(), 1);
         self.row_section(span, label, &rows, out, row_bytes(first), &|i, r, o| {
             let (m, x) = prods[i];
             match m.quant_group() {
@@ -326,7 +326,7 @@ impl Exec {
         let rows: Few<usize> = pairs.iter().map(|p| p.gate.rows).collect();
         let isa = self.isa;
         // the trace counts both matrices' rows: what the section streams
-        let span = product_span(label, first.format(), 2 * act.len(), first.cols, 1);
+        let span = product_span(label, first, 2 * act.len(), 1);
         // a row of the activation streams a gate row and an up row
         self.row_section(span, label, &rows, act, 2 * row_bytes(first), &|i, r, o| {
             let GatePair { gate: g, up: u, bias } = pairs[i];
@@ -414,7 +414,7 @@ impl Exec {
     /// `out[t, r] = W[r] · input[t]`, the input already in the form `w` reads; `t` is scratch
     /// for the weight-row-major results of several tokens.
     fn product(&self, label: &'static str, w: &Mat<'_>, input: Input<'_>, n: usize, out: &mut [f32], t: &mut Vec<f32>) {
-        let span = product_span(label, w.format(), w.rows, w.cols, n);
+        let span = product_span(label, w, w.rows, n);
         // the workers' chunks of this product merge into one slice per worker, each reached
         // by a flow from this slice
         let key = if span.is_recording() { trace::next_id() } else { 0 };
@@ -453,21 +453,20 @@ impl Exec {
     }
 }
 
-/// The trace slice of a product of `rows` x `cols` weights in format `f` with `tokens` inputs.
-fn product_span(label: &'static str, f: Format, rows: usize, cols: usize, tokens: usize) -> trace::Span {
+/// The trace slice of a product of `rows` rows of matrices like `w` with `tokens` inputs.
+fn product_span(label: &'static str, w: &Mat<'_>, rows: usize, tokens: usize) -> trace::Span {
     trace::span(label).args_with(|a| {
         a.push(("rows", rows.into()));
-        a.push(("cols", cols.into()));
+        a.push(("cols", w.cols.into()));
         a.push(("tokens", tokens.into()));
-        a.push(("format", f.name().into()));
-        a.push(("weight_bytes", (f.data_bytes(rows, cols) + f.scale_bytes(rows, cols)).into()));
+        a.push(("format", w.format().name().into()));
+        a.push(("weight_bytes", (rows * row_bytes(w)).into()));
     })
 }
 
-/// Weight bytes of one row of `w`, values and scales.
+/// Weight bytes of one row of `w`, values and scales (and mins, or k4 records).
 fn row_bytes(w: &Mat<'_>) -> usize {
-    let f = w.format();
-    f.data_bytes(1, w.cols) + f.scale_bytes(1, w.cols)
+    w.row_bytes()
 }
 
 #[cfg(test)]

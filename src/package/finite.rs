@@ -8,7 +8,9 @@
 use std::path::Path;
 
 use super::PackageError;
-use super::layout::{DType, TensorEntry};
+use moescope_kernels::kscales::{K4_RECORD, K6_RECORD};
+
+use super::layout::{DType, ScaleForm, TensorEntry};
 
 /// `t`'s weights and scales are finite in `bytes` (where its `offset` counts from, e.g. its
 /// blob), else an error naming `what()` (made only then: expert reads call this per blob) and
@@ -46,9 +48,22 @@ pub fn first_non_finite(t: &TensorEntry, bytes: &[u8]) -> Option<u64> {
         DType::Bf16 => region.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80)? * 2,
         // an exponent byte of 255 is NaN in the OCP MX spec (and 2^128 overflows)
         DType::Mxfp4 => region.chunks_exact(moescope_kernels::mxfp4::BLOCK_BYTES).position(|b| b[0] == 255)? * 17,
+        // k4 records: f16 d and dmin first, an exponent of all ones is infinity or NaN
+        DType::Q4 if t.scale_form() == ScaleForm::K4 => {
+            region.chunks_exact(K4_RECORD).position(|r| f16_bad(&r[0..2]) || f16_bad(&r[2..4]))? * K4_RECORD
+        }
+        // k6 records: f16 d first
+        DType::Q6 if t.scale_form() == ScaleForm::K6 => {
+            region.chunks_exact(K6_RECORD).position(|r| f16_bad(&r[0..2]))? * K6_RECORD
+        }
         _ => region.chunks_exact(4).position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite())? * 4,
     };
     Some(from + at as u64)
+}
+
+/// Whether the f16 in `b`'s first two bytes is infinite or NaN (its exponent all ones).
+fn f16_bad(b: &[u8]) -> bool {
+    u16::from_le_bytes([b[0], b[1]]) & 0x7C00 == 0x7C00
 }
 
 #[cfg(test)]
@@ -67,6 +82,22 @@ mod tests {
             scales_offset,
             xxh3: None,
         }
+    }
+
+    #[test]
+    fn finds_a_k4_record_whose_dmin_is_infinite() {
+        // 8 value bytes, then 3 records: finite, finite, dmin = +inf (0x7C00)
+        let mut b = vec![0u8; 8];
+        for dmin in [0x3C00u16, 0x7BFF, 0x7C00] {
+            b.extend(0x3C00u16.to_le_bytes());
+            b.extend(dmin.to_le_bytes());
+            b.extend([0x11u8; 12]);
+        }
+        let t = TensorEntry { dtype: DType::Q4, layout: "q4_lohi32+k4".into(), ..entry(DType::Q4, 0, 56, Some(8)) };
+        assert_eq!(first_non_finite(&t, &b), Some(8 + 32));
+        // the same bytes read as f32 scales hold no non-finite value: the form decides
+        let plain = TensorEntry { layout: "q4_lohi32".into(), ..t };
+        assert_eq!(first_non_finite(&plain, &b), None);
     }
 
     #[test]

@@ -184,37 +184,118 @@ impl TensorEntry {
         self.dtype.format(self.group)
     }
 
-    /// Whether the groups are asymmetric (a value is `scale * n - min`; q4 and q8 only): the
-    /// layout then ends in [`MINS`] and the scales are followed by as many mins.
-    pub fn has_mins(&self) -> bool {
-        self.layout.ends_with(MINS)
+    /// How the entry's scales are stored, from its layout's mark.
+    pub fn scale_form(&self) -> ScaleForm {
+        ScaleForm::of_layout(&self.layout)
     }
 
-    /// The layout without the [`MINS`] mark.
+    /// Whether the groups are asymmetric with f32 mins (a value is `scale * n - min`; q4 and q8
+    /// only): the layout then ends in [`MINS`] and the scales are followed by as many mins.
+    pub fn has_mins(&self) -> bool {
+        self.scale_form() == ScaleForm::Mins
+    }
+
+    /// The layout without its scales' mark.
     pub fn base_layout(&self) -> &str {
-        self.layout.strip_suffix(MINS).unwrap_or(&self.layout)
+        let mark = self.scale_form().mark();
+        self.layout.strip_suffix(mark).unwrap_or(&self.layout)
     }
 
     /// Bytes this entry must span, from its format and shape; None if inconsistent.
     pub fn expected_len(&self) -> Option<(u64, Option<u64>)> {
         let f = self.format()?;
         let (r, c) = self.rows_cols();
-        if r == 0 || c == 0 || !f.fits(c) || (self.has_mins() && !matches!(f, Format::Q4 { .. } | Format::Q8 { .. })) {
+        if r == 0 || c == 0 || !f.fits(c) || !self.scale_form().suits(f, c) {
             return None;
         }
-        Some(span(f, r, c, self.has_mins()))
+        Some(span(f, r, c, self.scale_form()))
     }
 }
 
 /// The layout mark of asymmetric groups (GGUF's Q4_K, Q5_K, Q4_1 kept exactly): a reader that
 /// does not know it refuses the layout rather than read the values without their mins.
 pub const MINS: &str = "+mins";
+/// The layout mark of q4 codes whose scales are k4 records (GGUF's Q4_K at its own size:
+/// `moescope_kernels::kscales`) rather than f32 scales and mins.
+pub const K4: &str = "+k4";
+
+/// The layout mark of q6 codes whose scales are k6 records (GGUF's Q6_K at its own size).
+pub const K6: &str = "+k6";
+
+/// How a quantized tensor's scales are stored after its values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScaleForm {
+    /// f32 per group (none for the float formats and MXFP4)
+    Plain,
+    /// f32 per group, then as many f32 mins ([`MINS`])
+    Mins,
+    /// one 16-byte k4 record per 256 values of a row ([`K4`]; q4, groups of 32)
+    K4,
+    /// one 18-byte k6 record per 256 values of a row ([`K6`]; q6, groups of 16)
+    K6,
+}
+
+impl ScaleForm {
+    /// The form a layout's mark names (none: plain).
+    pub fn of_layout(layout: &str) -> ScaleForm {
+        if layout.ends_with(MINS) {
+            ScaleForm::Mins
+        } else if layout.ends_with(K4) {
+            ScaleForm::K4
+        } else if layout.ends_with(K6) {
+            ScaleForm::K6
+        } else {
+            ScaleForm::Plain
+        }
+    }
+
+    /// The mark a layout ends in.
+    pub fn mark(self) -> &'static str {
+        match self {
+            ScaleForm::Plain => "",
+            ScaleForm::Mins => MINS,
+            ScaleForm::K4 => K4,
+            ScaleForm::K6 => K6,
+        }
+    }
+
+    /// Whether rows of `cols` values in `f` can have their scales in this form.
+    pub fn suits(self, f: Format, cols: usize) -> bool {
+        use moescope_kernels::kscales::{K_BLOCK, K4_GROUP, K6_GROUP};
+        match self {
+            ScaleForm::Plain => true,
+            ScaleForm::Mins => matches!(f, Format::Q4 { .. } | Format::Q8 { .. }),
+            ScaleForm::K4 => f == Format::Q4 { group: K4_GROUP } && cols.is_multiple_of(K_BLOCK),
+            ScaleForm::K6 => f == Format::Q6 { group: K6_GROUP } && cols.is_multiple_of(K_BLOCK),
+        }
+    }
+
+    /// Bytes of the scales of a `[rows, cols]` tensor in format `f` stored in this form.
+    pub fn bytes(self, f: Format, rows: usize, cols: usize) -> usize {
+        match self {
+            ScaleForm::Plain => f.scale_bytes(rows, cols),
+            ScaleForm::Mins => 2 * f.scale_bytes(rows, cols),
+            ScaleForm::K4 => moescope_kernels::kscales::k4_bytes(rows, cols),
+            ScaleForm::K6 => moescope_kernels::kscales::k6_bytes(rows, cols),
+        }
+    }
+
+    /// Whether the groups are asymmetric (unsigned codes, a min each: f32 mins or k4 records).
+    pub fn asymmetric(self) -> bool {
+        matches!(self, ScaleForm::Mins | ScaleForm::K4)
+    }
+
+    /// Whether the scales are records a source copies from its blocks (k4, k6).
+    pub fn records(self) -> bool {
+        matches!(self, ScaleForm::K4 | ScaleForm::K6)
+    }
+}
 
 /// (total bytes, offset of the scales from the start) of a `[rows, cols]` tensor in format `f`
-/// (with `mins`, as many f32 mins after the scales).
-pub fn span(f: Format, rows: usize, cols: usize, mins: bool) -> (u64, Option<u64>) {
+/// with its scales in `form`.
+pub fn span(f: Format, rows: usize, cols: usize, form: ScaleForm) -> (u64, Option<u64>) {
     let data = f.data_bytes(rows, cols) as u64;
-    let scales = f.scale_bytes(rows, cols) as u64 * if mins { 2 } else { 1 };
+    let scales = form.bytes(f, rows, cols) as u64;
     if scales == 0 {
         (data, None)
     } else {
@@ -388,10 +469,16 @@ mod tests {
 
     #[test]
     fn spans_align_scales() {
-        assert_eq!(span(Format::Bf16, 3, 5, false), (30, None));
+        assert_eq!(span(Format::Bf16, 3, 5, ScaleForm::Plain), (30, None));
         // q4: 2 rows x 96 -> 96 data bytes, scales at 128, 2*3*4 = 24 bytes
-        assert_eq!(span(Format::Q4 { group: 32 }, 2, 96, false), (128 + 24, Some(128)));
-        assert_eq!(span(Format::Q4 { group: 32 }, 2, 96, true), (128 + 48, Some(128)), "mins after the scales");
+        assert_eq!(span(Format::Q4 { group: 32 }, 2, 96, ScaleForm::Plain), (128 + 24, Some(128)));
+        assert_eq!(
+            span(Format::Q4 { group: 32 }, 2, 96, ScaleForm::Mins),
+            (128 + 48, Some(128)),
+            "mins after the scales"
+        );
+        // k4: 2 rows x 512 -> 512 data bytes, then 2 records a row
+        assert_eq!(span(Format::Q4 { group: 32 }, 2, 512, ScaleForm::K4), (512 + 64, Some(512)), "k4 records");
     }
 
     #[test]
@@ -409,9 +496,22 @@ mod tests {
         };
         let q4 = e(DType::Q4, Some(32), "q4_lohi32_x4+mins");
         assert!(q4.has_mins() && q4.base_layout() == "q4_lohi32_x4");
-        assert_eq!(q4.expected_len(), Some(span(Format::Q4 { group: 32 }, 4, 128, true)));
+        assert_eq!(q4.expected_len(), Some(span(Format::Q4 { group: 32 }, 4, 128, ScaleForm::Mins)));
         assert!(e(DType::Q8, Some(16), "row_major+mins").expected_len().is_some());
         assert_eq!(e(DType::Q6, Some(128), "q6_lo4hi2_x4+mins").expected_len(), None);
         assert_eq!(e(DType::Bf16, None, "row_major+mins").expected_len(), None);
+        // k4 records: q4 groups of 32 over whole 256-value blocks only
+        let k4 =
+            |group, cols: usize| TensorEntry { shape: vec![4, cols], ..e(DType::Q4, Some(group), "q4_lohi32_x4+k4") };
+        assert!(k4(32, 256).scale_form() == ScaleForm::K4 && k4(32, 256).base_layout() == "q4_lohi32_x4");
+        assert_eq!(k4(32, 512).expected_len(), Some(span(Format::Q4 { group: 32 }, 4, 512, ScaleForm::K4)));
+        assert_eq!(k4(32, 128).expected_len(), None, "rows of half a block");
+        assert_eq!(k4(64, 256).expected_len(), None, "groups of 64");
+        assert_eq!(e(DType::Q8, Some(32), "row_major+k4").expected_len(), None);
+        // k6 records: q6 groups of 16 over whole blocks, 18 bytes a block
+        let k6 = TensorEntry { shape: vec![4, 512], ..e(DType::Q6, Some(16), "q6_lo4hi2_x4+k6") };
+        assert_eq!(k6.scale_form(), ScaleForm::K6);
+        assert_eq!(k6.expected_len(), Some((4 * 4 * 96 + 4 * 2 * 18, Some(4 * 4 * 96))));
+        assert_eq!(TensorEntry { group: Some(128), ..k6 }.expected_len(), None, "groups of 128");
     }
 }

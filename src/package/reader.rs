@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use memmap2::Mmap;
+use moescope_kernels::kscales::{k4_bytes, k6_bytes};
 use moescope_kernels::{Format, Mat, MatData};
 
 use super::error::PackageError;
@@ -234,7 +235,10 @@ impl Package {
         let (bytes, origin) = self.bytes_for(t.offset, t.length);
         let mut m = mat_at(bytes, origin, t, 0);
         if self.panelled[i.0]
-            && let MatData::Q4 { panels, .. } | MatData::Q6 { panels, .. } = &mut m.data
+            && let MatData::Q4 { panels, .. }
+            | MatData::Q4K { panels, .. }
+            | MatData::Q6 { panels, .. }
+            | MatData::Q6K { panels, .. } = &mut m.data
         {
             *panels = true;
         }
@@ -426,8 +430,16 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
         Format::F32 => MatData::F32(bytemuck::cast_slice(data)),
         Format::Bf16 => MatData::Bf16(bytemuck::cast_slice(data)),
         Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group, mins },
+        Format::Q4 { .. } if t.scale_form() == ScaleForm::K4 => {
+            let k = &bytes[s..s + k4_bytes(rows, cols)];
+            MatData::Q4K { q: data, k, x4: interleaved(t), panels: false }
+        }
         Format::Q4 { group } => {
             MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), panels: false, mins }
+        }
+        Format::Q6 { .. } if t.scale_form() == ScaleForm::K6 => {
+            let k = &bytes[s..s + k6_bytes(rows, cols)];
+            MatData::Q6K { q: data, k, x4: interleaved(t), panels: false }
         }
         Format::Q6 { group } => MatData::Q6 { q: data, scales: scales(), group, x4: interleaved(t), panels: false },
         Format::Mxfp4 => MatData::Mxfp4 { q: data },
@@ -526,7 +538,7 @@ mod tests {
     fn q4_entry(shape: &[usize], layout: &str) -> TensorEntry {
         let f = Format::Q4 { group: 128 };
         let (rows, cols) = (shape[0], shape[1]);
-        let (length, so) = span(f, rows, cols, false);
+        let (length, so) = span(f, rows, cols, ScaleForm::Plain);
         TensorEntry {
             name: "w".into(),
             dtype: DType::Q4,

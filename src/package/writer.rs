@@ -76,7 +76,7 @@ fn place(entries: &mut [TensorEntry], start: u64) -> u64 {
     for t in entries {
         let f = t.format().unwrap_or(moescope_kernels::Format::F32);
         let (r, c) = t.rows_cols();
-        let (len, so) = span(f, r, c, t.has_mins());
+        let (len, so) = span(f, r, c, t.scale_form());
         off = align_up(off, DENSE_ALIGN);
         t.offset = off;
         t.length = len;
@@ -212,6 +212,13 @@ impl PackageWriter {
     pub fn push_scales(&mut self, s: &[f32]) {
         if let Some(c) = self.cur.as_mut() {
             c.scales.extend_from_slice(bytemuck::cast_slice(s));
+        }
+    }
+
+    /// Scales of the current tensor as the bytes the package stores (k4 records), in row order.
+    pub fn push_scale_bytes(&mut self, b: &[u8]) {
+        if let Some(c) = self.cur.as_mut() {
+            c.scales.extend_from_slice(b);
         }
     }
 
@@ -355,6 +362,17 @@ impl<'a> BlobBuilder<'a> {
 
     pub fn clear(&mut self) {
         self.buf.fill(0);
+    }
+
+    /// Values and scales of part `p` with its scales as the bytes the package stores (k4
+    /// records).
+    pub fn put_bytes(&mut self, p: usize, values: &[u8], scales: &[u8]) {
+        let part = &self.parts[p];
+        let o = part.offset as usize;
+        self.buf[o..o + values.len()].copy_from_slice(values);
+        if let Some(so) = part.scales_offset {
+            self.buf[so as usize..so as usize + scales.len()].copy_from_slice(scales);
+        }
     }
 
     /// Values and scales of part `p` (`values` = row-major bytes, `scales` f32 row-major), and

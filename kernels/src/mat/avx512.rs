@@ -44,11 +44,28 @@ pub fn supports_q6(group: usize) -> bool {
     group.is_multiple_of(128) || group == 16
 }
 
+/// A q4 or q6 matrix's scales: f32 per group (and q4's mins, asymmetric groups), or q4's k4
+/// records or q6's k6 records (GGUF's Q4_K and Q6_K at their own size, [`crate::kscales`]).
+#[derive(Clone, Copy)]
+pub(super) enum WeightScales<'a> {
+    F32 { scales: &'a [f32], mins: Option<&'a [f32]> },
+    K4(&'a [u8]),
+    K6(&'a [u8]),
+}
+
+/// The records a [`QMat`] takes its scales from, if any.
+#[derive(Clone, Copy)]
+pub(super) enum Records<'a> {
+    None,
+    K4(&'a [u8]),
+    K6(&'a [u8]),
+}
+
 /// `out[i * n + t] = W[rows.start + i] · x[t]` for q4 weights `q` (`[rows, cols / 2]`), or with
 /// `six` q6 weights (`q6_lo4hi2`: `[rows, cols / 128 * 96]`, the same low-nibble unpacking with
 /// the high bits ORed in from each chunk's last 32 bytes, and a bias of 32), rows interleaved by
 /// [`ROW_BLOCK`] when `x4` (see [`crate::quant`]; and in panel-major superblocks of
-/// [`PANEL_ROWS`] when `panels` too), with `scales` (`[rows, cols / group]`) and the
+/// [`PANEL_ROWS`] when `panels` too), with scales `ws` (f32: `[rows, cols / group]`) and the
 /// `n` activation rows of `a`; `ap` is `a.q` (all `n` rows) permuted by
 /// [`permute_q4_act`](crate::act::permute_q4_act).
 ///
@@ -65,8 +82,7 @@ pub unsafe fn q_matmul(
     six: bool,
     (x4, panels): (bool, bool),
     q: &[u8],
-    scales: &[f32],
-    mins: Option<&[f32]>,
+    ws: WeightScales<'_>,
     cols: usize,
     a: &QuantAct,
     ap: &[i8],
@@ -78,8 +94,12 @@ pub unsafe fn q_matmul(
     // decode over interleaved rows reads one stream: prefetch along it where that pays
     let pf = if x4 && n == 1 { crate::prefetch::distance() } else { 0 };
     let (cpg, gpc) = (a.group / 128, 128 / a.group.min(128));
-    let m =
-        QMat { q, wd: scales, mins: mins.filter(|_| !six), cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
+    let (wd, mins, k) = match ws {
+        WeightScales::F32 { scales, mins } => (scales, mins.filter(|_| !six), Records::None),
+        WeightScales::K4(k) => (&[][..], None, Records::K4(k)),
+        WeightScales::K6(k) => (&[][..], None, Records::K6(k)),
+    };
+    let m = QMat { q, wd, mins, k, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
     // the row order is a type parameter, so each order's offsets compile to their own code:
     // IL = 1 row-major, ROW_BLOCK x4, PANEL_ROWS panel-major (blocks of 4 within superblocks)
     // SAFETY (all six): the caller's guarantees
@@ -159,6 +179,9 @@ pub(super) struct QMat<'a> {
     pub(super) wd: &'a [f32],
     /// q4 with asymmetric groups: value `wd_g * n - mins_g` of the unsigned nibble `n`
     pub(super) mins: Option<&'a [f32]>,
+    /// k4 records (q4, groups of 32) in place of `wd` and `mins`, or k6 records (q6, groups of
+    /// 16) in place of `wd` (`wd` empty then)
+    pub(super) k: Records<'a>,
     pub(super) cols: usize,
     /// bytes of one weight row
     pub(super) row_bytes: usize,
@@ -249,7 +272,7 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
     let ng = m.ng;
     if T == 1 && IL > 1 {
         // decode: the scales of the rows a few blocks on
-        crate::prefetch::scales_ahead(m.wd, r0, R, ng);
+        m.scales_ahead(r0, R);
     }
     // group gi's products, folded into `acc` with the group's scales
     let group = |gi: usize, sc: &[[[f32; 16]; T]; R], acc: &mut [[__m512; T]; R]| {
@@ -306,9 +329,8 @@ unsafe fn q_tile_sub<const R: usize, const T: usize, const GPC: usize, const SIX
     t0: usize,
     out: &mut [[f32; T]; R],
 ) {
-    let ng = m.ng;
     if T == 1 && IL > 1 {
-        crate::prefetch::scales_ahead(m.wd, r0, R, ng);
+        m.scales_ahead(r0, R);
     }
     let lane_group = lane_groups::<GPC>();
     let one = _mm512_set1_epi32(1);
@@ -436,12 +458,68 @@ pub(super) unsafe fn scale_products<const R: usize, const T: usize>(
     for (i, sc) in sc.iter_mut().enumerate() {
         // SAFETY: groups gb..gb + k of row r0 + i and of each token exist; masked lanes are not
         // read
-        let w = unsafe { _mm512_maskz_loadu_ps(mask, m.wd.as_ptr().add((r0 + i) * ng + gb)) };
+        let w = unsafe { m.weight_scales(r0 + i, gb, mask).0 };
         for (t, sc) in sc.iter_mut().enumerate() {
             let a = unsafe { _mm512_maskz_loadu_ps(mask, m.a.scales.as_ptr().add((t0 + t) * ng + gb)) };
             // SAFETY: 16 floats into a 16-float array
             unsafe { _mm512_storeu_ps(sc.as_mut_ptr(), _mm512_mul_ps(w, a)) };
         }
+    }
+}
+
+impl QMat<'_> {
+    /// Row `r`'s scales and mins (zero without mins) of groups `g..g + 16`, lanes past `mask`
+    /// zero.
+    ///
+    /// # Safety
+    /// AVX-512 F and BW; row `r` and group `g` exist (with records, `g` a multiple of 16).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn weight_scales(&self, r: usize, g: usize, mask: __mmask16) -> (__m512, __m512) {
+        let at = r * self.ng + g;
+        // SAFETY (all): the caller's guarantees; masked lanes are not read
+        match (self.k, self.mins) {
+            (Records::K4(k), _) => unsafe { super::avx512_records::k4_lanes(k, self.ng, r, g) },
+            (Records::K6(k), _) => unsafe { (super::avx512_records::k6_lanes(k, self.ng, r, g), _mm512_setzero_ps()) },
+            (Records::None, Some(mins)) => unsafe {
+                (
+                    _mm512_maskz_loadu_ps(mask, self.wd.as_ptr().add(at)),
+                    _mm512_maskz_loadu_ps(mask, mins.as_ptr().add(at)),
+                )
+            },
+            (Records::None, None) => unsafe {
+                (_mm512_maskz_loadu_ps(mask, self.wd.as_ptr().add(at)), _mm512_setzero_ps())
+            },
+        }
+    }
+
+    /// Bytes of `groups` groups' scales (or records; a whole number of records).
+    pub(super) fn scale_span(&self, groups: usize) -> usize {
+        match self.k {
+            Records::K4(_) => groups / 8 * crate::kscales::K4_RECORD,
+            Records::K6(_) => groups / 16 * crate::kscales::K6_RECORD,
+            Records::None => groups * 4,
+        }
+    }
+
+    /// Where row `r`'s scales (or records) from group `g` on lie, for prefetches.
+    pub(super) fn scales_at(&self, r: usize, g: usize) -> *const u8 {
+        let base = match self.k {
+            Records::K4(k) | Records::K6(k) => k.as_ptr(),
+            Records::None => self.wd.as_ptr() as *const u8,
+        };
+        base.wrapping_add(self.scale_span(r * self.ng) + self.scale_span(g))
+    }
+
+    /// Ask for the scales of the rows a few blocks on (decode).
+    #[inline(always)]
+    fn scales_ahead(&self, r0: usize, rows: usize) {
+        crate::prefetch::rows_ahead(self.scales_at(0, 0), self.scale_span(self.ng), r0, rows);
+    }
+
+    /// Whether the groups are asymmetric (mins, f32 or in k4 records).
+    pub(super) fn has_mins(&self) -> bool {
+        self.mins.is_some() || matches!(self.k, Records::K4(_))
     }
 }
 

@@ -27,10 +27,7 @@ pub(super) unsafe fn finish<const R: usize, const T: usize, const SIX: bool>(
     // `f - w * (bias * ss)`, one fused operation (the bias a power of two: exact, and 1 with
     // mins: no multiply). 16 groups at a time, each row's and each token's lanes loaded once
     // for the tile; per (row, token) the groups in order, so the same bits whatever the tile.
-    let (terms, bias) = match m.mins {
-        Some(mins) => (mins, None),
-        None => (m.wd, Some(_mm512_set1_ps(if SIX { 32.0 } else { 8.0 }))),
-    };
+    let bias = (!m.has_mins()).then(|| _mm512_set1_ps(if SIX { 32.0 } else { 8.0 }));
     for g in (0..ng).step_by(16) {
         let k = (ng - g).min(16);
         let mask = first_lanes(k);
@@ -40,8 +37,9 @@ pub(super) unsafe fn finish<const R: usize, const T: usize, const SIX: bool>(
             bias.map_or(ss, |b| _mm512_mul_ps(b, ss))
         });
         for (i, f) in f.iter_mut().enumerate() {
-            // SAFETY: as above, for the row's terms
-            let w = unsafe { _mm512_maskz_loadu_ps(mask, terms.as_ptr().add((r0 + i) * ng + g)) };
+            // SAFETY: as above, for the row's scales or mins
+            let (wd, mins) = unsafe { m.weight_scales(r0 + i, g, mask) };
+            let w = if m.has_mins() { mins } else { wd };
             for (f, b) in f.iter_mut().zip(&b) {
                 *f = _mm512_fnmadd_ps(w, *b, *f);
             }

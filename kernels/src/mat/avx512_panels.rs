@@ -55,8 +55,8 @@ unsafe fn panel_superblock<const SIX: bool>(m: &QMat<'_>, r0: usize, out: &mut [
             // the same block's scales for this panel one superblock on, a few lines a block:
             // the scales of all 16 rows at once held the weights' stream up
             for i in r + PANEL_ROWS..r + PANEL_ROWS + ROW_BLOCK {
-                let at = m.wd.as_ptr().wrapping_add(i * ng + groups.start) as *const u8;
-                for l in (0..groups.len() * 4).step_by(64) {
+                let at = m.scales_at(i, groups.start);
+                for l in (0..m.scale_span(groups.len())).step_by(64) {
                     crate::prefetch::line(at, l);
                 }
             }

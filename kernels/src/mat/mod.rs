@@ -16,6 +16,9 @@ mod avx512_mxfp4;
 mod avx512_panels;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q8;
+#[cfg(target_arch = "x86_64")]
+mod avx512_records;
+mod krecords;
 mod mins;
 
 use std::ops::Range;
@@ -53,6 +56,27 @@ pub enum MatData<'a> {
         /// the order a loader may give long rows for decode ([`crate::quant::panels_pay`])
         panels: bool,
         mins: Option<&'a [f32]>,
+    },
+    /// GGUF's Q4_K at its own size: `q` as for Q4 (groups of 32, unsigned nibbles `n`), and per
+    /// 256 values of a row one k4 record (`k`: `[rows, cols / 256]` records of 16 bytes, see
+    /// [`crate::kscales`]) whose scales and mins give value `scale * n - min`. Products equal
+    /// those of Q4 with the records' scales and mins as f32, bit for bit.
+    Q4K {
+        q: &'a [u8],
+        k: &'a [u8],
+        x4: bool,
+        /// as for Q4
+        panels: bool,
+    },
+    /// GGUF's Q6_K at its own size: `q` as for Q6 (groups of 16) and per 256 values of a row one
+    /// k6 record (`k`: `[rows, cols / 256]` records of 18 bytes, see [`crate::kscales`]). Products
+    /// equal those of Q6 with the records' scales as f32, bit for bit.
+    Q6K {
+        q: &'a [u8],
+        k: &'a [u8],
+        x4: bool,
+        /// as for Q4
+        panels: bool,
     },
     /// `q`: `[rows, cols / 128 * 96]` bytes in the `q6_lo4hi2` layout (`_x4`: rows interleaved
     /// as for Q4); `scales` as for Q8.
@@ -104,9 +128,23 @@ impl<'a> Mat<'a> {
             MatData::Bf16(_) => Format::Bf16,
             MatData::Q8 { group, .. } => Format::Q8 { group },
             MatData::Q4 { group, .. } => Format::Q4 { group },
+            MatData::Q4K { .. } => Format::Q4 { group: crate::kscales::K4_GROUP },
+            MatData::Q6K { .. } => Format::Q6 { group: crate::kscales::K6_GROUP },
             MatData::Q6 { group, .. } => Format::Q6 { group },
             MatData::Mxfp4 { .. } => Format::Mxfp4,
         }
+    }
+
+    /// Bytes one row occupies: values, scales, and mins or k4 records where it has them.
+    pub fn row_bytes(&self) -> usize {
+        let (f, c) = (self.format(), self.cols);
+        let scales = match self.data {
+            MatData::Q4K { .. } => crate::kscales::k4_bytes(1, c),
+            MatData::Q6K { .. } => crate::kscales::k6_bytes(1, c),
+            MatData::Q4 { mins: Some(_), .. } | MatData::Q8 { mins: Some(_), .. } => 2 * f.scale_bytes(1, c),
+            _ => f.scale_bytes(1, c),
+        };
+        f.data_bytes(1, c) + scales
     }
 
     /// Row `r`'s blocks of an MXFP4 matrix.
@@ -173,6 +211,7 @@ impl<'a> Mat<'a> {
                     }
                 })
             }
+            MatData::Q4K { .. } | MatData::Q6K { .. } => self.k_dequant_row(r, out),
             MatData::Q6 { q, scales, group, x4, panels } => {
                 let ng = c / group;
                 self.with_q_row(q, (x4, panels), r, |q| dequantize_q6_row(q, &scales[r * ng..(r + 1) * ng], group, out))
@@ -237,6 +276,9 @@ impl<'a> Mat<'a> {
     /// Each weight row is read from memory once for the whole batch.
     pub fn matmul_rows(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
         debug_assert_eq!(out.len(), rows.len() * n);
+        if let MatData::Q4K { .. } | MatData::Q6K { .. } = self.data {
+            return self.k_matmul_rows(isa, input, n, rows, out);
+        }
         #[cfg(target_arch = "x86_64")]
         let done = if isa >= Isa::Avx512 { self.matmul_avx512(input, n, rows.clone(), out) } else { None };
         #[cfg(not(target_arch = "x86_64"))]
@@ -342,10 +384,11 @@ impl Mat<'_> {
                 let mins = if let MatData::Q4 { mins, .. } = self.data { mins } else { None };
                 // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles
                 let six = matches!(self.data, MatData::Q6 { .. });
+                let ws = avx512::WeightScales::F32 { scales, mins };
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                 // group suits the kernel; the slices are the matrix's and the tokens' (the
                 // permuted rows were made with the rows, `QuantAct::quantize`)
-                unsafe { avx512::q_matmul(six, (x4, panels), q, scales, mins, c, a, &a.permuted, n, rows, out) };
+                unsafe { avx512::q_matmul(six, (x4, panels), q, ws, c, a, &a.permuted, n, rows, out) };
                 Some(true)
             }
             // several tokens (prefill): tiles of rows x tokens

@@ -163,7 +163,8 @@ mod tests {
                 dequantize(t, &b, &mut want);
                 let (mut codes, mut scales, mut mins) = (vec![0i8; t.block()], vec![], vec![]);
                 let sub = block_codes(t, &b, &mut codes, &mut scales, &mut mins).expect("quantized");
-                let (f, asym) = exact_format(t);
+                let (f, form) = exact_format(t);
+                let asym = form.asymmetric();
                 assert_eq!(f.group(), Some(sub), "{}", t.name());
                 for (j, w) in want.iter().enumerate() {
                     // ggml's two operations: scale * code, then - min (symmetric types: min 0)

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use moescope_kernels::Format;
 use moescope_kernels::ggml::{BlockType, dequantize};
+use moescope_kernels::kscales::K4_RECORD;
 use moescope_kernels::quant::{interleave_rows, put_q6};
 
 use super::codes::each_block;
@@ -17,6 +18,7 @@ use super::model::GgufModel;
 use crate::convert::error::ConvertError;
 use crate::convert::source::TensorSource;
 use crate::model_config::Arch;
+use crate::package::layout::ScaleForm;
 
 /// Where an HF tensor's rows are: a GGUF tensor, and the first of its rows (an expert's slice).
 #[derive(Debug, Clone)]
@@ -201,21 +203,24 @@ fn layer_name_gpt_oss(rest: &str) -> Option<&'static str> {
 /// their sub-blocks as groups (signed grid values as codes; IQ1 in eighths, see
 /// `moescope_kernels::ggml_iq`): exact, but widened to 8 bits a code until these types get
 /// layouts of their own. F16 runs as f32.
-pub fn exact_format(t: BlockType) -> (Format, bool) {
+pub fn exact_format(t: BlockType) -> (Format, ScaleForm) {
+    use ScaleForm::{K4, K6, Mins, Plain};
     match t {
-        BlockType::Bf16 => (Format::Bf16, false),
-        BlockType::Q8_0 | BlockType::Q5_0 => (Format::Q8 { group: 32 }, false),
-        BlockType::Q4_0 => (Format::Q4 { group: 32 }, false),
-        BlockType::Q6K => (Format::Q6 { group: 16 }, false),
-        BlockType::Mxfp4 => (Format::Mxfp4, false),
-        BlockType::Q4K | BlockType::Q4_1 => (Format::Q4 { group: 32 }, true),
-        BlockType::Q5K => (Format::Q8 { group: 32 }, true),
-        BlockType::Q2K => (Format::Q8 { group: 16 }, true),
-        BlockType::Q3K => (Format::Q8 { group: 16 }, false),
-        BlockType::Iq4Nl | BlockType::Iq4Xs => (Format::Q8 { group: 32 }, false),
-        BlockType::Iq2Xxs | BlockType::Iq3Xxs | BlockType::Iq3S | BlockType::Iq1S => (Format::Q8 { group: 32 }, false),
-        BlockType::Iq2Xs | BlockType::Iq2S | BlockType::Iq1M => (Format::Q8 { group: 16 }, false),
-        BlockType::F32 | BlockType::F16 => (Format::F32, false),
+        BlockType::Bf16 => (Format::Bf16, Plain),
+        BlockType::Q8_0 | BlockType::Q5_0 => (Format::Q8 { group: 32 }, Plain),
+        BlockType::Q4_0 => (Format::Q4 { group: 32 }, Plain),
+        BlockType::Q6K => (Format::Q6 { group: 16 }, K6),
+        BlockType::Mxfp4 => (Format::Mxfp4, Plain),
+        // the block's own scales: 4.5 bits a weight, as the file
+        BlockType::Q4K => (Format::Q4 { group: 32 }, K4),
+        BlockType::Q4_1 => (Format::Q4 { group: 32 }, Mins),
+        BlockType::Q5K => (Format::Q8 { group: 32 }, Mins),
+        BlockType::Q2K => (Format::Q8 { group: 16 }, Mins),
+        BlockType::Q3K => (Format::Q8 { group: 16 }, Plain),
+        BlockType::Iq4Nl | BlockType::Iq4Xs => (Format::Q8 { group: 32 }, Plain),
+        BlockType::Iq2Xxs | BlockType::Iq3Xxs | BlockType::Iq3S | BlockType::Iq1S => (Format::Q8 { group: 32 }, Plain),
+        BlockType::Iq2Xs | BlockType::Iq2S | BlockType::Iq1M => (Format::Q8 { group: 16 }, Plain),
+        BlockType::F32 | BlockType::F16 => (Format::F32, Plain),
     }
 }
 
@@ -224,8 +229,13 @@ pub fn runs_as(id: u32) -> String {
     match BlockType::from_ggml_id(id) {
         None => "not supported".into(),
         Some(t) => {
-            let (f, mins) = exact_format(t);
-            let m = if mins { " with mins" } else { "" };
+            let (f, form) = exact_format(t);
+            let m = match form {
+                ScaleForm::Plain => "",
+                ScaleForm::Mins => " with mins",
+                ScaleForm::K4 => " with k4 records",
+                ScaleForm::K6 => " with k6 records",
+            };
             match (t, f) {
                 (BlockType::F32, _) => "f32".into(),
                 (_, Format::F32) => "f32 (dequantized)".into(),
@@ -237,6 +247,16 @@ pub fn runs_as(id: u32) -> String {
             }
         }
     }
+}
+
+/// Bytes a package holds for a GGUF tensor of ggml type `id` and shape `ne` (ggml's order:
+/// `ne[0]` values a row) when it keeps the file's values, values and scales unpadded; None
+/// for a type that is not read.
+pub fn package_bytes(id: u32, ne: &[u64]) -> Option<u64> {
+    let (f, form) = exact_format(BlockType::from_ggml_id(id)?);
+    let cols = *ne.first()? as usize;
+    let rows = ne.iter().skip(1).product::<u64>() as usize;
+    Some((f.data_bytes(rows, cols) + form.bytes(f, rows, cols)) as u64)
 }
 
 impl GgufSource {
@@ -383,8 +403,8 @@ impl GgufSource {
         Ok(raw)
     }
 
-    /// The exact format of HF tensor `name`, and whether it needs mins (see [`exact_format`]).
-    pub fn native_format(&self, name: &str) -> Result<(Format, bool), ConvertError> {
+    /// The exact format of HF tensor `name`, and how its scales are stored (see [`exact_format`]).
+    pub fn native_format(&self, name: &str) -> Result<(Format, ScaleForm), ConvertError> {
         Ok(exact_format(self.located(name)?.ty))
     }
 }
@@ -435,7 +455,8 @@ impl TensorSource for GgufSource {
         if let Some(m) = mins.as_deref_mut() {
             m.clear();
         }
-        let (exact, asym) = exact_format(t);
+        let (exact, form) = exact_format(t);
+        let asym = form.asymmetric();
         match f {
             Format::Bf16 if t == BlockType::Bf16 && mins.is_none() => *vals = self.raw(name, &s, r0, n)?,
             // moescope's MXFP4 rows are ggml's blocks
@@ -504,7 +525,29 @@ impl TensorSource for GgufSource {
         Ok(true)
     }
 
-    fn exact_format(&self, name: &str) -> Option<(Format, bool)> {
+    fn k_records(&self, name: &str, r0: usize, n: usize, out: &mut Vec<u8>) -> Result<bool, ConvertError> {
+        let s = self.located(name)?;
+        let form = exact_format(s.ty).1;
+        if !form.records() {
+            return Ok(false);
+        }
+        let raw = self.raw(name, &s, r0, n)?;
+        out.clear();
+        for b in raw.chunks_exact(s.ty.block_bytes()) {
+            match form {
+                // Q6_K: d (its last 2 bytes), then its 16 scales
+                ScaleForm::K6 => {
+                    out.extend_from_slice(&b[208..210]);
+                    out.extend_from_slice(&b[192..208]);
+                }
+                // Q4_K: its first 16 bytes, d, dmin and the packed scales and mins
+                _ => out.extend_from_slice(&b[..K4_RECORD]),
+            }
+        }
+        Ok(true)
+    }
+
+    fn exact_format(&self, name: &str) -> Option<(Format, ScaleForm)> {
         self.native_format(name).ok()
     }
 
