@@ -307,3 +307,33 @@ fn depth_runs_each_test_after_that_many_tokens_in_the_cache() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("5005 positions"), "{}", stderr(&o));
 }
+
+/// A decode row's bits a weight are the bytes a token reads over the weights those bytes hold,
+/// counted from the package's index (every dense tensor but the embedding, one embedding row,
+/// top-k experts' parts per MoE layer): on a Q4_K_M file the file's own sizes, under the 6 bits
+/// a Q4_K weight took with f32 scales and mins.
+#[test]
+fn decode_rows_give_the_bits_a_weight_read() {
+    let d = tempfile::tempdir().unwrap();
+    let pkg = d.path().join("k.moe");
+    let opts = moescope::convert::ConvertOptions::new(moescope::convert::QuantMode::File);
+    moescope::convert::convert_gguf(&fixture("gguf/tiny/tiny-q4_k_m.gguf"), &pkg, opts).expect("convert");
+    let o = moescope(&["bench", "-m", pkg.to_str().unwrap(), "-p", "0", "-n", "2", "-r", "1", "-o", "json"], d.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Value = serde_json::from_str(&stdout(&o)).expect("json");
+    let row = &rows[0];
+    let p = moescope::package::Package::open(&pkg).expect("open");
+    let (c, count) = (&p.meta.model, |s: &[usize]| s.iter().product::<usize>() as u64);
+    let mut weights = 0;
+    for t in &p.meta.tensors {
+        weights += if t.name == "model.embed_tokens.weight" { c.hidden_size as u64 } else { count(&t.shape) };
+    }
+    let ex = p.meta.experts.as_ref().expect("experts");
+    let parts: u64 = ex.parts.iter().map(|t| count(&t.shape)).sum();
+    weights += parts * c.num_experts_per_tok as u64;
+    let bytes = row["weight_bytes_per_token"].as_u64().expect("bytes");
+    let want = 8.0 * bytes as f64 / weights as f64;
+    let got = row["weight_bits_per_weight"].as_f64().expect("bits a weight");
+    assert!((got - want).abs() < 1e-9, "{got} bits a weight, the index gives {want}");
+    assert!(got < 6.0, "{got}");
+}

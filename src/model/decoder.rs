@@ -243,6 +243,27 @@ impl Decoder {
         total
     }
 
+    /// Weights one decode token reads, counted as [`decode_weight_bytes`](Self::decode_weight_bytes)
+    /// counts their bytes (the embedding's one row; `top-k` experts a MoE layer): bytes over
+    /// this are the bits a weight decode reads, the file's own where the package keeps them.
+    pub fn decode_weights(&self) -> u64 {
+        let c = &self.cfg;
+        let count = |shape: &[usize]| shape.iter().product::<usize>() as u64;
+        let mut total = 0u64;
+        for (i, t) in self.pkg.meta.tensors.iter().enumerate() {
+            if i == self.embed.index() {
+                total += c.hidden_size as u64 + if c.tie_word_embeddings { count(&t.shape) } else { 0 };
+            } else {
+                total += count(&t.shape);
+            }
+        }
+        if let Some(ex) = &self.pkg.meta.experts {
+            let parts: u64 = (0..ex.layers.len()).flat_map(|i| ex.parts_of(i)).map(|p| count(&p.shape)).sum();
+            total += parts * c.num_experts_per_tok as u64;
+        }
+        total
+    }
+
     /// Run `tokens` at positions `kv.len()..` in the buffers of `st`, appending their keys and
     /// values to `kv`; the routed experts come from `rt.experts`. The logits asked for, in
     /// `st` (`[rows, vocab]`).

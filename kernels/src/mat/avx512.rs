@@ -99,7 +99,7 @@ pub unsafe fn q_matmul(
         WeightScales::K4(k) => (&[][..], None, Records::K4(k)),
         WeightScales::K6(k) => (&[][..], None, Records::K6(k)),
     };
-    let m = QMat { q, wd, mins, k, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
+    let m = QMat { q, wd, wd_row0: 0, mins, k, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
     // the row order is a type parameter, so each order's offsets compile to their own code:
     // IL = 1 row-major, ROW_BLOCK x4, PANEL_ROWS panel-major (blocks of 4 within superblocks)
     // SAFETY (all six): the caller's guarantees
@@ -127,15 +127,60 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
         unsafe { super::avx512_panels::panel_matvec::<SIX>(m, rows, out) };
         return;
     }
-    let block = if n > 4 { ROWS_IN_CACHE } else { rows.end.max(1) };
+    // records over several tokens: decoded once per block of rows, not once per token tile
+    let decode = n > 1 && !matches!(m.k, Records::None);
+    let block = if n > 4 || decode { ROWS_IN_CACHE } else { rows.end.max(1) };
     let mut r = rows.start;
     while r < rows.end {
         let end = ((r / block + 1) * block).min(rows.end);
         let o = &mut out[(r - rows.start) * n..(end - rows.start) * n];
-        // SAFETY: the caller's guarantees, for rows r..end
-        unsafe { token_tiles::<SIX, IL>(m, n, r..end, o) };
+        if decode {
+            // a buffer of the thread's own: a product is cut into pieces of a few rows, and a
+            // buffer allocated per piece cost prefill 5% (Q4_K_M, 8-layer Qwen3-30B-A3B shape)
+            DECODED.with(|b| {
+                let mut b = b.borrow_mut();
+                let len = b.len().max(2 * ROWS_IN_CACHE * m.ng);
+                b.resize(len, 0.0);
+                // SAFETY: the caller's guarantees, for rows r..end
+                let d = unsafe { with_decoded_records(m, r..end, &mut b) };
+                // SAFETY: as above
+                unsafe { token_tiles::<SIX, IL>(&d, n, r..end, o) };
+            });
+        } else {
+            // SAFETY: the caller's guarantees, for rows r..end
+            unsafe { token_tiles::<SIX, IL>(m, n, r..end, o) };
+        }
         r = end;
     }
+}
+
+thread_local! {
+    /// A block of rows' records decoded into f32 scales and mins ([`with_decoded_records`]).
+    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `m` with the records of rows `rows` decoded into f32 scales (and mins) in `buf` (at least
+/// `2 * rows.len() * ng` floats): the values the records stand for, so the same products.
+///
+/// # Safety
+/// AVX-512 F and BW; `m` has records and rows `rows`.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn with_decoded_records<'b>(m: &QMat<'b>, rows: Range<usize>, buf: &'b mut [f32]) -> QMat<'b> {
+    let ng = m.ng;
+    let (s, mn) = buf.split_at_mut(rows.len() * ng);
+    for (i, r) in rows.clone().enumerate() {
+        for g in (0..ng).step_by(16) {
+            let mask = first_lanes(ng - g);
+            // SAFETY: the caller's guarantees; the masked lanes are the ones inside the row
+            unsafe {
+                let (w, v) = m.weight_scales(r, g, mask);
+                _mm512_mask_storeu_ps(s.as_mut_ptr().add(i * ng + g), mask, w);
+                _mm512_mask_storeu_ps(mn.as_mut_ptr().add(i * ng + g), mask, v);
+            }
+        }
+    }
+    let mins = matches!(m.k, Records::K4(_)).then_some(&mn[..rows.len() * ng]);
+    QMat { wd: &s[..rows.len() * ng], wd_row0: rows.start, mins, k: Records::None, ..*m }
 }
 
 /// Rows a block of [`matmul`] holds: 32 rows of 2048 q4 values with scales and mins are 48 KiB.
@@ -177,6 +222,9 @@ unsafe fn token_tiles<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, 
 pub(super) struct QMat<'a> {
     pub(super) q: &'a [u8],
     pub(super) wd: &'a [f32],
+    /// the row `wd` (and `mins`) start at: 0, or the first of a block whose records were
+    /// decoded into them ([`with_decoded_records`])
+    pub(super) wd_row0: usize,
     /// q4 with asymmetric groups: value `wd_g * n - mins_g` of the unsigned nibble `n`
     pub(super) mins: Option<&'a [f32]>,
     /// k4 records (q4, groups of 32) in place of `wd` and `mins`, or k6 records (q6, groups of
@@ -476,7 +524,7 @@ impl QMat<'_> {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn weight_scales(&self, r: usize, g: usize, mask: __mmask16) -> (__m512, __m512) {
-        let at = r * self.ng + g;
+        let at = (r - self.wd_row0) * self.ng + g;
         // SAFETY (all): the caller's guarantees; masked lanes are not read
         match (self.k, self.mins) {
             (Records::K4(k), _) => unsafe { super::avx512_records::k4_lanes(k, self.ng, r, g) },
@@ -506,7 +554,7 @@ impl QMat<'_> {
     pub(super) fn scales_at(&self, r: usize, g: usize) -> *const u8 {
         let base = match self.k {
             Records::K4(k) | Records::K6(k) => k.as_ptr(),
-            Records::None => self.wd.as_ptr() as *const u8,
+            Records::None => self.wd.as_ptr().wrapping_sub(self.wd_row0 * self.ng) as *const u8,
         };
         base.wrapping_add(self.scale_span(r * self.ng) + self.scale_span(g))
     }

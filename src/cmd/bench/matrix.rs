@@ -139,6 +139,7 @@ fn with_model(row: Row, model: &ModelInfo) -> Row {
         model_n_params: model.n_params,
         quant: model.quant.clone(),
         weight_bytes_per_token: model.weight_bytes,
+        weight_bits_per_weight: row.decode_latency.map(|_| model.bits_per_weight()),
         weight_gbps,
         ..row
     };
@@ -313,6 +314,7 @@ impl Bench<'_> {
             decode_latency: is_gen.then(|| m.lat.summary()),
             ttft: (!is_gen).then(|| m.ttft.summary()),
             weight_bytes_per_token: 0,
+            weight_bits_per_weight: None,
             weight_gbps: None,
             read_gbps: None,
             read_gbps_probes: (!m.probes.is_empty()).then_some(m.probes),

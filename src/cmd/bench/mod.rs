@@ -144,6 +144,8 @@ struct ModelInfo {
     quant: String,
     /// weight bytes one decode token reads
     weight_bytes: u64,
+    /// and the weights they hold
+    weights: u64,
 }
 
 impl ModelInfo {
@@ -173,7 +175,13 @@ impl ModelInfo {
             n_params: model.n_params(),
             quant: meta.quant.mode.clone(),
             weight_bytes: model.decode_weight_bytes(),
+            weights: model.decode_weights(),
         }
+    }
+
+    /// Bits a weight that a decode token reads (values, scales and the rest, as stored).
+    fn bits_per_weight(&self) -> f64 {
+        8.0 * self.weight_bytes as f64 / self.weights.max(1) as f64
     }
 }
 
@@ -185,12 +193,13 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let model = ModelInfo::of(&engine, &path);
     let meta = engine.package().meta.clone();
     eprintln!(
-        "moescope bench: {} ({}, {:.2} GiB, {:.2} B params), {:.1} MB of weights per decode token, {} kernels, {}, {} long-row matrices panel-major",
+        "moescope bench: {} ({}, {:.2} GiB, {:.2} B params), {:.1} MB of weights per decode token ({:.2} bits a weight), {} kernels, {}, {} long-row matrices panel-major",
         meta.name,
         meta.quant.mode,
         model.size as f64 / (1u64 << 30) as f64,
         model.n_params as f64 / 1e9,
         model.weight_bytes as f64 / 1e6,
+        model.bits_per_weight(),
         engine.isa(),
         moescope_kernels::prefetch::describe(),
         engine.package().panelled_tensors()
@@ -198,7 +207,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     report::print_header(&mut stdout, plan.format)?;
     let done = matrix::run(&mut engine, &mut log, &plan, &model, a, &mut stdout)?;
-    report::finish(&mut stdout, plan.format, &done, model.weight_bytes)?;
+    report::finish(&mut stdout, plan.format, &done, (model.weight_bytes, model.bits_per_weight()))?;
     experts_report::finish_routing_log(log)?;
     if let Some(t) = trace {
         t.finish(json!({

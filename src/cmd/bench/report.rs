@@ -47,6 +47,10 @@ pub struct Row {
     /// Weight bytes a decode token reads (the roofline's numerator), and what the measured rate
     /// makes of it (decode tests only).
     pub weight_bytes_per_token: u64,
+    /// Those bytes' bits a weight read (decode tests only): the file's own where the package
+    /// keeps its types' sizes (GGUF's K-quants).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub weight_bits_per_weight: Option<f64>,
     pub weight_gbps: Option<f64>,
     /// With `--roofline` (decode tests): the memory read bandwidth at this thread count, probed
     /// just before the first timed repetition and just after each (`read_gbps_probes`, R + 1 of
@@ -210,17 +214,23 @@ pub(super) fn print_row(out: &mut impl Write, format: Format, row: &Row) -> Resu
 
 /// After the last test: JSON's rows, or markdown's footer (the build, the CPU, the weights a
 /// decode token reads, and the probes' summaries).
-pub(super) fn finish(out: &mut impl Write, format: Format, done: &Done, weight_bytes: u64) -> Result<()> {
+pub(super) fn finish(
+    out: &mut impl Write,
+    format: Format,
+    done: &Done,
+    (weight_bytes, bits): (u64, f64),
+) -> Result<()> {
     match format {
         Format::Json => writeln!(out, "{}", serde_json::to_string_pretty(&done.rows)?)?,
         Format::Md => writeln!(
             out,
-            "\nbuild: moescope {} ({}) | CPU: {} ({} cores) | {:.1} MB of weights per decode token{}",
+            "\nbuild: moescope {} ({}) | CPU: {} ({} cores) | {:.1} MB of weights per decode token, {:.2} bits a weight{}",
             env!("CARGO_PKG_VERSION"),
             if cfg!(debug_assertions) { "debug" } else { "release" },
             sysinfo::cpu_model(),
             sysinfo::logical_cores(),
             weight_bytes as f64 / 1e6,
+            bits,
             probe_notes(done, weight_bytes)
         )?,
         Format::Csv => {}
