@@ -137,12 +137,12 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
         if decode {
             // a buffer of the thread's own: a product is cut into pieces of a few rows, and a
             // buffer allocated per piece cost prefill 5% (Q4_K_M, 8-layer Qwen3-30B-A3B shape)
-            DECODED.with(|b| {
+            super::avx512_records::DECODED.with(|b| {
                 let mut b = b.borrow_mut();
                 let len = b.len().max(2 * ROWS_IN_CACHE * m.ng);
                 b.resize(len, 0.0);
                 // SAFETY: the caller's guarantees, for rows r..end
-                let d = unsafe { with_decoded_records(m, r..end, &mut b) };
+                let d = unsafe { super::avx512_records::with_decoded_records(m, r..end, &mut b) };
                 // SAFETY: as above
                 unsafe { token_tiles::<SIX, IL>(&d, n, r..end, o) };
             });
@@ -152,35 +152,6 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
         }
         r = end;
     }
-}
-
-thread_local! {
-    /// A block of rows' records decoded into f32 scales and mins ([`with_decoded_records`]).
-    static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// `m` with the records of rows `rows` decoded into f32 scales (and mins) in `buf` (at least
-/// `2 * rows.len() * ng` floats): the values the records stand for, so the same products.
-///
-/// # Safety
-/// AVX-512 F and BW; `m` has records and rows `rows`.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn with_decoded_records<'b>(m: &QMat<'b>, rows: Range<usize>, buf: &'b mut [f32]) -> QMat<'b> {
-    let ng = m.ng;
-    let (s, mn) = buf.split_at_mut(rows.len() * ng);
-    for (i, r) in rows.clone().enumerate() {
-        for g in (0..ng).step_by(16) {
-            let mask = first_lanes(ng - g);
-            // SAFETY: the caller's guarantees; the masked lanes are the ones inside the row
-            unsafe {
-                let (w, v) = m.weight_scales(r, g, mask);
-                _mm512_mask_storeu_ps(s.as_mut_ptr().add(i * ng + g), mask, w);
-                _mm512_mask_storeu_ps(mn.as_mut_ptr().add(i * ng + g), mask, v);
-            }
-        }
-    }
-    let mins = matches!(m.k, Records::K4(_)).then_some(&mn[..rows.len() * ng]);
-    QMat { wd: &s[..rows.len() * ng], wd_row0: rows.start, mins, k: Records::None, ..*m }
 }
 
 /// Rows a block of [`matmul`] holds: 32 rows of 2048 q4 values with scales and mins are 48 KiB.
@@ -512,62 +483,6 @@ pub(super) unsafe fn scale_products<const R: usize, const T: usize>(
             // SAFETY: 16 floats into a 16-float array
             unsafe { _mm512_storeu_ps(sc.as_mut_ptr(), _mm512_mul_ps(w, a)) };
         }
-    }
-}
-
-impl QMat<'_> {
-    /// Row `r`'s scales and mins (zero without mins) of groups `g..g + 16`, lanes past `mask`
-    /// zero.
-    ///
-    /// # Safety
-    /// AVX-512 F and BW; row `r` and group `g` exist (with records, `g` a multiple of 16).
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn weight_scales(&self, r: usize, g: usize, mask: __mmask16) -> (__m512, __m512) {
-        let at = (r - self.wd_row0) * self.ng + g;
-        // SAFETY (all): the caller's guarantees; masked lanes are not read
-        match (self.k, self.mins) {
-            (Records::K4(k), _) => unsafe { super::avx512_records::k4_lanes(k, self.ng, r, g) },
-            (Records::K6(k), _) => unsafe { (super::avx512_records::k6_lanes(k, self.ng, r, g), _mm512_setzero_ps()) },
-            (Records::None, Some(mins)) => unsafe {
-                (
-                    _mm512_maskz_loadu_ps(mask, self.wd.as_ptr().add(at)),
-                    _mm512_maskz_loadu_ps(mask, mins.as_ptr().add(at)),
-                )
-            },
-            (Records::None, None) => unsafe {
-                (_mm512_maskz_loadu_ps(mask, self.wd.as_ptr().add(at)), _mm512_setzero_ps())
-            },
-        }
-    }
-
-    /// Bytes of `groups` groups' scales (or records; a whole number of records).
-    pub(super) fn scale_span(&self, groups: usize) -> usize {
-        match self.k {
-            Records::K4(_) => groups / 8 * crate::kscales::K4_RECORD,
-            Records::K6(_) => groups / 16 * crate::kscales::K6_RECORD,
-            Records::None => groups * 4,
-        }
-    }
-
-    /// Where row `r`'s scales (or records) from group `g` on lie, for prefetches.
-    pub(super) fn scales_at(&self, r: usize, g: usize) -> *const u8 {
-        let base = match self.k {
-            Records::K4(k) | Records::K6(k) => k.as_ptr(),
-            Records::None => self.wd.as_ptr().wrapping_sub(self.wd_row0 * self.ng) as *const u8,
-        };
-        base.wrapping_add(self.scale_span(r * self.ng) + self.scale_span(g))
-    }
-
-    /// Ask for the scales of the rows a few blocks on (decode).
-    #[inline(always)]
-    fn scales_ahead(&self, r0: usize, rows: usize) {
-        crate::prefetch::rows_ahead(self.scales_at(0, 0), self.scale_span(self.ng), r0, rows);
-    }
-
-    /// Whether the groups are asymmetric (mins, f32 or in k4 records).
-    pub(super) fn has_mins(&self) -> bool {
-        self.mins.is_some() || matches!(self.k, Records::K4(_))
     }
 }
 

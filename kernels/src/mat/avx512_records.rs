@@ -2,10 +2,14 @@
 //! [`crate::kscales`]) decoded in the AVX-512 tiles: two k4 records (16 groups of 32) into 16
 //! float lanes of scales and 16 of mins, one k6 record (16 groups of 16) into 16 of scales. Each
 //! lane is `d * sc` (or `dmin * m`), an exact f32 product, so the tiles see the values that f32
-//! scales and mins would hold.
+//! scales and mins would hold. Also where a tile finds a row's scales (`QMat::weight_scales`:
+//! f32, or decoded from records) and a block of rows' records decoded once for a prompt's tiles
+//! (`with_decoded_records`).
 
 use std::arch::x86_64::*;
+use std::ops::Range;
 
+use super::avx512::{QMat, Records, first_lanes};
 use crate::kscales::{K4_RECORD, K6_RECORD};
 
 /// Groups `g..g + 16` of row `r` (`ng` groups of 16 a row; `g` a multiple of 16) of a matrix
@@ -76,4 +80,89 @@ unsafe fn k4_codes(p: *const u8) -> __m128i {
         _mm_and_si128(_mm_srli_epi16::<4>(a), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 15, 15, 15, 15));
     let top = _mm_and_si128(_mm_srli_epi16::<2>(t), _mm_set1_epi8(0x30));
     _mm_or_si128(_mm_or_si128(low, high_nibbles), top)
+}
+
+impl QMat<'_> {
+    /// Row `r`'s scales and mins (zero without mins) of groups `g..g + 16`, lanes past `mask`
+    /// zero.
+    ///
+    /// # Safety
+    /// AVX-512 F and BW; row `r` and group `g` exist (with records, `g` a multiple of 16).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn weight_scales(&self, r: usize, g: usize, mask: __mmask16) -> (__m512, __m512) {
+        let at = (r - self.wd_row0) * self.ng + g;
+        // SAFETY (all): the caller's guarantees; masked lanes are not read
+        match (self.k, self.mins) {
+            (Records::K4(k), _) => unsafe { k4_lanes(k, self.ng, r, g) },
+            (Records::K6(k), _) => unsafe { (k6_lanes(k, self.ng, r, g), _mm512_setzero_ps()) },
+            (Records::None, Some(mins)) => unsafe {
+                (
+                    _mm512_maskz_loadu_ps(mask, self.wd.as_ptr().add(at)),
+                    _mm512_maskz_loadu_ps(mask, mins.as_ptr().add(at)),
+                )
+            },
+            (Records::None, None) => unsafe {
+                (_mm512_maskz_loadu_ps(mask, self.wd.as_ptr().add(at)), _mm512_setzero_ps())
+            },
+        }
+    }
+
+    /// Bytes of `groups` groups' scales (or records; a whole number of records).
+    pub(super) fn scale_span(&self, groups: usize) -> usize {
+        match self.k {
+            Records::K4(_) => groups / 8 * crate::kscales::K4_RECORD,
+            Records::K6(_) => groups / 16 * crate::kscales::K6_RECORD,
+            Records::None => groups * 4,
+        }
+    }
+
+    /// Where row `r`'s scales (or records) from group `g` on lie, for prefetches.
+    pub(super) fn scales_at(&self, r: usize, g: usize) -> *const u8 {
+        let base = match self.k {
+            Records::K4(k) | Records::K6(k) => k.as_ptr(),
+            Records::None => self.wd.as_ptr().wrapping_sub(self.wd_row0 * self.ng) as *const u8,
+        };
+        base.wrapping_add(self.scale_span(r * self.ng) + self.scale_span(g))
+    }
+
+    /// Ask for the scales of the rows a few blocks on (decode).
+    #[inline(always)]
+    pub(super) fn scales_ahead(&self, r0: usize, rows: usize) {
+        crate::prefetch::rows_ahead(self.scales_at(0, 0), self.scale_span(self.ng), r0, rows);
+    }
+
+    /// Whether the groups are asymmetric (mins, f32 or in k4 records).
+    pub(super) fn has_mins(&self) -> bool {
+        self.mins.is_some() || matches!(self.k, Records::K4(_))
+    }
+}
+
+thread_local! {
+    /// A block of rows' records decoded into f32 scales and mins ([`with_decoded_records`]).
+    pub(super) static DECODED: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `m` with the records of rows `rows` decoded into f32 scales (and mins) in `buf` (at least
+/// `2 * rows.len() * ng` floats): the values the records stand for, so the same products.
+///
+/// # Safety
+/// AVX-512 F and BW; `m` has records and rows `rows`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub(super) unsafe fn with_decoded_records<'b>(m: &QMat<'b>, rows: Range<usize>, buf: &'b mut [f32]) -> QMat<'b> {
+    let ng = m.ng;
+    let (s, mn) = buf.split_at_mut(rows.len() * ng);
+    for (i, r) in rows.clone().enumerate() {
+        for g in (0..ng).step_by(16) {
+            let mask = first_lanes(ng - g);
+            // SAFETY: the caller's guarantees; the masked lanes are the ones inside the row
+            unsafe {
+                let (w, v) = m.weight_scales(r, g, mask);
+                _mm512_mask_storeu_ps(s.as_mut_ptr().add(i * ng + g), mask, w);
+                _mm512_mask_storeu_ps(mn.as_mut_ptr().add(i * ng + g), mask, v);
+            }
+        }
+    }
+    let mins = matches!(m.k, Records::K4(_)).then_some(&mn[..rows.len() * ng]);
+    QMat { wd: &s[..rows.len() * ng], wd_row0: rows.start, mins, k: Records::None, ..*m }
 }
