@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# usage: make_ggml_blocks_fixture.py OUT.bin
+# usage: make_ggml_blocks_fixture.py OUT.bin   (then `xz -9e OUT.bin`: the test reads ggml_blocks.bin.xz)
 # Random blocks of every ggml type moescope reads, and what gguf-py 0.19's reference
 # dequantizer (`gguf.quants.dequantize`) makes of them: the oracle of kernels' ggml tests.
 # Block bytes are random; the f16 scales (d, dmin, m) are overwritten with random finite f16
