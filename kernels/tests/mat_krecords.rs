@@ -88,22 +88,14 @@ fn random_q6k(rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>, Vec<u8>
 fn q4k_records_give_the_files_values_and_the_f32_scales_products() {
     for (rows, cols, seed) in [(16, 256, 1), (32, 2304, 2), (16, 4096, 3)] {
         let KParts { blocks, q, k, sc, mn } = random_q4k(rows, cols, seed);
-        let (mut x4, mut pan) = (vec![0u8; q.len()], vec![0u8; q.len()]);
-        interleave_rows(&q, cols / 2, 64, &mut x4);
-        panel_rows(&x4, cols / 2, 64, &mut pan);
         let mut file = vec![0f32; rows * cols];
         dequantize(BlockType::Q4K, &blocks, &mut file);
-        for (qb, x4, panels) in [(&q, false, false), (&x4, true, false), (&pan, true, true)] {
+        for ((x4, panels), qb) in row_orders(q, cols / 2, 64) {
+            let qb = &qb[..];
             let kmat = Mat { rows, cols, data: MatData::Q4K { q: qb, k: &k, x4, panels } };
             let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, mins: Some(&mn) };
             let fmat = Mat { rows, cols, data };
-            let mut row = vec![0f32; cols];
-            for r in 0..rows {
-                kmat.dequant_row(r, &mut row);
-                for (j, v) in row.iter().enumerate() {
-                    assert_eq!(v.to_bits(), file[r * cols + j].to_bits(), "x4 {x4} panels {panels} row {r} value {j}");
-                }
-            }
+            same_values(&kmat, &file);
             same_products(&kmat, &fmat, 32, seed);
         }
     }
@@ -113,22 +105,13 @@ fn q4k_records_give_the_files_values_and_the_f32_scales_products() {
 fn q6k_records_give_the_files_values_and_the_f32_scales_products() {
     for (rows, cols, seed) in [(16, 256, 4), (32, 2304, 5)] {
         let (blocks, q, k, sc) = random_q6k(rows, cols, seed);
-        let rb = cols / 128 * Q6_CHUNK_BYTES;
-        let (mut x4, mut pan) = (vec![0u8; q.len()], vec![0u8; q.len()]);
-        interleave_rows(&q, rb, Q6_CHUNK_BYTES, &mut x4);
-        panel_rows(&x4, rb, Q6_CHUNK_BYTES, &mut pan);
         let mut file = vec![0f32; rows * cols];
         dequantize(BlockType::Q6K, &blocks, &mut file);
-        for (qb, x4, panels) in [(&q, false, false), (&x4, true, false), (&pan, true, true)] {
+        for ((x4, panels), qb) in row_orders(q, cols / 128 * Q6_CHUNK_BYTES, Q6_CHUNK_BYTES) {
+            let qb = &qb[..];
             let kmat = Mat { rows, cols, data: MatData::Q6K { q: qb, k: &k, x4, panels } };
             let fmat = Mat { rows, cols, data: MatData::Q6 { q: qb, scales: &sc, group: 16, x4, panels } };
-            let mut row = vec![0f32; cols];
-            for r in 0..rows {
-                kmat.dequant_row(r, &mut row);
-                for (j, v) in row.iter().enumerate() {
-                    assert_eq!(v.to_bits(), file[r * cols + j].to_bits(), "x4 {x4} panels {panels} row {r} value {j}");
-                }
-            }
+            same_values(&kmat, &file);
             same_products(&kmat, &fmat, 16, seed);
         }
     }
@@ -157,6 +140,27 @@ fn same_products(kmat: &Mat<'_>, fmat: &Mat<'_>, group: usize, seed: u64) {
                     );
                 }
             }
+        }
+    }
+}
+
+/// Row-major codes `q` (rows of `rb` bytes, chunks of `cb`) in the three row orders, each with
+/// its flags (x4, panels): row-major, x4 interleaved, panel-major.
+fn row_orders(q: Vec<u8>, rb: usize, cb: usize) -> [((bool, bool), Vec<u8>); 3] {
+    let (mut x4, mut pan) = (vec![0u8; q.len()], vec![0u8; q.len()]);
+    interleave_rows(&q, rb, cb, &mut x4);
+    panel_rows(&x4, rb, cb, &mut pan);
+    [((false, false), q), ((true, false), x4), ((true, true), pan)]
+}
+
+/// Every row `kmat` dequantizes equals `file` (ggml's values) bit for bit.
+fn same_values(kmat: &Mat<'_>, file: &[f32]) {
+    let (rows, cols) = (kmat.rows, kmat.cols);
+    let mut row = vec![0f32; cols];
+    for r in 0..rows {
+        kmat.dequant_row(r, &mut row);
+        for (j, v) in row.iter().enumerate() {
+            assert_eq!(v.to_bits(), file[r * cols + j].to_bits(), "{:?} row {r} value {j}", kmat.data);
         }
     }
 }

@@ -29,7 +29,6 @@ pub fn run(a: &InspectArgs) -> Result<()> {
         e.1 += t.length;
         e.2 += t.shape.iter().product::<usize>() as u64;
     }
-    let bits = |b: u64, n: u64| 8.0 * b as f64 / n.max(1) as f64;
     let ex = m.experts.as_ref();
     // parts of their own per layer (formats that differ by layer) carry their layer
     let parts: Vec<_> = ex
@@ -209,7 +208,6 @@ fn inspect_gguf(a: &InspectArgs) -> Result<()> {
         e.3 += t.ne.iter().product::<u64>();
         e.4 = e.4.zip(package_bytes(t.ty.id, &t.ne)).map(|(a, b)| a + b);
     }
-    let bits = |b: u64, n: u64| 8.0 * b as f64 / n.max(1) as f64;
     // a tokenizer's 150k tokens are not for the terminal
     let short = |v: &Value| match v {
         Value::Array(ty, items) if items.len() > 16 => json!(format!("[{} {ty} values]", items.len())),
@@ -289,4 +287,9 @@ fn print_features(c: &ModelConfig) {
         let bias = if f.expert_bias { "biases on gate, up and down; " } else { "" };
         println!("experts +     {bias}clamped SwiGLU (limit {limit}, alpha {alpha}, (up + 1) * glu)");
     }
+}
+
+/// Bits a weight of `bytes` holding `weights` weights.
+fn bits(bytes: u64, weights: u64) -> f64 {
+    8.0 * bytes as f64 / weights.max(1) as f64
 }

@@ -245,7 +245,7 @@ impl BlobSource for EncodedBlobs<'_> {
     }
 }
 
-/// Rows as a source encodes them: values, f32 scales and mins, or k4 records.
+/// Rows as a source encodes them: values, f32 scales and mins, or k4 / k6 records.
 #[derive(Default)]
 struct EncodedRows {
     vals: Vec<u8>,
@@ -276,7 +276,7 @@ impl EncodedRows {
     }
 }
 
-/// A tensor planned with mins or k4 records whose source could not give them (a plan bug).
+/// A tensor planned with mins or records whose source could not give them (a plan bug).
 fn no_scale_form(src: &dyn TensorSource, name: &str, form: ScaleForm) -> ConvertError {
     let what = if form.records() { "the blocks' scales (k4 or k6 records)" } else { "mins (asymmetric groups)" };
     ConvertError::Tensor {

@@ -364,8 +364,8 @@ impl<'a> BlobBuilder<'a> {
         self.buf.fill(0);
     }
 
-    /// Values and scales of part `p` with its scales as the bytes the package stores (k4
-    /// records).
+    /// Values and scales of part `p` with its scales as the bytes the package stores (k4 or k6
+    /// records; f32 scales through [`put`](Self::put)).
     pub fn put_bytes(&mut self, p: usize, values: &[u8], scales: &[u8]) {
         let part = &self.parts[p];
         let o = part.offset as usize;
@@ -378,18 +378,13 @@ impl<'a> BlobBuilder<'a> {
     /// Values and scales of part `p` (`values` = row-major bytes, `scales` f32 row-major), and
     /// its mins when it has them (after the scales).
     pub fn put(&mut self, p: usize, values: &[u8], scales: &[f32], mins: &[f32]) {
+        self.put_bytes(p, values, bytemuck::cast_slice(scales));
         let part = &self.parts[p];
-        let o = part.offset as usize;
-        self.buf[o..o + values.len()].copy_from_slice(values);
-        if let Some(so) = part.scales_offset {
-            let sb: &[u8] = bytemuck::cast_slice(scales);
-            self.buf[so as usize..so as usize + sb.len()].copy_from_slice(sb);
-            if part.has_mins() {
-                let (rows, cols) = part.rows_cols();
-                let at = so as usize + part.format().map_or(0, |f| f.scale_bytes(rows, cols));
-                let mb: &[u8] = bytemuck::cast_slice(mins);
-                self.buf[at..at + mb.len()].copy_from_slice(mb);
-            }
+        if let Some(so) = part.scales_offset.filter(|_| part.has_mins()) {
+            let (rows, cols) = part.rows_cols();
+            let at = so as usize + part.format().map_or(0, |f| f.scale_bytes(rows, cols));
+            let mb: &[u8] = bytemuck::cast_slice(mins);
+            self.buf[at..at + mb.len()].copy_from_slice(mb);
         }
     }
 }

@@ -44,19 +44,12 @@ pub fn supports_q6(group: usize) -> bool {
     group.is_multiple_of(128) || group == 16
 }
 
-/// A q4 or q6 matrix's scales: f32 per group (and q4's mins, asymmetric groups), or q4's k4
-/// records or q6's k6 records (GGUF's Q4_K and Q6_K at their own size, [`crate::kscales`]).
+/// A q4 or q6 matrix's scales: f32 per group (`[rows, cols / group]`; and q4's mins, asymmetric
+/// groups: value `scale * n - min` of the unsigned nibble `n`), or q4's k4 records or q6's k6
+/// records (GGUF's Q4_K and Q6_K at their own size, [`crate::kscales`]).
 #[derive(Clone, Copy)]
 pub(super) enum WeightScales<'a> {
     F32 { scales: &'a [f32], mins: Option<&'a [f32]> },
-    K4(&'a [u8]),
-    K6(&'a [u8]),
-}
-
-/// The records a [`QMat`] takes its scales from, if any.
-#[derive(Clone, Copy)]
-pub(super) enum Records<'a> {
-    None,
     K4(&'a [u8]),
     K6(&'a [u8]),
 }
@@ -94,12 +87,11 @@ pub unsafe fn q_matmul(
     // decode over interleaved rows reads one stream: prefetch along it where that pays
     let pf = if x4 && n == 1 { crate::prefetch::distance() } else { 0 };
     let (cpg, gpc) = (a.group / 128, 128 / a.group.min(128));
-    let (wd, mins, k) = match ws {
-        WeightScales::F32 { scales, mins } => (scales, mins.filter(|_| !six), Records::None),
-        WeightScales::K4(k) => (&[][..], None, Records::K4(k)),
-        WeightScales::K6(k) => (&[][..], None, Records::K6(k)),
+    let ws = match ws {
+        WeightScales::F32 { scales, mins } => WeightScales::F32 { scales, mins: mins.filter(|_| !six) },
+        records => records,
     };
-    let m = QMat { q, wd, wd_row0: 0, mins, k, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
+    let m = QMat { q, ws, wd_row0: 0, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
     // the row order is a type parameter, so each order's offsets compile to their own code:
     // IL = 1 row-major, ROW_BLOCK x4, PANEL_ROWS panel-major (blocks of 4 within superblocks)
     // SAFETY (all six): the caller's guarantees
@@ -128,7 +120,7 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
         return;
     }
     // records over several tokens: decoded once per block of rows, not once per token tile
-    let decode = n > 1 && !matches!(m.k, Records::None);
+    let decode = n > 1 && !matches!(m.ws, WeightScales::F32 { .. });
     let block = if n > 4 || decode { ROWS_IN_CACHE } else { rows.end.max(1) };
     let mut r = rows.start;
     while r < rows.end {
@@ -192,15 +184,10 @@ unsafe fn token_tiles<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, 
 /// A q4 or q6 matrix and the activations it multiplies.
 pub(super) struct QMat<'a> {
     pub(super) q: &'a [u8],
-    pub(super) wd: &'a [f32],
-    /// the row `wd` (and `mins`) start at: 0, or the first of a block whose records were
-    /// decoded into them ([`with_decoded_records`])
+    pub(super) ws: WeightScales<'a>,
+    /// the row f32 scales (and mins) start at: 0, or the first of a block whose records were
+    /// decoded into them ([`super::avx512_records::with_decoded_records`])
     pub(super) wd_row0: usize,
-    /// q4 with asymmetric groups: value `wd_g * n - mins_g` of the unsigned nibble `n`
-    pub(super) mins: Option<&'a [f32]>,
-    /// k4 records (q4, groups of 32) in place of `wd` and `mins`, or k6 records (q6, groups of
-    /// 16) in place of `wd` (`wd` empty then)
-    pub(super) k: Records<'a>,
     pub(super) cols: usize,
     /// bytes of one weight row
     pub(super) row_bytes: usize,

@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx512::{QMat, Records, first_lanes};
+use super::avx512::{QMat, WeightScales, first_lanes};
 use crate::kscales::{K4_RECORD, K6_RECORD};
 
 /// Groups `g..g + 16` of row `r` (`ng` groups of 16 a row; `g` a multiple of 16) of a matrix
@@ -93,35 +93,35 @@ impl QMat<'_> {
     pub(super) unsafe fn weight_scales(&self, r: usize, g: usize, mask: __mmask16) -> (__m512, __m512) {
         let at = (r - self.wd_row0) * self.ng + g;
         // SAFETY (all): the caller's guarantees; masked lanes are not read
-        match (self.k, self.mins) {
-            (Records::K4(k), _) => unsafe { k4_lanes(k, self.ng, r, g) },
-            (Records::K6(k), _) => unsafe { (k6_lanes(k, self.ng, r, g), _mm512_setzero_ps()) },
-            (Records::None, Some(mins)) => unsafe {
+        match self.ws {
+            WeightScales::K4(k) => unsafe { k4_lanes(k, self.ng, r, g) },
+            WeightScales::K6(k) => unsafe { (k6_lanes(k, self.ng, r, g), _mm512_setzero_ps()) },
+            WeightScales::F32 { scales, mins: Some(mins) } => unsafe {
                 (
-                    _mm512_maskz_loadu_ps(mask, self.wd.as_ptr().add(at)),
+                    _mm512_maskz_loadu_ps(mask, scales.as_ptr().add(at)),
                     _mm512_maskz_loadu_ps(mask, mins.as_ptr().add(at)),
                 )
             },
-            (Records::None, None) => unsafe {
-                (_mm512_maskz_loadu_ps(mask, self.wd.as_ptr().add(at)), _mm512_setzero_ps())
+            WeightScales::F32 { scales, mins: None } => unsafe {
+                (_mm512_maskz_loadu_ps(mask, scales.as_ptr().add(at)), _mm512_setzero_ps())
             },
         }
     }
 
     /// Bytes of `groups` groups' scales (or records; a whole number of records).
     pub(super) fn scale_span(&self, groups: usize) -> usize {
-        match self.k {
-            Records::K4(_) => groups / 8 * crate::kscales::K4_RECORD,
-            Records::K6(_) => groups / 16 * crate::kscales::K6_RECORD,
-            Records::None => groups * 4,
+        match self.ws {
+            WeightScales::K4(_) => groups / 8 * K4_RECORD,
+            WeightScales::K6(_) => groups / 16 * K6_RECORD,
+            WeightScales::F32 { .. } => groups * 4,
         }
     }
 
     /// Where row `r`'s scales (or records) from group `g` on lie, for prefetches.
     pub(super) fn scales_at(&self, r: usize, g: usize) -> *const u8 {
-        let base = match self.k {
-            Records::K4(k) | Records::K6(k) => k.as_ptr(),
-            Records::None => self.wd.as_ptr().wrapping_sub(self.wd_row0 * self.ng) as *const u8,
+        let base = match self.ws {
+            WeightScales::K4(k) | WeightScales::K6(k) => k.as_ptr(),
+            WeightScales::F32 { scales, .. } => scales.as_ptr().wrapping_sub(self.wd_row0 * self.ng) as *const u8,
         };
         base.wrapping_add(self.scale_span(r * self.ng) + self.scale_span(g))
     }
@@ -134,7 +134,7 @@ impl QMat<'_> {
 
     /// Whether the groups are asymmetric (mins, f32 or in k4 records).
     pub(super) fn has_mins(&self) -> bool {
-        self.mins.is_some() || matches!(self.k, Records::K4(_))
+        matches!(self.ws, WeightScales::F32 { mins: Some(_), .. } | WeightScales::K4(_))
     }
 }
 
@@ -163,6 +163,6 @@ pub(super) unsafe fn with_decoded_records<'b>(m: &QMat<'b>, rows: Range<usize>, 
             }
         }
     }
-    let mins = matches!(m.k, Records::K4(_)).then_some(&mn[..rows.len() * ng]);
-    QMat { wd: &s[..rows.len() * ng], wd_row0: rows.start, mins, k: Records::None, ..*m }
+    let mins = m.has_mins().then_some(&mn[..rows.len() * ng]);
+    QMat { ws: WeightScales::F32 { scales: &s[..rows.len() * ng], mins }, wd_row0: rows.start, ..*m }
 }

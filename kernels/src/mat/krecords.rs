@@ -29,8 +29,17 @@ impl<'a> Mat<'a> {
         }
     }
 
-    /// Rows `rows` (of `rows_of` in all) of a K-quant matrix as the Q4 or Q6 matrix with f32
-    /// scales (and mins) that it stands for, its records decoded into `s` and `m`.
+    /// The rows of row `r`'s block: a whole interleaved block of 4 or panel-major superblock of
+    /// 16 (4 where rows are row-major), so the block's bytes are a matrix of their own with the
+    /// same row order.
+    fn k_block_of(&self, p: &Parts<'_>, r: usize) -> Range<usize> {
+        let blk = if p.panels { PANEL_ROWS } else { ROW_BLOCK };
+        let b0 = r / blk * blk;
+        b0..(b0 + blk).min(self.rows)
+    }
+
+    /// Rows `rows` of a K-quant matrix as the Q4 or Q6 matrix with f32 scales (and mins) that
+    /// they stand for, their records decoded into `s` and `m` (room for [`PANEL_ROWS`] rows).
     fn k_block<'b>(&self, p: &Parts<'b>, rows: Range<usize>, s: &'b mut [f32], m: &'b mut [f32]) -> Mat<'b> {
         let (fmt, n) = (self.format(), rows.len());
         let (rb, group) = (fmt.data_bytes(1, self.cols), fmt.group().unwrap_or(K4_GROUP));
@@ -52,18 +61,11 @@ impl<'a> Mat<'a> {
     /// Row `r` of a K-quant matrix as f32 (its records decoded, then as Q4 or Q6).
     pub(super) fn k_dequant_row(&self, r: usize, out: &mut [f32]) {
         let Some(p) = self.k_parts() else { return };
-        // the row's block of rows in its order (one row where they are not interleaved)
-        let blk = if p.panels {
-            PANEL_ROWS
-        } else if p.x4 {
-            ROW_BLOCK
-        } else {
-            1
-        };
-        let b0 = r / blk * blk;
-        let ng = blk * self.cols / K6_GROUP;
+        let block = self.k_block_of(&p, r);
+        let ng = PANEL_ROWS * self.cols / K6_GROUP;
         let (mut s, mut m) = (vec![0f32; ng], vec![0f32; ng]);
-        self.k_block(&p, b0..b0 + blk, &mut s, &mut m).dequant_row(r - b0, out);
+        let b0 = block.start;
+        self.k_block(&p, block, &mut s, &mut m).dequant_row(r - b0, out);
     }
 
     /// [`Mat::matmul_rows`] of a K-quant matrix.
@@ -84,16 +86,14 @@ impl<'a> Mat<'a> {
             };
             return;
         }
-        // a block of rows at a time (whole interleaved blocks, or panel-major superblocks), so
-        // the block's bytes are a matrix of their own with the same row order
-        let blk = if p.panels { PANEL_ROWS } else { ROW_BLOCK };
-        let ng = blk * self.cols / K6_GROUP;
+        // a block of rows at a time, as the Q4 or Q6 matrix it equals
+        let ng = PANEL_ROWS * self.cols / K6_GROUP;
         let (mut s, mut m) = (vec![0f32; ng], vec![0f32; ng]);
         let mut r = rows.start;
         while r < rows.end {
-            let (b0, b1) = (r / blk * blk, (r / blk * blk + blk).min(self.rows));
-            let end = rows.end.min(b1);
-            let block = self.k_block(&p, b0..b1, &mut s, &mut m);
+            let b = self.k_block_of(&p, r);
+            let (b0, end) = (b.start, rows.end.min(b.end));
+            let block = self.k_block(&p, b, &mut s, &mut m);
             block.matmul_rows(isa, input, n, r - b0..end - b0, &mut out[(r - rows.start) * n..(end - rows.start) * n]);
             r = end;
         }

@@ -193,11 +193,12 @@ fn layer_name_gpt_oss(rest: &str) -> Option<&'static str> {
 }
 
 /// The moescope format that holds every value of a tensor of type `t` exactly, as the kernels
-/// run it, and whether its groups need mins (asymmetric: `scale * n - min`): F32 and BF16 as
-/// they are; Q8_0 as q8 and Q4_0 as q4 at group 32 (the same codes and scales); Q5_0 as q8
-/// group 32 (codes q - 16); Q6_K as q6 group 16 (its 6-bit codes, scale d * sc: an f16 times
-/// an 8-bit integer, exact in f32); Q4_K and Q4_1 as q4 group 32 with mins (the unsigned nibbles,
-/// scale d * sc and min dmin * m, or d and -m); Q5_K as q8 group 32 with mins (5-bit codes);
+/// run it, and how its scales are stored (f32, with f32 mins for asymmetric groups, `scale * n -
+/// min`, or the blocks' own records): F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at
+/// group 32 (the same codes and scales); Q5_0 as q8 group 32 (codes q - 16); Q6_K as q6 group 16
+/// with k6 records (its 6-bit codes, scale d * sc: an f16 times an 8-bit integer, exact in f32);
+/// Q4_K as q4 group 32 with k4 records (the unsigned nibbles, scale d * sc and min dmin * m);
+/// Q4_1 as q4 group 32 with f32 mins (d and -m); Q5_K as q8 group 32 with mins (5-bit codes);
 /// Q2_K as q8 group 16 with mins, Q3_K as q8 group 16 (codes -4..3), IQ4_NL and IQ4_XS as q8
 /// group 32 (the codebook's values as codes), the codebook types IQ1_S ... IQ3_S as q8 with
 /// their sub-blocks as groups (signed grid values as codes; IQ1 in eighths, see
