@@ -31,7 +31,8 @@ fn mixed_file(dir: &Path, types: &[BlockType]) -> PathBuf {
 
 #[test]
 fn a_file_mixing_the_low_bit_types_converts_exactly_and_runs_streamed_as_resident() {
-    // what inspect says each type runs as (the codes widened to q8, groups of the sub-blocks)
+    // what inspect says each type runs as (the file's blocks, computed as the q8 matrix of
+    // their codes: groups of the sub-blocks)
     let q2 = [("Q2_K", "q8, group 16 with mins"), ("Q3_K", "q8, group 16"), ("IQ4_NL", "q8, group 32")];
     let iq = [("IQ2_XXS", "q8, group 32"), ("IQ2_XS", "q8, group 16"), ("IQ2_S", "q8, group 16")];
     let iq3 = [("IQ3_XXS", "q8, group 32"), ("IQ3_S", "q8, group 32"), ("IQ1_S", "q8, group 32")];
@@ -50,7 +51,11 @@ fn mix_converts_exactly_and_runs(types: &[BlockType], runs_as: &[(&str, &str)]) 
     let runs = |t: &str| j["by_type"][t]["runs_as"].as_str().map(String::from);
     assert_eq!(runs_as.len(), types.len());
     for (t, want) in runs_as {
-        assert_eq!(runs(t).as_deref(), Some(*want), "{t}");
+        let want = format!("its own blocks (computed as {want})");
+        assert_eq!(runs(t).as_deref(), Some(&want[..]), "{t}");
+        // the package holds each type at the file's own bytes
+        let ty = &j["by_type"][t];
+        assert!(ty["bytes"].as_u64().is_some() && ty["package_bytes"] == ty["bytes"], "{t}: {ty}");
     }
 
     let pkg = dir.path().join("mixed.moe");
@@ -83,4 +88,23 @@ fn mix_converts_exactly_and_runs(types: &[BlockType], runs_as: &[(&str, &str)]) 
     let small = StreamConfig { budget_bytes: Some(3 * blob), io: Some(IoMode::Direct), ..StreamConfig::default() };
     let streamed = run(Some(small), Isa::detect()).0;
     assert!(resident.iter().zip(&streamed).all(|(a, b)| a.to_bits() == b.to_bits()), "streamed logits differ");
+}
+
+#[test]
+fn a_block_with_an_infinite_scale_is_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gguf = mixed_file(dir.path(), &LOW_BIT_TYPES);
+    // the first Q2_K tensor's third block gets d = +inf (f16 0x7C00 at byte 80 of 84)
+    let g = moescope::convert::gguf::open(&gguf).expect("open");
+    let t = g.tensors.iter().find(|t| t.ty.name == "Q2_K").expect("a Q2_K tensor");
+    let mut bytes = std::fs::read(&gguf).expect("read");
+    let at = (t.offset + 2 * 84 + 80) as usize;
+    bytes[at..at + 2].copy_from_slice(&0x7C00u16.to_le_bytes());
+    std::fs::write(&gguf, &bytes).expect("write");
+    let e = convert_gguf(&gguf, &dir.path().join("x.moe"), ConvertOptions::new(QuantMode::File)).expect_err("refused");
+    let msg = e.to_string();
+    let per_row = t.ne[0] as usize / 256;
+    let want = format!("non-finite scale in block {} of row {}", 2 % per_row, 2 / per_row);
+    assert!(msg.contains(&t.name) && msg.contains(&want), "{msg}");
+    assert!(!dir.path().join("x.moe").exists(), "no half-written package");
 }

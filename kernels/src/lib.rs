@@ -13,6 +13,7 @@ pub mod attn;
 pub mod delta;
 pub mod dot;
 pub mod ggml;
+pub mod ggml_codes;
 pub mod ggml_iq;
 pub mod isa;
 pub mod kscales;

@@ -245,15 +245,28 @@ fn package_of(checkpoint: &[u8]) -> Option<Vec<u8>> {
     bytes
 }
 
-/// The package of a GGUF fixture as the file holds it (a Q4_K_M file: k4 records, parts per
-/// layer).
-fn package_of_gguf(root: &Path, rel: &str) -> Option<Vec<u8>> {
+/// The package of a GGUF file as the file holds it (a Q4_K_M file: k4 records, parts per
+/// layer; a low-bit mix: the file's blocks).
+fn package_of_gguf(gguf: &Path) -> Option<Vec<u8>> {
     let out = std::env::temp_dir().join(format!("moescope-replay-gguf-seed-{}.moe", std::process::id()));
-    let ok =
-        moescope::convert::convert_gguf(&fixtures(root).join(rel), &out, ConvertOptions::new(QuantMode::File)).is_ok();
+    let ok = moescope::convert::convert_gguf(gguf, &out, ConvertOptions::new(QuantMode::File)).is_ok();
     let bytes = if ok { std::fs::read(&out).ok() } else { None };
     let _ = std::fs::remove_file(&out);
     bytes
+}
+
+/// The packages of the low-bit mixes ([`low_bit_ggufs`]): tensors kept as the file's blocks.
+fn low_bit_packages(root: &Path) -> Vec<(String, Vec<u8>)> {
+    let tmp = std::env::temp_dir().join(format!("moescope-replay-low-bit-pkg-{}.gguf", std::process::id()));
+    let pkgs = low_bit_ggufs(root)
+        .into_iter()
+        .filter_map(|(name, gguf)| {
+            std::fs::write(&tmp, gguf).ok()?;
+            Some((format!("{name} package (the file's blocks)"), package_of_gguf(&tmp)?))
+        })
+        .collect();
+    let _ = std::fs::remove_file(&tmp);
+    pkgs
 }
 
 fn messages() -> serde_json::Value {
@@ -314,8 +327,9 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
             out.extend(pkg.map(|b| ("gpt-oss bf16 package".into(), b)));
             let mtp = derived_checkpoint(root, "glm", &moescope::derived_fixture::with_mtp_layer);
             out.extend(mtp.and_then(|c| package_of(&c)).map(|b| ("glm package with its MTP layer".into(), b)));
-            let k = package_of_gguf(root, "gguf/tiny/tiny-q4_k_m.gguf");
+            let k = package_of_gguf(&fixtures(root).join("gguf/tiny/tiny-q4_k_m.gguf"));
             out.extend(k.map(|b| ("tiny q4_k_m package (k4 records)".into(), b)));
+            out.extend(low_bit_packages(root));
         }
         "gguf" => {
             for p in [

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
-use moescope::convert::gguf::source::{package_bytes, runs_as};
+use moescope::convert::gguf::exact::{package_bytes, runs_as};
 use moescope::convert::gguf::{self, Value};
 use moescope::model::LayerKind;
 use moescope::model_config::{ExpertAct, ModelConfig};
@@ -168,10 +168,11 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             let group = p.group.map_or(String::new(), |g| format!(" group {g}"));
             let w = p.shape.iter().product::<usize>() as u64;
             let form = match p.scale_form() {
-                ScaleForm::K4 => " (k4 records)",
-                ScaleForm::K6 => " (k6 records)",
-                ScaleForm::Mins => " (mins)",
-                ScaleForm::Plain => "",
+                ScaleForm::K4 => " (k4 records)".to_string(),
+                ScaleForm::K6 => " (k6 records)".to_string(),
+                ScaleForm::Mins => " (mins)".to_string(),
+                ScaleForm::Plain => String::new(),
+                ScaleForm::Blocks(t) => format!(" ({} blocks)", t.name()),
             };
             println!(
                 "  {at}{:<10} {:?} {:?}{group}{form}: {} bytes, {:.2} bits a weight",

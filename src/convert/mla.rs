@@ -139,10 +139,10 @@ impl TensorSource for MlaSource<'_> {
         }
     }
 
-    fn k_records(&self, name: &str, r0: usize, n: usize, out: &mut Vec<u8>) -> Result<bool, ConvertError> {
+    fn file_bytes(&self, name: &str, r0: usize, n: usize, out: &mut Vec<u8>) -> Result<bool, ConvertError> {
         match self.derived(name) {
             Some(_) => Ok(false),
-            None => self.src.k_records(name, r0, n, out),
+            None => self.src.file_bytes(name, r0, n, out),
         }
     }
 

@@ -235,7 +235,7 @@ impl BlobSource for EncodedBlobs<'_> {
                 self.src.read_rows(tname, 0, shape[0], &mut x)?;
                 encode_rows(f, &x, shape[1], f.interleaves(shape[0], shape[1]), &mut e_rows.vals, &mut e_rows.scales);
             }
-            if part.scale_form().records() {
+            if part.scale_form().records() || matches!(part.scale_form(), ScaleForm::Blocks(_)) {
                 b.put_bytes(p, &e_rows.vals, &e_rows.records);
             } else {
                 b.put(p, &e_rows.vals, &e_rows.scales, &e_rows.mins);
@@ -266,9 +266,18 @@ impl EncodedRows {
         r0: usize,
         n: usize,
     ) -> Result<bool, ConvertError> {
+        if let ScaleForm::Blocks(_) = form {
+            // the file's blocks are the values; nothing follows them
+            self.scales.clear();
+            self.records.clear();
+            if !src.file_bytes(name, r0, n, &mut self.vals)? {
+                return Err(no_scale_form(src, name, form));
+            }
+            return Ok(true);
+        }
         let mins = form.asymmetric().then_some(&mut self.mins);
         let coded = src.encoded_rows(name, f, r0, n, &mut self.vals, &mut self.scales, mins)?;
-        let whole = coded && (!form.records() || src.k_records(name, r0, n, &mut self.records)?);
+        let whole = coded && (!form.records() || src.file_bytes(name, r0, n, &mut self.records)?);
         if !whole && form != ScaleForm::Plain {
             return Err(no_scale_form(src, name, form));
         }
@@ -278,7 +287,11 @@ impl EncodedRows {
 
 /// A tensor planned with mins or records whose source could not give them (a plan bug).
 fn no_scale_form(src: &dyn TensorSource, name: &str, form: ScaleForm) -> ConvertError {
-    let what = if form.records() { "the blocks' scales (k4 or k6 records)" } else { "mins (asymmetric groups)" };
+    let what = match form {
+        ScaleForm::Blocks(_) => "the file's blocks",
+        _ if form.records() => "the blocks' scales (k4 or k6 records)",
+        _ => "mins (asymmetric groups)",
+    };
     ConvertError::Tensor {
         file: PathBuf::from(src.origin(name)),
         name: src.source_name(name),
@@ -505,6 +518,7 @@ fn write_dense(
                     w.push_mins(mins);
                 }
                 ScaleForm::K4 | ScaleForm::K6 => w.push_scale_bytes(records),
+                ScaleForm::Blocks(_) => {}
             }
             bar.inc(vals.len() as u64 + scales.len() as u64 * 4);
             r0 += n;

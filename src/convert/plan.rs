@@ -65,7 +65,7 @@ pub enum QuantMode {
     /// The routed experts in MXFP4, everything else as `Q8`.
     Mxfp4,
     /// Each tensor in the format that holds its source's values exactly (a GGUF file's types;
-    /// see `convert::gguf::source::exact_format`), none requantized.
+    /// see `convert::gguf::exact::exact_format`), none requantized.
     File,
 }
 

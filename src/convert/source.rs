@@ -32,10 +32,11 @@ pub trait TensorSource: Sync {
         Ok(false)
     }
 
-    /// Rows `[r0, r0 + n)`'s k4 or k6 records (GGUF's Q4_K or Q6_K scales as the file stores
-    /// them, one per 256 values of a row, see `moescope_kernels::kscales`), for a source that
-    /// holds them; `Ok(false)` when it does not.
-    fn k_records(&self, _name: &str, _r0: usize, _n: usize, _out: &mut Vec<u8>) -> Result<bool, ConvertError> {
+    /// Rows `[r0, r0 + n)`'s bytes that the tensor's scale form ([`exact_format`](Self::exact_format))
+    /// copies from the file: k4 or k6 records (GGUF's Q4_K or Q6_K scales as the file stores
+    /// them, one per 256 values of a row, see `moescope_kernels::kscales`), or the file's blocks
+    /// whole ([`ScaleForm::Blocks`]), for a source that holds them; `Ok(false)` when it does not.
+    fn file_bytes(&self, _name: &str, _r0: usize, _n: usize, _out: &mut Vec<u8>) -> Result<bool, ConvertError> {
         Ok(false)
     }
 

@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use super::PackageError;
+use moescope_kernels::ggml_codes::block_halves;
 use moescope_kernels::kscales::{K4_RECORD, K6_RECORD};
 
 use super::layout::{DType, ScaleForm, TensorEntry};
@@ -37,8 +38,13 @@ pub fn require_finite(
 /// quantized one. Out-of-range entries are the reader's to refuse: they are skipped here.
 pub fn first_non_finite(t: &TensorEntry, bytes: &[u8]) -> Option<u64> {
     let end = t.offset.checked_add(t.length)?;
+    let blocks = match t.scale_form() {
+        ScaleForm::Blocks(b) => Some(b),
+        _ => None,
+    };
     let from = match t.dtype {
         DType::F32 | DType::Bf16 | DType::Mxfp4 => t.offset,
+        _ if blocks.is_some() => t.offset,
         DType::Q8 | DType::Q4 | DType::Q6 => t.scales_offset?,
     };
     let lo = usize::try_from(from).ok()?;
@@ -48,6 +54,11 @@ pub fn first_non_finite(t: &TensorEntry, bytes: &[u8]) -> Option<u64> {
         DType::Bf16 => region.chunks_exact(2).position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80)? * 2,
         // an exponent byte of 255 is NaN in the OCP MX spec (and 2^128 overflows)
         DType::Mxfp4 => region.chunks_exact(moescope_kernels::mxfp4::BLOCK_BYTES).position(|b| b[0] == 255)? * 17,
+        // a file's blocks: their f16 scales (d, and dmin where the type has one)
+        _ if let Some(b) = blocks => {
+            let bad = |x: &[u8]| block_halves(b, x).iter().any(|h| h & 0x7C00 == 0x7C00);
+            region.chunks_exact(b.block_bytes()).position(bad)? * b.block_bytes()
+        }
         // k4 records: f16 d and dmin first, an exponent of all ones is infinity or NaN
         DType::Q4 if t.scale_form() == ScaleForm::K4 => {
             region.chunks_exact(K4_RECORD).position(|r| f16_bad(&r[0..2]) || f16_bad(&r[2..4]))? * K4_RECORD
@@ -98,6 +109,30 @@ mod tests {
         // the same bytes read as f32 scales hold no non-finite value: the form decides
         let plain = TensorEntry { layout: "q4_lohi32".into(), ..t };
         assert_eq!(first_non_finite(&plain, &b), None);
+    }
+
+    #[test]
+    fn finds_a_block_whose_d_or_dmin_is_not_finite() {
+        // 4 bytes before, then 3 Q2_K blocks (84 bytes: d at 80, dmin at 82): finite, finite,
+        // dmin = NaN (0x7E00)
+        let mut b = vec![0u8; 4];
+        for dmin in [0x3C00u16, 0xFBFF, 0x7E00] {
+            b.extend([0x55u8; 80]);
+            b.extend(0x3C00u16.to_le_bytes());
+            b.extend(dmin.to_le_bytes());
+        }
+        let q2k = |length| TensorEntry { layout: "row_major+ggml_q2_k".into(), ..entry(DType::Q8, 4, length, None) };
+        assert_eq!(first_non_finite(&q2k(252), &b), Some(4 + 168));
+        assert_eq!(first_non_finite(&q2k(168), &b), None);
+        // IQ1_M: d is the top nibbles of its four u16 scales (bytes 48..56); 0x7C00 is infinity
+        let mut m = vec![0u8; 56];
+        for (k, nib) in [0u16, 0, 0xC, 0x7].into_iter().enumerate() {
+            m[48 + 2 * k..50 + 2 * k].copy_from_slice(&(nib << 12 | 0x0123).to_le_bytes());
+        }
+        let iq1m = TensorEntry { layout: "row_major+ggml_iq1_m".into(), ..entry(DType::Q8, 0, 56, None) };
+        assert_eq!(first_non_finite(&iq1m, &m), Some(0));
+        m[55] &= 0x0F;
+        assert_eq!(first_non_finite(&iq1m, &m), None);
     }
 
     #[test]

@@ -16,6 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::model_config::ModelConfig;
 use moescope_kernels::Format;
+use moescope_kernels::ggml::BlockType;
+use moescope_kernels::ggml_codes::blocks_run_as;
 
 pub const MAGIC: [u8; 8] = *b"MOESCOPE";
 /// Bumped on any incompatible change of the layout below.
@@ -222,6 +224,28 @@ pub const K4: &str = "+k4";
 /// The layout mark of q6 codes whose scales are k6 records (GGUF's Q6_K at its own size).
 pub const K6: &str = "+k6";
 
+/// The start of the layout mark of a tensor kept as a GGUF file's blocks (`+ggml_q2_k`: the
+/// type's name in lower case), computed as the q8 matrix of its codes
+/// ([`moescope_kernels::ggml_codes::blocks_run_as`]).
+pub const BLOCKS: &str = "+ggml_";
+
+/// The layout marks of the types kept as blocks: [`BLOCKS`] and the type's lower-case name.
+const BLOCK_MARKS: [(BlockType, &str); 13] = [
+    (BlockType::Q5_0, "+ggml_q5_0"),
+    (BlockType::Q5K, "+ggml_q5_k"),
+    (BlockType::Q2K, "+ggml_q2_k"),
+    (BlockType::Q3K, "+ggml_q3_k"),
+    (BlockType::Iq4Nl, "+ggml_iq4_nl"),
+    (BlockType::Iq4Xs, "+ggml_iq4_xs"),
+    (BlockType::Iq2Xxs, "+ggml_iq2_xxs"),
+    (BlockType::Iq2Xs, "+ggml_iq2_xs"),
+    (BlockType::Iq2S, "+ggml_iq2_s"),
+    (BlockType::Iq3Xxs, "+ggml_iq3_xxs"),
+    (BlockType::Iq3S, "+ggml_iq3_s"),
+    (BlockType::Iq1S, "+ggml_iq1_s"),
+    (BlockType::Iq1M, "+ggml_iq1_m"),
+];
+
 /// How a quantized tensor's scales are stored after its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScaleForm {
@@ -233,6 +257,9 @@ pub enum ScaleForm {
     K4,
     /// one 18-byte k6 record per 256 values of a row ([`K6`]; q6, groups of 16)
     K6,
+    /// no values or scales of moescope's own: the file's blocks of this type, row after row
+    /// ([`BLOCKS`]), computed as the q8 matrix named by the entry's type and group
+    Blocks(BlockType),
 }
 
 impl ScaleForm {
@@ -244,6 +271,8 @@ impl ScaleForm {
             ScaleForm::K4
         } else if layout.ends_with(K6) {
             ScaleForm::K6
+        } else if let Some(&(t, _)) = BLOCK_MARKS.iter().find(|(_, m)| layout.ends_with(m)) {
+            ScaleForm::Blocks(t)
         } else {
             ScaleForm::Plain
         }
@@ -256,6 +285,7 @@ impl ScaleForm {
             ScaleForm::Mins => MINS,
             ScaleForm::K4 => K4,
             ScaleForm::K6 => K6,
+            ScaleForm::Blocks(t) => BLOCK_MARKS.iter().find(|(b, _)| *b == t).map_or("", |(_, m)| m),
         }
     }
 
@@ -267,6 +297,9 @@ impl ScaleForm {
             ScaleForm::Mins => matches!(f, Format::Q4 { .. } | Format::Q8 { .. }),
             ScaleForm::K4 => f == Format::Q4 { group: K4_GROUP } && cols.is_multiple_of(K_BLOCK),
             ScaleForm::K6 => f == Format::Q6 { group: K6_GROUP } && cols.is_multiple_of(K_BLOCK),
+            ScaleForm::Blocks(t) => {
+                blocks_run_as(t).is_some_and(|(group, _)| f == Format::Q8 { group }) && cols.is_multiple_of(t.block())
+            }
         }
     }
 
@@ -277,12 +310,17 @@ impl ScaleForm {
             ScaleForm::Mins => 2 * f.scale_bytes(rows, cols),
             ScaleForm::K4 => moescope_kernels::kscales::k4_bytes(rows, cols),
             ScaleForm::K6 => moescope_kernels::kscales::k6_bytes(rows, cols),
+            ScaleForm::Blocks(_) => 0,
         }
     }
 
-    /// Whether the groups are asymmetric (unsigned codes, a min each: f32 mins or k4 records).
+    /// Whether the groups are asymmetric (unsigned codes, a min each: f32 mins, k4 records, or
+    /// blocks of a type with mins).
     pub fn asymmetric(self) -> bool {
-        matches!(self, ScaleForm::Mins | ScaleForm::K4)
+        match self {
+            ScaleForm::Blocks(t) => blocks_run_as(t).is_some_and(|(_, mins)| mins),
+            _ => matches!(self, ScaleForm::Mins | ScaleForm::K4),
+        }
     }
 
     /// Whether the scales are records a source copies from its blocks (k4, k6).
@@ -294,7 +332,10 @@ impl ScaleForm {
 /// (total bytes, offset of the scales from the start) of a `[rows, cols]` tensor in format `f`
 /// with its scales in `form`.
 pub fn span(f: Format, rows: usize, cols: usize, form: ScaleForm) -> (u64, Option<u64>) {
-    let data = f.data_bytes(rows, cols) as u64;
+    let data = match form {
+        ScaleForm::Blocks(t) => t.bytes_of(rows * cols) as u64,
+        _ => f.data_bytes(rows, cols) as u64,
+    };
     let scales = form.bytes(f, rows, cols) as u64;
     if scales == 0 {
         (data, None)
@@ -513,5 +554,22 @@ mod tests {
         assert_eq!(k6.scale_form(), ScaleForm::K6);
         assert_eq!(k6.expected_len(), Some((4 * 4 * 96 + 4 * 2 * 18, Some(4 * 4 * 96))));
         assert_eq!(TensorEntry { group: Some(128), ..k6 }.expected_len(), None, "groups of 128");
+        // a file's blocks: the q8 group its type computes with, whole blocks, nothing after
+        let q2k = TensorEntry { shape: vec![4, 512], ..e(DType::Q8, Some(16), "row_major+ggml_q2_k") };
+        assert!(q2k.scale_form() == ScaleForm::Blocks(BlockType::Q2K) && q2k.base_layout() == "row_major");
+        assert_eq!(q2k.expected_len(), Some((4 * 2 * 84, None)), "84 bytes a block, as ggml's");
+        assert!(ScaleForm::Blocks(BlockType::Q2K).asymmetric() && !ScaleForm::Blocks(BlockType::Q3K).asymmetric());
+        assert_eq!(TensorEntry { group: Some(32), ..q2k.clone() }.expected_len(), None, "Q2_K in groups of 32");
+        assert_eq!(TensorEntry { shape: vec![4, 128], ..q2k.clone() }.expected_len(), None, "half a block");
+        assert_eq!(TensorEntry { dtype: DType::Q4, ..q2k }.expected_len(), None, "q4");
+        let iq1m = TensorEntry { shape: vec![1, 256], ..e(DType::Q8, Some(16), "row_major+ggml_iq1_m") };
+        assert_eq!(iq1m.expected_len(), Some((56, None)));
+        assert_eq!(ScaleForm::of_layout("row_major+ggml_q4_k"), ScaleForm::Plain, "Q4_K is never kept as blocks");
+        for (t, mark) in BLOCK_MARKS {
+            assert_eq!(ScaleForm::of_layout(&format!("row_major{mark}")), ScaleForm::Blocks(t));
+            assert_eq!(ScaleForm::Blocks(t).mark(), mark);
+            assert_eq!(mark, format!("{BLOCKS}{}", t.name().to_lowercase()));
+            assert!(blocks_run_as(t).is_some(), "{mark}");
+        }
     }
 }

@@ -421,6 +421,10 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
     let (rows, cols) = t.rows_cols();
     let f = t.format().unwrap_or(Format::F32);
     let start = (base + t.offset - origin) as usize;
+    if let ScaleForm::Blocks(bt) = t.scale_form() {
+        let q = &bytes[start..start + bt.bytes_of(rows * cols)];
+        return Mat { rows, cols, data: MatData::Blocks { t: bt, q } };
+    }
     let data = &bytes[start..start + f.data_bytes(rows, cols)];
     let sb = f.scale_bytes(rows, cols);
     let s = (base + t.scales_offset.unwrap_or(t.offset) - origin) as usize;

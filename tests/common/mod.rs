@@ -310,8 +310,13 @@ pub fn assert_package_holds_gguf_values(gguf: &Path, pkg: &Path) {
     use moescope::package::Package;
     let file = gguf.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let (src, p) = (GgufSource::open(gguf).expect("open"), Package::open(pkg).expect("package"));
-    let (mut want, mut got) = (Vec::new(), Vec::new());
+    let (mut want, mut got, mut raw) = (Vec::new(), Vec::new(), Vec::new());
     let mut check = |name: &str, m: moescope_kernels::Mat<'_>| {
+        // a tensor kept as the file's blocks holds the file's bytes
+        if let moescope_kernels::MatData::Blocks { q, .. } = m.data {
+            assert!(src.file_bytes(name, 0, m.rows, &mut raw).expect("blocks"), "{file}: {name} has blocks");
+            assert!(q == &raw[..], "{file}: {name}'s blocks are not the file's bytes");
+        }
         for r in 0..m.rows {
             src.read_rows(name, r, 1, &mut want).expect("rows");
             got.resize(m.cols, 0.0);

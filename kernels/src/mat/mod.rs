@@ -18,6 +18,7 @@ mod avx512_panels;
 mod avx512_q8;
 #[cfg(target_arch = "x86_64")]
 mod avx512_records;
+mod blocks;
 mod krecords;
 mod mins;
 
@@ -88,6 +89,13 @@ pub enum MatData<'a> {
         /// as for Q4
         panels: bool,
     },
+    /// A GGUF file's blocks as they are (`q`: `[rows, t.bytes_of(cols)]` bytes, row-major), for
+    /// the types [`crate::ggml_codes::blocks_run_as`] names: products and values are those of
+    /// the q8 matrix of their codes, scales and mins, bit for bit.
+    Blocks {
+        t: crate::ggml::BlockType,
+        q: &'a [u8],
+    },
     /// `q`: `[rows, cols / 32 * 17]` bytes, ggml's MXFP4 blocks (`mxfp4_ggml`, see
     /// [`crate::mxfp4`]).
     Mxfp4 {
@@ -132,12 +140,19 @@ impl<'a> Mat<'a> {
             MatData::Q6K { .. } => Format::Q6 { group: crate::kscales::K6_GROUP },
             MatData::Q6 { group, .. } => Format::Q6 { group },
             MatData::Mxfp4 { .. } => Format::Mxfp4,
+            MatData::Blocks { t, .. } => {
+                let group = crate::ggml_codes::blocks_run_as(t).map_or(t.block(), |(g, _)| g);
+                Format::Q8 { group }
+            }
         }
     }
 
     /// Bytes one row occupies: values, scales, and mins or k4 records where it has them.
     pub fn row_bytes(&self) -> usize {
         let (f, c) = (self.format(), self.cols);
+        if let MatData::Blocks { t, .. } = self.data {
+            return t.bytes_of(c);
+        }
         let scales = match self.data {
             MatData::Q4K { .. } => crate::kscales::k4_bytes(1, c),
             MatData::Q6K { .. } => crate::kscales::k6_bytes(1, c),
@@ -217,6 +232,7 @@ impl<'a> Mat<'a> {
                 self.with_q_row(q, (x4, panels), r, |q| dequantize_q6_row(q, &scales[r * ng..(r + 1) * ng], group, out))
             }
             MatData::Mxfp4 { q } => crate::mxfp4::dequantize_row(self.mxfp4_row(q, r), out),
+            MatData::Blocks { .. } => self.blocks_dequant_row(r, out),
         }
     }
 
@@ -276,8 +292,10 @@ impl<'a> Mat<'a> {
     /// Each weight row is read from memory once for the whole batch.
     pub fn matmul_rows(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
         debug_assert_eq!(out.len(), rows.len() * n);
-        if let MatData::Q4K { .. } | MatData::Q6K { .. } = self.data {
-            return self.k_matmul_rows(isa, input, n, rows, out);
+        match self.data {
+            MatData::Q4K { .. } | MatData::Q6K { .. } => return self.k_matmul_rows(isa, input, n, rows, out),
+            MatData::Blocks { .. } => return self.blocks_matmul_rows(isa, input, n, rows, out),
+            _ => {}
         }
         #[cfg(target_arch = "x86_64")]
         let done = if isa >= Isa::Avx512 { self.matmul_avx512(input, n, rows.clone(), out) } else { None };

@@ -1,99 +1,8 @@
-//! The codes, scales and mins of ggml's quantized blocks: what a lossless relayout into a
-//! moescope format (`source::exact_format`) copies, so that `scale * code - min` gives
-//! every value gguf-py's dequantizer gives, bit for bit.
+//! Each block of a raw span as codes, scales and mins (`moescope_kernels::ggml_codes`): what a
+//! relayout into a moescope format (`exact::exact_format`) copies.
 
-use moescope_kernels::ggml::{BlockType, dequantize};
-
-/// Codes of a block of `t` with the scale and min of each run of `sub` codes (value =
-/// `scale * code - min`; the symmetric types' mins are 0 and their codes signed, the
-/// asymmetric types' codes unsigned); `None` for the float types.
-pub(super) fn block_codes(
-    t: BlockType,
-    b: &[u8],
-    codes: &mut [i8],
-    scales: &mut Vec<f32>,
-    mins: &mut Vec<f32>,
-) -> Option<usize> {
-    let f16 = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-    match t {
-        // copied whole (`Format::Mxfp4` is ggml's block), never through codes
-        BlockType::Mxfp4 => None,
-        BlockType::Q8_0 => {
-            scales.push(f16(0));
-            mins.push(0.0);
-            codes.iter_mut().zip(&b[2..34]).for_each(|(c, &q)| *c = q as i8);
-            Some(32)
-        }
-        BlockType::Q4_0 | BlockType::Q5_0 | BlockType::Q4_1 => {
-            // Q4_1: d, m, then nibbles as Q4_0's; Q5_0: d, 32 high bits, nibbles
-            let (qs, qh, bias) = match t {
-                BlockType::Q4_0 => (&b[2..18], 0u32, 8),
-                BlockType::Q5_0 => (&b[6..22], u32::from_le_bytes([b[2], b[3], b[4], b[5]]), 16),
-                _ => (&b[4..20], 0u32, 0),
-            };
-            scales.push(f16(0));
-            mins.push(if t == BlockType::Q4_1 { -f16(2) } else { 0.0 });
-            for j in 0..16 {
-                let lo = (qs[j] & 15) as u32 | ((qh >> j) & 1) << 4;
-                let hi = (qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
-                codes[j] = (lo as i32 - bias) as i8;
-                codes[j + 16] = (hi as i32 - bias) as i8;
-            }
-            Some(32)
-        }
-        BlockType::Q4K | BlockType::Q5K => {
-            let (d, dmin) = (f16(0), f16(2));
-            let (sc, qh, qs) = if t == BlockType::Q4K {
-                (&b[4..16], &b[0..0], &b[16..144])
-            } else {
-                (&b[4..16], &b[16..48], &b[48..176])
-            };
-            for j in 0..8 {
-                let (s, m) = moescope_kernels::ggml::k_scale_min(sc, j);
-                scales.push(d * s as f32);
-                mins.push(dmin * m as f32);
-                let (g, shift) = (j / 2, 4 * (j % 2));
-                for l in 0..32 {
-                    let hi = if qh.is_empty() { 0 } else { ((qh[l] >> j) & 1) << 4 };
-                    codes[32 * j + l] = (((qs[32 * g + l] >> shift) & 15) | hi) as i8;
-                }
-            }
-            Some(32)
-        }
-        BlockType::Q6K => {
-            let d = f16(208);
-            for s in 0..16 {
-                scales.push(d * b[192 + s] as i8 as f32);
-                mins.push(0.0);
-            }
-            // the codes are the dequantized values over their sub-block scale
-            let mut v = [0f32; 256];
-            let mut unit = b.to_vec();
-            unit[192..208].iter_mut().for_each(|s| *s = 1);
-            unit[208..210].copy_from_slice(&half::f16::ONE.to_le_bytes());
-            dequantize(BlockType::Q6K, &unit, &mut v);
-            codes.iter_mut().zip(&v).for_each(|(c, &x)| *c = x as i8);
-            Some(16)
-        }
-        BlockType::Q2K
-        | BlockType::Q3K
-        | BlockType::Iq4Nl
-        | BlockType::Iq4Xs
-        | BlockType::Iq2Xxs
-        | BlockType::Iq2Xs
-        | BlockType::Iq2S
-        | BlockType::Iq3Xxs
-        | BlockType::Iq3S
-        | BlockType::Iq1S
-        | BlockType::Iq1M => {
-            let sub = moescope_kernels::ggml::low_bit_codes(t, b, codes, scales, mins);
-            // the symmetric types' mins are 0, one per scale as every type's
-            mins.resize(scales.len(), 0.0);
-            Some(sub)
-        }
-        BlockType::F32 | BlockType::F16 | BlockType::Bf16 => None,
-    }
-}
+use moescope_kernels::ggml::BlockType;
+use moescope_kernels::ggml_codes::block_codes;
 
 /// `f(codes, scales, mins, sub)` for each block of `raw` (whole blocks of type `t`, see
 /// [`block_codes`]); false, having stopped, if `t` has no codes.
@@ -111,7 +20,8 @@ pub(super) fn each_block(t: BlockType, raw: &[u8], mut f: impl FnMut(&[i8], &[f3
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::convert::gguf::source::exact_format;
+    use crate::convert::gguf::exact::exact_format;
+    use moescope_kernels::ggml::dequantize;
 
     /// A block of `t` with random bytes and f16 scales in [1/1024, 1024).
     fn random_block(t: BlockType, seed: u64) -> Vec<u8> {

@@ -14,6 +14,7 @@ use moescope_kernels::kscales::K4_RECORD;
 use moescope_kernels::quant::{interleave_rows, put_q6};
 
 use super::codes::each_block;
+use super::exact::{exact_format, halves_finite};
 use super::model::GgufModel;
 use crate::convert::error::ConvertError;
 use crate::convert::source::TensorSource;
@@ -190,74 +191,6 @@ fn layer_name_gpt_oss(rest: &str) -> Option<&'static str> {
         "mlp.experts.down_proj.bias" => "ffn_down_exps.bias",
         _ => return None,
     })
-}
-
-/// The moescope format that holds every value of a tensor of type `t` exactly, as the kernels
-/// run it, and how its scales are stored (f32, with f32 mins for asymmetric groups, `scale * n -
-/// min`, or the blocks' own records): F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at
-/// group 32 (the same codes and scales); Q5_0 as q8 group 32 (codes q - 16); Q6_K as q6 group 16
-/// with k6 records (its 6-bit codes, scale d * sc: an f16 times an 8-bit integer, exact in f32);
-/// Q4_K as q4 group 32 with k4 records (the unsigned nibbles, scale d * sc and min dmin * m);
-/// Q4_1 as q4 group 32 with f32 mins (d and -m); Q5_K as q8 group 32 with mins (5-bit codes);
-/// Q2_K as q8 group 16 with mins, Q3_K as q8 group 16 (codes -4..3), IQ4_NL and IQ4_XS as q8
-/// group 32 (the codebook's values as codes), the codebook types IQ1_S ... IQ3_S as q8 with
-/// their sub-blocks as groups (signed grid values as codes; IQ1 in eighths, see
-/// `moescope_kernels::ggml_iq`): exact, but widened to 8 bits a code until these types get
-/// layouts of their own. F16 runs as f32.
-pub fn exact_format(t: BlockType) -> (Format, ScaleForm) {
-    use ScaleForm::{K4, K6, Mins, Plain};
-    match t {
-        BlockType::Bf16 => (Format::Bf16, Plain),
-        BlockType::Q8_0 | BlockType::Q5_0 => (Format::Q8 { group: 32 }, Plain),
-        BlockType::Q4_0 => (Format::Q4 { group: 32 }, Plain),
-        BlockType::Q6K => (Format::Q6 { group: 16 }, K6),
-        BlockType::Mxfp4 => (Format::Mxfp4, Plain),
-        // the block's own scales: 4.5 bits a weight, as the file
-        BlockType::Q4K => (Format::Q4 { group: 32 }, K4),
-        BlockType::Q4_1 => (Format::Q4 { group: 32 }, Mins),
-        BlockType::Q5K => (Format::Q8 { group: 32 }, Mins),
-        BlockType::Q2K => (Format::Q8 { group: 16 }, Mins),
-        BlockType::Q3K => (Format::Q8 { group: 16 }, Plain),
-        BlockType::Iq4Nl | BlockType::Iq4Xs => (Format::Q8 { group: 32 }, Plain),
-        BlockType::Iq2Xxs | BlockType::Iq3Xxs | BlockType::Iq3S | BlockType::Iq1S => (Format::Q8 { group: 32 }, Plain),
-        BlockType::Iq2Xs | BlockType::Iq2S | BlockType::Iq1M => (Format::Q8 { group: 16 }, Plain),
-        BlockType::F32 | BlockType::F16 => (Format::F32, Plain),
-    }
-}
-
-/// How moescope runs tensors of ggml type `id` when it keeps the file's values, in words.
-pub fn runs_as(id: u32) -> String {
-    match BlockType::from_ggml_id(id) {
-        None => "not supported".into(),
-        Some(t) => {
-            let (f, form) = exact_format(t);
-            let m = match form {
-                ScaleForm::Plain => "",
-                ScaleForm::Mins => " with mins",
-                ScaleForm::K4 => " with k4 records",
-                ScaleForm::K6 => " with k6 records",
-            };
-            match (t, f) {
-                (BlockType::F32, _) => "f32".into(),
-                (_, Format::F32) => "f32 (dequantized)".into(),
-                (_, Format::Bf16) => "bf16".into(),
-                (_, Format::Q8 { group }) => format!("q8, group {group}{m}"),
-                (_, Format::Q4 { group }) => format!("q4, group {group}{m}"),
-                (_, Format::Q6 { group }) => format!("q6, group {group}{m}"),
-                (_, Format::Mxfp4) => "mxfp4".into(),
-            }
-        }
-    }
-}
-
-/// Bytes a package holds for a GGUF tensor of ggml type `id` and shape `ne` (ggml's order:
-/// `ne[0]` values a row) when it keeps the file's values, values and scales unpadded; None
-/// for a type that is not read.
-pub fn package_bytes(id: u32, ne: &[u64]) -> Option<u64> {
-    let (f, form) = exact_format(BlockType::from_ggml_id(id)?);
-    let cols = *ne.first()? as usize;
-    let rows = ne.iter().skip(1).product::<u64>() as usize;
-    Some((f.data_bytes(rows, cols) + form.bytes(f, rows, cols)) as u64)
 }
 
 impl GgufSource {
@@ -526,9 +459,24 @@ impl TensorSource for GgufSource {
         Ok(true)
     }
 
-    fn k_records(&self, name: &str, r0: usize, n: usize, out: &mut Vec<u8>) -> Result<bool, ConvertError> {
+    fn file_bytes(&self, name: &str, r0: usize, n: usize, out: &mut Vec<u8>) -> Result<bool, ConvertError> {
         let s = self.located(name)?;
         let form = exact_format(s.ty).1;
+        if let ScaleForm::Blocks(t) = form {
+            *out = self.raw(name, &s, r0, n)?;
+            return match out.chunks_exact(t.block_bytes()).position(|b| !halves_finite(t, b)) {
+                None => Ok(true),
+                Some(i) => Err(ConvertError::Tensor {
+                    file: PathBuf::from(self.origin(name)),
+                    name: s.gguf.clone(),
+                    msg: format!(
+                        "a non-finite scale in block {} of row {}",
+                        i % (s.cols / t.block()),
+                        s.row0 + r0 + i / (s.cols / t.block())
+                    ),
+                }),
+            };
+        }
         if !form.records() {
             return Ok(false);
         }
