@@ -4,6 +4,7 @@
 //! min` gives every value gguf-py's dequantizer gives, bit for bit.
 
 use crate::ggml::BlockType;
+use crate::isa::Isa;
 
 /// Codes of a block of `t` with the scale and min of each run of `sub` codes (value =
 /// `scale * code - min`; the symmetric types' mins are 0 and their codes signed, the
@@ -121,11 +122,11 @@ pub fn blocks_run_as(t: BlockType) -> Option<(usize, bool)> {
 
 /// Whole rows of blocks of `t` (`raw`: `codes.len() / t.block()` blocks) as the q8 matrix
 /// [`blocks_run_as`] names: codes, a scale per group and, where it has them, a min per group
-/// (`mins` is left alone otherwise).
+/// (`mins` is left alone otherwise). The tier only picks how: every tier gives the same numbers.
 ///
 /// # Panics
 /// For a type [`blocks_run_as`] does not name, or spans that disagree (callers' bugs).
-pub fn decode_blocks(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f32], mins: &mut [f32]) {
+pub fn decode_blocks(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f32], mins: &mut [f32], isa: Isa) {
     let Some((group, with_mins)) = blocks_run_as(t) else { panic!("{} is not kept as blocks", t.name()) };
     let (qk, per) = (t.block(), t.block() / group);
     assert!(raw.len() == t.bytes_of(codes.len()) && scales.len() * group == codes.len(), "{}: bad span", t.name());
@@ -134,6 +135,12 @@ pub fn decode_blocks(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f
     for (i, (b, c)) in raw.chunks_exact(t.block_bytes()).zip(codes.chunks_exact_mut(qk)).enumerate() {
         let s = &mut scales[i * per..(i + 1) * per];
         let m = if with_mins { &mut mins[i * per..(i + 1) * per] } else { &mut unused[..per] };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the Avx512 tier (F, BW, VL among its features) was detected on this CPU; a
+        // whole block, its 256 codes and its sub-blocks' scales and mins
+        if isa >= Isa::Avx512 && unsafe { crate::ggml_codes_avx512::decode_block(t, b, c, s, m) } {
+            continue;
+        }
         if decode_fast(t, b, c, s, m) {
             continue;
         }

@@ -14,6 +14,8 @@ pub mod delta;
 pub mod dot;
 pub mod ggml;
 pub mod ggml_codes;
+#[cfg(target_arch = "x86_64")]
+mod ggml_codes_avx512;
 pub mod ggml_iq;
 pub mod isa;
 pub mod kscales;

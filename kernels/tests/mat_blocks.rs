@@ -51,7 +51,15 @@ fn blocks_give_the_files_values_and_the_relaid_matrices_products() {
             }
             let (mut codes, mut sc) = (vec![0i8; rows * cols], vec![0f32; rows * cols / group]);
             let mut mn = vec![0f32; if with_mins { sc.len() } else { 0 }];
-            decode_blocks(f.t, &raw, &mut codes, &mut sc, &mut mn);
+            decode_blocks(f.t, &raw, &mut codes, &mut sc, &mut mn, Isa::Scalar);
+            // every tier decodes the same numbers
+            for isa in Isa::available() {
+                let (mut c2, mut s2, mut m2) = (vec![0i8; codes.len()], vec![0f32; sc.len()], vec![0f32; mn.len()]);
+                decode_blocks(f.t, &raw, &mut c2, &mut s2, &mut m2, isa);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(c2 == codes, "{} {isa}: codes", f.t.name());
+                assert!(bits(&s2) == bits(&sc) && bits(&m2) == bits(&mn), "{} {isa}: scales or mins", f.t.name());
+            }
             let mins = with_mins.then_some(&mn[..]);
             let qmat = Mat { rows, cols, data: MatData::Q8 { q: &codes, scales: &sc, group, mins } };
             same_products(&bmat, &qmat, group, seed);

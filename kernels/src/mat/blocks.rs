@@ -48,7 +48,7 @@ impl<'a> Mat<'a> {
 
     /// `f` applied to rows `rows` of a matrix kept as blocks, decoded into the q8 matrix they
     /// stand for (its row 0 is row `rows.start`).
-    fn with_decoded<R>(&self, rows: Range<usize>, f: impl FnOnce(&Mat<'_>) -> R) -> Option<R> {
+    fn with_decoded<R>(&self, isa: Isa, rows: Range<usize>, f: impl FnOnce(&Mat<'_>) -> R) -> Option<R> {
         let (t, q) = self.blocks_parts()?;
         let (group, with_mins) = blocks_run_as(t)?;
         let (n, rb) = (rows.len(), t.bytes_of(self.cols));
@@ -59,7 +59,7 @@ impl<'a> Mat<'a> {
             codes.resize(nv, 0);
             scales.resize(ng, 0.0);
             mins.resize(if with_mins { ng } else { 0 }, 0.0);
-            decode_blocks(t, &q[rows.start * rb..rows.end * rb], &mut codes[..nv], &mut scales[..ng], mins);
+            decode_blocks(t, &q[rows.start * rb..rows.end * rb], &mut codes[..nv], &mut scales[..ng], mins, isa);
             let mins = with_mins.then_some(&mins[..]);
             let data = MatData::Q8 { q: &codes[..nv], scales: &scales[..ng], group, mins };
             Some(f(&Mat { rows: n, cols: self.cols, data }))
@@ -68,7 +68,7 @@ impl<'a> Mat<'a> {
 
     /// Row `r` of a matrix kept as blocks, as f32.
     pub(super) fn blocks_dequant_row(&self, r: usize, out: &mut [f32]) {
-        self.with_decoded(r..r + 1, |m| m.dequant_row(0, out));
+        self.with_decoded(Isa::Scalar, r..r + 1, |m| m.dequant_row(0, out));
     }
 
     /// [`Mat::matmul_rows`] of a matrix kept as blocks: a block of rows at a time, decoded, as
@@ -79,7 +79,7 @@ impl<'a> Mat<'a> {
         while r < rows.end {
             let end = rows.end.min(r + step);
             let o = &mut out[(r - rows.start) * n..(end - rows.start) * n];
-            self.with_decoded(r..end, |m| m.matmul_rows(isa, input, n, 0..end - r, o));
+            self.with_decoded(isa, r..end, |m| m.matmul_rows(isa, input, n, 0..end - r, o));
             r = end;
         }
     }
