@@ -248,6 +248,17 @@ pub fn q3_k_scale(s: &[u8], j: usize) -> u8 {
     lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4
 }
 
+/// All 16 of a Q3_K block's 6-bit scales ([`q3_k_scale`], stored biased by 32) as 16 bytes in
+/// two u64, little-endian, from its 12 scale bytes `s`: low four bits from the nibbles of bytes
+/// 0..8, high two from field j / 4 of byte 8 + j % 4, by whole-word masks and shifts.
+pub(crate) fn q3_k_scale_bytes(s: &[u8]) -> [u64; 2] {
+    let x = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+    let y = u32::from_le_bytes([s[8], s[9], s[10], s[11]]) as u64;
+    let (m4, m2) = (0x0F0F_0F0F_0F0F_0F0Fu64, 0x0303_0303u64);
+    let high = |r: u64| (y >> (2 * r)) & m2;
+    [(x & m4) | (high(0) | high(1) << 32) << 4, ((x >> 4) & m4) | (high(2) | high(3) << 32) << 4]
+}
+
 /// Value `i`'s 2-bit field of a Q2_K / Q3_K block's 64 code bytes: two halves of 128 values,
 /// each four runs of 32 taking bits `2s..2s + 1` (run `s`) of bytes `32h .. 32h + 32`.
 fn two_bits(qs: &[u8], i: usize) -> u8 {
@@ -407,6 +418,23 @@ fn q6_k(b: &[u8], o: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn q3_k_scale_bytes_are_the_scales_one_by_one() {
+        let mut x = 7u64;
+        for _ in 0..200 {
+            let s: Vec<u8> = (0..12)
+                .map(|_| {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    (x >> 40) as u8
+                })
+                .collect();
+            let [a, b] = q3_k_scale_bytes(&s);
+            let bytes: Vec<u8> = a.to_le_bytes().into_iter().chain(b.to_le_bytes()).collect();
+            let one_by_one: Vec<u8> = (0..16).map(|j| q3_k_scale(&s, j)).collect();
+            assert_eq!(bytes, one_by_one, "{s:?}");
+        }
+    }
 
     #[test]
     fn ids_sizes_and_names_agree_with_ggml() {

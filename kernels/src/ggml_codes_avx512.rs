@@ -6,7 +6,7 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
-use crate::ggml::{BlockType, IQ4_VALUES, f16_at, k_scale_min};
+use crate::ggml::{BlockType, IQ4_VALUES, f16_at, k_scale_min, q3_k_scale_bytes};
 
 /// Block `b` of `t` decoded into `c` (256 codes), `sc` and `mn` (a scale and min per
 /// sub-block; `mn` untouched for symmetric types); false for a type it does not decode.
@@ -32,14 +32,8 @@ pub(crate) unsafe fn decode_block(t: BlockType, b: &[u8], c: &mut [i8], sc: &mut
                 two_bit_runs(_mm512_loadu_si512(bp.add(16) as *const _), None, cp);
             }
             BlockType::Q3K => {
-                // the 16 six-bit scales (`q3_k_scale`) a lane each: low four bits from the nibbles
-                // of bytes 96..104, high two from field j / 4 of byte 104 + j % 4
-                let x = u64::from_le_bytes([b[96], b[97], b[98], b[99], b[100], b[101], b[102], b[103]]);
-                let y = u32::from_le_bytes([b[104], b[105], b[106], b[107]]) as u64;
-                let (m4, m2) = (0x0F0F_0F0F_0F0F_0F0Fu64, 0x0303_0303u64);
-                let high = |r: u64| (y >> (2 * r)) & m2;
-                let first = (x & m4) | (high(0) | high(1) << 32) << 4;
-                let second = ((x >> 4) & m4) | (high(2) | high(3) << 32) << 4;
+                // the 16 six-bit scales a lane each
+                let [first, second] = q3_k_scale_bytes(&b[96..108]);
                 let s = _mm512_cvtepu8_epi32(_mm_set_epi64x(second as i64, first as i64));
                 let s = _mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(32)));
                 _mm512_storeu_ps(sc.as_mut_ptr(), _mm512_mul_ps(_mm512_set1_ps(f16_at(b, 108)), s));

@@ -60,6 +60,10 @@ fn blocks_give_the_files_values_and_the_relaid_matrices_products() {
                 assert!(c2 == codes, "{} {isa}: codes", f.t.name());
                 assert!(bits(&s2) == bits(&sc) && bits(&m2) == bits(&mn), "{} {isa}: scales or mins", f.t.name());
             }
+            if matches!(f.t, BlockType::Q2K | BlockType::Q3K) {
+                block_sums_products(&bmat, &raw, seed);
+                continue;
+            }
             let mins = with_mins.then_some(&mn[..]);
             let qmat = Mat { rows, cols, data: MatData::Q8 { q: &codes, scales: &sc, group, mins } };
             same_products(&bmat, &qmat, group, seed);
@@ -93,6 +97,100 @@ fn same_products(bmat: &Mat<'_>, qmat: &Mat<'_>, group: usize, seed: u64) {
                     };
                     assert_eq!(g.to_bits(), w.to_bits(), "{t} {isa} n {n} rows {part:?}: product {i}: {g} vs {w}");
                 }
+            }
+        }
+    }
+}
+
+/// A Q2_K or Q3_K block's real values as the format defines them: per value, `d * sc` and the
+/// signed code, and `dmin * m` (Q3_K: 0), in f64.
+fn block_parts(t: BlockType, b: &[u8]) -> Vec<(f64, f64, f64)> {
+    let f16 = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f64();
+    let qs = if t == BlockType::Q2K { &b[16..80] } else { &b[32..96] };
+    (0..256)
+        .map(|i| {
+            let two = ((qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3) as f64;
+            let j = i / 16;
+            if t == BlockType::Q2K {
+                (f16(80) * (b[j] & 15) as f64, two, f16(82) * (b[j] >> 4) as f64)
+            } else {
+                let high = (b[i % 32] >> (i / 32)) & 1;
+                let sc = moescope_kernels::ggml::q3_k_scale(&b[96..108], j) as f64 - 32.0;
+                (f16(108) * sc, two - if high == 1 { 0.0 } else { 4.0 }, 0.0)
+            }
+        })
+        .collect()
+}
+
+/// Q2_K and Q3_K products (activations quantized per 256, integer block sums): the same bits at
+/// every tier and whatever the batch, and within the rounding of their few float operations of
+/// the exact product of the file's values with the quantized activations.
+fn block_sums_products(bmat: &Mat<'_>, raw: &[u8], seed: u64) {
+    let (rows, cols) = (bmat.rows, bmat.cols);
+    let t = match bmat.data {
+        MatData::Blocks { t, .. } => t,
+        _ => unreachable!(),
+    };
+    assert_eq!(bmat.quant_group(), Some(256), "{}: activations per 256", t.name());
+    let (bb, nb) = (t.block_bytes(), cols / 256);
+    let mut rng = seed;
+    for n in [1, 2, 5, 9] {
+        let x: Vec<f32> = (0..n * cols).map(|_| (next(&mut rng) % 2001) as f32 / 1000.0 - 1.0).collect();
+        let mut first: Option<Vec<f32>> = None;
+        for isa in Isa::available() {
+            let mut qa = QuantAct::default();
+            qa.quantize(&x, cols, 256, isa);
+            let mut got = vec![0f32; rows * n];
+            bmat.matmul_rows(isa, Input::Quant(&qa), n, 0..rows, &mut got);
+            // a piece of rows gives the same products
+            let mut part = vec![0f32; (rows - 5) * n];
+            bmat.matmul_rows(isa, Input::Quant(&qa), n, 3..rows - 2, &mut part);
+            assert!(
+                part.iter().zip(&got[3 * n..]).all(|(p, g)| p.to_bits() == g.to_bits()),
+                "{} {isa}: piece",
+                t.name()
+            );
+            for r in 0..rows {
+                for tok in 0..n {
+                    let (mut exact, mut size) = (0f64, 0f64);
+                    for b in 0..nb {
+                        let parts = block_parts(t, &raw[(r * nb + b) * bb..(r * nb + b + 1) * bb]);
+                        let s = qa.scales[tok * nb + b] as f64;
+                        for (i, (dsc, code, dm)) in parts.into_iter().enumerate() {
+                            let a = qa.q[tok * cols + 256 * b + i] as f64 * s;
+                            exact += (dsc * code - dm) * a;
+                            size += (dsc.abs() * (code.abs() + 8.0) + dm.abs()) * a.abs();
+                        }
+                    }
+                    // each lane's terms: d * a_scale, the product and the add rounded, nb adds and
+                    // the 4 of the tree, on terms of at most `size` in all
+                    let g = got[r * n + tok] as f64;
+                    let bound = (nb + 8) as f64 * f32::EPSILON as f64 / 2.0 * size + 1e-30;
+                    assert!(
+                        (g - exact).abs() <= bound,
+                        "{} {isa} n {n} row {r} token {tok}: {g} vs {exact} (bound {bound})",
+                        t.name()
+                    );
+                }
+            }
+            match &first {
+                None => first = Some(got),
+                Some(f) => assert!(
+                    f.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{} {isa}: differs from the scalar tier",
+                    t.name()
+                ),
+            }
+        }
+        // each token as its own batch of one: the same bits
+        let all = first.expect("a tier");
+        for tok in 0..n {
+            let mut qa = QuantAct::default();
+            qa.quantize(&x[tok * cols..(tok + 1) * cols], cols, 256, Isa::detect());
+            let mut one = vec![0f32; rows];
+            bmat.matmul_rows(Isa::detect(), Input::Quant(&qa), 1, 0..rows, &mut one);
+            for r in 0..rows {
+                assert_eq!(one[r].to_bits(), all[r * n + tok].to_bits(), "{} n {n} token {tok} row {r}", t.name());
             }
         }
     }

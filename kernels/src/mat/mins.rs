@@ -72,7 +72,7 @@ fn mins_term(isa: Isa, bias: f32, s: &[f32], m: &[f32], ss: &[f32]) -> f32 {
 }
 
 /// The 16 lanes summed pairwise: lane l with l + 8, then + 4, + 2, + 1.
-fn lanes_sum(acc: &[f32; 16]) -> f32 {
+pub(super) fn lanes_sum(acc: &[f32; 16]) -> f32 {
     let mut v = *acc;
     for w in [8, 4, 2, 1] {
         for l in 0..w {

@@ -8,6 +8,8 @@ mod avx512;
 mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
 mod avx512_finish;
+#[cfg(target_arch = "x86_64")]
+mod avx512_k23;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod avx512_model;
 #[cfg(target_arch = "x86_64")]
@@ -19,6 +21,7 @@ mod avx512_q8;
 #[cfg(target_arch = "x86_64")]
 mod avx512_records;
 mod blocks;
+mod k23;
 mod krecords;
 mod mins;
 
@@ -170,6 +173,11 @@ impl<'a> Mat<'a> {
 
     /// The group the activations must be quantized with, or None for float weights.
     pub fn quant_group(&self) -> Option<usize> {
+        if let MatData::Blocks { t, .. } = self.data
+            && k23::fused(t)
+        {
+            return Some(k23::K23_GROUP);
+        }
         self.format().group()
     }
 
@@ -294,6 +302,12 @@ impl<'a> Mat<'a> {
         debug_assert_eq!(out.len(), rows.len() * n);
         match self.data {
             MatData::Q4K { .. } | MatData::Q6K { .. } => return self.k_matmul_rows(isa, input, n, rows, out),
+            MatData::Blocks { t, q } if k23::fused(t) => {
+                if let Input::Quant(a) = input {
+                    return k23::matmul_rows(t, isa, (q, self.cols), a, n, rows, out);
+                }
+                panic!("moescope-kernels: input kind does not match the weight format (caller bug)")
+            }
             MatData::Blocks { .. } => return self.blocks_matmul_rows(isa, input, n, rows, out),
             _ => {}
         }

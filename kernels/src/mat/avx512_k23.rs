@@ -1,0 +1,235 @@
+//! The vector form of `k23.rs` (Q2_K and Q3_K blocks against activations quantized per 256):
+//! a block's 64 code bytes become four 64-byte vectors of codes (shifts and masks, Q3_K's high
+//! bits by a byte-mask test), each multiplied with the token's matching activation bytes
+//! (Q2_K: the codes already times their scales through a table per sub-block, `vpdpbusd`;
+//! Q3_K: `vpmaddubsw`, then its sub-blocks' scales by `vpdpwssd`), the four summed in 16 i32
+//! lanes; the mins' (offsets') term from the token's sums per 16 (`vpmaddwd`, 8 lanes). Floats as
+//! `k23.rs` has them, lane for lane, so the same bits. A block's codes and scales serve up to
+//! eight tokens at a time.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::k23::K23_GROUP;
+use crate::act::QuantAct;
+use crate::ggml::{BlockType, f16_at, q3_k_scale_bytes};
+
+/// Tokens a block's decoded codes serve at a time.
+const TOKENS: usize = 8;
+
+/// A block decoded for the products: four code vectors, the scale of each i16 lane of each
+/// (its sub-block's), the 16 mins' weights as i16, and the two factors.
+struct Block {
+    /// Q2_K: each code times its sub-block's scale (at most 45, a u8 for `vpdpbusd`); Q3_K: the
+    /// codes + 4, their scales in `scales`
+    codes: [__m512i; 4],
+    scales: [__m512i; 4],
+    mins: __m256i,
+    d: f32,
+    dm: f32,
+}
+
+/// Block `b` of `t`. Always inlined into its callers (the tiles, which enable the features its
+/// intrinsics need): out of line it returned its nine vectors through memory, and decode ran
+/// at 0.055 ns a value for the inlined 0.032.
+///
+/// # Safety
+/// AVX-512 F, BW and VL; `b` points at a whole block; `lanes` from [`scale_lanes`].
+#[inline(always)]
+unsafe fn decode(t: BlockType, b: &[u8], lanes: &[__m512i; 8]) -> Block {
+    let bp = b.as_ptr();
+    // SAFETY: the caller's features; loads within the block's bytes
+    unsafe {
+        let three = _mm512_set1_epi8(3);
+        let (qs, sc, mins, d, dm) = if t == BlockType::Q2K {
+            let s = _mm_loadu_si128(bp as *const __m128i);
+            let nib = _mm_set1_epi8(15);
+            let sc = _mm256_cvtepu8_epi16(_mm_and_si128(s, nib));
+            let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(s), nib));
+            (_mm512_loadu_si512(bp.add(16) as *const _), sc, mins, f16_at(b, 80), f16_at(b, 82))
+        } else {
+            // the 6-bit scales, less 32
+            let [first, second] = q3_k_scale_bytes(&b[96..108]);
+            let s = _mm256_cvtepu8_epi16(_mm_set_epi64x(second as i64, first as i64));
+            let sc = _mm256_sub_epi16(s, _mm256_set1_epi16(32));
+            let d = f16_at(b, 108);
+            (_mm512_loadu_si512(bp.add(32) as *const _), sc, _mm256_slli_epi16::<2>(sc), d, d)
+        };
+        let mut codes = [_mm512_setzero_si512(); 4];
+        let high = (t == BlockType::Q3K).then(|| {
+            let hm = _mm256_loadu_si256(bp as *const __m256i);
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(hm), _mm256_srli_epi16::<4>(hm))
+        });
+        for (k, c) in codes.iter_mut().enumerate() {
+            *c = _mm512_and_si512(_mm512_srl_epi16(qs, _mm_cvtsi32_si128(2 * k as i32)), three);
+            if let Some(h) = high {
+                let set = _mm512_test_epi8_mask(h, _mm512_set1_epi8(1 << k));
+                *c = _mm512_mask_add_epi8(*c, set, *c, _mm512_set1_epi8(4));
+            }
+        }
+        if t == BlockType::Q2K {
+            // a table per 128-bit lane (one sub-block each: `sub_lanes`) of code c's value
+            // c * s = (c & 1) s + (c & 2) s, looked up by the codes
+            let s = _mm512_broadcast_i32x4(_mm_and_si128(_mm_loadu_si128(bp as *const __m128i), _mm_set1_epi8(15)));
+            let (one, two) = (_mm512_set1_epi32(0x0000_FF00), _mm512_set1_epi32(0x0000_FFFF_u32 as i32));
+            let (one, two) = (_mm512_or_si512(one, _mm512_slli_epi32::<16>(one)), _mm512_slli_epi32::<16>(two));
+            for (k, c) in codes.iter_mut().enumerate() {
+                let sk = _mm512_shuffle_epi8(s, lanes[4 + k]);
+                let table = _mm512_add_epi8(_mm512_and_si512(sk, one), _mm512_and_si512(_mm512_add_epi8(sk, sk), two));
+                *c = _mm512_shuffle_epi8(table, *c);
+            }
+            return Block { codes, scales: [_mm512_setzero_si512(); 4], mins, d, dm };
+        }
+        let sc = _mm512_zextsi256_si512(sc);
+        let scales = std::array::from_fn(|k| _mm512_permutexvar_epi16(lanes[k], sc));
+        Block { codes, scales, mins, d, dm }
+    }
+}
+
+/// Indices of the sub-block scales: for code vector `k`, at 0..4 the sub-block of each i16
+/// lane `p` (`value_at(k, 2p) / 16`, for `vpermw`), at 4..8 that of each byte of each 128-bit
+/// lane `q` (one sub-block a lane: `value_at(k, 16q) / 16`, for `vpshufb`).
+#[target_feature(enable = "avx512f")]
+fn scale_lanes() -> [__m512i; 8] {
+    std::array::from_fn(|i| {
+        let k = i % 4;
+        let idx: [i16; 32] = if i < 4 {
+            std::array::from_fn(|p| (8 * (p / 16) + 2 * k + (p % 16) / 8) as i16)
+        } else {
+            // two bytes of the same index per i16
+            std::array::from_fn(|p| {
+                let q = p / 8;
+                let j = (8 * (q / 2) + 2 * k + q % 2) as i16;
+                j | j << 8
+            })
+        };
+        // SAFETY: 64 bytes read from a 64-byte array
+        unsafe { _mm512_loadu_si512(idx.as_ptr() as *const _) }
+    })
+}
+
+/// `k23::matmul_rows` at the AVX-512 tier: `perm` the tokens' codes with each block's 256 in
+/// the code vectors' byte order (`k23::value_at`), `sums` their sums per 16 codes.
+///
+/// # Safety
+/// AVX-512 F, BW and VL; `q` holds the rows of `t`'s blocks, `a` `n` tokens quantized in groups
+/// of 256, `perm` and `sums` made from them, `out` `rows.len() * n` products.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn matmul_rows(
+    t: BlockType,
+    (q, cols): (&[u8], usize),
+    a: &QuantAct,
+    (perm, sums): (&[i8], &[i16]),
+    n: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    debug_assert!(perm.len() >= n * cols && sums.len() >= n * cols / 16 && out.len() >= rows.len() * n);
+    let lanes = scale_lanes();
+    let rb = t.bytes_of(cols);
+    for (i, r) in rows.enumerate() {
+        let row = &q[r * rb..(r + 1) * rb];
+        let o = &mut out[i * n..(i + 1) * n];
+        let mut t0 = 0;
+        // SAFETY (each): as the caller promises, for tokens t0.. of the row
+        unsafe {
+            let q2 = t == BlockType::Q2K;
+            while t0 < n {
+                let left = n - t0;
+                let w = if left >= TOKENS {
+                    TOKENS
+                } else if left >= 4 {
+                    4
+                } else if left >= 2 {
+                    2
+                } else {
+                    1
+                };
+                let (sp, o) = ((a, perm, sums), &mut o[t0..t0 + w]);
+                match (w, q2) {
+                    (TOKENS, true) => tile::<TOKENS, true>(t, row, cols, sp, t0, &lanes, o),
+                    (TOKENS, false) => tile::<TOKENS, false>(t, row, cols, sp, t0, &lanes, o),
+                    (4, true) => tile::<4, true>(t, row, cols, sp, t0, &lanes, o),
+                    (4, false) => tile::<4, false>(t, row, cols, sp, t0, &lanes, o),
+                    (2, true) => tile::<2, true>(t, row, cols, sp, t0, &lanes, o),
+                    (2, false) => tile::<2, false>(t, row, cols, sp, t0, &lanes, o),
+                    (_, true) => tile::<1, true>(t, row, cols, sp, t0, &lanes, o),
+                    (_, false) => tile::<1, false>(t, row, cols, sp, t0, &lanes, o),
+                }
+                t0 += w;
+            }
+        }
+    }
+}
+
+/// One row's products with tokens `t0..t0 + T`, each block decoded once for the `T`.
+///
+/// # Safety
+/// As [`matmul_rows`]; `o` has `T` products.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile<const T: usize, const Q2: bool>(
+    t: BlockType,
+    row: &[u8],
+    cols: usize,
+    (a, perm, sums): (&QuantAct, &[i8], &[i16]),
+    t0: usize,
+    lanes: &[__m512i; 8],
+    o: &mut [f32],
+) {
+    let (nb, bb) = (cols / K23_GROUP, t.block_bytes());
+    let (mut acc, mut accm) = ([_mm512_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+    for b in 0..nb {
+        // SAFETY: block b of the row; the tokens' codes and sums within the caller's spans
+        unsafe {
+            let blk = decode(t, &row[b * bb..(b + 1) * bb], lanes);
+            for tt in 0..T {
+                let tok = t0 + tt;
+                let at = perm.as_ptr().add(tok * cols + K23_GROUP * b);
+                let mut s = _mm512_setzero_si512();
+                for k in 0..4 {
+                    let av = _mm512_loadu_si512(at.add(64 * k) as *const _);
+                    s = if Q2 {
+                        // the codes already times their scales: one multiply-add of 4 bytes a lane
+                        _mm512_dpbusd_epi32(s, blk.codes[k], av)
+                    } else {
+                        let pairs = _mm512_maddubs_epi16(blk.codes[k], av);
+                        _mm512_dpwssd_epi32(s, pairs, blk.scales[k])
+                    };
+                }
+                let scale = *a.scales.get_unchecked(tok * nb + b);
+                let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
+                let m = _mm256_madd_epi16(bs, blk.mins);
+                if !Q2 {
+                    // Q3_K's offsets share d: their sum leaves lanes 0..8 as integers
+                    s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(m));
+                }
+                let dd = _mm512_set1_ps(blk.d * scale);
+                acc[tt] = _mm512_add_ps(acc[tt], _mm512_mul_ps(_mm512_cvtepi32_ps(s), dd));
+                if Q2 {
+                    let m = _mm256_cvtepi32_ps(m);
+                    accm[tt] = _mm256_add_ps(accm[tt], _mm256_mul_ps(m, _mm256_set1_ps(blk.dm * scale)));
+                }
+            }
+        }
+    }
+    for tt in 0..T {
+        // SAFETY: the caller's features
+        o[tt] = unsafe { lanes_sum(acc[tt]) - lanes_sum(_mm512_zextps256_ps512(accm[tt])) };
+    }
+}
+
+/// `mins::lanes_sum` of 16 lanes, the same adds in vector halves: lane l with l + 8, then + 4,
+/// + 2, + 1 (so the same bits).
+#[inline(always)]
+unsafe fn lanes_sum(v: __m512) -> f32 {
+    // SAFETY: the caller's features (AVX-512 F)
+    unsafe {
+        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+        let a = _mm256_add_ps(_mm512_castps512_ps256(v), high);
+        let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+        _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
+    }
+}

@@ -1,0 +1,177 @@
+//! Q2_K and Q3_K kept as the file's blocks (`MatData::Blocks`), computed from their codes as
+//! ggml computes them against Q8_K activations: activations quantized per 256 values (one
+//! scale a block), a block's product an integer sum of its 16 sub-blocks' code-activation dots
+//! weighted by their integer scales, and the mins' (Q2_K) or offsets' (Q3_K) term an integer
+//! sum of the sub-blocks' activation sums; floats only where a block's sums meet `d * a_scale`.
+//!
+//! The integer sums are exact, so one float order defines the bits at every tier: the block's
+//! weighted dots are kept in 16 lanes as a 64-byte vector of codes against the activations
+//! lays them out (lane `l` of code vector `k` holds the 4 values from byte `4l` of
+//! [`value_at`]'s order), each lane's `acc += sum * (d * a_scale)` block after block; the term
+//! of the mins (offsets) as 8 integers, sub-blocks `2j` and `2j + 1` in `j`: Q3_K's taken from
+//! the first 8 lanes' sums (the same `d`), Q2_K's in 8 lanes of their own, `accm += sum * (dmin *
+//! a_scale)`; a product is the first lanes' fixed tree sum less the second's (`mins::lanes_sum`). The scalar code here is that order; `avx512_k23.rs` is its vector form.
+
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::mins::lanes_sum;
+use crate::act::QuantAct;
+use crate::ggml::{BlockType, f16_at, q3_k_scale};
+use crate::isa::Isa;
+
+/// Values an activation scale covers for these types (ggml's Q8_K block).
+pub const K23_GROUP: usize = 256;
+
+/// Whether blocks of `t` are computed here (else through their decoded q8 matrix).
+pub fn fused(t: BlockType) -> bool {
+    matches!(t, BlockType::Q2K | BlockType::Q3K)
+}
+
+/// The value at byte `p` (0..64) of code vector `k` (0..4) of a block: the 64 code bytes shifted
+/// by `2k` hold run `k` (values `32k..32k + 32`) in bytes 0..32 and run `4 + k` in bytes 32..64.
+pub(super) fn value_at(k: usize, p: usize) -> usize {
+    128 * (p / 32) + 32 * k + p % 32
+}
+
+/// A block's integer parts: unsigned codes (Q2_K 0..3; Q3_K 0..7, the code + 4), a scale per
+/// sub-block of 16, the mins' weight per sub-block (Q2_K: its min; Q3_K: 4 x its scale, the
+/// offset of its codes), and the factors of the two sums (`d`, and `dmin` or `d`).
+pub(super) struct Unpacked {
+    pub codes: [u8; 256],
+    pub sc: [i16; 16],
+    pub mn: [i16; 16],
+    pub d: f32,
+    pub dm: f32,
+}
+
+/// Block `b` of type `t` (Q2_K or Q3_K) in its integer parts.
+pub(super) fn unpack(t: BlockType, b: &[u8]) -> Unpacked {
+    let mut u = Unpacked { codes: [0; 256], sc: [0; 16], mn: [0; 16], d: 0.0, dm: 0.0 };
+    // value i: bits 2k..2k+1 of byte 32h + i % 32, h = i / 128, k = (i / 32) % 4
+    let qs = if t == BlockType::Q2K { &b[16..80] } else { &b[32..96] };
+    for (i, c) in u.codes.iter_mut().enumerate() {
+        *c = (qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
+    }
+    if t == BlockType::Q2K {
+        for j in 0..16 {
+            u.sc[j] = (b[j] & 15) as i16;
+            u.mn[j] = (b[j] >> 4) as i16;
+        }
+        (u.d, u.dm) = (f16_at(b, 80), f16_at(b, 82));
+    } else {
+        for (i, c) in u.codes.iter_mut().enumerate() {
+            // the high bit set: no offset, so the code + 4 is the two bits + 4
+            *c += 4 * ((b[i % 32] >> (i / 32)) & 1);
+        }
+        for j in 0..16 {
+            u.sc[j] = q3_k_scale(&b[96..108], j) as i16 - 32;
+            u.mn[j] = 4 * u.sc[j];
+        }
+        u.d = f16_at(b, 108);
+        u.dm = u.d;
+    }
+    u
+}
+
+/// One row's product with one token: `row` the row's blocks, `a` the token's codes in their
+/// order, `scales` its scale per 256, `bsums` its sum per 16 (the scalar form of the bits).
+pub(super) fn dot_scalar(t: BlockType, row: &[u8], a: &[i8], scales: &[f32], bsums: &[i16]) -> f32 {
+    let (mut acc, mut accm) = ([0f32; 16], [0f32; 16]);
+    for (b, blk) in row.chunks_exact(t.block_bytes()).enumerate() {
+        let u = unpack(t, blk);
+        let a = &a[256 * b..256 * b + 256];
+        let (dd, dm) = (u.d * scales[b], u.dm * scales[b]);
+        let bs = &bsums[16 * b..16 * b + 16];
+        let m = |j: usize| u.mn[2 * j] as i32 * bs[2 * j] as i32 + u.mn[2 * j + 1] as i32 * bs[2 * j + 1] as i32;
+        for (l, acc) in acc.iter_mut().enumerate() {
+            let mut s = 0i32;
+            for k in 0..4 {
+                let sub = value_at(k, 4 * l) / 16;
+                let p: i32 = (0..4).map(|e| value_at(k, 4 * l + e)).map(|i| u.codes[i] as i32 * a[i] as i32).sum();
+                s += u.sc[sub] as i32 * p;
+            }
+            // Q3_K's offsets share d: lane l < 8 takes sub-blocks 2l and 2l + 1's as integers
+            if t == BlockType::Q3K && l < 8 {
+                s -= m(l);
+            }
+            *acc += s as f32 * dd;
+        }
+        if t == BlockType::Q2K {
+            for (j, accm) in accm[..8].iter_mut().enumerate() {
+                *accm += m(j) as f32 * dm;
+            }
+        }
+    }
+    lanes_sum(&acc) - lanes_sum(&accm)
+}
+
+/// The sums of each 16 activation codes of `q` (a token's row).
+pub(super) fn sub_sums(q: &[i8], out: &mut [i16]) {
+    for (o, g) in out.iter_mut().zip(q.chunks_exact(16)) {
+        *o = g.iter().map(|&v| v as i16).sum();
+    }
+}
+
+/// A token's codes with each block's 256 in the order of its code vectors' bytes
+/// ([`value_at`]), as the AVX-512 kernel multiplies them.
+fn permute(q: &[i8], out: &mut [i8]) {
+    // vector k's bytes: values 32k.. then 128 + 32k.. (`value_at`), two runs of 32
+    for (qb, ob) in q.chunks_exact(K23_GROUP).zip(out.chunks_exact_mut(K23_GROUP)) {
+        for (k, o) in ob.chunks_exact_mut(64).enumerate() {
+            o[..32].copy_from_slice(&qb[32 * k..32 * k + 32]);
+            o[32..].copy_from_slice(&qb[128 + 32 * k..160 + 32 * k]);
+        }
+    }
+}
+
+thread_local! {
+    /// The tokens' sums per 16 codes (and, for the AVX-512 kernel, their codes permuted), made
+    /// once per product.
+    static SUMS: RefCell<(Vec<i16>, Vec<i8>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// `out[(r - rows.start) * n + t]` = row `r` of `q` (rows of `t`'s blocks) times token `t` of `a`
+/// (quantized in groups of [`K23_GROUP`]).
+pub(super) fn matmul_rows(
+    t: BlockType,
+    isa: Isa,
+    (q, cols): (&[u8], usize),
+    a: &QuantAct,
+    n: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    debug_assert_eq!(a.group, K23_GROUP);
+    let rb = t.bytes_of(cols);
+    SUMS.with(|s| {
+        let (s, perm) = &mut *s.borrow_mut();
+        s.resize(n * cols / 16, 0);
+        for tok in 0..n {
+            sub_sums(&a.q[tok * cols..(tok + 1) * cols], &mut s[tok * cols / 16..(tok + 1) * cols / 16]);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if isa >= Isa::Avx512 {
+            perm.resize(n * cols, 0);
+            permute(&a.q[..n * cols], perm);
+            // SAFETY: the Avx512 tier (F, BW, VL) was detected on this CPU; the matrix's rows,
+            // the tokens' codes, scales, permuted codes and sums as the kernel takes them
+            unsafe { super::avx512_k23::matmul_rows(t, (q, cols), a, (perm, s), n, rows, out) };
+            return;
+        }
+        let _ = isa;
+        for (i, r) in rows.enumerate() {
+            let row = &q[r * rb..(r + 1) * rb];
+            for tok in 0..n {
+                let ng = cols / K23_GROUP;
+                out[i * n + tok] = dot_scalar(
+                    t,
+                    row,
+                    &a.q[tok * cols..(tok + 1) * cols],
+                    &a.scales[tok * ng..(tok + 1) * ng],
+                    &s[tok * cols / 16..(tok + 1) * cols / 16],
+                );
+            }
+        }
+    });
+}
