@@ -220,16 +220,12 @@ unsafe fn tile<const T: usize, const Q2: bool>(
     }
 }
 
-/// `mins::lanes_sum` of 16 lanes, the same adds in vector halves: lane l with l + 8, then + 4,
-/// + 2, + 1 (so the same bits).
+/// `mins::lanes_sum` of 16 lanes: the AVX2 kernel's tree on the vector's halves (so the same bits).
 #[inline(always)]
 unsafe fn lanes_sum(v: __m512) -> f32 {
-    // SAFETY: the caller's features (AVX-512 F)
+    // SAFETY: the caller's features (AVX-512 F, and so AVX2)
     unsafe {
         let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        let a = _mm256_add_ps(_mm512_castps512_ps256(v), high);
-        let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-        let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-        _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
+        super::avx2_k23::lanes_sum(_mm512_castps512_ps256(v), high)
     }
 }

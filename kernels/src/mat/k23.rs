@@ -10,7 +10,8 @@
 //! [`value_at`]'s order), each lane's `acc += sum * (d * a_scale)` block after block; the term
 //! of the mins (offsets) as 8 integers, sub-blocks `2j` and `2j + 1` in `j`: Q3_K's taken from
 //! the first 8 lanes' sums (the same `d`), Q2_K's in 8 lanes of their own, `accm += sum * (dmin *
-//! a_scale)`; a product is the first lanes' fixed tree sum less the second's (`mins::lanes_sum`). The scalar code here is that order; `avx512_k23.rs` is its vector form.
+//! a_scale)`; a product is the first lanes' fixed tree sum less the second's (`mins::lanes_sum`).
+//! The scalar code here is that order; `avx512_k23.rs` and `avx2_k23.rs` are its vector forms.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -151,12 +152,19 @@ pub(super) fn matmul_rows(
             sub_sums(&a.q[tok * cols..(tok + 1) * cols], &mut s[tok * cols / 16..(tok + 1) * cols / 16]);
         }
         #[cfg(target_arch = "x86_64")]
-        if isa >= Isa::Avx512 {
+        if isa >= Isa::Avx2 {
             perm.resize(n * cols, 0);
             permute(&a.q[..n * cols], perm);
-            // SAFETY: the Avx512 tier (F, BW, VL) was detected on this CPU; the matrix's rows,
-            // the tokens' codes, scales, permuted codes and sums as the kernel takes them
-            unsafe { super::avx512_k23::matmul_rows(t, (q, cols), a, (perm, s), n, rows, out) };
+            // SAFETY: the tier (AVX-512 F, BW, VL, VNNI; or AVX2 and FMA) was detected on this
+            // CPU; the matrix's rows, the tokens' codes, scales, permuted codes and sums as the
+            // kernels take them
+            unsafe {
+                if isa >= Isa::Avx512 {
+                    super::avx512_k23::matmul_rows(t, (q, cols), a, (perm, s), n, rows, out)
+                } else {
+                    super::avx2_k23::matmul_rows(t, (q, cols), a, (perm, s), n, rows, out)
+                }
+            };
             return;
         }
         let _ = isa;

@@ -3,6 +3,8 @@
 //! `avx512.rs` (q4, q6), `avx512_q8.rs` (q8) and `avx512_bf16.rs` (bf16 prefill).
 
 #[cfg(target_arch = "x86_64")]
+mod avx2_k23;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_bf16;
@@ -26,6 +28,10 @@ mod krecords;
 mod mins;
 
 use std::ops::Range;
+
+/// Whether a type kept as blocks is computed with integer sums per block against activations
+/// quantized per [`K23_GROUP`] (Q2_K, Q3_K), rather than as the q8 matrix of its codes.
+pub use k23::{K23_GROUP, fused as block_sums};
 
 use crate::act::QuantAct;
 use crate::dot;

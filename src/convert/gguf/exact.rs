@@ -56,6 +56,9 @@ pub fn runs_as(id: u32) -> String {
                 ScaleForm::K6 => " with k6 records",
                 ScaleForm::Blocks(_) => "",
             };
+            if moescope_kernels::mat::block_sums(t) {
+                return "its own blocks (integer sums a block, activations quantized per 256)".into();
+            }
             if let (ScaleForm::Blocks(_), Some((group, mins))) = (form, blocks_run_as(t)) {
                 let m = if mins { " with mins" } else { "" };
                 return format!("its own blocks (computed as q8, group {group}{m})");

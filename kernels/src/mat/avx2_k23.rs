@@ -1,0 +1,178 @@
+//! The AVX2 form of `k23.rs` (Q2_K and Q3_K blocks against activations quantized per 256): the
+//! AVX-512 kernel's 64-byte code vectors as two 32-byte halves, whose i32 lanes are that
+//! kernel's lanes 0..8 and 8..16, the same integer sums (`vpmaddubsw`, then `vpmaddwd` with the
+//! scales, or with ones where Q2_K's codes already carry them), the same float operations lane
+//! for lane, so the same bits.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::k23::K23_GROUP;
+use crate::act::QuantAct;
+use crate::ggml::{BlockType, f16_at, q3_k_scale_bytes};
+
+/// Tokens a block's decoded codes serve at a time.
+const TOKENS: usize = 4;
+
+/// A block decoded: code vector `k`'s halves at `2k` and `2k + 1` (Q2_K: times their scales),
+/// Q3_K's scale of each i16 lane of each half, the mins' weights, and the two factors.
+struct Block {
+    codes: [__m256i; 8],
+    scales: [__m256i; 8],
+    mins: __m256i,
+    d: f32,
+    dm: f32,
+}
+
+/// Block `b` of `t`, for callers with AVX2 enabled.
+///
+/// # Safety
+/// AVX2; `b` is a whole block.
+#[inline(always)]
+unsafe fn decode(t: BlockType, b: &[u8]) -> Block {
+    let bp = b.as_ptr();
+    // SAFETY: the caller's features; loads within the block's bytes
+    unsafe {
+        let three = _mm256_set1_epi8(3);
+        let q2 = t == BlockType::Q2K;
+        let (at, sc) = if q2 {
+            (16, std::array::from_fn(|j| (b[j] & 15) as i16))
+        } else {
+            let [x, y] = q3_k_scale_bytes(&b[96..108]);
+            let bytes: Vec<u8> = x.to_le_bytes().into_iter().chain(y.to_le_bytes()).collect();
+            (32, std::array::from_fn::<i16, 16, _>(|j| bytes[j] as i16 - 32))
+        };
+        let mins: [i16; 16] = std::array::from_fn(|j| if q2 { (b[j] >> 4) as i16 } else { 4 * sc[j] });
+        let hm = _mm256_loadu_si256(bp as *const __m256i);
+        let mut codes = [_mm256_setzero_si256(); 8];
+        let mut scales = [_mm256_setzero_si256(); 8];
+        for h in 0..2 {
+            let qs = _mm256_loadu_si256(bp.add(at + 32 * h) as *const __m256i);
+            for k in 0..4 {
+                let mut c = _mm256_and_si256(_mm256_srl_epi16(qs, _mm_cvtsi32_si128(2 * k as i32)), three);
+                // the sub-blocks of this half's two 128-bit lanes
+                let (s0, s1) = (sc[8 * h + 2 * k], sc[8 * h + 2 * k + 1]);
+                if q2 {
+                    // code c's value c * s by a table per 128-bit lane, as the AVX-512 kernel
+                    let table = |s: i16| {
+                        _mm_setr_epi8(0, s as i8, 2 * s as i8, 3 * s as i8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                    };
+                    c = _mm256_shuffle_epi8(_mm256_setr_m128i(table(s0), table(s1)), c);
+                } else {
+                    // the high bit (bit 4h + k of the mask byte) set: code + 4
+                    let hb = _mm256_and_si256(
+                        _mm256_srl_epi16(hm, _mm_cvtsi32_si128((4 * h + k) as i32)),
+                        _mm256_set1_epi8(1),
+                    );
+                    c = _mm256_add_epi8(c, _mm256_slli_epi16::<2>(hb));
+                    scales[2 * k + h] = _mm256_setr_m128i(_mm_set1_epi16(s0), _mm_set1_epi16(s1));
+                }
+                codes[2 * k + h] = c;
+            }
+        }
+        let (d, dm) = if q2 { (f16_at(b, 80), f16_at(b, 82)) } else { (f16_at(b, 108), f16_at(b, 108)) };
+        Block { codes, scales, mins: _mm256_loadu_si256(mins.as_ptr() as *const __m256i), d, dm }
+    }
+}
+
+/// `k23::matmul_rows` at the AVX2 tier (arguments as the AVX-512 kernel's).
+///
+/// # Safety
+/// AVX2 and FMA detected; spans as the AVX-512 kernel's.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn matmul_rows(
+    t: BlockType,
+    (q, cols): (&[u8], usize),
+    a: &QuantAct,
+    (perm, sums): (&[i8], &[i16]),
+    n: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    debug_assert!(perm.len() >= n * cols && sums.len() >= n * cols / 16 && out.len() >= rows.len() * n);
+    let rb = t.bytes_of(cols);
+    for (i, r) in rows.enumerate() {
+        let row = &q[r * rb..(r + 1) * rb];
+        let o = &mut out[i * n..(i + 1) * n];
+        let mut t0 = 0;
+        while t0 < n {
+            let w = if n - t0 >= TOKENS { TOKENS } else { 1 };
+            let (sp, o) = ((a, perm, sums), &mut o[t0..t0 + w]);
+            // SAFETY: as the caller promises, for tokens t0..t0 + w
+            unsafe {
+                match (w, t == BlockType::Q2K) {
+                    (TOKENS, true) => tile::<TOKENS, true>(t, row, cols, sp, t0, o),
+                    (TOKENS, false) => tile::<TOKENS, false>(t, row, cols, sp, t0, o),
+                    (_, true) => tile::<1, true>(t, row, cols, sp, t0, o),
+                    (_, false) => tile::<1, false>(t, row, cols, sp, t0, o),
+                }
+            }
+            t0 += w;
+        }
+    }
+}
+
+/// One row's products with tokens `t0..t0 + T`.
+///
+/// # Safety
+/// As [`matmul_rows`]; `o` has `T` products.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile<const T: usize, const Q2: bool>(
+    t: BlockType,
+    row: &[u8],
+    cols: usize,
+    (a, perm, sums): (&QuantAct, &[i8], &[i16]),
+    t0: usize,
+    o: &mut [f32],
+) {
+    let (nb, bb) = (cols / K23_GROUP, t.block_bytes());
+    let zero = _mm256_setzero_ps();
+    let (mut lo, mut hi, mut accm) = ([zero; T], [zero; T], [zero; T]);
+    let ones = _mm256_set1_epi16(1);
+    for b in 0..nb {
+        // SAFETY: block b of the row; the tokens' codes and sums within the caller's spans
+        unsafe {
+            let blk = decode(t, &row[b * bb..(b + 1) * bb]);
+            for tt in 0..T {
+                let tok = t0 + tt;
+                let at = perm.as_ptr().add(tok * cols + K23_GROUP * b);
+                let mut s = [_mm256_setzero_si256(); 2];
+                for (v, c) in blk.codes.iter().enumerate() {
+                    let av = _mm256_loadu_si256(at.add(32 * v) as *const __m256i);
+                    let pairs = _mm256_maddubs_epi16(*c, av);
+                    let w = if Q2 { ones } else { blk.scales[v] };
+                    s[v % 2] = _mm256_add_epi32(s[v % 2], _mm256_madd_epi16(pairs, w));
+                }
+                let scale = *a.scales.get_unchecked(tok * nb + b);
+                let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
+                let m = _mm256_madd_epi16(bs, blk.mins);
+                if !Q2 {
+                    s[0] = _mm256_sub_epi32(s[0], m);
+                }
+                let dd = _mm256_set1_ps(blk.d * scale);
+                lo[tt] = _mm256_add_ps(lo[tt], _mm256_mul_ps(_mm256_cvtepi32_ps(s[0]), dd));
+                hi[tt] = _mm256_add_ps(hi[tt], _mm256_mul_ps(_mm256_cvtepi32_ps(s[1]), dd));
+                if Q2 {
+                    let dm = _mm256_set1_ps(blk.dm * scale);
+                    accm[tt] = _mm256_add_ps(accm[tt], _mm256_mul_ps(_mm256_cvtepi32_ps(m), dm));
+                }
+            }
+        }
+    }
+    for tt in 0..T {
+        // SAFETY: the caller's features
+        o[tt] = unsafe { lanes_sum(lo[tt], hi[tt]) - lanes_sum(accm[tt], zero) };
+    }
+}
+
+/// `mins::lanes_sum` of lanes 0..8 in `lo` and 8..16 in `hi`: l with l + 8, then + 4, + 2, + 1.
+#[inline(always)]
+pub(super) unsafe fn lanes_sum(lo: __m256, hi: __m256) -> f32 {
+    // SAFETY: the caller's features (AVX2)
+    unsafe {
+        let a = _mm256_add_ps(lo, hi);
+        let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+        let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+        _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
+    }
+}
