@@ -32,11 +32,12 @@ fn mixed_file(dir: &Path, types: &[BlockType]) -> PathBuf {
 #[test]
 fn a_file_mixing_the_low_bit_types_converts_exactly_and_runs_streamed_as_resident() {
     // what inspect says each type runs as (the file's blocks, computed as the q8 matrix of
-    // their codes: groups of the sub-blocks; "" for Q2_K and Q3_K's integer block sums)
+    // their codes: groups of the sub-blocks; "" for Q2_K's, Q3_K's and IQ4_XS's integer block
+    // sums)
     let q2 = [("Q2_K", ""), ("Q3_K", ""), ("IQ4_NL", "q8, group 32")];
     let iq = [("IQ2_XXS", "q8, group 32"), ("IQ2_XS", "q8, group 16"), ("IQ2_S", "q8, group 16")];
     let iq3 = [("IQ3_XXS", "q8, group 32"), ("IQ3_S", "q8, group 32"), ("IQ1_S", "q8, group 32")];
-    let runs_as: Vec<(&str, &str)> = q2.into_iter().chain([("IQ4_XS", "q8, group 32")]).collect();
+    let runs_as: Vec<(&str, &str)> = q2.into_iter().chain([("IQ4_XS", "")]).collect();
     let codebook: Vec<(&str, &str)> = iq.into_iter().chain(iq3).chain([("IQ1_M", "q8, group 16")]).collect();
     mix_converts_exactly_and_runs(&LOW_BIT_TYPES, &runs_as);
     mix_converts_exactly_and_runs(&CODEBOOK_TYPES, &codebook);
@@ -51,7 +52,7 @@ fn mix_converts_exactly_and_runs(types: &[BlockType], runs_as: &[(&str, &str)]) 
     let runs = |t: &str| j["by_type"][t]["runs_as"].as_str().map(String::from);
     assert_eq!(runs_as.len(), types.len());
     for (t, want) in runs_as {
-        // Q2_K and Q3_K: integer sums per block, as ggml computes them
+        // Q2_K, Q3_K and IQ4_XS: integer sums per block, as ggml computes them
         let want = match *want {
             "" => "its own blocks (integer sums a block, activations quantized per 256)".to_string(),
             _ => format!("its own blocks (computed as {want})"),

@@ -7,7 +7,7 @@ mod common;
 
 use moescope_kernels::Isa;
 use moescope_kernels::act::QuantAct;
-use moescope_kernels::ggml::BlockType;
+use moescope_kernels::ggml::{BlockType, IQ4_VALUES};
 use moescope_kernels::ggml_codes::{blocks_run_as, decode_blocks};
 use moescope_kernels::mat::{Input, Mat, MatData};
 
@@ -60,7 +60,7 @@ fn blocks_give_the_files_values_and_the_relaid_matrices_products() {
                 assert!(c2 == codes, "{} {isa}: codes", f.t.name());
                 assert!(bits(&s2) == bits(&sc) && bits(&m2) == bits(&mn), "{} {isa}: scales or mins", f.t.name());
             }
-            if matches!(f.t, BlockType::Q2K | BlockType::Q3K) {
+            if moescope_kernels::mat::block_sums(f.t) {
                 block_sums_products(&bmat, &raw, seed);
                 continue;
             }
@@ -102,10 +102,23 @@ fn same_products(bmat: &Mat<'_>, qmat: &Mat<'_>, group: usize, seed: u64) {
     }
 }
 
-/// A Q2_K or Q3_K block's real values as the format defines them: per value, `d * sc` and the
-/// signed code, and `dmin * m` (Q3_K: 0), in f64.
+/// A Q2_K, Q3_K or IQ4_XS block's real values as the format defines them: per value, `d * sc`
+/// and the signed code, and `dmin * m` (Q3_K, IQ4_XS: 0), in f64.
 fn block_parts(t: BlockType, b: &[u8]) -> Vec<(f64, f64, f64)> {
     let f16 = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f64();
+    if t == BlockType::Iq4Xs {
+        // sub-block j of 32: 6-bit scale (low nibble of byte 4 + j / 2, high 2 bits from the u16
+        // at 2), less 32; values: the low nibbles of bytes 8 + 16j.., then the high ones
+        let high = u16::from_le_bytes([b[2], b[3]]);
+        return (0..256)
+            .map(|i| {
+                let j = i / 32;
+                let ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) as i32 | (((high >> (2 * j)) & 3) as i32) << 4;
+                let nib = (b[8 + 16 * j + i % 16] >> (4 * ((i / 16) % 2))) & 15;
+                (f16(0) * (ls - 32) as f64, IQ4_VALUES[nib as usize] as f64, 0.0)
+            })
+            .collect();
+    }
     let qs = if t == BlockType::Q2K { &b[16..80] } else { &b[32..96] };
     (0..256)
         .map(|i| {
@@ -122,7 +135,7 @@ fn block_parts(t: BlockType, b: &[u8]) -> Vec<(f64, f64, f64)> {
         .collect()
 }
 
-/// Q2_K and Q3_K products (activations quantized per 256, integer block sums): the same bits at
+/// Q2_K, Q3_K and IQ4_XS products (activations quantized per 256, integer block sums): the same bits at
 /// every tier and whatever the batch, and within the rounding of their few float operations of
 /// the exact product of the file's values with the quantized activations.
 fn block_sums_products(bmat: &Mat<'_>, raw: &[u8], seed: u64) {
@@ -194,4 +207,23 @@ fn block_sums_products(bmat: &Mat<'_>, raw: &[u8], seed: u64) {
             }
         }
     }
+}
+
+#[test]
+fn blocks_read_like_only_matrices_of_their_activation_group() {
+    // Q2_K and IQ2_XS both compute as q8 groups of 16, IQ4_XS and IQ4_NL as q8 groups of 32; the
+    // block-sum types read activations quantized per 256, so no quantized input serves both
+    fn m(t: BlockType, q: &[u8]) -> Mat<'_> {
+        Mat { rows: 2, cols: 256, data: MatData::Blocks { t, q } }
+    }
+    let raw = |t: BlockType| vec![0u8; t.bytes_of(512)];
+    let (q2k, q3k, iq2xs) = (raw(BlockType::Q2K), raw(BlockType::Q3K), raw(BlockType::Iq2Xs));
+    let (iq4xs, iq4nl) = (raw(BlockType::Iq4Xs), raw(BlockType::Iq4Nl));
+    let (a, b) = (m(BlockType::Q2K, &q2k), m(BlockType::Iq2Xs, &iq2xs));
+    assert_eq!(a.format(), b.format());
+    assert!(!a.reads_like(&b) && !b.reads_like(&a));
+    let (c, d) = (m(BlockType::Iq4Xs, &iq4xs), m(BlockType::Iq4Nl, &iq4nl));
+    assert_eq!(c.format(), d.format());
+    assert!(!c.reads_like(&d));
+    assert!(a.reads_like(&m(BlockType::Q3K, &q3k)), "Q2_K and Q3_K: both per 256");
 }

@@ -235,7 +235,7 @@ impl Exec {
         let Some(first) = mats.first() else { return };
         let rows: usize = mats.iter().map(|m| m.rows).sum();
         debug_assert_eq!(out.len(), rows);
-        if mats.iter().any(|m| m.cols != first.cols || m.format() != first.format()) {
+        if mats.iter().any(|m| !m.reads_like(first)) {
             let mut rest = &mut out[..];
             for m in mats {
                 let (o, r) = rest.split_at_mut(m.rows);
@@ -309,7 +309,7 @@ impl Exec {
     ) {
         let Some(first) = pairs.first().map(|p| p.gate) else { return };
         debug_assert_eq!(act.len(), pairs.iter().map(|p| p.gate.rows).sum::<usize>());
-        let same = |m: &Mat<'_>| m.cols == first.cols && m.format() == first.format();
+        let same = |m: &Mat<'_>| m.reads_like(first);
         if !pairs.iter().all(|p| p.gate.rows == p.up.rows && same(p.gate) && same(p.up)) {
             let mut a0 = 0;
             for p in pairs {

@@ -9,16 +9,23 @@ use std::ops::Range;
 
 use super::k23::K23_GROUP;
 use crate::act::QuantAct;
-use crate::ggml::{BlockType, f16_at, q3_k_scale_bytes};
+use crate::ggml::{BlockType, IQ4_VALUES, f16_at, q3_k_scale_bytes};
 
 /// Tokens a block's decoded codes serve at a time.
 const TOKENS: usize = 4;
+
+/// The tiles' block types.
+const Q2K: u8 = 0;
+const Q3K: u8 = 1;
+const IQ4XS: u8 = 2;
 
 /// A block decoded: code vector `k`'s halves at `2k` and `2k + 1` (Q2_K: times their scales),
 /// Q3_K's scale of each i16 lane of each half, the mins' weights, and the two factors.
 struct Block {
     codes: [__m256i; 8],
     scales: [__m256i; 8],
+    /// IQ4_XS: the signed codes, whose magnitudes are `codes`
+    signs: [__m256i; 8],
     mins: __m256i,
     d: f32,
     dm: f32,
@@ -33,6 +40,9 @@ unsafe fn decode(t: BlockType, b: &[u8]) -> Block {
     let bp = b.as_ptr();
     // SAFETY: the caller's features; loads within the block's bytes
     unsafe {
+        if t == BlockType::Iq4Xs {
+            return decode_iq4_xs(b);
+        }
         let three = _mm256_set1_epi8(3);
         let q2 = t == BlockType::Q2K;
         let (at, sc) = if q2 {
@@ -71,7 +81,42 @@ unsafe fn decode(t: BlockType, b: &[u8]) -> Block {
             }
         }
         let (d, dm) = if q2 { (f16_at(b, 80), f16_at(b, 82)) } else { (f16_at(b, 108), f16_at(b, 108)) };
-        Block { codes, scales, mins: _mm256_loadu_si256(mins.as_ptr() as *const __m256i), d, dm }
+        let mins = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
+        Block { codes, scales, signs: [_mm256_setzero_si256(); 8], mins, d, dm }
+    }
+}
+
+/// An IQ4_XS block: half `h` of code vector `k` is sub-block `2k + h`, its 16 low nibbles'
+/// values then its 16 high ones', as magnitudes and signed values, with its scale.
+///
+/// # Safety
+/// As [`decode`].
+#[inline(always)]
+unsafe fn decode_iq4_xs(b: &[u8]) -> Block {
+    // SAFETY: the caller's features; loads within the block's bytes
+    unsafe {
+        let table = _mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i);
+        let nib = _mm_set1_epi8(15);
+        let high = u16::from_le_bytes([b[2], b[3]]);
+        let mut blk = Block {
+            codes: [_mm256_setzero_si256(); 8],
+            scales: [_mm256_setzero_si256(); 8],
+            signs: [_mm256_setzero_si256(); 8],
+            mins: _mm256_setzero_si256(),
+            d: f16_at(b, 0),
+            dm: f16_at(b, 0),
+        };
+        for j in 0..8 {
+            let q = _mm_loadu_si128(b.as_ptr().add(8 + 16 * j) as *const __m128i);
+            let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, nib));
+            let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16::<4>(q), nib));
+            let v = _mm256_setr_m128i(lo, hi);
+            blk.signs[j] = v;
+            blk.codes[j] = _mm256_sign_epi8(v, v);
+            let ls = (b[4 + j / 2] >> (4 * (j % 2))) & 15 | (((high >> (2 * j)) & 3) as u8) << 4;
+            blk.scales[j] = _mm256_set1_epi16(ls as i16 - 32);
+        }
+        blk
     }
 }
 
@@ -100,11 +145,13 @@ pub(super) unsafe fn matmul_rows(
             let (sp, o) = ((a, perm, sums), &mut o[t0..t0 + w]);
             // SAFETY: as the caller promises, for tokens t0..t0 + w
             unsafe {
-                match (w, t == BlockType::Q2K) {
-                    (TOKENS, true) => tile::<TOKENS, true>(t, row, cols, sp, t0, o),
-                    (TOKENS, false) => tile::<TOKENS, false>(t, row, cols, sp, t0, o),
-                    (_, true) => tile::<1, true>(t, row, cols, sp, t0, o),
-                    (_, false) => tile::<1, false>(t, row, cols, sp, t0, o),
+                match (w, t) {
+                    (TOKENS, BlockType::Q2K) => tile::<TOKENS, Q2K>(t, row, cols, sp, t0, o),
+                    (TOKENS, BlockType::Q3K) => tile::<TOKENS, Q3K>(t, row, cols, sp, t0, o),
+                    (TOKENS, _) => tile::<TOKENS, IQ4XS>(t, row, cols, sp, t0, o),
+                    (_, BlockType::Q2K) => tile::<1, Q2K>(t, row, cols, sp, t0, o),
+                    (_, BlockType::Q3K) => tile::<1, Q3K>(t, row, cols, sp, t0, o),
+                    (_, _) => tile::<1, IQ4XS>(t, row, cols, sp, t0, o),
                 }
             }
             t0 += w;
@@ -117,7 +164,7 @@ pub(super) unsafe fn matmul_rows(
 /// # Safety
 /// As [`matmul_rows`]; `o` has `T` products.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile<const T: usize, const Q2: bool>(
+unsafe fn tile<const T: usize, const KIND: u8>(
     t: BlockType,
     row: &[u8],
     cols: usize,
@@ -138,21 +185,25 @@ unsafe fn tile<const T: usize, const Q2: bool>(
                 let at = perm.as_ptr().add(tok * cols + K23_GROUP * b);
                 let mut s = [_mm256_setzero_si256(); 2];
                 for (v, c) in blk.codes.iter().enumerate() {
-                    let av = _mm256_loadu_si256(at.add(32 * v) as *const __m256i);
+                    let mut av = _mm256_loadu_si256(at.add(32 * v) as *const __m256i);
+                    if KIND == IQ4XS {
+                        // the activations with the codes' signs, against their magnitudes
+                        av = _mm256_sign_epi8(av, blk.signs[v]);
+                    }
                     let pairs = _mm256_maddubs_epi16(*c, av);
-                    let w = if Q2 { ones } else { blk.scales[v] };
+                    let w = if KIND == Q2K { ones } else { blk.scales[v] };
                     s[v % 2] = _mm256_add_epi32(s[v % 2], _mm256_madd_epi16(pairs, w));
                 }
                 let scale = *a.scales.get_unchecked(tok * nb + b);
                 let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
                 let m = _mm256_madd_epi16(bs, blk.mins);
-                if !Q2 {
+                if KIND == Q3K {
                     s[0] = _mm256_sub_epi32(s[0], m);
                 }
                 let dd = _mm256_set1_ps(blk.d * scale);
                 lo[tt] = _mm256_add_ps(lo[tt], _mm256_mul_ps(_mm256_cvtepi32_ps(s[0]), dd));
                 hi[tt] = _mm256_add_ps(hi[tt], _mm256_mul_ps(_mm256_cvtepi32_ps(s[1]), dd));
-                if Q2 {
+                if KIND == Q2K {
                     let dm = _mm256_set1_ps(blk.dm * scale);
                     accm[tt] = _mm256_add_ps(accm[tt], _mm256_mul_ps(_mm256_cvtepi32_ps(m), dm));
                 }

@@ -12,10 +12,15 @@ use std::ops::Range;
 
 use super::k23::K23_GROUP;
 use crate::act::QuantAct;
-use crate::ggml::{BlockType, f16_at, q3_k_scale_bytes};
+use crate::ggml::{BlockType, IQ4_VALUES, f16_at, q3_k_scale_bytes};
 
 /// Tokens a block's decoded codes serve at a time.
 const TOKENS: usize = 8;
+
+/// The tiles' block types.
+const Q2K: u8 = 0;
+const Q3K: u8 = 1;
+const IQ4XS: u8 = 2;
 
 /// A block decoded for the products: four code vectors, the scale of each i16 lane of each
 /// (its sub-block's), the 16 mins' weights as i16, and the two factors.
@@ -24,6 +29,8 @@ struct Block {
     /// codes + 4, their scales in `scales`
     codes: [__m512i; 4],
     scales: [__m512i; 4],
+    /// IQ4_XS: the codes' signs (their magnitudes in `codes`, as `vpmaddubsw` takes them)
+    neg: [__mmask64; 4],
     mins: __m256i,
     d: f32,
     dm: f32,
@@ -36,10 +43,13 @@ struct Block {
 /// # Safety
 /// AVX-512 F, BW and VL; `b` points at a whole block; `lanes` from [`scale_lanes`].
 #[inline(always)]
-unsafe fn decode(t: BlockType, b: &[u8], lanes: &[__m512i; 8]) -> Block {
+unsafe fn decode(t: BlockType, b: &[u8], lanes: &[__m512i; 12]) -> Block {
     let bp = b.as_ptr();
     // SAFETY: the caller's features; loads within the block's bytes
     unsafe {
+        if t == BlockType::Iq4Xs {
+            return decode_iq4_xs(b, lanes);
+        }
         let three = _mm512_set1_epi8(3);
         let (qs, sc, mins, d, dm) = if t == BlockType::Q2K {
             let s = _mm_loadu_si128(bp as *const __m128i);
@@ -78,23 +88,61 @@ unsafe fn decode(t: BlockType, b: &[u8], lanes: &[__m512i; 8]) -> Block {
                 let table = _mm512_add_epi8(_mm512_and_si512(sk, one), _mm512_and_si512(_mm512_add_epi8(sk, sk), two));
                 *c = _mm512_shuffle_epi8(table, *c);
             }
-            return Block { codes, scales: [_mm512_setzero_si512(); 4], mins, d, dm };
+            return Block { codes, scales: [_mm512_setzero_si512(); 4], neg: [0; 4], mins, d, dm };
         }
         let sc = _mm512_zextsi256_si512(sc);
         let scales = std::array::from_fn(|k| _mm512_permutexvar_epi16(lanes[k], sc));
-        Block { codes, scales, mins, d, dm }
+        Block { codes, scales, neg: [0; 4], mins, d, dm }
     }
 }
 
-/// Indices of the sub-block scales: for code vector `k`, at 0..4 the sub-block of each i16
-/// lane `p` (`value_at(k, 2p) / 16`, for `vpermw`), at 4..8 that of each byte of each 128-bit
-/// lane `q` (one sub-block a lane: `value_at(k, 16q) / 16`, for `vpshufb`).
+/// An IQ4_XS block: its codebook values in order (vector k: sub-blocks 2k and 2k + 1), as
+/// magnitudes and signs, and the scale of each i16 lane.
+///
+/// # Safety
+/// As [`decode`].
+#[inline(always)]
+unsafe fn decode_iq4_xs(b: &[u8], lanes: &[__m512i; 12]) -> Block {
+    let bp = b.as_ptr();
+    // SAFETY: the caller's features; loads within the block's bytes
+    unsafe {
+        let table = _mm512_broadcast_i32x4(_mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i));
+        let nib = _mm512_set1_epi8(15);
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for half in 0..2 {
+            // four sub-blocks of 16 bytes, one per 128-bit lane: sub-block i is lane i's low
+            // nibbles' values, then its high nibbles'
+            let q = _mm512_loadu_si512(bp.add(8 + 64 * half) as *const _);
+            let lo = _mm512_shuffle_epi8(table, _mm512_and_si512(q, nib));
+            let hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16::<4>(q), nib));
+            codes[2 * half] = _mm512_permutex2var_epi64(lo, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi);
+            codes[2 * half + 1] = _mm512_permutex2var_epi64(lo, _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4), hi);
+        }
+        let neg = std::array::from_fn(|k| _mm512_movepi8_mask(codes[k]));
+        let codes = codes.map(|c| _mm512_abs_epi8(c));
+        let high = u16::from_le_bytes([b[2], b[3]]);
+        let sc: [i16; 16] = std::array::from_fn(|g| {
+            let j = g / 2;
+            ((b[4 + j / 2] >> (4 * (j % 2))) & 15 | (((high >> (2 * j)) & 3) as u8) << 4) as i16 - 32
+        });
+        let sc = _mm512_zextsi256_si512(_mm256_loadu_si256(sc.as_ptr() as *const __m256i));
+        let scales = std::array::from_fn(|k| _mm512_permutexvar_epi16(lanes[8 + k], sc));
+        let d = f16_at(b, 0);
+        Block { codes, scales, neg, mins: _mm256_setzero_si256(), d, dm: d }
+    }
+}
+
+/// Indices of the scales per 16 values: for code vector `k`, at 0..4 those of each i16 lane `p`
+/// (`value_at(k, 2p) / 16`, for `vpermw`), at 4..8 those of each byte of each 128-bit lane `q`
+/// (one a lane: `value_at(k, 16q) / 16`, for `vpshufb`), at 8..12 IQ4_XS's of each i16 lane.
 #[target_feature(enable = "avx512f")]
-fn scale_lanes() -> [__m512i; 8] {
+fn scale_lanes() -> [__m512i; 12] {
     std::array::from_fn(|i| {
         let k = i % 4;
         let idx: [i16; 32] = if i < 4 {
             std::array::from_fn(|p| (8 * (p / 16) + 2 * k + (p % 16) / 8) as i16)
+        } else if i >= 8 {
+            std::array::from_fn(|p| (4 * k + p / 8) as i16)
         } else {
             // two bytes of the same index per i16
             std::array::from_fn(|p| {
@@ -131,53 +179,62 @@ pub(super) unsafe fn matmul_rows(
     for (i, r) in rows.enumerate() {
         let row = &q[r * rb..(r + 1) * rb];
         let o = &mut out[i * n..(i + 1) * n];
-        let mut t0 = 0;
-        // SAFETY (each): as the caller promises, for tokens t0.. of the row
+        // SAFETY (each): as the caller promises, for the row's tokens
         unsafe {
-            let q2 = t == BlockType::Q2K;
-            while t0 < n {
-                let left = n - t0;
-                let w = if left >= TOKENS {
-                    TOKENS
-                } else if left >= 4 {
-                    4
-                } else if left >= 2 {
-                    2
-                } else {
-                    1
-                };
-                let (sp, o) = ((a, perm, sums), &mut o[t0..t0 + w]);
-                match (w, q2) {
-                    (TOKENS, true) => tile::<TOKENS, true>(t, row, cols, sp, t0, &lanes, o),
-                    (TOKENS, false) => tile::<TOKENS, false>(t, row, cols, sp, t0, &lanes, o),
-                    (4, true) => tile::<4, true>(t, row, cols, sp, t0, &lanes, o),
-                    (4, false) => tile::<4, false>(t, row, cols, sp, t0, &lanes, o),
-                    (2, true) => tile::<2, true>(t, row, cols, sp, t0, &lanes, o),
-                    (2, false) => tile::<2, false>(t, row, cols, sp, t0, &lanes, o),
-                    (_, true) => tile::<1, true>(t, row, cols, sp, t0, &lanes, o),
-                    (_, false) => tile::<1, false>(t, row, cols, sp, t0, &lanes, o),
-                }
-                t0 += w;
+            let sp = (a, perm, sums);
+            match t {
+                BlockType::Q2K => tiles::<Q2K>(t, row, cols, sp, &lanes, o),
+                BlockType::Q3K => tiles::<Q3K>(t, row, cols, sp, &lanes, o),
+                _ => tiles::<IQ4XS>(t, row, cols, sp, &lanes, o),
             }
         }
     }
 }
 
-/// One row's products with tokens `t0..t0 + T`, each block decoded once for the `T`.
+/// One row's products with all its tokens (`o`), in tiles of 8, 4, 2 or 1.
+///
+/// # Safety
+/// As [`matmul_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tiles<const KIND: u8>(
+    t: BlockType,
+    row: &[u8],
+    cols: usize,
+    sp: (&QuantAct, &[i8], &[i16]),
+    lanes: &[__m512i; 12],
+    o: &mut [f32],
+) {
+    let mut t0 = 0;
+    while t0 < o.len() {
+        let left = o.len() - t0;
+        // SAFETY: tokens t0..t0 + w of the caller's
+        unsafe {
+            let w = match left {
+                TOKENS.. => tile::<TOKENS, KIND>(t, row, cols, sp, t0, lanes, &mut o[t0..t0 + TOKENS]),
+                4.. => tile::<4, KIND>(t, row, cols, sp, t0, lanes, &mut o[t0..t0 + 4]),
+                2.. => tile::<2, KIND>(t, row, cols, sp, t0, lanes, &mut o[t0..t0 + 2]),
+                _ => tile::<1, KIND>(t, row, cols, sp, t0, lanes, &mut o[t0..t0 + 1]),
+            };
+            t0 += w;
+        }
+    }
+}
+
+/// One row's products with tokens `t0..t0 + T`, each block decoded once for the `T`; returns `T`.
 ///
 /// # Safety
 /// As [`matmul_rows`]; `o` has `T` products.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn tile<const T: usize, const Q2: bool>(
+unsafe fn tile<const T: usize, const KIND: u8>(
     t: BlockType,
     row: &[u8],
     cols: usize,
     (a, perm, sums): (&QuantAct, &[i8], &[i16]),
     t0: usize,
-    lanes: &[__m512i; 8],
+    lanes: &[__m512i; 12],
     o: &mut [f32],
-) {
+) -> usize {
     let (nb, bb) = (cols / K23_GROUP, t.block_bytes());
     let (mut acc, mut accm) = ([_mm512_setzero_ps(); T], [_mm256_setzero_ps(); T]);
     for b in 0..nb {
@@ -190,25 +247,29 @@ unsafe fn tile<const T: usize, const Q2: bool>(
                 let mut s = _mm512_setzero_si512();
                 for k in 0..4 {
                     let av = _mm512_loadu_si512(at.add(64 * k) as *const _);
-                    s = if Q2 {
+                    s = match KIND {
                         // the codes already times their scales: one multiply-add of 4 bytes a lane
-                        _mm512_dpbusd_epi32(s, blk.codes[k], av)
-                    } else {
-                        let pairs = _mm512_maddubs_epi16(blk.codes[k], av);
-                        _mm512_dpwssd_epi32(s, pairs, blk.scales[k])
+                        Q2K => _mm512_dpbusd_epi32(s, blk.codes[k], av),
+                        Q3K => _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(blk.codes[k], av), blk.scales[k]),
+                        // magnitudes times the activations with the codes' signs (none is 0)
+                        _ => {
+                            let signed = _mm512_mask_sub_epi8(av, blk.neg[k], _mm512_setzero_si512(), av);
+                            _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(blk.codes[k], signed), blk.scales[k])
+                        }
                     };
                 }
                 let scale = *a.scales.get_unchecked(tok * nb + b);
-                let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
-                let m = _mm256_madd_epi16(bs, blk.mins);
-                if !Q2 {
+                if KIND == Q3K {
                     // Q3_K's offsets share d: their sum leaves lanes 0..8 as integers
+                    let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
+                    let m = _mm256_madd_epi16(bs, blk.mins);
                     s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(m));
                 }
                 let dd = _mm512_set1_ps(blk.d * scale);
                 acc[tt] = _mm512_add_ps(acc[tt], _mm512_mul_ps(_mm512_cvtepi32_ps(s), dd));
-                if Q2 {
-                    let m = _mm256_cvtepi32_ps(m);
+                if KIND == Q2K {
+                    let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
+                    let m = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, blk.mins));
                     accm[tt] = _mm256_add_ps(accm[tt], _mm256_mul_ps(m, _mm256_set1_ps(blk.dm * scale)));
                 }
             }
@@ -218,6 +279,7 @@ unsafe fn tile<const T: usize, const Q2: bool>(
         // SAFETY: the caller's features
         o[tt] = unsafe { lanes_sum(acc[tt]) - lanes_sum(_mm512_zextps256_ps512(accm[tt])) };
     }
+    T
 }
 
 /// `mins::lanes_sum` of 16 lanes: the AVX2 kernel's tree on the vector's halves (so the same bits).

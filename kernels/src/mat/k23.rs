@@ -1,8 +1,9 @@
-//! Q2_K and Q3_K kept as the file's blocks (`MatData::Blocks`), computed from their codes as
-//! ggml computes them against Q8_K activations: activations quantized per 256 values (one
-//! scale a block), a block's product an integer sum of its 16 sub-blocks' code-activation dots
-//! weighted by their integer scales, and the mins' (Q2_K) or offsets' (Q3_K) term an integer
-//! sum of the sub-blocks' activation sums; floats only where a block's sums meet `d * a_scale`.
+//! Q2_K, Q3_K and IQ4_XS kept as the file's blocks (`MatData::Blocks`), computed from their
+//! codes as ggml computes them against Q8_K activations: activations quantized per 256 values
+//! (one scale a block), a block's product an integer sum of its sub-blocks' code-activation dots
+//! weighted by their integer scales (per 16 values: IQ4_XS's sub-blocks of 32 count twice), and
+//! the mins' (Q2_K) or offsets' (Q3_K) term an integer sum of the activations' sums per 16;
+//! floats only where a block's sums meet `d * a_scale`.
 //!
 //! The integer sums are exact, so one float order defines the bits at every tier: the block's
 //! weighted dots are kept in 16 lanes as a 64-byte vector of codes against the activations
@@ -18,7 +19,7 @@ use std::ops::Range;
 
 use super::mins::lanes_sum;
 use crate::act::QuantAct;
-use crate::ggml::{BlockType, f16_at, q3_k_scale};
+use crate::ggml::{BlockType, IQ4_VALUES, f16_at, q3_k_scale};
 use crate::isa::Isa;
 
 /// Values an activation scale covers for these types (ggml's Q8_K block).
@@ -26,33 +27,54 @@ pub const K23_GROUP: usize = 256;
 
 /// Whether blocks of `t` are computed here (else through their decoded q8 matrix).
 pub fn fused(t: BlockType) -> bool {
-    matches!(t, BlockType::Q2K | BlockType::Q3K)
+    matches!(t, BlockType::Q2K | BlockType::Q3K | BlockType::Iq4Xs)
 }
 
-/// The value at byte `p` (0..64) of code vector `k` (0..4) of a block: the 64 code bytes shifted
-/// by `2k` hold run `k` (values `32k..32k + 32`) in bytes 0..32 and run `4 + k` in bytes 32..64.
-pub(super) fn value_at(k: usize, p: usize) -> usize {
-    128 * (p / 32) + 32 * k + p % 32
+/// The value at byte `p` (0..64) of code vector `k` (0..4) of a block: Q2_K's and Q3_K's 64 code
+/// bytes shifted by `2k` hold run `k` (values `32k..32k + 32`) in bytes 0..32 and run `4 + k` in
+/// bytes 32..64; IQ4_XS's vectors are the values in order, 64 a vector.
+pub(super) fn value_at(t: BlockType, k: usize, p: usize) -> usize {
+    match t {
+        BlockType::Iq4Xs => 64 * k + p,
+        _ => 128 * (p / 32) + 32 * k + p % 32,
+    }
 }
 
-/// A block's integer parts: unsigned codes (Q2_K 0..3; Q3_K 0..7, the code + 4), a scale per
-/// sub-block of 16, the mins' weight per sub-block (Q2_K: its min; Q3_K: 4 x its scale, the
-/// offset of its codes), and the factors of the two sums (`d`, and `dmin` or `d`).
+/// A block's integer parts: codes (Q2_K 0..3; Q3_K 0..7, the code + 4; IQ4_XS its codebook's
+/// signed values), a scale per 16 values, the mins' weight per 16 (Q2_K: its min; Q3_K: 4 x its
+/// scale, the offset of its codes; IQ4_XS: none), and the factors of the two sums (`d`, and
+/// `dmin` or `d`).
 pub(super) struct Unpacked {
-    pub codes: [u8; 256],
+    pub codes: [i16; 256],
     pub sc: [i16; 16],
     pub mn: [i16; 16],
     pub d: f32,
     pub dm: f32,
 }
 
-/// Block `b` of type `t` (Q2_K or Q3_K) in its integer parts.
+/// Block `b` of type `t` (Q2_K, Q3_K or IQ4_XS) in its integer parts.
 pub(super) fn unpack(t: BlockType, b: &[u8]) -> Unpacked {
     let mut u = Unpacked { codes: [0; 256], sc: [0; 16], mn: [0; 16], d: 0.0, dm: 0.0 };
+    if t == BlockType::Iq4Xs {
+        // sub-block j of 32: the low nibbles of bytes 8 + 16j.. then their high nibbles
+        for (i, c) in u.codes.iter_mut().enumerate() {
+            let byte = b[8 + 16 * (i / 32) + i % 16];
+            *c = IQ4_VALUES[((byte >> (4 * ((i / 16) % 2))) & 15) as usize] as i16;
+        }
+        let high = u16::from_le_bytes([b[2], b[3]]);
+        for g in 0..16 {
+            let j = g / 2;
+            let ls = (b[4 + j / 2] >> (4 * (j % 2))) & 15 | (((high >> (2 * j)) & 3) as u8) << 4;
+            u.sc[g] = ls as i16 - 32;
+        }
+        u.d = f16_at(b, 0);
+        u.dm = u.d;
+        return u;
+    }
     // value i: bits 2k..2k+1 of byte 32h + i % 32, h = i / 128, k = (i / 32) % 4
     let qs = if t == BlockType::Q2K { &b[16..80] } else { &b[32..96] };
     for (i, c) in u.codes.iter_mut().enumerate() {
-        *c = (qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3;
+        *c = ((qs[32 * (i / 128) + i % 32] >> (2 * ((i / 32) % 4))) & 3) as i16;
     }
     if t == BlockType::Q2K {
         for j in 0..16 {
@@ -63,7 +85,7 @@ pub(super) fn unpack(t: BlockType, b: &[u8]) -> Unpacked {
     } else {
         for (i, c) in u.codes.iter_mut().enumerate() {
             // the high bit set: no offset, so the code + 4 is the two bits + 4
-            *c += 4 * ((b[i % 32] >> (i / 32)) & 1);
+            *c += 4 * ((b[i % 32] >> (i / 32)) & 1) as i16;
         }
         for j in 0..16 {
             u.sc[j] = q3_k_scale(&b[96..108], j) as i16 - 32;
@@ -88,12 +110,14 @@ pub(super) fn dot_scalar(t: BlockType, row: &[u8], a: &[i8], scales: &[f32], bsu
         for (l, acc) in acc.iter_mut().enumerate() {
             let mut s = 0i32;
             for k in 0..4 {
-                let sub = value_at(k, 4 * l) / 16;
-                let p: i32 = (0..4).map(|e| value_at(k, 4 * l + e)).map(|i| u.codes[i] as i32 * a[i] as i32).sum();
+                let sub = value_at(t, k, 4 * l) / 16;
+                let values = (0..4).map(|e| value_at(t, k, 4 * l + e));
+                let p: i32 = values.map(|i| u.codes[i] as i32 * a[i] as i32).sum();
                 s += u.sc[sub] as i32 * p;
             }
             // Q3_K's offsets share d: lane l < 8 takes sub-blocks 2l and 2l + 1's as integers
-            if t == BlockType::Q3K && l < 8 {
+            // (IQ4_XS has none: 0)
+            if t != BlockType::Q2K && l < 8 {
                 s -= m(l);
             }
             *acc += s as f32 * dd;
@@ -115,8 +139,12 @@ pub(super) fn sub_sums(q: &[i8], out: &mut [i16]) {
 }
 
 /// A token's codes with each block's 256 in the order of its code vectors' bytes
-/// ([`value_at`]), as the AVX-512 kernel multiplies them.
-fn permute(q: &[i8], out: &mut [i8]) {
+/// ([`value_at`]), as the vector kernels multiply them.
+fn permute(t: BlockType, q: &[i8], out: &mut [i8]) {
+    if t == BlockType::Iq4Xs {
+        out.copy_from_slice(q);
+        return;
+    }
     // vector k's bytes: values 32k.. then 128 + 32k.. (`value_at`), two runs of 32
     for (qb, ob) in q.chunks_exact(K23_GROUP).zip(out.chunks_exact_mut(K23_GROUP)) {
         for (k, o) in ob.chunks_exact_mut(64).enumerate() {
@@ -154,7 +182,7 @@ pub(super) fn matmul_rows(
         #[cfg(target_arch = "x86_64")]
         if isa >= Isa::Avx2 {
             perm.resize(n * cols, 0);
-            permute(&a.q[..n * cols], perm);
+            permute(t, &a.q[..n * cols], perm);
             // SAFETY: the tier (AVX-512 F, BW, VL, VNNI; or AVX2 and FMA) was detected on this
             // CPU; the matrix's rows, the tokens' codes, scales, permuted codes and sums as the
             // kernels take them

@@ -30,7 +30,7 @@ mod mins;
 use std::ops::Range;
 
 /// Whether a type kept as blocks is computed with integer sums per block against activations
-/// quantized per [`K23_GROUP`] (Q2_K, Q3_K), rather than as the q8 matrix of its codes.
+/// quantized per [`K23_GROUP`] (Q2_K, Q3_K, IQ4_XS), rather than as the q8 matrix of its codes.
 pub use k23::{K23_GROUP, fused as block_sums};
 
 use crate::act::QuantAct;
@@ -175,6 +175,14 @@ impl<'a> Mat<'a> {
     fn mxfp4_row(&self, q: &'a [u8], r: usize) -> &'a [u8] {
         let rb = Format::Mxfp4.data_bytes(1, self.cols);
         &q[r * rb..(r + 1) * rb]
+    }
+
+    /// Whether a product of this matrix reads the same input as one of `other` (the same input
+    /// size, format and activation group): then one quantized input serves both. A format alone
+    /// does not say it: IQ4_XS kept as blocks and IQ4_NL are both q8 groups of 32, the first
+    /// read with activations quantized per 256 ([`block_sums`]).
+    pub fn reads_like(&self, other: &Mat<'_>) -> bool {
+        self.cols == other.cols && self.format() == other.format() && self.quant_group() == other.quant_group()
     }
 
     /// The group the activations must be quantized with, or None for float weights.
