@@ -424,14 +424,21 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
         }
         _ => {}
     }
-    // the saved corpus, in name order
+    // the saved corpus, in name order; a large entry may be kept packed (NAME.xz: its bytes are
+    // the unpacked ones, so the tracked tree stays small enough for a device call to carry)
     if let Ok(rd) = std::fs::read_dir(root.join("fuzz/corpus").join(target)) {
         let mut files: Vec<_> = rd.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_file()).collect();
         files.sort();
         for p in files {
-            if let Ok(b) = std::fs::read(&p) {
-                out.push((p.display().to_string(), b));
-            }
+            let Ok(b) = std::fs::read(&p) else { continue };
+            let b = match p.extension().is_some_and(|e| e == "xz") {
+                true => match moescope::packed::xz_decompress(&b, 1 << 24) {
+                    Ok(u) => u,
+                    Err(_) => continue,
+                },
+                false => b,
+            };
+            out.push((p.display().to_string(), b));
         }
     }
     out
