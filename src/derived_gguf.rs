@@ -32,6 +32,29 @@ pub const LOW_BIT_TYPES: [BlockType; 4] = [BlockType::Q2K, BlockType::Q3K, Block
 /// The codebook types (`moescope_kernels::ggml_iq`), for [`low_bit_mix`].
 pub const CODEBOOK_TYPES: [BlockType; 7] = moescope_kernels::ggml_iq::TYPES;
 
+/// Every quantized type a file can hold that [`low_bit_mix`] writes, for single-type files
+/// (tests/gguf_llama_logits.rs holds each to llama.cpp's logits on the same file).
+pub const ONE_TYPE_FILES: [BlockType; 18] = [
+    BlockType::Q4_0,
+    BlockType::Q4_1,
+    BlockType::Q5_0,
+    BlockType::Q4K,
+    BlockType::Q5K,
+    BlockType::Q6K,
+    BlockType::Q2K,
+    BlockType::Q3K,
+    BlockType::Iq4Nl,
+    BlockType::Iq4Xs,
+    BlockType::Iq2Xxs,
+    BlockType::Iq2Xs,
+    BlockType::Iq2S,
+    BlockType::Iq3Xxs,
+    BlockType::Iq3S,
+    BlockType::Iq1S,
+    BlockType::Iq1M,
+    BlockType::Mxfp4,
+];
+
 /// The mixes the tests and the fuzz seeds make: a name and the types taken in turn.
 pub const MIXES: [(&str, &[BlockType]); 2] =
     [("Q2_K/Q3_K/IQ4_NL/IQ4_XS", &LOW_BIT_TYPES), ("IQ2_XXS/IQ2_XS/IQ2_S/IQ3_XXS/IQ3_S/IQ1_S/IQ1_M", &CODEBOOK_TYPES)];
@@ -63,24 +86,41 @@ pub fn low_bit_mix(src: &Path, out: &Path, types: &[BlockType]) -> Result<usize,
 /// `n` blocks of `t`: random bytes, each f16 scale (Q2_K's d and dmin, the others' d) set to a
 /// finite value of the size that gives weights of about 0.01-0.1.
 fn random_blocks(t: BlockType, n: usize, rng: &mut Rng) -> Vec<u8> {
-    let (scales, size): (&[usize], f32) = match t {
-        BlockType::Q2K => (&[80, 82], 2e-3),
-        BlockType::Q3K => (&[108], 6e-4),
-        BlockType::Iq4Nl => (&[0], 3e-4),
-        BlockType::Iq2Xxs | BlockType::Iq2Xs | BlockType::Iq2S => (&[0], 2e-4),
-        BlockType::Iq3Xxs | BlockType::Iq3S => (&[0], 1e-4),
-        BlockType::Iq1S => (&[0], 3e-3),
+    // (offset, size) of each f16 scale; where a type has mins, their size centres the weights
+    // near zero (mean code x mean scale x d = mean min x dmin)
+    let (scales, size): (&[(usize, f32)], f32) = match t {
+        // d, dmin: codes 0..3 times 4-bit scales (mean 1.5 x 7.5) less 4-bit mins (mean 7.5)
+        BlockType::Q2K => (&[(80, 2e-3), (82, 3e-3)], 0.0),
+        BlockType::Q3K => (&[(108, 6e-4)], 0.0),
+        BlockType::Iq4Nl => (&[(0, 3e-4)], 0.0),
+        BlockType::Iq2Xxs | BlockType::Iq2Xs | BlockType::Iq2S => (&[(0, 2e-4)], 0.0),
+        BlockType::Iq3Xxs | BlockType::Iq3S => (&[(0, 1e-4)], 0.0),
+        BlockType::Iq1S => (&[(0, 3e-3)], 0.0),
         // IQ1_M's d is in the top nibbles of its scales, set below
         BlockType::Iq1M => (&[], 3e-3),
-        _ => (&[0], 2e-5),
+        // d, dmin: codes 0..15 (Q4_K) or 0..31 (Q5_K) times 6-bit scales, less 6-bit mins
+        BlockType::Q4K => (&[(0, 1e-4), (2, 7.5e-4)], 0.0),
+        BlockType::Q5K => (&[(0, 5e-5), (2, 7.75e-4)], 0.0),
+        // d after ql, qh and the i8 scales: codes -32..31 times scales to +-128
+        BlockType::Q6K => (&[(208, 1e-5)], 0.0),
+        BlockType::Q4_0 | BlockType::Q5_0 => (&[(0, 4e-3)], 0.0),
+        // d and the block's offset m: d q + m with q 0..15
+        BlockType::Q4_1 => (&[(0, 4e-3), (2, -3e-2)], 0.0),
+        // MXFP4's scale is one E8M0 byte, set below
+        BlockType::Mxfp4 => (&[], 0.0),
+        _ => (&[(0, 2e-5)], 0.0),
     };
     let mut out = Vec::with_capacity(n * t.block_bytes());
     for _ in 0..n {
         let at = out.len();
         out.extend((0..t.block_bytes()).map(|_| rng.next_u64() as u8));
-        for &s in scales {
+        for &(s, size) in scales {
             let d = size * (1.0 + rng.next_f64() as f32);
             out[at + s..at + s + 2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        }
+        if t == BlockType::Mxfp4 {
+            // 2^(e - 127) for e in 118..=121: E2M1 values up to 6 give weights up to 0.05
+            out[at] = 118 + (rng.next_u64() % 4) as u8;
         }
         if t == BlockType::Iq1M {
             let d = half::f16::from_f32(size * (1.0 + rng.next_f64() as f32)).to_bits();

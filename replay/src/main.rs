@@ -12,6 +12,9 @@
 //! usage: moescope-replay [--cases N] [--seed S] [--targets a,b] [--timeout-s T] [--mem-mib M]
 //!        [--root DIR] [--write-seeds OUT] [--moescope BIN]   (N cases in all, shared by the targets by
 //!        weight; DIR: the repository; BIN: the binary the args target runs, default beside this one)
+//!        moescope-replay --write-typed-ggufs OUT [--root DIR]   (the tiny Q8_0 GGUF re-typed to each
+//!        of `moescope::derived_gguf::ONE_TYPE_FILES`, OUT/tiny-TYPE.gguf, as the tests derive them:
+//!        the files tests/reference/llama_logits.py gives llama.cpp)
 
 mod args;
 mod mutate;
@@ -47,6 +50,8 @@ struct Opts {
     root: PathBuf,
     /// write each target's seeds into DIR/TARGET/ and stop (libFuzzer's starting corpus)
     write_seeds: Option<PathBuf>,
+    /// write the single-type GGUFs into DIR and stop
+    write_typed: Option<PathBuf>,
     /// the binary the args target runs (default: beside this one)
     moescope: Option<PathBuf>,
 }
@@ -60,6 +65,7 @@ fn parse_args() -> Result<Opts, String> {
         mem_bytes: 3 << 30,
         root: PathBuf::from("."),
         write_seeds: None,
+        write_typed: None,
         moescope: None,
     };
     let mut args = std::env::args().skip(1);
@@ -74,6 +80,7 @@ fn parse_args() -> Result<Opts, String> {
             "--root" => o.root = PathBuf::from(val()?),
             "--targets" => o.targets = val()?.split(',').map(str::to_string).collect(),
             "--write-seeds" => o.write_seeds = Some(PathBuf::from(val()?)),
+            "--write-typed-ggufs" => o.write_typed = Some(PathBuf::from(val()?)),
             "--moescope" => o.moescope = Some(PathBuf::from(val()?)),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -247,6 +254,13 @@ fn main() {
     if let Err(e) = std::fs::create_dir_all(&scratch) {
         eprintln!("moescope-replay: {}: {e}", scratch.display());
         std::process::exit(2);
+    }
+    if let Some(dir) = &o.write_typed {
+        if let Err(e) = seeds::write_typed_ggufs(&o.root, dir) {
+            eprintln!("moescope-replay: {e}");
+            std::process::exit(2);
+        }
+        return;
     }
     let plan: Vec<_> = PLAN.iter().filter(|p| o.targets.iter().any(|t| t == p.0)).collect();
     if let Some(dir) = &o.write_seeds {

@@ -301,6 +301,18 @@ fn low_bit_ggufs(root: &Path) -> Vec<(String, Vec<u8>)> {
     files
 }
 
+/// The tiny Q8_0 GGUF re-typed to each single type of `moescope::derived_gguf::ONE_TYPE_FILES`,
+/// as `out`/tiny-TYPE.gguf (TYPE in lower case).
+pub fn write_typed_ggufs(root: &Path, out: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let src = fixtures(root).join("gguf/tiny/tiny-q8_0.gguf");
+    for t in moescope::derived_gguf::ONE_TYPE_FILES {
+        let file = out.join(format!("tiny-{}.gguf", t.name().to_lowercase()));
+        moescope::derived_gguf::low_bit_mix(&src, &file, &[t])?;
+    }
+    Ok(())
+}
+
 /// The built-in and fixture seeds of `target`, then the saved corpus's.
 pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<(String, Vec<u8>)> = vec![];

@@ -104,7 +104,12 @@ pub struct Reference {
 
 impl Reference {
     pub fn load(name: &str) -> Reference {
-        let p = fixture(name).join("reference.safetensors");
+        Reference::load_file(name, "reference.safetensors")
+    }
+
+    /// Another safetensors file of fixture folder `name`.
+    pub fn load_file(name: &str, file: &str) -> Reference {
+        let p = fixture(name).join(file);
         Reference { bytes: std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())) }
     }
 
@@ -121,6 +126,14 @@ impl Reference {
         let t = v.tensor(key).unwrap_or_else(|_| panic!("reference has no {key}"));
         assert_eq!(t.dtype(), safetensors::Dtype::F32, "{key}");
         t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    /// An F16 tensor widened to f32 (exactly).
+    pub fn f16(&self, key: &str) -> Vec<f32> {
+        let v = self.view();
+        let t = v.tensor(key).unwrap_or_else(|_| panic!("reference has no {key}"));
+        assert_eq!(t.dtype(), safetensors::Dtype::F16, "{key}");
+        t.data().chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
     }
 
     pub fn i64(&self, key: &str) -> Vec<i64> {
