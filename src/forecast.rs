@@ -39,8 +39,10 @@ pub struct ModelSizes {
     pub dense_bytes: u64,
     /// What a decode token reads of them (one embedding row, the rest whole).
     pub dense_decode_bytes: u64,
-    /// One expert blob (gate, up, down, scales, padding).
+    /// One expert blob (gate, up, down, scales, padding): the longest, what a pool slot holds.
     pub blob_bytes: u64,
+    /// Every expert blob (layers' blob lengths may differ: a GGUF's mixes).
+    pub experts_total: u64,
     pub moe_layers: usize,
     /// Parameters one token uses (dense without the embedding, plus top-k experts per layer).
     pub active_params: u64,
@@ -50,12 +52,12 @@ pub struct ModelSizes {
 
 impl ModelSizes {
     pub fn experts_bytes(&self) -> u64 {
-        self.blob_bytes * (self.moe_layers * self.cfg.num_experts) as u64
+        self.experts_total
     }
 
-    /// Expert blobs a decode token reads.
+    /// Expert blobs a decode token reads (top-k of every MoE layer).
     pub fn expert_token_bytes(&self) -> u64 {
-        self.blob_bytes * (self.moe_layers * self.cfg.num_experts_per_tok) as u64
+        self.experts_total * self.cfg.num_experts_per_tok as u64 / self.cfg.num_experts.max(1) as u64
     }
 
     /// From a package's index.
@@ -84,6 +86,7 @@ impl ModelSizes {
             dense_bytes: pkg.sizes().dense,
             dense_decode_bytes: dense_decode,
             blob_bytes: pkg.sizes().blob,
+            experts_total: pkg.meta.experts.as_ref().map_or(0, |e| e.total_len()),
             moe_layers,
             active_params: params,
             meta_bytes: pkg.header.meta_len,
@@ -127,6 +130,7 @@ impl ModelSizes {
             dense_bytes: dense,
             dense_decode_bytes: dense_decode,
             blob_bytes: blob,
+            experts_total: blob * (moe.len() * c.num_experts) as u64,
             moe_layers: moe.len(),
             active_params: params,
             meta_bytes: meta,
@@ -228,7 +232,7 @@ pub fn forecast(
     let compute_s = 2.0 * s.active_params as f64 * chunk / p.flops;
     let per_layer =
         c.num_experts as f64 * (1.0 - (1.0 - c.num_experts_per_tok as f64 / c.num_experts as f64).powf(chunk));
-    let touched = per_layer * s.moe_layers as f64 * s.blob_bytes as f64;
+    let touched = per_layer * s.experts_total as f64 / c.num_experts.max(1) as f64;
     let read_s = (1.0 - hit) * touched / p.disk_bps;
     let traffic_s = (s.dense_decode_bytes as f64 + touched) / p.mem_bps;
     let prefill_tps = chunk / (compute_s + read_s + traffic_s);

@@ -232,9 +232,9 @@ fn wrong_magic() {
 fn future_version() {
     let (d, p) = package();
     let mut b = std::fs::read(&p).unwrap();
-    b[8..12].copy_from_slice(&2u32.to_le_bytes());
+    b[8..12].copy_from_slice(&3u32.to_le_bytes());
     std::fs::write(&p, b).unwrap();
-    assert_clean_failure(&inspect(&p, d.path()), &["version 2", "not supported"]);
+    assert_clean_failure(&inspect(&p, d.path()), &["version 3", "not supported"]);
 }
 
 fn meta(p: &Path) -> serde_json::Value {

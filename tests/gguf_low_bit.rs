@@ -113,3 +113,95 @@ fn a_block_with_an_infinite_scale_is_refused_by_name() {
     assert!(msg.contains(&t.name) && msg.contains(&want), "{msg}");
     assert!(!dir.path().join("x.moe").exists(), "no half-written package");
 }
+
+#[test]
+fn each_layers_experts_are_read_at_their_own_length() {
+    // the mix gives each expert tensor the next type in turn, so the two layers' experts differ
+    // in bytes: each layer's blobs get a length of their own, a miss reads the file's bytes of
+    // that expert (its three tensors' share) plus padding to a page, never the longest layer's
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gguf = mixed_file(dir.path(), &LOW_BIT_TYPES);
+    let g = moescope::convert::gguf::open(&gguf).expect("open");
+    let pkg = dir.path().join("mixed.moe");
+    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    let p = moescope::package::Package::open(&pkg).expect("open");
+    let ex = p.meta.experts.as_ref().expect("experts");
+    let mut lens = vec![];
+    for (i, &l) in ex.layers.iter().enumerate() {
+        let file: u64 = ["gate", "up", "down"]
+            .iter()
+            .map(|w| g.tensors.iter().find(|t| t.name == format!("blk.{l}.ffn_{w}_exps.weight")).expect("tensor").bytes)
+            .sum::<u64>()
+            / ex.num_experts as u64;
+        let len = ex.len_of(i);
+        // three parts, each 64-byte aligned, then the page
+        assert!(len >= file && len < (file + 3 * 64).next_multiple_of(4096) + 1, "layer {l}: {len} bytes for {file}");
+        lens.push(len);
+    }
+    assert!(lens.iter().any(|&l| l < ex.blob_len), "the layers' lengths differ: {lens:?}");
+    assert_eq!(p.sizes().experts, lens.iter().sum::<u64>() * ex.num_experts as u64, "the region is their sum");
+
+    // streamed through a pool of three of the longest, prefetch off: each layer's demand reads
+    // are its misses times its own length
+    let ids: Vec<u32> = Reference::load("gguf/tiny").ids("ids");
+    let stream = StreamConfig {
+        budget_bytes: Some(3 * ex.blob_len),
+        io: Some(IoMode::Direct),
+        prefetch: false,
+        ..StreamConfig::default()
+    };
+    let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa: Isa::detect(), stream: Some(stream), panels: true };
+    // counts what the store's reads return from the file
+    let reads = moescope::experts::faults::inject(&pkg);
+    let mut eng = Engine::load(&pkg, opts).expect("load");
+    eng.eval(&ids, Logits::Last, &mut NoObserver).expect("prefill");
+    let stats = eng.pool().expect("streamed").stats();
+    for (i, s) in stats.iter().enumerate() {
+        assert!(s.misses > 0, "layer {i} read nothing");
+        assert_eq!(s.bytes_demand, s.misses * lens[i], "layer {i}: {} misses", s.misses);
+    }
+    assert_eq!(reads.bytes(), stats.iter().map(|s| s.bytes_demand).sum::<u64>(), "bytes read from the file");
+}
+
+/// The package at `p` with its metadata JSON changed by `change` and its header's version set to
+/// `version`, every checksum made to match.
+fn rewrite_meta(p: &Path, version: u32, change: impl FnOnce(&mut serde_json::Value)) {
+    use moescope::package::layout::{HEADER_SIZE, Header};
+    let mut b = std::fs::read(p).expect("read");
+    let h = Header::decode(&b[..HEADER_SIZE as usize]).expect("header");
+    let (mo, ml) = (h.meta_offset as usize, h.meta_len as usize);
+    let mut meta: serde_json::Value = serde_json::from_slice(&b[mo..mo + ml]).expect("meta");
+    change(&mut meta);
+    meta["version"] = version.into();
+    let mut json = serde_json::to_vec(&meta).expect("json");
+    assert!(json.len() <= ml, "the changed metadata fits its room");
+    json.resize(ml, b' ');
+    b[mo..mo + ml].copy_from_slice(&json);
+    let h2 = Header { version, meta_xxh3: xxhash_rust::xxh3::xxh3_64(&json), ..h };
+    b[..HEADER_SIZE as usize].copy_from_slice(&h2.encode());
+    std::fs::write(p, b).expect("write");
+}
+
+#[test]
+fn layer_lengths_that_do_not_fit_the_table_are_refused_by_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gguf = mixed_file(dir.path(), &LOW_BIT_TYPES);
+    let pkg = dir.path().join("mixed.moe");
+    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    let bad = |version: u32, change: &dyn Fn(&mut serde_json::Value), want: &str| {
+        let p = dir.path().join("bad.moe");
+        std::fs::copy(&pkg, &p).expect("copy");
+        rewrite_meta(&p, version, |m| change(&mut m["experts"]));
+        let e = moescope::package::Package::open(&p).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("expert table") && e.contains(want), "{want}: {e}");
+    };
+    let first = |m: &serde_json::Value| m["layer_lens"][0].as_u64().expect("layer lengths");
+    // a length not a whole page, none the longest, lengths in a version 1 package, a count
+    // that is not the layers'
+    bad(2, &|m| m["layer_lens"][0] = (first(m) - 1).into(), "not a positive multiple of 4096");
+    bad(2, &|m| m["blob_len"] = (m["blob_len"].as_u64().unwrap_or(0) + 4096).into(), "is not the blob length");
+    bad(1, &|_| {}, "in a version 1 package");
+    bad(2, &|m| m["layer_lens"] = serde_json::json!([first(m)]), "1 layer lengths for 2 layers");
+    // and the package itself opens
+    moescope::package::Package::open(&pkg).expect("the package as written opens");
+}

@@ -66,7 +66,9 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             "experts": {"offset": pkg.header.expert_offset, "bytes": experts,
                         "layers": ex.map(|e| e.layers.len()).unwrap_or(0),
                         "experts_per_layer": ex.map(|e| e.num_experts).unwrap_or(0),
-                        "bytes_per_expert": blob, "parts": parts},
+                        "bytes_per_expert": blob,
+                        "bytes_per_expert_by_layer": ex.map(|e| (0..e.layers.len()).map(|i| e.len_of(i)).collect::<Vec<_>>()),
+                        "parts": parts},
             "mtp": m.mtp.as_ref().map(|s| json!({
                 "layers": s.layers, "tensors": s.tensors.len(), "offset": s.extent().0, "bytes": s.extent().1})),
         },
@@ -162,7 +164,15 @@ pub fn run(a: &InspectArgs) -> Result<()> {
             e.num_experts,
             pkg.header.expert_offset
         );
-        println!("  per expert  {} bytes (one read), 4096-aligned", blob);
+        if e.layer_lens.is_empty() {
+            println!("  per expert  {blob} bytes (one read), 4096-aligned");
+        } else {
+            let lens: Vec<String> = e.layer_lens.iter().map(u64::to_string).collect();
+            println!(
+                "  per expert  {} bytes by layer (one read, 4096-aligned; a pool slot holds {blob})",
+                lens.join(" ")
+            );
+        }
         for (i, p) in e.parts.iter().enumerate() {
             let at = if e.per_layer() { format!("layer {:<3} ", e.layers[i / 3]) } else { String::new() };
             let group = p.group.map_or(String::new(), |g| format!(" group {g}"));

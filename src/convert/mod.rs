@@ -40,7 +40,7 @@ pub use source::TensorSource;
 use crate::engine::tokenizer::Tok;
 use crate::model_config::ModelConfig;
 use crate::package::layout::{
-    DType, ExpertRegion, FORMAT_NAME, Meta, QuantInfo, ScaleForm, TensorEntry, TokenizerInfo, VERSION,
+    DType, ExpertRegion, FIRST_VERSION, FORMAT_NAME, Meta, QuantInfo, ScaleForm, TensorEntry, TokenizerInfo,
 };
 use crate::package::writer::{BlobBuilder, PackageWriter, plan as plan_offsets};
 
@@ -202,7 +202,7 @@ pub struct Origin<'a> {
 }
 
 /// Where a package's expert blobs come from: one blob per (MoE layer, expert), in the region's
-/// layout (`region.blob_len` bytes). Called from several threads at once.
+/// layout (`region.len_of(layer's place)` bytes). Called from several threads at once.
 pub trait BlobSource: Sync {
     fn blob(&self, region: &ExpertRegion, layer: usize, expert: usize) -> Result<Vec<u8>, ConvertError>;
 }
@@ -447,11 +447,19 @@ fn plan_meta(
         };
         let each: Vec<Vec<TensorEntry>> = moe_layers.iter().map(|&l| layer_parts(l)).collect();
         let parts = if each.iter().all(|p| *p == each[0]) { each[0].clone() } else { each.concat() };
-        ExpertRegion { layers: moe_layers.to_vec(), num_experts: cfg.num_experts, parts, blob_len: 0, table: vec![] }
+        ExpertRegion {
+            layers: moe_layers.to_vec(),
+            num_experts: cfg.num_experts,
+            parts,
+            blob_len: 0,
+            layer_lens: vec![],
+            table: vec![],
+        }
     });
     Meta {
         format: FORMAT_NAME.into(),
-        version: VERSION,
+        // the writer's plan raises it where the layout needs the newer version
+        version: FIRST_VERSION,
         name: origin.name.into(),
         converter: format!("moescope {}", env!("CARGO_PKG_VERSION")),
         model: cfg.clone(),

@@ -30,6 +30,8 @@ pub struct Faults {
     /// (the read count it fires at, the fault); each fires once
     armed: Mutex<Vec<(u64, Fault)>>,
     fired: AtomicU64,
+    /// bytes the reads returned
+    bytes: AtomicU64,
 }
 
 impl Faults {
@@ -51,12 +53,30 @@ impl Faults {
         (self.reads.load(Ordering::SeqCst), self.fired.load(Ordering::SeqCst))
     }
 
+    /// Bytes the reads returned so far (what was read of the file).
+    pub fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::SeqCst)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u64, Fault)>> {
         self.armed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// One read of `buf.len()` bytes at `at` through `read`, with the fault armed for it.
     pub fn read(
+        &self,
+        buf: &mut [u8],
+        at: u64,
+        read: impl FnOnce(&mut [u8], u64) -> std::io::Result<usize>,
+    ) -> std::io::Result<usize> {
+        let got = self.faulty_read(buf, at, read);
+        if let Ok(n) = &got {
+            self.bytes.fetch_add(*n as u64, Ordering::SeqCst);
+        }
+        got
+    }
+
+    fn faulty_read(
         &self,
         buf: &mut [u8],
         at: u64,

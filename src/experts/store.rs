@@ -35,7 +35,10 @@ pub struct ExpertStore {
     path: PathBuf,
     file: File,
     mode: IoMode,
+    /// the longest blob (a pool slot's buffer)
     blob_len: usize,
+    /// each MoE layer's blob length (what a read of one of its experts reads)
+    layer_lens: Vec<usize>,
     num_experts: usize,
     layers: Vec<usize>,
     table: Vec<(u64, u64)>,
@@ -86,6 +89,7 @@ impl ExpertStore {
             file,
             mode,
             blob_len: ex.blob_len as usize,
+            layer_lens: (0..ex.layers.len()).map(|i| ex.len_of(i) as usize).collect(),
             num_experts: ex.num_experts,
             layers: ex.layers.clone(),
             table,
@@ -100,8 +104,14 @@ impl ExpertStore {
         self.mode
     }
 
+    /// Bytes of the longest blob: a buffer that holds any expert.
     pub fn blob_len(&self) -> usize {
         self.blob_len
+    }
+
+    /// Bytes a read of blob `slot` reads (its layer's blob length).
+    pub fn len_of(&self, slot: usize) -> usize {
+        self.layer_lens.get(slot / self.num_experts.max(1)).copied().unwrap_or(self.blob_len)
     }
 
     pub fn path(&self) -> &Path {
@@ -113,10 +123,10 @@ impl ExpertStore {
         li * self.num_experts + e
     }
 
-    /// Read blob `slot` into `buf` (at least `blob_len` bytes), retrying short reads and
+    /// Read blob `slot` into `buf` (at least `len_of(slot)` bytes), retrying short reads and
     /// EINTR; verify its checksum if asked.
     pub fn read(&self, slot: usize, buf: &mut AlignedBuf) -> Result<(), ReadError> {
-        self.read_part(slot, buf, 0, self.blob_len)?;
+        self.read_part(slot, buf, 0, self.len_of(slot))?;
         self.check(slot, buf)
     }
 
@@ -125,7 +135,7 @@ impl ExpertStore {
     /// O_DIRECT needs), `to` one too or the blob's end.
     pub fn read_part(&self, slot: usize, buf: &mut AlignedBuf, from: usize, to: usize) -> Result<(), ReadError> {
         let (off, _) = self.table[slot];
-        let to = to.min(self.blob_len);
+        let to = to.min(self.len_of(slot));
         let dst = &mut buf.as_mut_slice()[from..to];
         let mut done = 0;
         while done < dst.len() {
@@ -139,7 +149,7 @@ impl ExpertStore {
                     return Err(PackageError::Truncated {
                         path: self.path.clone(),
                         what: format!("{} (the file shrank while in use)", self.blob_name(slot)),
-                        need: off + self.blob_len as u64,
+                        need: off + self.len_of(slot) as u64,
                         have: at,
                     });
                 }
@@ -165,13 +175,13 @@ impl ExpertStore {
         if !self.verify {
             return Ok(());
         }
-        let blob = &buf.as_slice()[..self.blob_len];
+        let blob = &buf.as_slice()[..self.len_of(slot)];
         if xxhash_rust::xxh3::xxh3_64(blob) != sum {
             return Err(PackageError::Checksum {
                 path: self.path.clone(),
                 what: self.blob_name(slot),
                 offset: off,
-                len: self.blob_len as u64,
+                len: blob.len() as u64,
             });
         }
         for p in self.parts.get(slot / self.num_experts.max(1)).into_iter().flatten() {
@@ -232,7 +242,7 @@ pub fn probe_read_bandwidth(store: &ExpertStore, threads: usize, secs: f64) -> f
                     x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                     let slot = ((x >> 33) % n_blobs) as usize;
                     if store.read(slot, &mut buf).is_ok() {
-                        bytes.fetch_add(store.blob_len as u64, Ordering::Relaxed);
+                        bytes.fetch_add(store.len_of(slot) as u64, Ordering::Relaxed);
                     }
                 }
             });

@@ -82,7 +82,7 @@ impl Moe {
             shared,
             norm,
             eps: c.rms_norm_eps as f32,
-            blob_bytes: pkg.sizes().blob,
+            blob_bytes: pkg.meta.experts.as_ref().map_or(0, |e| e.len_of(moe_layer)),
             glu: match c.features.expert_act {
                 ExpertAct::Silu => Glu::Silu,
                 ExpertAct::ClampedSwiglu { alpha, limit } => Glu::Clamped { alpha, limit },

@@ -20,8 +20,12 @@ use moescope_kernels::ggml::BlockType;
 use moescope_kernels::ggml_codes::blocks_run_as;
 
 pub const MAGIC: [u8; 8] = *b"MOESCOPE";
-/// Bumped on any incompatible change of the layout below.
-pub const VERSION: u32 = 1;
+/// The newest layout written; bumped on any incompatible change of the layout below. Version 2
+/// gives each MoE layer's blobs a length of their own ([`ExpertRegion::layer_lens`]); a package
+/// without them is written as version 1, which readers from before it still read.
+pub const VERSION: u32 = 2;
+/// The oldest layout this reader reads.
+pub const FIRST_VERSION: u32 = 1;
 pub const HEADER_SIZE: u64 = 4096;
 pub const DENSE_ALIGN: u64 = 64;
 /// Each expert blob starts on a page, so that one O_DIRECT read lands in one aligned buffer.
@@ -85,7 +89,7 @@ impl Header {
         let u32_at = |o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or([0; 4]));
         let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or([0; 8]));
         let version = u32_at(8);
-        if version != VERSION {
+        if !(FIRST_VERSION..=VERSION).contains(&version) {
             return Err(HeaderError::Version(version));
         }
         if u32_at(12) as u64 != HEADER_SIZE {
@@ -345,7 +349,8 @@ pub fn span(f: Format, rows: usize, cols: usize, form: ScaleForm) -> (u64, Optio
     }
 }
 
-/// The routed experts: one blob per (layer in `layers`, expert), all of one length.
+/// The routed experts: one blob per (layer in `layers`, expert), all of one length, or of one
+/// length per layer (`layer_lens`) where the layers' parts differ in size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExpertRegion {
     pub layers: Vec<usize>,
@@ -355,8 +360,13 @@ pub struct ExpertRegion {
     /// differ by layer (a GGUF's Q4_K_M keeps some layers' `ffn_down_exps` in Q6_K; readers
     /// that predate this refuse more than three parts).
     pub parts: Vec<TensorEntry>,
-    /// Bytes of one blob including padding (a multiple of 4096).
+    /// Bytes of one blob including padding (a multiple of 4096): the longest where layers differ,
+    /// what one pool slot holds.
     pub blob_len: u64,
+    /// Bytes of each layer's blobs (in `layers` order, multiples of 4096), where they differ:
+    /// a miss reads its own layer's length (version 2); empty when every blob is `blob_len` long.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_lens: Vec<u64>,
     /// `table[i * num_experts + e]` = (absolute offset, xxh3-64 hex) of layer `layers[i]`,
     /// expert `e`.
     pub table: Vec<(u64, String)>,
@@ -371,6 +381,16 @@ impl ExpertRegion {
     /// The place of model layer `layer` among the region's layers (`layers[i] == layer`).
     pub fn index_of(&self, layer: usize) -> Option<usize> {
         self.layers.iter().position(|&l| l == layer)
+    }
+
+    /// Bytes of a blob of `layers[i]`.
+    pub fn len_of(&self, i: usize) -> u64 {
+        self.layer_lens.get(i).copied().unwrap_or(self.blob_len)
+    }
+
+    /// Bytes of every blob together.
+    pub fn total_len(&self) -> u64 {
+        (0..self.layers.len()).map(|i| self.len_of(i)).sum::<u64>() * self.num_experts as u64
     }
 
     /// The three parts of the blobs of `layers[i]`.

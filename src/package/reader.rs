@@ -117,10 +117,13 @@ impl Package {
         }
         let meta: Meta = serde_json::from_slice(meta_bytes)
             .map_err(|e| PackageError::Meta { path: p.clone(), msg: e.to_string() })?;
-        if meta.format != FORMAT_NAME || meta.version != VERSION {
+        if meta.format != FORMAT_NAME || meta.version != header.version {
             return Err(PackageError::Meta {
                 path: p,
-                msg: format!("format '{}' version {} (expected '{FORMAT_NAME}' {VERSION})", meta.format, meta.version),
+                msg: format!(
+                    "format '{}' version {} (expected '{FORMAT_NAME}' {}, the header's)",
+                    meta.format, meta.version, header.version
+                ),
             });
         }
         meta.model
@@ -293,7 +296,7 @@ impl Package {
             self.check_blob(&format!("expert blob (layer {layer}, expert {e})"), li, *off, sum)?;
             self.expert_checked[slot].store(1, Ordering::Release);
         }
-        let (bytes, origin) = self.bytes_for(*off, ex.blob_len);
+        let (bytes, origin) = self.bytes_for(*off, ex.len_of(li));
         let parts = ex.parts_of(li);
         Ok(ExpertMats {
             gate: mat_at(bytes, origin, &parts[0], *off),
@@ -310,7 +313,7 @@ impl Package {
     /// and scales finite (a blob marked checked passed both, whichever thread checked it).
     fn check_blob(&self, what: &str, li: usize, off: u64, sum: &str) -> Result<(), PackageError> {
         let Some(ex) = &self.meta.experts else { return Ok(()) };
-        self.verify(what, off, ex.blob_len, Some(sum))?;
+        self.verify(what, off, ex.len_of(li), Some(sum))?;
         for p in ex.parts_of(li) {
             self.check_finite(|| format!("{what} {}", p.name), p, off)?;
         }
@@ -339,16 +342,16 @@ impl Package {
             .experts
             .as_ref()
             .ok_or_else(|| PackageError::Meta { path: self.path.clone(), msg: "no expert table".into() })?;
-        if (blob.len() as u64) < ex.blob_len || !(blob.as_ptr() as usize).is_multiple_of(64) {
-            return Err(PackageError::Meta {
-                path: self.path.clone(),
-                msg: "expert buffer too short or misaligned".into(),
-            });
-        }
         if moe_layer >= ex.layers.len() {
             return Err(PackageError::Meta {
                 path: self.path.clone(),
                 msg: format!("MoE layer {moe_layer} out of range"),
+            });
+        }
+        if (blob.len() as u64) < ex.len_of(moe_layer) || !(blob.as_ptr() as usize).is_multiple_of(64) {
+            return Err(PackageError::Meta {
+                path: self.path.clone(),
+                msg: "expert buffer too short or misaligned".into(),
             });
         }
         let parts = ex.parts_of(moe_layer);
@@ -508,11 +511,31 @@ fn check_experts(path: &Path, ex: &ExpertRegion, meta: &Meta, h: &Header) -> Res
     if ex.blob_len == 0 || !ex.blob_len.is_multiple_of(EXPERT_ALIGN) {
         return Err(bad(format!("blob length {} is not a multiple of {EXPERT_ALIGN}", ex.blob_len)));
     }
-    for (p, (name, shape)) in ex.parts.iter().zip(want.iter().cycle()) {
+    if !ex.layer_lens.is_empty() {
+        // one length per layer (version 2): each a whole number of pages, the longest blob_len
+        if h.version < 2 || ex.layer_lens.len() != ex.layers.len() || !ex.per_layer() {
+            return Err(bad(format!(
+                "{} layer lengths for {} layers with {} parts in a version {} package",
+                ex.layer_lens.len(),
+                ex.layers.len(),
+                ex.parts.len(),
+                h.version
+            )));
+        }
+        let max = ex.layer_lens.iter().copied().max().unwrap_or(0);
+        if let Some(l) = ex.layer_lens.iter().find(|&&l| l == 0 || !l.is_multiple_of(EXPERT_ALIGN)) {
+            return Err(bad(format!("layer blob length {l} is not a positive multiple of {EXPERT_ALIGN}")));
+        }
+        if max != ex.blob_len {
+            return Err(bad(format!("longest layer blob {max} is not the blob length {}", ex.blob_len)));
+        }
+    }
+    for (i, (p, (name, shape))) in ex.parts.iter().zip(want.iter().cycle()).enumerate() {
         if p.name != *name || p.shape != *shape {
             return Err(bad(format!("part {} {:?}, expected {name} {:?}", p.name, p.shape, shape)));
         }
-        check_entry(path, p, 0, ex.blob_len)?;
+        let len = if ex.per_layer() { ex.len_of(i / 3) } else { ex.blob_len };
+        check_entry(path, p, 0, len)?;
     }
     let n = ex.layers.len() * ex.num_experts;
     if ex.table.len() != n {
@@ -520,7 +543,7 @@ fn check_experts(path: &Path, ex: &ExpertRegion, meta: &Meta, h: &Header) -> Res
     }
     let (lo, hi) = (h.expert_offset, h.expert_offset + h.expert_len);
     for (i, (off, sum)) in ex.table.iter().enumerate() {
-        let end = off.checked_add(ex.blob_len).unwrap_or(u64::MAX);
+        let end = off.checked_add(ex.len_of(i / ex.num_experts)).unwrap_or(u64::MAX);
         if off % EXPERT_ALIGN != 0 || *off < lo || end > hi {
             return Err(bad(format!(
                 "blob {i} (layer {}, expert {}) at offset {off} is misaligned or outside the expert region",

@@ -21,15 +21,22 @@ pub fn plan(meta: &mut Meta) -> Header {
     for t in meta.tensors.iter_mut().chain(meta.mtp.iter_mut().flat_map(|m| m.tensors.iter_mut())) {
         t.xxh3 = Some(zero.clone());
     }
+    meta.version = FIRST_VERSION;
     if let Some(ex) = &mut meta.experts {
         // parts inside a blob, 64-byte aligned (each layer's from 0 when they differ by
-        // layer: the blob holds the longest); the blob padded to 4096
-        let end = if ex.per_layer() {
-            ex.parts.chunks_mut(3).map(|p| place(p, 0)).max().unwrap_or(0)
+        // layer), each blob padded to 4096: one length for all, or one per layer where the
+        // layers' parts differ in size (a pool slot holds the longest)
+        let blob = |end: u64| align_up(end.max(1), EXPERT_ALIGN);
+        let lens: Vec<u64> = if ex.per_layer() {
+            ex.parts.chunks_mut(3).map(|p| blob(place(p, 0))).collect()
         } else {
-            place(&mut ex.parts, 0)
+            vec![blob(place(&mut ex.parts, 0))]
         };
-        ex.blob_len = align_up(end.max(1), EXPERT_ALIGN);
+        ex.blob_len = lens.iter().copied().max().unwrap_or(EXPERT_ALIGN);
+        ex.layer_lens = if lens.iter().all(|&l| l == ex.blob_len) { vec![] } else { lens };
+        if !ex.layer_lens.is_empty() {
+            meta.version = VERSION;
+        }
         ex.table = vec![(0, zero.clone()); ex.layers.len() * ex.num_experts];
     }
     // the metadata length depends on the offsets' digits and they on it: iterate to a fixpoint
@@ -41,10 +48,11 @@ pub fn plan(meta: &mut Meta) -> Header {
         let expert_offset = align_up(off, EXPERT_ALIGN);
         let mut expert_len = 0;
         if let Some(ex) = &mut meta.experts {
-            for (i, slot) in ex.table.iter_mut().enumerate() {
-                slot.0 = expert_offset + i as u64 * ex.blob_len;
+            let n = ex.num_experts.max(1);
+            for i in 0..ex.table.len() {
+                ex.table[i].0 = expert_offset + expert_len;
+                expert_len += ex.len_of(i / n);
             }
-            expert_len = ex.table.len() as u64 * ex.blob_len;
         }
         let mut file_size = expert_offset + expert_len;
         if let Some(mtp) = &mut meta.mtp {
@@ -53,7 +61,7 @@ pub fn plan(meta: &mut Meta) -> Header {
         let need = serde_json::to_vec(meta).map(|v| v.len() as u64).unwrap_or(0);
         if need <= meta_reserved {
             return Header {
-                version: VERSION,
+                version: meta.version,
                 file_size,
                 meta_offset: HEADER_SIZE,
                 meta_len: meta_reserved,
@@ -260,11 +268,13 @@ impl PackageWriter {
         Ok(())
     }
 
-    /// Write the next expert blob (layer-major, expert-minor), `blob.len() == blob_len`.
+    /// Write the next expert blob (layer-major, expert-minor), its layer's length (`len_of`).
     pub fn write_expert(&mut self, blob: &[u8]) -> Result<(), PackageError> {
         let i = self.next_expert;
         let (off, len) = match &self.meta.experts {
-            Some(ex) if i < ex.table.len() && blob.len() as u64 == ex.blob_len => (ex.table[i].0, ex.blob_len),
+            Some(ex) if i < ex.table.len() && blob.len() as u64 == ex.len_of(i / ex.num_experts.max(1)) => {
+                (ex.table[i].0, blob.len() as u64)
+            }
             _ => {
                 return Err(PackageError::Corrupt {
                     path: self.tmp_path.clone(),
@@ -357,7 +367,7 @@ pub struct BlobBuilder<'a> {
 impl<'a> BlobBuilder<'a> {
     /// A blob of `region.layers[i]`.
     pub fn new(region: &'a ExpertRegion, i: usize) -> BlobBuilder<'a> {
-        BlobBuilder { parts: region.parts_of(i), buf: vec![0u8; region.blob_len as usize] }
+        BlobBuilder { parts: region.parts_of(i), buf: vec![0u8; region.len_of(i) as usize] }
     }
 
     pub fn clear(&mut self) {

@@ -372,10 +372,10 @@ fn fill_scales(rng: &mut Rng, base: f64, out: &mut [f32]) {
 
 impl BlobSource for SynthBlobs {
     fn blob(&self, region: &ExpertRegion, layer: usize, expert: usize) -> Result<Vec<u8>, ConvertError> {
-        let mut buf = vec![0u8; region.blob_len as usize];
+        let li = region.index_of(layer).ok_or_else(|| crate::convert::no_experts_in(layer))?;
+        let mut buf = vec![0u8; region.len_of(li) as usize];
         let mut rng = Rng::new(stream_seed(self.seed, 0xE4_0000 + layer as u64, expert as u64));
         let mut scales = Vec::new();
-        let li = region.index_of(layer).ok_or_else(|| crate::convert::no_experts_in(layer))?;
         for part in region.parts_of(li) {
             let f = part.format().unwrap_or(Format::F32);
             let (rows, cols) = part.rows_cols();

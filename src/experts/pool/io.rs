@@ -33,16 +33,16 @@ pub(super) fn io_worker(sh: &Shared, demand_only: bool) {
         let Some(mut job) = st.start_read(si) else { continue };
         drop(st);
 
+        let blob = sh.store.slot_of(job.key.0, job.key.1);
         let mut span = trace::span("read")
             .arg("layer", job.key.0)
             .arg("expert", job.key.1)
-            .arg("bytes", blob_len)
+            .arg("bytes", sh.store.len_of(blob))
             .arg("origin", if job.origin == Origin::Demand { "demand" } else { "prefetch" })
             .arg("queue_wait_us", job.waited.as_micros() as u64);
         trace::flow_end(job.flow_issue);
         let mut b = job.buf.take().unwrap_or_else(|| AlignedBuf::new(blob_len));
         let t_read = Instant::now();
-        let blob = sh.store.slot_of(job.key.0, job.key.1);
         let mut paused = Duration::ZERO;
         let res = if job.origin == Origin::Prefetch && sh.n_workers > 1 {
             let r = read_standing_aside(sh, si, blob, &mut b);
@@ -76,7 +76,7 @@ pub(super) fn io_worker(sh: &Shared, demand_only: bool) {
 /// demand read is queued or in flight (unless this blob is now demanded itself); the time spent
 /// aside.
 fn read_standing_aside(sh: &Shared, si: usize, blob: usize, b: &mut AlignedBuf) -> Result<Duration, ReadError> {
-    let blob_len = sh.dims.blob_len;
+    let blob_len = sh.store.len_of(blob);
     let mut paused = Duration::ZERO;
     let mut from = 0;
     while from < blob_len {

@@ -82,9 +82,10 @@ impl ExpertCache {
         let dims = Dims { n_layers, num_experts, top_k, blob_len: store.blob_len() };
         let n_workers = cfg.io_workers.max(1);
         let capacity = dims.slots_for(cfg.budget_bytes);
+        let layer_bytes = (0..n_layers).map(|li| store.len_of(store.slot_of(li, 0)) as u64).collect();
         let shared = Arc::new(Shared {
             store,
-            st: Mutex::new(State::new(dims, capacity, cfg.policy, cfg.prefetch)),
+            st: Mutex::new(State { layer_bytes, ..State::new(dims, capacity, cfg.policy, cfg.prefetch) }),
             ready: Condvar::new(),
             work: Condvar::new(),
             dims,

@@ -156,7 +156,7 @@ impl Demand {
     /// (the slot forgotten, so a later request reads it again); None while every remaining one
     /// is still being read.
     pub fn take_ready(&mut self, st: &mut State) -> Option<Result<ExpertBuf, ReadError>> {
-        let blob = st.dims.blob_len as u64;
+        let blob = st.read_bytes(self.li);
         for i in 0..self.items.len() {
             let (e, item) = self.items[i];
             let Item::Slot(si) = item else { continue };

@@ -71,6 +71,8 @@ impl Dims {
 
 pub(super) struct State {
     pub dims: Dims,
+    /// Bytes a read of an expert of each MoE layer reads (its blob length; at most a slot's).
+    pub layer_bytes: Vec<u64>,
     pub slots: Vec<Option<Slot>>,
     pub free: Vec<usize>,
     pub map: HashMap<Key, usize>,
@@ -130,9 +132,15 @@ pub(super) fn ahead(pass: u64, li: usize, token: u64, active: usize) -> bool {
 }
 
 impl State {
+    /// Bytes a read of an expert of MoE layer `li` reads.
+    pub fn read_bytes(&self, li: usize) -> u64 {
+        self.layer_bytes.get(li).copied().unwrap_or(self.dims.blob_len as u64)
+    }
+
     pub fn new(dims: Dims, capacity: usize, policy: PolicyKind, prefetch_on: bool) -> State {
         State {
             dims,
+            layer_bytes: vec![dims.blob_len as u64; dims.n_layers],
             slots: Vec::new(),
             free: Vec::new(),
             map: HashMap::new(),
@@ -308,7 +316,7 @@ impl State {
         let stats = &mut self.stats[key.0];
         stats.evictions += 1;
         if wasted {
-            stats.prefetch_wasted_bytes += d.blob_len as u64;
+            stats.prefetch_wasted_bytes += self.layer_bytes.get(key.0).copied().unwrap_or(d.blob_len as u64);
         }
         self.evicted_at.insert(key, token);
         self.free_slot(si, key);
@@ -400,7 +408,7 @@ impl State {
         read_ns: u64,
         flow_use: Option<u64>,
     ) -> bool {
-        let blob = self.dims.blob_len as u64;
+        let blob = self.read_bytes(job.key.0);
         self.in_flight -= 1;
         if self.in_flight == 0
             && let Some(t) = self.busy_since.take()
