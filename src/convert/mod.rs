@@ -447,19 +447,11 @@ fn plan_meta(
         };
         let each: Vec<Vec<TensorEntry>> = moe_layers.iter().map(|&l| layer_parts(l)).collect();
         let parts = if each.iter().all(|p| *p == each[0]) { each[0].clone() } else { each.concat() };
-        ExpertRegion {
-            layers: moe_layers.to_vec(),
-            num_experts: cfg.num_experts,
-            parts,
-            blob_len: 0,
-            layer_lens: vec![],
-            table: vec![],
-        }
+        ExpertRegion::planned(moe_layers.to_vec(), cfg.num_experts, parts)
     });
     Meta {
         format: FORMAT_NAME.into(),
-        // the writer's plan raises it where the layout needs the newer version
-        version: FIRST_VERSION,
+        version: FIRST_VERSION, // raised by the writer's plan where the layout needs it
         name: origin.name.into(),
         converter: format!("moescope {}", env!("CARGO_PKG_VERSION")),
         model: cfg.clone(),

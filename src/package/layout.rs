@@ -373,6 +373,11 @@ pub struct ExpertRegion {
 }
 
 impl ExpertRegion {
+    /// A region of these parts, its lengths and table left to the writer's plan.
+    pub fn planned(layers: Vec<usize>, num_experts: usize, parts: Vec<TensorEntry>) -> ExpertRegion {
+        ExpertRegion { layers, num_experts, parts, blob_len: 0, layer_lens: vec![], table: vec![] }
+    }
+
     /// Whether the layers' blobs have parts of their own (three per layer).
     pub fn per_layer(&self) -> bool {
         self.parts.len() > 3 && self.parts.len() == 3 * self.layers.len()

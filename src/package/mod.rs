@@ -8,6 +8,7 @@ pub mod reader;
 mod resident;
 pub mod sigbus;
 mod sink;
+mod validate;
 pub mod writer;
 
 pub use error::PackageError;

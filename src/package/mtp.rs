@@ -8,7 +8,8 @@ use moescope_kernels::Mat;
 
 use super::error::PackageError;
 use super::layout::*;
-use super::reader::{Package, check_entry, mat_at};
+use super::reader::{Package, mat_at};
+use super::validate::check_entry;
 
 /// The MTP section's tensors by name (none without one), after checking that its layers follow
 /// the model's (`num_hidden_layers ..` + `num_nextn_predict_layers`) and that each tensor lies
