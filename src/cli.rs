@@ -72,9 +72,9 @@ pub struct PerplexityArgs {
     /// Compute threads (default: all cores).
     #[arg(short = 't', long)]
     pub threads: Option<usize>,
-    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32, mxfp4; default
-    /// q4, mxfp4 for a checkpoint released in MXFP4) or a GGUF file (default: each tensor as the
-    /// file holds it; a mode given requantizes).
+    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32, mxfp4, q4_k,
+    /// q2_k, iq4_xs; default q4, mxfp4 for a checkpoint released in MXFP4) or a GGUF file
+    /// (default: each tensor as the file holds it; a mode given requantizes).
     #[arg(long)]
     pub quant: Option<String>,
     /// Print one JSON object instead of a line.
@@ -221,9 +221,9 @@ pub struct RunArgs {
     /// Write the raw logits that chose each generated token as float32 [N, vocab] .npy.
     #[arg(long, value_name = "FILE.npy")]
     pub logits_out: Option<PathBuf>,
-    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32, mxfp4; default
-    /// q4, mxfp4 for a checkpoint released in MXFP4) or a GGUF file (default: each tensor as the
-    /// file holds it; a mode given requantizes).
+    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32, mxfp4, q4_k,
+    /// q2_k, iq4_xs; default q4, mxfp4 for a checkpoint released in MXFP4) or a GGUF file
+    /// (default: each tensor as the file holds it; a mode given requantizes).
     #[arg(long)]
     pub quant: Option<String>,
     /// Size of the expert pool in MiB, or `auto`: the memory the process may use (its cgroup's
@@ -308,10 +308,12 @@ pub struct ConvertArgs {
     /// Output package.
     #[arg(short = 'o', long)]
     pub output: PathBuf,
-    /// bf16, q8, q4 (int4, group 128), q4g32 (int4, group 32) or mxfp4 (the routed experts in
-    /// MXFP4, the rest q8); default q4 for a HuggingFace directory (mxfp4 for one released in
-    /// MXFP4: its experts kept as they are), and for a GGUF file each tensor as the file holds it
-    /// (a mode given requantizes).
+    /// bf16, q8, q4 (int4, group 128), q4g32 (int4, group 32), mxfp4 (the routed experts in
+    /// MXFP4, the rest q8), or q4_k, q2_k, iq4_xs (attention, dense MLP and experts as GGUF blocks
+    /// of that type, 4.5 / 2.625 / 4.25 bits a weight, with the quantization's error reported);
+    /// default q4 for a HuggingFace directory (mxfp4 for one released in MXFP4: its experts kept
+    /// as they are), and for a GGUF file each tensor as the file holds it (a mode given
+    /// requantizes).
     #[arg(long)]
     pub quant: Option<String>,
 }
@@ -375,7 +377,7 @@ pub struct PlanArgs {
     /// A HuggingFace config.json (or the folder holding it): what a user has before downloading.
     #[arg(long)]
     pub config: Option<std::path::PathBuf>,
-    /// Quantization of --shape / --config: q4, q4g32, q8, bf16.
+    /// Quantization of --shape / --config: q4, q4g32, q8, bf16, q4_k, q2_k, iq4_xs.
     #[arg(long, default_value = "q4")]
     pub quant: String,
     /// Memory the run may use (8G, 512M; default: this process's cgroup limit, else
@@ -435,9 +437,9 @@ pub struct BenchArgs {
     /// Output: md (a table), json (only JSON on stdout), csv.
     #[arg(short = 'o', long, default_value = "md")]
     pub output: String,
-    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32, mxfp4; default
-    /// q4, mxfp4 for a checkpoint released in MXFP4) or a GGUF file (default: each tensor as the
-    /// file holds it; a mode given requantizes).
+    /// Quantization when the model is a HuggingFace directory (bf16, q8, q4, q4g32, mxfp4, q4_k,
+    /// q2_k, iq4_xs; default q4, mxfp4 for a checkpoint released in MXFP4) or a GGUF file
+    /// (default: each tensor as the file holds it; a mode given requantizes).
     #[arg(long)]
     pub quant: Option<String>,
     /// Expert pool sizes in MiB or `auto` (comma list; default as for `run`).

@@ -103,6 +103,14 @@ impl ModelSizes {
                 [r, cc] => (*r, *cc),
                 _ => (1, shape.iter().product()),
             };
+            // GGUF blocks (`--quant q4_k | q2_k | iq4_xs`) take the type's bytes where rows are
+            // whole super-blocks, as `convert::requant_blocks` writes them
+            if let QuantMode::Ggml(t) = q
+                && matches!(k, Kind::Linear | Kind::Expert)
+                && cols.is_multiple_of(moescope_kernels::ggml::QK_K)
+            {
+                return align_up(t.bytes_of(rows * cols) as u64, DENSE_ALIGN);
+            }
             let f = q.format(k, cols);
             align_up((f.data_bytes(rows, cols) + f.scale_bytes(rows, cols)) as u64, DENSE_ALIGN)
         };

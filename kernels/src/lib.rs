@@ -17,6 +17,7 @@ pub mod ggml_codes;
 #[cfg(target_arch = "x86_64")]
 mod ggml_codes_avx512;
 pub mod ggml_iq;
+pub mod ggml_quant;
 pub mod isa;
 pub mod kscales;
 pub mod mat;

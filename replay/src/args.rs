@@ -26,7 +26,7 @@ use crate::mutate::Rng;
 const COMMANDS: [&str; 8] = ["run", "convert", "synth", "plan", "inspect", "bench", "sim", "perplexity"];
 
 /// Valid command lines, the starting points (`@NAME`: a file of [`Files`]).
-const SEEDS: [&str; 22] = [
+const SEEDS: [&str; 24] = [
     "run -p hello -n 4",
     "run -m @PKG --prompt-ids 1,2,3 -n 3 --json --seed 7 --temperature 0.8 --top-k 5",
     "run -m @CKPT -p fn -n 2 --quant q8 --cache-mb 1 --prefetch off --io buffered",
@@ -37,6 +37,8 @@ const SEEDS: [&str; 22] = [
     "run --prompt-ids 5 -n 2 --top-p 0.5 --min-p 0.1 --repeat-penalty 1.1 --repeat-last-n 8 --ignore-eos",
     "convert @CKPT -o @OUT --quant q4g32",
     "convert @GGUF -o @OUT",
+    "convert @CKPT -o @OUT --quant q2_k",
+    "convert @GGUF -o @OUT --quant iq4_xs",
     "synth --shape qwen3-30b-a3b -o @OUT --layers 1 --experts 4 --vocab 512",
     "synth --shape qwen3.5-35b-a3b -o @OUT --layers 4 --experts 2 --vocab 256 --quant q8 --seed 3",
     "plan --shape qwen3-30b-a3b --mem 8G -t 2 --json --reuse-probes",

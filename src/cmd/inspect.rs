@@ -24,7 +24,12 @@ pub fn run(a: &InspectArgs) -> Result<()> {
     // per type: tensors, bytes, weights
     let mut by_type: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
     for t in &m.tensors {
-        let e = by_type.entry(format!("{:?}", t.dtype).to_lowercase()).or_default();
+        // a GGUF file's blocks by their own type's name, not the q8 matrix they compute as
+        let key = match t.scale_form() {
+            ScaleForm::Blocks(bt) => bt.name().to_string(),
+            _ => format!("{:?}", t.dtype).to_lowercase(),
+        };
+        let e = by_type.entry(key).or_default();
         e.0 += 1;
         e.1 += t.length;
         e.2 += t.shape.iter().product::<usize>() as u64;

@@ -11,12 +11,14 @@ pub mod hybrid;
 pub mod mla;
 pub mod mtp;
 pub mod plan;
+pub mod requant_blocks;
 pub mod requant_cost;
 pub mod safetensors;
 pub mod source;
 pub mod tiktoken;
 pub mod tokenizer_files;
 
+use encode::EncodedRows;
 pub use encode::encode_rows;
 
 use std::io::IsTerminal;
@@ -114,6 +116,9 @@ pub fn convert_hf(dir: &Path, out: &Path, opts: ConvertOptions) -> Result<Conver
     mtp::notes(src, &cfg, dir, &mut ignored, &mut warnings);
     let origin = Origin { name: &name, ignored, synthetic: None };
     let bytes = write_package(src, &cfg, tok, origin, opts, out)?;
+    if let QuantMode::Ggml(_) = opts.quant {
+        warnings.push(requant_cost::requant_cost(src, out, "quantized from the checkpoint's")?);
+    }
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
 }
 
@@ -160,7 +165,7 @@ pub fn convert_gguf(path: &Path, out: &Path, opts: ConvertOptions) -> Result<Con
     let origin = Origin { name: &name, ignored, synthetic: None };
     let bytes = write_package(view, &cfg, tok, origin, opts, out)?;
     if opts.quant != QuantMode::File {
-        warnings.push(requant_cost::requant_cost(view, out)?);
+        warnings.push(requant_cost::requant_cost(view, out, "requantized from the file's")?);
     }
     Ok(ConvertReport { out: out.to_path_buf(), bytes, seconds: t0.elapsed().as_secs_f64(), warnings })
 }
@@ -245,60 +250,6 @@ impl BlobSource for EncodedBlobs<'_> {
     }
 }
 
-/// Rows as a source encodes them: values, f32 scales and mins, or k4 / k6 records.
-#[derive(Default)]
-struct EncodedRows {
-    vals: Vec<u8>,
-    scales: Vec<f32>,
-    mins: Vec<f32>,
-    records: Vec<u8>,
-}
-
-impl EncodedRows {
-    /// Rows `[r0, r0 + n)` of `name` in format `f` with scales in `form`, from the source's own
-    /// codes; `Ok(false)` when it has none and the form is plain (the caller quantizes), an
-    /// error when the plan asked for mins or records that the source cannot give (a plan bug).
-    fn fill(
-        &mut self,
-        src: &dyn TensorSource,
-        name: &str,
-        (f, form): (Format, ScaleForm),
-        r0: usize,
-        n: usize,
-    ) -> Result<bool, ConvertError> {
-        if let ScaleForm::Blocks(_) = form {
-            // the file's blocks are the values; nothing follows them
-            self.scales.clear();
-            self.records.clear();
-            if !src.file_bytes(name, r0, n, &mut self.vals)? {
-                return Err(no_scale_form(src, name, form));
-            }
-            return Ok(true);
-        }
-        let mins = form.asymmetric().then_some(&mut self.mins);
-        let coded = src.encoded_rows(name, f, r0, n, &mut self.vals, &mut self.scales, mins)?;
-        let whole = coded && (!form.records() || src.file_bytes(name, r0, n, &mut self.records)?);
-        if !whole && form != ScaleForm::Plain {
-            return Err(no_scale_form(src, name, form));
-        }
-        Ok(whole)
-    }
-}
-
-/// A tensor planned with mins or records whose source could not give them (a plan bug).
-fn no_scale_form(src: &dyn TensorSource, name: &str, form: ScaleForm) -> ConvertError {
-    let what = match form {
-        ScaleForm::Blocks(_) => "the file's blocks",
-        _ if form.records() => "the blocks' scales (k4 or k6 records)",
-        _ => "mins (asymmetric groups)",
-    };
-    ConvertError::Tensor {
-        file: PathBuf::from(src.origin(name)),
-        name: src.source_name(name),
-        msg: format!("planned with {what}, but the source cannot give them"),
-    }
-}
-
 /// Write a package of `cfg` with weights from `src`. Returns the package size in bytes.
 pub fn write_package(
     src: &dyn TensorSource,
@@ -308,6 +259,11 @@ pub fn write_package(
     opts: ConvertOptions,
     out: &Path,
 ) -> Result<u64, ConvertError> {
+    let requant = match opts.quant {
+        QuantMode::Ggml(t) => Some(requant_blocks::RequantBlocks::new(src, cfg, t)),
+        _ => None,
+    };
+    let src: &dyn TensorSource = requant.as_ref().map_or(src, |r| r);
     write_package_with(src, &EncodedBlobs { src, cfg }, cfg, tokenizer, origin, opts, out)
 }
 
@@ -421,7 +377,7 @@ fn plan_meta(
     };
     // the plan's format, or with QuantMode::File the one holding the source's values exactly
     let format = |name: &str, kind: plan::Kind, cols: usize| match (opts.quant, src.exact_format(name)) {
-        (QuantMode::File, Some(f)) => f,
+        (QuantMode::File | QuantMode::Ggml(_), Some(f)) => f,
         _ => (opts.quant.format(kind, cols), ScaleForm::Plain),
     };
     let entries = |list: &[plan::DenseTensor]| -> Vec<TensorEntry> {

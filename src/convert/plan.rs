@@ -52,6 +52,8 @@
 use moescope_kernels::Format;
 use moescope_kernels::quant::pick_group;
 
+use moescope_kernels::ggml::BlockType;
+
 use crate::model_config::{Arch, LayerKind, ModelConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,6 +69,9 @@ pub enum QuantMode {
     /// Each tensor in the format that holds its source's values exactly (a GGUF file's types;
     /// see `convert::gguf::exact::exact_format`), none requantized.
     File,
+    /// Linear layers and experts quantized into GGUF blocks of this type (Q4_K, Q2_K or IQ4_XS,
+    /// `convert::requant_blocks`) where rows are whole super-blocks; the rest as `Q4`'s.
+    Ggml(BlockType),
 }
 
 impl QuantMode {
@@ -77,7 +82,12 @@ impl QuantMode {
             "q4" => Ok(QuantMode::Q4 { max_group: 128 }),
             "q4g32" => Ok(QuantMode::Q4 { max_group: 32 }),
             "mxfp4" => Ok(QuantMode::Mxfp4),
-            other => Err(format!("unknown quantization '{other}' (expected bf16, q8, q4, q4g32 or mxfp4)")),
+            "q4_k" => Ok(QuantMode::Ggml(BlockType::Q4K)),
+            "q2_k" => Ok(QuantMode::Ggml(BlockType::Q2K)),
+            "iq4_xs" => Ok(QuantMode::Ggml(BlockType::Iq4Xs)),
+            other => Err(format!(
+                "unknown quantization '{other}' (expected bf16, q8, q4, q4g32, mxfp4, q4_k, q2_k or iq4_xs)"
+            )),
         }
     }
 
@@ -89,6 +99,9 @@ impl QuantMode {
             QuantMode::Q4 { .. } => "q4",
             QuantMode::Mxfp4 => "mxfp4",
             QuantMode::File => "file",
+            QuantMode::Ggml(BlockType::Q2K) => "q2_k",
+            QuantMode::Ggml(BlockType::Iq4Xs) => "iq4_xs",
+            QuantMode::Ggml(_) => "q4_k",
         }
     }
 
@@ -98,6 +111,10 @@ impl QuantMode {
             QuantMode::Q8 => "norms and router f32; all other weights q8 (int8, group 128 or the largest of 64/32/16 dividing the row, else one group per row)".into(),
             QuantMode::Mxfp4 => "norms and router f32; routed experts mxfp4 (e2m1 values, a power-of-two scale per 32; q8 where rows are not whole blocks); all other weights q8 (group 128 or the largest of 64/32/16 dividing the row)".into(),
             QuantMode::File => "each tensor as the file holds it: F32 and BF16 as they are; Q8_0, Q5_0 as q8 and Q4_0 as q4 at group 32, Q6_K as q6 group 16 and Q4_K as q4 group 32 with their blocks' scales (k6 and k4 records), Q4_1 as q4 group 32 with mins, Q5_K as q8 group 32 with mins (the same codes, scales and mins); F16 as f32".into(),
+            QuantMode::Ggml(t) => format!(
+                "norms and router f32; embedding q8; lm_head q6 (int6, group 128; else q8); attention, dense MLP and experts as GGUF {} blocks where rows are whole 256-value super-blocks (the file's bytes a weight), else q4 (group 32 or the largest smaller one down to 16 dividing the row, else q8)",
+                t.name()
+            ),
             QuantMode::Q4 { max_group } => format!(
                 "norms and router f32; embedding q8; lm_head q6 (int6, group 128; else q8); attention, dense MLP and experts q4 (int4, group {max_group} or the largest smaller one down to 16 dividing the row, else q8)"
             ),
@@ -116,6 +133,10 @@ impl QuantMode {
                 let q6 = Format::Q6 { group: 128 };
                 if q6.fits(cols) { q6 } else { q8() }
             }
+            // the blocks' rows are `convert::requant_blocks`'s; this is the format the others take
+            (Kind::Embedding, QuantMode::Ggml(_)) => q8(),
+            (Kind::LmHead, QuantMode::Ggml(_)) => QuantMode::Q4 { max_group: 32 }.format(k, cols),
+            (Kind::Linear | Kind::Expert, QuantMode::Ggml(_)) => QuantMode::Q4 { max_group: 32 }.format(k, cols),
             (Kind::Linear | Kind::Expert, QuantMode::Q4 { max_group }) => match pick_group(cols, max_group) {
                 Some(group) => Format::Q4 { group },
                 None => q8(),

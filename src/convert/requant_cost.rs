@@ -28,9 +28,9 @@ impl Sums {
     }
 }
 
-/// One line: the relative RMS error overall, of the dense weights and of the experts, and the
+/// One line (`from`: what was done to whose values, "requantized from the file's"): the relative RMS error overall, of the dense weights and of the experts, and the
 /// worst tensor.
-pub fn requant_cost(src: &dyn TensorSource, pkg: &Path) -> Result<String, ConvertError> {
+pub fn requant_cost(src: &dyn TensorSource, pkg: &Path, from: &str) -> Result<String, ConvertError> {
     let p = Package::open(pkg)?;
     let (mut dense, mut experts) = (Sums::default(), Sums::default());
     let mut worst = (String::new(), 0f64);
@@ -71,7 +71,7 @@ pub fn requant_cost(src: &dyn TensorSource, pkg: &Path) -> Result<String, Conver
     }
     let all = Sums { err: dense.err + experts.err, norm: dense.norm + experts.norm };
     Ok(format!(
-        "requantized from the file's values: relative RMS weight error {:.2}% (dense {:.2}%, experts {:.2}%); worst {} {:.2}%",
+        "{from} values: relative RMS weight error {:.2}% (dense {:.2}%, experts {:.2}%); worst {} {:.2}%",
         100.0 * all.rel(),
         100.0 * dense.rel(),
         100.0 * experts.rel(),

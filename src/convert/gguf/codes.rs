@@ -1,8 +1,16 @@
-//! Each block of a raw span as codes, scales and mins (`moescope_kernels::ggml_codes`): what a
-//! relayout into a moescope format (`exact::exact_format`) copies.
+//! Each block of a raw span as codes, scales and mins (`moescope_kernels::ggml_codes`), and
+//! rows of blocks relaid into a moescope format (`exact::exact_format`): codes into q4 / q6 / q8
+//! rows with f32 scales (and mins), or the K-quants' k4 / k6 records. The blocks are a GGUF
+//! file's (`source.rs`) or ones quantized at conversion (`requant_blocks.rs`).
 
+use moescope_kernels::Format;
 use moescope_kernels::ggml::BlockType;
 use moescope_kernels::ggml_codes::block_codes;
+use moescope_kernels::kscales::K4_RECORD;
+use moescope_kernels::quant::{interleave_rows, put_q6};
+
+use super::exact::exact_format;
+use crate::package::layout::ScaleForm;
 
 /// `f(codes, scales, mins, sub)` for each block of `raw` (whole blocks of type `t`, see
 /// [`block_codes`]); false, having stopped, if `t` has no codes.
@@ -15,6 +23,112 @@ pub(super) fn each_block(t: BlockType, raw: &[u8], mut f: impl FnMut(&[i8], &[f3
         f(&codes, &sc, &mn, sub);
     }
     true
+}
+
+/// Whether rows of blocks of `t` are exactly rows in format `f` (with mins where `mins`): bf16
+/// of BF16, MXFP4 of MXFP4, q4 group 32 of codes that fit 4 bits, q6 group 16 of Q6_K, q8 of a
+/// group dividing the type's sub-block.
+pub fn encodes_as(t: BlockType, f: Format, mins: bool) -> bool {
+    let (exact, form) = exact_format(t);
+    let asym_ok = mins || !form.asymmetric();
+    match f {
+        Format::Bf16 => t == BlockType::Bf16 && !mins,
+        Format::Mxfp4 => t == BlockType::Mxfp4 && !mins,
+        Format::Q4 { group: 32 } => exact == f && asym_ok,
+        Format::Q6 { group: 16 } => t == BlockType::Q6K && !mins,
+        Format::Q8 { group } => t.block() > 1 && exact.group().is_some_and(|g| g % group == 0) && asym_ok,
+        _ => false,
+    }
+}
+
+/// Rows of blocks `raw` (rows of `cols` values of type `t`) as format `f`'s values (in the
+/// stored row order), f32 scales and mins: bit for bit the blocks' values. The caller checked
+/// [`encodes_as`]; false where a block has no codes.
+pub fn encode_blocks(
+    t: BlockType,
+    raw: &[u8],
+    f: Format,
+    cols: usize,
+    vals: &mut Vec<u8>,
+    scales: &mut Vec<f32>,
+    mut mins: Option<&mut Vec<f32>>,
+) -> bool {
+    vals.clear();
+    scales.clear();
+    if let Some(m) = mins.as_deref_mut() {
+        m.clear();
+    }
+    let asym = exact_format(t).1.asymmetric();
+    let whole = match f {
+        // moescope's bf16 and MXFP4 rows are the file's
+        Format::Bf16 | Format::Mxfp4 => {
+            vals.extend_from_slice(raw);
+            true
+        }
+        // codes in [-8, 7] (Q4_0) or [0, 15] with mins (Q4_K, Q4_1; Q4_0 with mins 8 d)
+        Format::Q4 { .. } => {
+            // the stored nibble: the unsigned code, or the signed one + 8
+            let bias = if asym { 0 } else { 8 };
+            each_block(t, raw, |codes, sc, mn, sub| {
+                debug_assert_eq!(sub, 32);
+                for (g, run) in codes.chunks_exact(32).enumerate() {
+                    let nib = |i: usize| (run[i] as i32 + bias) as u8;
+                    vals.extend((0..16).map(|i| nib(i) | nib(i + 16) << 4));
+                    scales.push(sc[g]);
+                    if let Some(m) = mins.as_deref_mut() {
+                        m.push(if asym { mn[g] } else { 8.0 * sc[g] });
+                    }
+                }
+            })
+        }
+        // Q6_K's codes (q - 32 stored as q) into q6 rows, a row's chunks after the last's
+        Format::Q6 { .. } => {
+            vals.resize(f.data_bytes(raw.len() / t.block_bytes() * t.block() / cols.max(1), cols), 0);
+            let mut at = 0;
+            each_block(t, raw, |codes, sc, _, _| {
+                for &c in codes {
+                    put_q6(vals, at, (c as i32 + 32) as u8);
+                    at += 1;
+                }
+                scales.extend_from_slice(sc);
+            })
+        }
+        Format::Q8 { group } => each_block(t, raw, |codes, sc, mn, sub| {
+            vals.extend(codes.iter().map(|&c| c as u8));
+            for (x, y) in sc.iter().zip(mn) {
+                scales.extend(std::iter::repeat_n(*x, sub / group));
+                if let Some(m) = mins.as_deref_mut() {
+                    m.extend(std::iter::repeat_n(*y, sub / group));
+                }
+            }
+        }),
+        Format::F32 => false,
+    };
+    let rows = raw.len() / t.block_bytes() * t.block() / cols.max(1);
+    if whole && f.interleaves(rows, cols) {
+        let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(cols));
+        let mut x4 = vec![0u8; vals.len()];
+        interleave_rows(vals, rb, cb, &mut x4);
+        *vals = x4;
+    }
+    whole
+}
+
+/// The k4 or k6 records of blocks `raw` of Q4_K or Q6_K (what [`ScaleForm::K4`] / `K6` keep)
+/// into `out`.
+pub fn records_of(t: BlockType, raw: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    for b in raw.chunks_exact(t.block_bytes()) {
+        match exact_format(t).1 {
+            // Q6_K: d (its last 2 bytes), then its 16 scales
+            ScaleForm::K6 => {
+                out.extend_from_slice(&b[208..210]);
+                out.extend_from_slice(&b[192..208]);
+            }
+            // Q4_K: its first 16 bytes, d, dmin and the packed scales and mins
+            _ => out.extend_from_slice(&b[..K4_RECORD]),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! values exactly in `exact.rs`), and its tokenizer rebuilt from
 //! `tokenizer.ggml.*` (`vocab.rs`).
 
-mod codes;
+pub(crate) mod codes;
 pub mod exact;
 mod families;
 mod file;

@@ -10,10 +10,8 @@ use std::path::{Path, PathBuf};
 
 use moescope_kernels::Format;
 use moescope_kernels::ggml::{BlockType, dequantize};
-use moescope_kernels::kscales::K4_RECORD;
-use moescope_kernels::quant::{interleave_rows, put_q6};
 
-use super::codes::each_block;
+use super::codes::{encode_blocks, encodes_as, records_of};
 use super::exact::{exact_format, halves_finite};
 use super::model::GgufModel;
 use crate::convert::error::ConvertError;
@@ -389,74 +387,11 @@ impl TensorSource for GgufSource {
         if let Some(m) = mins.as_deref_mut() {
             m.clear();
         }
-        let (exact, form) = exact_format(t);
-        let asym = form.asymmetric();
-        match f {
-            Format::Bf16 if t == BlockType::Bf16 && mins.is_none() => *vals = self.raw(name, &s, r0, n)?,
-            // moescope's MXFP4 rows are ggml's blocks
-            Format::Mxfp4 if t == BlockType::Mxfp4 && mins.is_none() => *vals = self.raw(name, &s, r0, n)?,
-            // codes in [-8, 7] (Q4_0) or [0, 15] with mins (Q4_K, Q4_1; Q4_0 with mins 8 d)
-            Format::Q4 { group: 32 } if exact == f && (mins.is_some() || !asym) => {
-                // the stored nibble: the unsigned code, or the signed one + 8
-                let bias = if asym { 0 } else { 8 };
-                let raw = self.raw(name, &s, r0, n)?;
-                let whole = each_block(t, &raw, |codes, sc, mn, sub| {
-                    debug_assert_eq!(sub, 32);
-                    for (g, run) in codes.chunks_exact(32).enumerate() {
-                        let nib = |i: usize| (run[i] as i32 + bias) as u8;
-                        vals.extend((0..16).map(|i| nib(i) | nib(i + 16) << 4));
-                        scales.push(sc[g]);
-                        if let Some(m) = mins.as_deref_mut() {
-                            m.push(if asym { mn[g] } else { 8.0 * sc[g] });
-                        }
-                    }
-                });
-                if !whole {
-                    return Ok(false);
-                }
-            }
-            // Q6_K's codes (q - 32 stored as q) into q6 rows, a row's chunks after the last's
-            Format::Q6 { group: 16 } if t == BlockType::Q6K && mins.is_none() => {
-                let raw = self.raw(name, &s, r0, n)?;
-                vals.resize(f.data_bytes(n, cols), 0);
-                let mut at = 0;
-                let whole = each_block(t, &raw, |codes, sc, _, _| {
-                    for &c in codes {
-                        put_q6(vals, at, (c as i32 + 32) as u8);
-                        at += 1;
-                    }
-                    scales.extend_from_slice(sc);
-                });
-                if !whole {
-                    return Ok(false);
-                }
-            }
-            Format::Q8 { group }
-                if t.block() > 1 && exact.group().is_some_and(|g| g % group == 0) && (mins.is_some() || !asym) =>
-            {
-                let raw = self.raw(name, &s, r0, n)?;
-                let whole = each_block(t, &raw, |codes, sc, mn, sub| {
-                    vals.extend(codes.iter().map(|&c| c as u8));
-                    for (x, y) in sc.iter().zip(mn) {
-                        scales.extend(std::iter::repeat_n(*x, sub / group));
-                        if let Some(m) = mins.as_deref_mut() {
-                            m.extend(std::iter::repeat_n(*y, sub / group));
-                        }
-                    }
-                });
-                if !whole {
-                    return Ok(false);
-                }
-            }
-            _ => return Ok(false),
+        if !encodes_as(t, f, mins.is_some()) {
+            return Ok(false);
         }
-        if f.interleaves(s.rows, cols) {
-            let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(cols));
-            let mut x4 = vec![0u8; vals.len()];
-            interleave_rows(vals, rb, cb, &mut x4);
-            *vals = x4;
-        }
-        Ok(true)
+        let raw = self.raw(name, &s, r0, n)?;
+        Ok(encode_blocks(t, &raw, f, cols, vals, scales, mins))
     }
 
     fn file_bytes(&self, name: &str, r0: usize, n: usize, out: &mut Vec<u8>) -> Result<bool, ConvertError> {
@@ -481,18 +416,7 @@ impl TensorSource for GgufSource {
             return Ok(false);
         }
         let raw = self.raw(name, &s, r0, n)?;
-        out.clear();
-        for b in raw.chunks_exact(s.ty.block_bytes()) {
-            match form {
-                // Q6_K: d (its last 2 bytes), then its 16 scales
-                ScaleForm::K6 => {
-                    out.extend_from_slice(&b[208..210]);
-                    out.extend_from_slice(&b[192..208]);
-                }
-                // Q4_K: its first 16 bytes, d, dmin and the packed scales and mins
-                _ => out.extend_from_slice(&b[..K4_RECORD]),
-            }
-        }
+        records_of(s.ty, &raw, out);
         Ok(true)
     }
 
