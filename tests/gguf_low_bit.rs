@@ -205,3 +205,31 @@ fn layer_lengths_that_do_not_fit_the_table_are_refused_by_name() {
     // and the package itself opens
     moescope::package::Package::open(&pkg).expect("the package as written opens");
 }
+
+/// The load-time check of the dense weights' scales reads the resident copy the engine computes
+/// with, not the file's pages through the mapping (which it brought into memory beside the copy:
+/// a blocks tensor has an f16 scale in every block, so every page of it; 0.5 GB of a Q2_K
+/// Qwen3-30B-A3B's 0.76 GB dense region, counted in the process's resident size). Shown by
+/// writing a NaN scale into the file after the copy was made: the copy's check passes.
+#[test]
+fn the_dense_check_reads_the_resident_copy() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gguf = mixed_file(dir.path(), &LOW_BIT_TYPES);
+    let pkg = dir.path().join("mixed.moe");
+    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    let mut p = moescope::package::Package::open(&pkg).expect("open");
+    let t = p.meta.tensors.iter().find(|t| t.layout.ends_with("+ggml_q2_k")).expect("a dense Q2_K tensor").clone();
+    p.make_resident(false, false, false).expect("resident copy");
+    // the first block's d (bytes 80..82 of 84) as f16 NaN, in the file under the mapping
+    let f = std::fs::OpenOptions::new().write(true).open(&pkg).expect("open for writing");
+    f.write_all_at(&0x7E00u16.to_le_bytes(), t.offset + 80).expect("write");
+    p.verify_dense().expect("the copy holds the converted, finite scales");
+    // and a fresh open, which checks the file, refuses it by name
+    drop(p);
+    let e = moescope::package::Package::open(&pkg).and_then(|mut p| {
+        p.make_resident(false, false, false)?;
+        p.verify_dense()
+    });
+    assert!(e.err().map(|e| e.to_string()).unwrap_or_default().contains(&t.name), "the NaN is found in a fresh copy");
+}

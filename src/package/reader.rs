@@ -172,7 +172,7 @@ impl Package {
     pub fn verify_dense(&self) -> Result<(), PackageError> {
         self.meta.tensors.iter().zip(&self.panelled).try_for_each(|(t, &p)| {
             // a reordered copy was verified before it was reordered
-            if p { self.check_finite(|| t.name.clone(), t, 0) } else { self.verify_entry(t) }
+            if p { self.finite_in(|| t.name.clone(), t, 0, (&self.mmap[..], 0)) } else { self.verify_entry(t) }
         })
     }
 
@@ -184,10 +184,35 @@ impl Package {
 
     /// A non-finite weight or scale of `t` (its offsets count from `start`: 0 for a dense
     /// tensor, the blob's offset for an expert's part) is an error naming it and where.
+    /// Read from the resident copy where it holds the tensor (reading the mapping instead would
+    /// bring the file's pages in beside the copy: a blocks tensor has a scale in every block).
     fn check_finite(&self, what: impl FnOnce() -> String, t: &TensorEntry, start: u64) -> Result<(), PackageError> {
-        let (bytes, origin) = self.bytes_for(start, t.offset.saturating_add(t.length));
-        let rel = bytes.get(usize::try_from(start - origin).unwrap_or(usize::MAX)..).unwrap_or(&[]);
-        super::finite::require_finite(&self.path, what, t, rel, start)
+        let at = self.bytes_for(start.saturating_add(t.offset), t.length);
+        self.finite_in(what, t, start, at)
+    }
+
+    /// [`check_finite`](Self::check_finite) in `bytes`, which begin at file offset `origin`
+    /// (the mapping's: a panelled tensor's copy is reordered, so it is checked in the file).
+    fn finite_in(
+        &self,
+        what: impl FnOnce() -> String,
+        t: &TensorEntry,
+        start: u64,
+        (bytes, origin): (&[u8], u64),
+    ) -> Result<(), PackageError> {
+        if origin <= start {
+            let rel = bytes.get(usize::try_from(start - origin).unwrap_or(usize::MAX)..).unwrap_or(&[]);
+            return super::finite::require_finite(&self.path, what, t, rel, start);
+        }
+        // the copy begins after `start` (a dense tensor's offsets are the file's): the entry's
+        // offsets moved to count from the copy
+        let shift = origin - start;
+        let moved = TensorEntry {
+            offset: t.offset.saturating_sub(shift),
+            scales_offset: t.scales_offset.map(|s| s.saturating_sub(shift)),
+            ..t.clone()
+        };
+        super::finite::require_finite(&self.path, what, &moved, bytes, origin)
     }
 
     pub fn path(&self) -> &Path {
