@@ -106,3 +106,29 @@ fn a_checkpoint_quantized_into_ggml_blocks_holds_the_quantizers_blocks() {
         check_logits(mode, &got, &want, want.len() / ids.len(), Some(bounds(t)));
     }
 }
+
+/// `synth` draws its weights in moescope's own formats: a GGUF block mode is refused by name
+/// before anything is written (it had written a q4g32 package labelled with the mode).
+#[test]
+fn synth_refuses_the_block_modes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("x.moe");
+    for mode in ["q4_k", "q2_k", "iq4_xs"] {
+        let args = [
+            "synth",
+            "--shape",
+            "qwen3-30b-a3b",
+            "--layers",
+            "1",
+            "--experts",
+            "8",
+            "--vocab",
+            "64",
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        let o = moescope(&[&args[..], &["--quant", mode]].concat(), dir.path());
+        assert_clean_failure(&o, &[mode, "convert a checkpoint or GGUF file"]);
+        assert!(!out.exists(), "{mode}: nothing written");
+    }
+}

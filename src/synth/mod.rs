@@ -99,6 +99,13 @@ pub fn synthesize(
 ) -> Result<SynthReport, ConvertError> {
     let t0 = std::time::Instant::now();
     let bad = |msg: String| ConvertError::File { path: out.to_path_buf(), msg };
+    if matches!(spec.quant, QuantMode::Ggml(_) | QuantMode::File) {
+        // its weights are drawn in moescope's own formats; GGUF blocks come from a quantizer
+        return Err(bad(format!(
+            "synth writes q4, q4g32, q8, bf16 or mxfp4, not {} (convert a checkpoint or GGUF file with --quant {0})",
+            spec.quant.name()
+        )));
+    }
     let mut cfg = spec.config().map_err(bad)?;
     let mut warnings = vec![];
     let mut tok = tokenizers::load(spec.shape.tokenizer).map_err(bad)?;
