@@ -130,6 +130,9 @@ pub fn decode_blocks(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f
     let Some((group, with_mins)) = blocks_run_as(t) else { panic!("{} is not kept as blocks", t.name()) };
     let (qk, per) = (t.block(), t.block() / group);
     assert!(raw.len() == t.bytes_of(codes.len()) && scales.len() * group == codes.len(), "{}: bad span", t.name());
+    if matches!(t, BlockType::Q5_0 | BlockType::Iq4Nl) {
+        return decode_32s(t, raw, codes, scales);
+    }
     let (mut sc, mut mn) = (Vec::with_capacity(per), Vec::with_capacity(per));
     let mut unused = [0f32; 16];
     for (i, (b, c)) in raw.chunks_exact(t.block_bytes()).zip(codes.chunks_exact_mut(qk)).enumerate() {
@@ -150,6 +153,37 @@ pub fn decode_blocks(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f
         debug_assert_eq!(sub, Some(group));
         s.copy_from_slice(&sc);
         m.copy_from_slice(&mn[..per]);
+    }
+}
+
+/// Q5_0 and IQ4_NL blocks (32 values and one f16 `d` each) into codes and scales, the numbers
+/// [`block_codes`] gives: the codes in loops over whole blocks, the scales widened 64 at a time
+/// (`half`'s slice conversion takes F16C where the CPU has it). A call per block cost as much as
+/// the q8 product the decoded rows then serve.
+fn decode_32s(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    let bb = t.block_bytes();
+    let mut h = [half::f16::ZERO; 64];
+    for ((bs, cs), ss) in raw.chunks(64 * bb).zip(codes.chunks_mut(64 * 32)).zip(scales.chunks_mut(64)) {
+        for (j, (b, c)) in bs.chunks_exact(bb).zip(cs.chunks_exact_mut(32)).enumerate() {
+            h[j] = half::f16::from_le_bytes([b[0], b[1]]);
+            if t == BlockType::Iq4Nl {
+                for l in 0..16 {
+                    c[l] = crate::ggml::IQ4_VALUES[(b[2 + l] & 15) as usize];
+                    c[l + 16] = crate::ggml::IQ4_VALUES[(b[2 + l] >> 4) as usize];
+                }
+            } else {
+                // Q5_0: 32 high bits, then the low nibbles; codes q - 16
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                for l in 0..16 {
+                    let lo = (b[6 + l] & 15) as u32 | ((qh >> l) & 1) << 4;
+                    let hi = (b[6 + l] >> 4) as u32 | ((qh >> (l + 16)) & 1) << 4;
+                    c[l] = lo as i8 - 16;
+                    c[l + 16] = hi as i8 - 16;
+                }
+            }
+        }
+        h[..ss.len()].convert_to_f32_slice(ss);
     }
 }
 
