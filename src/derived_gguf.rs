@@ -88,27 +88,27 @@ pub fn low_bit_mix(src: &Path, out: &Path, types: &[BlockType]) -> Result<usize,
 fn random_blocks(t: BlockType, n: usize, rng: &mut Rng) -> Vec<u8> {
     // (offset, size) of each f16 scale; where a type has mins, their size centres the weights
     // near zero (mean code x mean scale x d = mean min x dmin)
-    let (scales, size): (&[(usize, f32)], f32) = match t {
+    let scales: &[(usize, f32)] = match t {
         // d, dmin: codes 0..3 times 4-bit scales (mean 1.5 x 7.5) less 4-bit mins (mean 7.5)
-        BlockType::Q2K => (&[(80, 2e-3), (82, 3e-3)], 0.0),
-        BlockType::Q3K => (&[(108, 6e-4)], 0.0),
-        BlockType::Iq4Nl => (&[(0, 3e-4)], 0.0),
-        BlockType::Iq2Xxs | BlockType::Iq2Xs | BlockType::Iq2S => (&[(0, 2e-4)], 0.0),
-        BlockType::Iq3Xxs | BlockType::Iq3S => (&[(0, 1e-4)], 0.0),
-        BlockType::Iq1S => (&[(0, 3e-3)], 0.0),
-        // IQ1_M's d is in the top nibbles of its scales, set below
-        BlockType::Iq1M => (&[], 3e-3),
+        BlockType::Q2K => &[(80, 2e-3), (82, 3e-3)],
+        BlockType::Q3K => &[(108, 6e-4)],
+        BlockType::Iq4Nl => &[(0, 3e-4)],
+        BlockType::Iq2Xxs | BlockType::Iq2Xs | BlockType::Iq2S => &[(0, 2e-4)],
+        BlockType::Iq3Xxs | BlockType::Iq3S => &[(0, 1e-4)],
+        BlockType::Iq1S => &[(0, 3e-3)],
+        // IQ1_M's d (about 3e-3) is in the top nibbles of its scales, set below
+        BlockType::Iq1M => &[],
         // d, dmin: codes 0..15 (Q4_K) or 0..31 (Q5_K) times 6-bit scales, less 6-bit mins
-        BlockType::Q4K => (&[(0, 1e-4), (2, 7.5e-4)], 0.0),
-        BlockType::Q5K => (&[(0, 5e-5), (2, 7.75e-4)], 0.0),
+        BlockType::Q4K => &[(0, 1e-4), (2, 7.5e-4)],
+        BlockType::Q5K => &[(0, 5e-5), (2, 7.75e-4)],
         // d after ql, qh and the i8 scales: codes -32..31 times scales to +-128
-        BlockType::Q6K => (&[(208, 1e-5)], 0.0),
-        BlockType::Q4_0 | BlockType::Q5_0 => (&[(0, 4e-3)], 0.0),
+        BlockType::Q6K => &[(208, 1e-5)],
+        BlockType::Q4_0 | BlockType::Q5_0 => &[(0, 4e-3)],
         // d and the block's offset m: d q + m with q 0..15
-        BlockType::Q4_1 => (&[(0, 4e-3), (2, -3e-2)], 0.0),
+        BlockType::Q4_1 => &[(0, 4e-3), (2, -3e-2)],
         // MXFP4's scale is one E8M0 byte, set below
-        BlockType::Mxfp4 => (&[], 0.0),
-        _ => (&[(0, 2e-5)], 0.0),
+        BlockType::Mxfp4 => &[],
+        _ => &[(0, 2e-5)],
     };
     let mut out = Vec::with_capacity(n * t.block_bytes());
     for _ in 0..n {
@@ -123,7 +123,7 @@ fn random_blocks(t: BlockType, n: usize, rng: &mut Rng) -> Vec<u8> {
             out[at] = 118 + (rng.next_u64() % 4) as u8;
         }
         if t == BlockType::Iq1M {
-            let d = half::f16::from_f32(size * (1.0 + rng.next_f64() as f32)).to_bits();
+            let d = half::f16::from_f32(3e-3 * (1.0 + rng.next_f64() as f32)).to_bits();
             for k in 0..4 {
                 let s = &mut out[at + 48 + 2 * k..at + 50 + 2 * k];
                 let v = u16::from_le_bytes([s[0], s[1]]) & 0x0FFF | ((d >> (4 * k)) & 15) << 12;

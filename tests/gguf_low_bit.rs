@@ -21,6 +21,14 @@ use moescope::model::{Logits, NoObserver};
 use moescope_kernels::Isa;
 use moescope_kernels::ggml::BlockType;
 
+/// The low-bit mix's file converted with its types kept: (the GGUF, the package), in `dir`.
+fn mixed_package(dir: &Path) -> (PathBuf, PathBuf) {
+    let gguf = mixed_file(dir, &LOW_BIT_TYPES);
+    let pkg = dir.join("mixed.moe");
+    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    (gguf, pkg)
+}
+
 /// The Q8_0 fixture with its quantized tensors re-typed in turn by `types`, in `dir`.
 fn mixed_file(dir: &Path, types: &[BlockType]) -> PathBuf {
     let path = dir.join("tiny-mixed.gguf");
@@ -120,10 +128,8 @@ fn each_layers_experts_are_read_at_their_own_length() {
     // in bytes: each layer's blobs get a length of their own, a miss reads the file's bytes of
     // that expert (its three tensors' share) plus padding to a page, never the longest layer's
     let dir = tempfile::tempdir().expect("tempdir");
-    let gguf = mixed_file(dir.path(), &LOW_BIT_TYPES);
+    let (gguf, pkg) = mixed_package(dir.path());
     let g = moescope::convert::gguf::open(&gguf).expect("open");
-    let pkg = dir.path().join("mixed.moe");
-    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
     let p = moescope::package::Package::open(&pkg).expect("open");
     let ex = p.meta.experts.as_ref().expect("experts");
     let mut lens = vec![];
@@ -185,9 +191,7 @@ fn rewrite_meta(p: &Path, version: u32, change: impl FnOnce(&mut serde_json::Val
 #[test]
 fn layer_lengths_that_do_not_fit_the_table_are_refused_by_name() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let gguf = mixed_file(dir.path(), &LOW_BIT_TYPES);
-    let pkg = dir.path().join("mixed.moe");
-    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    let (_, pkg) = mixed_package(dir.path());
     let bad = |version: u32, change: &dyn Fn(&mut serde_json::Value), want: &str| {
         let p = dir.path().join("bad.moe");
         std::fs::copy(&pkg, &p).expect("copy");
@@ -215,9 +219,7 @@ fn layer_lengths_that_do_not_fit_the_table_are_refused_by_name() {
 fn the_dense_check_reads_the_resident_copy() {
     use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().expect("tempdir");
-    let gguf = mixed_file(dir.path(), &LOW_BIT_TYPES);
-    let pkg = dir.path().join("mixed.moe");
-    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    let (_, pkg) = mixed_package(dir.path());
     let mut p = moescope::package::Package::open(&pkg).expect("open");
     let t = p.meta.tensors.iter().find(|t| t.layout.ends_with("+ggml_q2_k")).expect("a dense Q2_K tensor").clone();
     p.make_resident(false, false, false).expect("resident copy");

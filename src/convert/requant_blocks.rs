@@ -5,7 +5,9 @@
 //! as the blocks themselves, `gguf::exact::exact_format`): the same bytes a weight, and the same
 //! kernels. Every other tensor takes the mode's plain format (`QuantMode::format`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::thread::ThreadId;
 
 use moescope_kernels::Format;
 use moescope_kernels::ggml::{BlockType, QK_K};
@@ -25,7 +27,13 @@ pub struct RequantBlocks<'a> {
     t: BlockType,
     /// the tensors quantized into blocks
     names: HashSet<String>,
+    /// each thread's last rows quantized, `(name, r0, n)` and their blocks: a Q4_K tensor's
+    /// codes and its k4 records are asked for one after the other, from one quantization
+    last: Mutex<HashMap<ThreadId, (Rows, Vec<u8>)>>,
 }
+
+/// Rows `[r0, r0 + n)` of a named tensor.
+type Rows = (String, usize, usize);
 
 impl<'a> RequantBlocks<'a> {
     /// The linear layers and routed experts of `cfg` (and of its multi-token-prediction layers)
@@ -43,15 +51,24 @@ impl<'a> RequantBlocks<'a> {
                 names.extend(plan::expert_tensors(cfg, l, e).into_iter().filter(|(_, s)| whole(s)).map(|(n, _)| n));
             }
         }
-        RequantBlocks { inner, t, names }
+        RequantBlocks { inner, t, names, last: Mutex::new(HashMap::new()) }
     }
 
-    /// Rows `[r0, r0 + n)` of `name` quantized into blocks.
+    /// Rows `[r0, r0 + n)` of `name` quantized into blocks (this thread's last ones again
+    /// without quantizing them twice).
     fn blocks(&self, name: &str, r0: usize, n: usize) -> Result<Vec<u8>, ConvertError> {
+        let key = (name.to_string(), r0, n);
+        let lock = || self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((k, b)) = lock().get(&std::thread::current().id())
+            && *k == key
+        {
+            return Ok(b.clone());
+        }
         let mut x = vec![];
         self.inner.read_rows(name, r0, n, &mut x)?;
         let mut out = Vec::with_capacity(self.t.bytes_of(x.len()));
         quantize_row(self.t, &x, &mut out);
+        lock().insert(std::thread::current().id(), (key, out.clone()));
         Ok(out)
     }
 }

@@ -378,15 +378,10 @@ impl TensorSource for GgufSource {
         n: usize,
         vals: &mut Vec<u8>,
         scales: &mut Vec<f32>,
-        mut mins: Option<&mut Vec<f32>>,
+        mins: Option<&mut Vec<f32>>,
     ) -> Result<bool, ConvertError> {
         let s = self.located(name)?;
         let (cols, t) = (s.cols, s.ty);
-        vals.clear();
-        scales.clear();
-        if let Some(m) = mins.as_deref_mut() {
-            m.clear();
-        }
         if !encodes_as(t, f, mins.is_some()) {
             return Ok(false);
         }
