@@ -173,8 +173,7 @@ unsafe fn tile<const T: usize, const KIND: u8>(
     o: &mut [f32],
 ) {
     let (nb, bb) = (cols / K23_GROUP, t.block_bytes());
-    let zero = _mm256_setzero_ps();
-    let (mut lo, mut hi, mut accm) = ([zero; T], [zero; T], [zero; T]);
+    let mut acc = [0f32; T];
     let ones = _mm256_set1_epi16(1);
     for b in 0..nb {
         // SAFETY: block b of the row; the tokens' codes and sums within the caller's spans
@@ -183,7 +182,7 @@ unsafe fn tile<const T: usize, const KIND: u8>(
             for tt in 0..T {
                 let tok = t0 + tt;
                 let at = perm.as_ptr().add(tok * cols + K23_GROUP * b);
-                let mut s = [_mm256_setzero_si256(); 2];
+                let mut s = _mm256_setzero_si256();
                 for (v, c) in blk.codes.iter().enumerate() {
                     let mut av = _mm256_loadu_si256(at.add(32 * v) as *const __m256i);
                     if KIND == IQ4XS {
@@ -192,38 +191,33 @@ unsafe fn tile<const T: usize, const KIND: u8>(
                     }
                     let pairs = _mm256_maddubs_epi16(*c, av);
                     let w = if KIND == Q2K { ones } else { blk.scales[v] };
-                    s[v % 2] = _mm256_add_epi32(s[v % 2], _mm256_madd_epi16(pairs, w));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, w));
                 }
                 let scale = *a.scales.get_unchecked(tok * nb + b);
                 let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
-                let m = _mm256_madd_epi16(bs, blk.mins);
-                if KIND == Q3K {
-                    s[0] = _mm256_sub_epi32(s[0], m);
+                let mins = sum_i32x8(_mm256_madd_epi16(bs, blk.mins));
+                let mut sum = sum_i32x8(s);
+                // `k23::dot_scalar`'s operations
+                if KIND != Q2K {
+                    sum -= mins;
                 }
-                let dd = _mm256_set1_ps(blk.d * scale);
-                lo[tt] = _mm256_add_ps(lo[tt], _mm256_mul_ps(_mm256_cvtepi32_ps(s[0]), dd));
-                hi[tt] = _mm256_add_ps(hi[tt], _mm256_mul_ps(_mm256_cvtepi32_ps(s[1]), dd));
+                acc[tt] += sum as f32 * (blk.d * scale);
                 if KIND == Q2K {
-                    let dm = _mm256_set1_ps(blk.dm * scale);
-                    accm[tt] = _mm256_add_ps(accm[tt], _mm256_mul_ps(_mm256_cvtepi32_ps(m), dm));
+                    acc[tt] -= mins as f32 * (blk.dm * scale);
                 }
             }
         }
     }
-    for tt in 0..T {
-        // SAFETY: the caller's features
-        o[tt] = unsafe { lanes_sum(lo[tt], hi[tt]) - lanes_sum(accm[tt], zero) };
-    }
+    o.copy_from_slice(&acc);
 }
 
-/// `mins::lanes_sum` of lanes 0..8 in `lo` and 8..16 in `hi`: l with l + 8, then + 4, + 2, + 1.
+/// The sum of a vector's 8 i32 lanes (exact, so in any order).
 #[inline(always)]
-pub(super) unsafe fn lanes_sum(lo: __m256, hi: __m256) -> f32 {
+pub(super) unsafe fn sum_i32x8(v: __m256i) -> i32 {
     // SAFETY: the caller's features (AVX2)
     unsafe {
-        let a = _mm256_add_ps(lo, hi);
-        let b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-        let c = _mm_add_ps(b, _mm_movehl_ps(b, b));
-        _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps::<1>(c, c)))
+        let a = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+        let b = _mm_add_epi32(a, _mm_shuffle_epi32::<0b01_00_11_10>(a));
+        _mm_cvtsi128_si32(_mm_add_epi32(b, _mm_shuffle_epi32::<0b10_11_00_01>(b)))
     }
 }

@@ -18,22 +18,22 @@ use crate::ggml::{BlockType, IQ4_VALUES, f16_at, q3_k_scale_bytes};
 const TOKENS: usize = 8;
 
 /// The tiles' block types.
-const Q2K: u8 = 0;
-const Q3K: u8 = 1;
-const IQ4XS: u8 = 2;
+pub(super) const Q2K: u8 = 0;
+pub(super) const Q3K: u8 = 1;
+pub(super) const IQ4XS: u8 = 2;
 
 /// A block decoded for the products: four code vectors, the scale of each i16 lane of each
 /// (its sub-block's), the 16 mins' weights as i16, and the two factors.
-struct Block {
+pub(super) struct Block {
     /// Q2_K: each code times its sub-block's scale (at most 45, a u8 for `vpdpbusd`); Q3_K: the
     /// codes + 4, their scales in `scales`
-    codes: [__m512i; 4],
-    scales: [__m512i; 4],
+    pub codes: [__m512i; 4],
+    pub scales: [__m512i; 4],
     /// IQ4_XS: the codes' signs (their magnitudes in `codes`, as `vpmaddubsw` takes them)
-    neg: [__mmask64; 4],
-    mins: __m256i,
-    d: f32,
-    dm: f32,
+    pub neg: [__mmask64; 4],
+    pub mins: __m256i,
+    pub d: f32,
+    pub dm: f32,
 }
 
 /// Block `b` of `t`. Always inlined into its callers (the tiles, which enable the features its
@@ -43,7 +43,7 @@ struct Block {
 /// # Safety
 /// AVX-512 F, BW and VL; `b` points at a whole block; `lanes` from [`scale_lanes`].
 #[inline(always)]
-unsafe fn decode(t: BlockType, b: &[u8], lanes: &[__m512i; 12]) -> Block {
+pub(super) unsafe fn decode(t: BlockType, b: &[u8], lanes: &[__m512i; 12]) -> Block {
     let bp = b.as_ptr();
     // SAFETY: the caller's features; loads within the block's bytes
     unsafe {
@@ -136,7 +136,7 @@ unsafe fn decode_iq4_xs(b: &[u8], lanes: &[__m512i; 12]) -> Block {
 /// (`value_at(k, 2p) / 16`, for `vpermw`), at 4..8 those of each byte of each 128-bit lane `q`
 /// (one a lane: `value_at(k, 16q) / 16`, for `vpshufb`), at 8..12 IQ4_XS's of each i16 lane.
 #[target_feature(enable = "avx512f")]
-fn scale_lanes() -> [__m512i; 12] {
+pub(super) fn scale_lanes() -> [__m512i; 12] {
     std::array::from_fn(|i| {
         let k = i % 4;
         let idx: [i16; 32] = if i < 4 {
@@ -236,7 +236,7 @@ unsafe fn tile<const T: usize, const KIND: u8>(
     o: &mut [f32],
 ) -> usize {
     let (nb, bb) = (cols / K23_GROUP, t.block_bytes());
-    let (mut acc, mut accm) = ([_mm512_setzero_ps(); T], [_mm256_setzero_ps(); T]);
+    let mut acc = [0f32; T];
     for b in 0..nb {
         // SAFETY: block b of the row; the tokens' codes and sums within the caller's spans
         unsafe {
@@ -244,50 +244,84 @@ unsafe fn tile<const T: usize, const KIND: u8>(
             for tt in 0..T {
                 let tok = t0 + tt;
                 let at = perm.as_ptr().add(tok * cols + K23_GROUP * b);
-                let mut s = _mm512_setzero_si512();
-                for k in 0..4 {
-                    let av = _mm512_loadu_si512(at.add(64 * k) as *const _);
-                    s = match KIND {
-                        // the codes already times their scales: one multiply-add of 4 bytes a lane
-                        Q2K => _mm512_dpbusd_epi32(s, blk.codes[k], av),
-                        Q3K => _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(blk.codes[k], av), blk.scales[k]),
-                        // magnitudes times the activations with the codes' signs (none is 0)
-                        _ => {
-                            let signed = _mm512_mask_sub_epi8(av, blk.neg[k], _mm512_setzero_si512(), av);
-                            _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(blk.codes[k], signed), blk.scales[k])
-                        }
-                    };
-                }
+                let bs = sums.as_ptr().add(tok * cols / 16 + 16 * b);
+                let (s, m) = block_sums::<KIND>(&blk, &load4(at), bs);
+                // both sums at once: [s's 8 lane pairs, m] -> [s, m, s, m]
+                let x = _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s));
+                let h = _mm256_hadd_epi32(x, m);
+                let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                let h = _mm_hadd_epi32(h, h);
                 let scale = *a.scales.get_unchecked(tok * nb + b);
-                if KIND == Q3K {
-                    // Q3_K's offsets share d: their sum leaves lanes 0..8 as integers
-                    let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
-                    let m = _mm256_madd_epi16(bs, blk.mins);
-                    s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(m));
-                }
-                let dd = _mm512_set1_ps(blk.d * scale);
-                acc[tt] = _mm512_add_ps(acc[tt], _mm512_mul_ps(_mm512_cvtepi32_ps(s), dd));
+                // `k23::dot_scalar`'s operations
+                acc[tt] += _mm_cvtsi128_si32(h) as f32 * (blk.d * scale);
                 if KIND == Q2K {
-                    let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
-                    let m = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, blk.mins));
-                    accm[tt] = _mm256_add_ps(accm[tt], _mm256_mul_ps(m, _mm256_set1_ps(blk.dm * scale)));
+                    acc[tt] -= _mm_extract_epi32::<1>(h) as f32 * (blk.dm * scale);
                 }
             }
         }
     }
-    for tt in 0..T {
-        // SAFETY: the caller's features
-        o[tt] = unsafe { lanes_sum(acc[tt]) - lanes_sum(_mm512_zextps256_ps512(accm[tt])) };
-    }
+    o.copy_from_slice(&acc);
     T
 }
 
-/// `mins::lanes_sum` of 16 lanes: the AVX2 kernel's tree on the vector's halves (so the same bits).
+/// Four 64-byte vectors from `p` on.
+///
+/// # Safety
+/// AVX-512 F; 256 bytes at `p`.
 #[inline(always)]
-unsafe fn lanes_sum(v: __m512) -> f32 {
-    // SAFETY: the caller's features (AVX-512 F, and so AVX2)
+pub(super) unsafe fn load4(p: *const i8) -> [__m512i; 4] {
+    // SAFETY: the caller's features
+    let mut v = [unsafe { _mm512_setzero_si512() }; 4];
+    for (k, x) in v.iter_mut().enumerate() {
+        // SAFETY: the caller's features and bytes
+        *x = unsafe { _mm512_loadu_si512(p.add(64 * k) as *const _) };
+    }
+    v
+}
+
+/// A decoded block's integer sums with one token: the codes' 16 lanes (Q3_K's offsets taken
+/// from them) and the mins' 8 lanes (Q2_K; Q3_K the offsets; IQ4_XS zero). `av` the token's
+/// four code vectors of the block, `bs` its 16 sums.
+///
+/// # Safety
+/// AVX-512 F, BW, VL and VNNI; `bs` points at 16 i16.
+#[inline(always)]
+pub(super) unsafe fn block_sums<const KIND: u8>(blk: &Block, av: &[__m512i; 4], bs: *const i16) -> (__m512i, __m256i) {
+    // SAFETY: the caller's features; 16 sums at `bs`
     unsafe {
-        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-        super::avx2_k23::lanes_sum(_mm512_castps512_ps256(v), high)
+        let mut s = _mm512_setzero_si512();
+        for k in 0..4 {
+            s = match KIND {
+                // the codes already times their scales: one multiply-add of 4 bytes a lane
+                Q2K => _mm512_dpbusd_epi32(s, blk.codes[k], av[k]),
+                Q3K => _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(blk.codes[k], av[k]), blk.scales[k]),
+                // magnitudes times the activations with the codes' signs (none is 0)
+                _ => {
+                    let signed = _mm512_mask_sub_epi8(av[k], blk.neg[k], _mm512_setzero_si512(), av[k]);
+                    _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(blk.codes[k], signed), blk.scales[k])
+                }
+            };
+        }
+        let mut m = _mm256_setzero_si256();
+        if KIND != IQ4XS {
+            m = _mm256_madd_epi16(_mm256_loadu_si256(bs as *const __m256i), blk.mins);
+            // Q3_K's offsets share d: they join the integer sum
+            if KIND == Q3K {
+                s = _mm512_sub_epi32(s, _mm512_zextsi256_si512(m));
+            }
+        }
+        (s, m)
+    }
+}
+
+/// Four vectors' lanes summed by row: vector `m`'s 128-bit lane `l` (four i32) is row `4l +
+/// m`'s; the result's lane `j` is row `j`'s sum.
+#[inline(always)]
+pub(super) unsafe fn reduce(v: [__m512i; 4]) -> __m512i {
+    // SAFETY: the caller's features (AVX-512 F)
+    unsafe {
+        let u01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+        let u23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+        _mm512_add_epi32(_mm512_unpacklo_epi64(u01, u23), _mm512_unpackhi_epi64(u01, u23))
     }
 }

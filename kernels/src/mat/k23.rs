@@ -5,19 +5,18 @@
 //! the mins' (Q2_K) or offsets' (Q3_K) term an integer sum of the activations' sums per 16;
 //! floats only where a block's sums meet `d * a_scale`.
 //!
-//! The integer sums are exact, so one float order defines the bits at every tier: the block's
-//! weighted dots are kept in 16 lanes as a 64-byte vector of codes against the activations
-//! lays them out (lane `l` of code vector `k` holds the 4 values from byte `4l` of
-//! [`value_at`]'s order), each lane's `acc += sum * (d * a_scale)` block after block; the term
-//! of the mins (offsets) as 8 integers, sub-blocks `2j` and `2j + 1` in `j`: Q3_K's taken from
-//! the first 8 lanes' sums (the same `d`), Q2_K's in 8 lanes of their own, `accm += sum * (dmin *
-//! a_scale)`; a product is the first lanes' fixed tree sum less the second's (`mins::lanes_sum`).
-//! The scalar code here is that order; `avx512_k23.rs` and `avx2_k23.rs` are its vector forms.
+//! The integer sums are exact, so one float order defines the bits at every tier: a row's
+//! product is one float sum over its blocks in order, `acc += sum * (d * a_scale)` with `sum`
+//! the block's whole integer sum (Q3_K's offsets taken from it: they share `d`), then for Q2_K
+//! `acc -= mins * (dmin * a_scale)`, `mins` its integer sum of the mins' terms. The float work
+//! is per (block, row, token) and nothing is per lane, so rows can sit in a vector's lanes.
+//! The scalar code here is that order; `avx512_k23.rs` (a row at a time, for decode and the
+//! rows left over), `avx512_k23_rows.rs` (16 rows in the lanes, for a prompt) and
+//! `avx2_k23.rs` are its vector forms.
 
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::mins::lanes_sum;
 use crate::act::QuantAct;
 use crate::ggml::{BlockType, IQ4_VALUES, f16_at, q3_k_scale};
 use crate::isa::Isa;
@@ -100,35 +99,23 @@ pub(super) fn unpack(t: BlockType, b: &[u8]) -> Unpacked {
 /// One row's product with one token: `row` the row's blocks, `a` the token's codes in their
 /// order, `scales` its scale per 256, `bsums` its sum per 16 (the scalar form of the bits).
 pub(super) fn dot_scalar(t: BlockType, row: &[u8], a: &[i8], scales: &[f32], bsums: &[i16]) -> f32 {
-    let (mut acc, mut accm) = ([0f32; 16], [0f32; 16]);
+    let mut acc = 0f32;
     for (b, blk) in row.chunks_exact(t.block_bytes()).enumerate() {
         let u = unpack(t, blk);
         let a = &a[256 * b..256 * b + 256];
-        let (dd, dm) = (u.d * scales[b], u.dm * scales[b]);
         let bs = &bsums[16 * b..16 * b + 16];
-        let m = |j: usize| u.mn[2 * j] as i32 * bs[2 * j] as i32 + u.mn[2 * j + 1] as i32 * bs[2 * j + 1] as i32;
-        for (l, acc) in acc.iter_mut().enumerate() {
-            let mut s = 0i32;
-            for k in 0..4 {
-                let sub = value_at(t, k, 4 * l) / 16;
-                let values = (0..4).map(|e| value_at(t, k, 4 * l + e));
-                let p: i32 = values.map(|i| u.codes[i] as i32 * a[i] as i32).sum();
-                s += u.sc[sub] as i32 * p;
-            }
-            // Q3_K's offsets share d: lane l < 8 takes sub-blocks 2l and 2l + 1's as integers
-            // (IQ4_XS has none: 0)
-            if t != BlockType::Q2K && l < 8 {
-                s -= m(l);
-            }
-            *acc += s as f32 * dd;
+        let mut s: i32 = (0..256).map(|i| u.sc[i / 16] as i32 * u.codes[i] as i32 * a[i] as i32).sum();
+        let m: i32 = (0..16).map(|j| u.mn[j] as i32 * bs[j] as i32).sum();
+        // Q3_K's offsets share d, so they join the integer sum (IQ4_XS has none: 0)
+        if t != BlockType::Q2K {
+            s -= m;
         }
+        acc += s as f32 * (u.d * scales[b]);
         if t == BlockType::Q2K {
-            for (j, accm) in accm[..8].iter_mut().enumerate() {
-                *accm += m(j) as f32 * dm;
-            }
+            acc -= m as f32 * (u.dm * scales[b]);
         }
     }
-    lanes_sum(&acc) - lanes_sum(&accm)
+    acc
 }
 
 /// The sums of each 16 activation codes of `q` (a token's row).
@@ -188,7 +175,16 @@ pub(super) fn matmul_rows(
             // kernels take them
             unsafe {
                 if isa >= Isa::Avx512 {
-                    super::avx512_k23::matmul_rows(t, (q, cols), a, (perm, s), n, rows, out)
+                    // a prompt's rows 16 at a time, in a vector's lanes; the rest one by one
+                    let done = if n == 1 {
+                        super::avx512_k23_rows::one_token(t, (q, cols), a, (perm, s), rows.clone(), out)
+                    } else if t != BlockType::Iq4Xs {
+                        super::avx512_k23_rows::matmul_tiles(t, (q, cols), a, s, n, rows.clone(), out)
+                    } else {
+                        0
+                    };
+                    let rest = rows.start + done..rows.end;
+                    super::avx512_k23::matmul_rows(t, (q, cols), a, (perm, s), n, rest, &mut out[done * n..])
                 } else {
                     super::avx2_k23::matmul_rows(t, (q, cols), a, (perm, s), n, rows, out)
                 }

@@ -12,6 +12,8 @@ mod avx512_bf16;
 mod avx512_finish;
 #[cfg(target_arch = "x86_64")]
 mod avx512_k23;
+#[cfg(target_arch = "x86_64")]
+mod avx512_k23_rows;
 #[cfg(all(test, target_arch = "x86_64"))]
 mod avx512_model;
 #[cfg(target_arch = "x86_64")]
