@@ -54,9 +54,10 @@ const TABLE_BITS: [[u8; 16]; 3] = {
     t
 };
 
+/// A 64-byte line of a decoded tile, aligned for whole-vector loads.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u8; 64]);
+pub(super) struct Line(pub(super) [u8; 64]);
 
 thread_local! {
     /// A tile's blocks, decoded (`LINES` lines a block).
@@ -91,13 +92,7 @@ pub(super) unsafe fn matmul_tiles(
             // the buffer holds nb blocks, the tokens as the caller promises
             unsafe { decode_tile(t, q, cols, r0, &lanes, buf) };
             let o = &mut out[tile * ROWS * n..(tile + 1) * ROWS * n];
-            let mut t0 = 0;
-            while t0 < n {
-                let w = match n - t0 {
-                    TOKENS.. => TOKENS,
-                    2..TOKENS => 2,
-                    _ => 1,
-                };
+            for (t0, w) in token_spans::<TOKENS>(n) {
                 // SAFETY: as above, tokens t0..t0 + w
                 unsafe {
                     match (w, t) {
@@ -109,7 +104,6 @@ pub(super) unsafe fn matmul_tiles(
                         (_, _) => tokens::<1, false>(buf, nb, a, sums, t0, n, o),
                     }
                 }
-                t0 += w;
             }
         }
     });
@@ -225,27 +219,15 @@ unsafe fn tokens<const T: usize, const Q2: bool>(
     let mut acc = [_mm512_setzero_ps(); T];
     for (b, lines) in buf.chunks_exact(LINES).take(nb).enumerate() {
         let line = |i: usize| lines[i].0.as_ptr();
-        let mut isum = [[_mm512_setzero_si512(); 4]; T];
         // SAFETY (all): the caller's features; the tile's lines, the tokens' codes, sums and
         // scales within the caller's spans
         unsafe {
-            for g in 0..16 {
-                let mut av = [_mm512_setzero_si512(); T];
-                for (tt, v) in av.iter_mut().enumerate() {
-                    let at = a.q.as_ptr().add((t0 + tt) * cols + K23_GROUP * b + 16 * g);
-                    *v = _mm512_broadcast_i32x4(_mm_loadu_si128(at as *const __m128i));
-                }
-                for m in 0..4 {
-                    let w = _mm512_load_si512(line(4 * g + m) as *const _);
-                    for tt in 0..T {
-                        isum[tt][m] = _mm512_dpbusd_epi32(isum[tt][m], w, av[tt]);
-                    }
-                }
-            }
+            let at = a.q.as_ptr().add(t0 * cols + K23_GROUP * b) as *const u8;
+            let isum = tile_sums::<T, 16, false>(lines, at, cols);
             let (d, dm) = (_mm512_load_ps(line(D) as *const f32), _mm512_load_ps(line(DMIN) as *const f32));
             for tt in 0..T {
                 let tok = t0 + tt;
-                let mut s = reduce(isum[tt]);
+                let mut s = isum[tt];
                 let mut mins = _mm512_setzero_si512();
                 let bs = sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const i32;
                 for j in 0..8 {
@@ -265,12 +247,75 @@ unsafe fn tokens<const T: usize, const Q2: bool>(
             }
         }
     }
+    store_tile(&acc, t0, n, o);
+}
+
+/// The token spans a tile's products take, in order: `(first token, width)` with widths of `T`
+/// while `T` tokens remain, then 2, then 1, so that each width has its own unrolled kernel.
+pub(super) fn token_spans<const T: usize>(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut t0 = 0;
+    std::iter::from_fn(move || {
+        let w = match n - t0 {
+            0 => return None,
+            r if r >= T => T,
+            r if r >= 2 => 2,
+            _ => 1,
+        };
+        t0 += w;
+        Some((t0 - w, w))
+    })
+}
+
+/// A tile's products with tokens `t0..t0 + T` (`acc[tt]`'s lane `r`: row `r`'s) into `o`, a
+/// row's `n` after another's.
+#[inline(always)]
+pub(super) fn store_tile<const T: usize>(acc: &[__m512; T], t0: usize, n: usize, o: &mut [f32]) {
     for (tt, v) in acc.iter().enumerate() {
         // SAFETY: 16 lanes into 16 floats
         let v: [f32; ROWS] = unsafe { std::mem::transmute(*v) };
         for (r, x) in v.into_iter().enumerate() {
             o[r * n + t0 + tt] = x;
         }
+    }
+}
+
+/// A decoded block's integer sums with tokens `t0..t0 + T`, lane `r` row `r`'s: `G` groups of
+/// 16 activation bytes from `at` (token `t0`'s first, the next token's `stride` bytes on; i8
+/// codes against u8 weights by `vpdpbusd`, or with `WIDE` i16 against i16 by `vpdpwssd`), each
+/// broadcast to the four 128-bit lanes against the block's lines `4g..4g + 4`.
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI; `lines` holds `4 G` lines, `at` `T` tokens' `16 G` bytes.
+#[inline(always)]
+pub(super) unsafe fn tile_sums<const T: usize, const G: usize, const WIDE: bool>(
+    lines: &[Line],
+    at: *const u8,
+    stride: usize,
+) -> [__m512i; T] {
+    // SAFETY: the caller's features and spans
+    unsafe {
+        let mut isum = [[_mm512_setzero_si512(); 4]; T];
+        for g in 0..G {
+            let mut av = [_mm512_setzero_si512(); T];
+            for (tt, v) in av.iter_mut().enumerate() {
+                *v = _mm512_broadcast_i32x4(_mm_loadu_si128(at.add(tt * stride + 16 * g) as *const __m128i));
+            }
+            for m in 0..4 {
+                let w = _mm512_load_si512(lines[4 * g + m].0.as_ptr() as *const _);
+                for tt in 0..T {
+                    isum[tt][m] = if WIDE {
+                        _mm512_dpwssd_epi32(isum[tt][m], w, av[tt])
+                    } else {
+                        _mm512_dpbusd_epi32(isum[tt][m], w, av[tt])
+                    };
+                }
+            }
+        }
+        let mut s = [_mm512_setzero_si512(); T];
+        for (s, v) in s.iter_mut().zip(isum) {
+            *s = reduce(v);
+        }
+        s
     }
 }
 

@@ -11,8 +11,8 @@
 //! `acc -= mins * (dmin * a_scale)`, `mins` its integer sum of the mins' terms. The float work
 //! is per (block, row, token) and nothing is per lane, so rows can sit in a vector's lanes.
 //! The scalar code here is that order; `avx512_k23.rs` (a row at a time, for decode and the
-//! rows left over), `avx512_k23_rows.rs` (16 rows in the lanes, for a prompt) and
-//! `avx2_k23.rs` are its vector forms.
+//! rows left over), `avx512_k23_rows.rs` and `avx512_iq4xs_rows.rs` (16 rows in the lanes, for
+//! a prompt) and `avx2_k23.rs` are its vector forms.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -181,7 +181,7 @@ pub(super) fn matmul_rows(
                     } else if t != BlockType::Iq4Xs {
                         super::avx512_k23_rows::matmul_tiles(t, (q, cols), a, s, n, rows.clone(), out)
                     } else {
-                        0
+                        super::avx512_iq4xs_rows::matmul_tiles((q, cols), a, n, rows.clone(), out)
                     };
                     let rest = rows.start + done..rows.end;
                     super::avx512_k23::matmul_rows(t, (q, cols), a, (perm, s), n, rest, &mut out[done * n..])
