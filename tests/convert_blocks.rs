@@ -67,7 +67,7 @@ fn a_checkpoint_quantized_into_ggml_blocks_holds_the_quantizers_blocks() {
             checked += 1;
         };
         for e in &p.meta.tensors {
-            let blocks_form = matches!(e.scale_form(), ScaleForm::Blocks(_) | ScaleForm::K4);
+            let blocks_form = matches!(e.scale_form(), ScaleForm::Blocks(_));
             // the attention's rows (256 values) are blocks; the embedding stays q8
             assert_eq!(
                 blocks_form,
@@ -91,8 +91,12 @@ fn a_checkpoint_quantized_into_ggml_blocks_holds_the_quantizers_blocks() {
         let j: serde_json::Value =
             serde_json::from_str(&stdout(&moescope(&["inspect", pkg.to_str().unwrap(), "--json"], dir.path())))
                 .expect("inspect json");
-        let key = if t == BlockType::Q4K { "q4" } else { t.name() };
-        assert_eq!(j["dense_by_type"][key]["bits_per_weight"].as_f64(), Some(bits), "{mode}: {}", j["dense_by_type"]);
+        assert_eq!(
+            j["dense_by_type"][t.name()]["bits_per_weight"].as_f64(),
+            Some(bits),
+            "{mode}: {}",
+            j["dense_by_type"]
+        );
 
         let opts = EngineOptions {
             threads: 2,

@@ -57,7 +57,7 @@ fn q4_k_m_mixes_q4_k_and_q6_k() {
 }
 
 /// Q4_K_M keeps layer 1's `ffn_down_exps` in Q6_K and layer 0's in Q4_K: the package gives each
-/// layer's experts parts of their own (q6 group 16; q4 group 32 with k4 records), and a small pool
+/// layer's experts parts of their own (q6 group 16 with k6 records; the Q4_K blocks), and a small pool
 /// streaming the blobs from disk gives the logits of the experts served from memory bit for bit.
 #[test]
 fn q4_k_m_experts_keep_each_layers_format() {
@@ -73,7 +73,7 @@ fn q4_k_m_experts_keep_each_layers_format() {
         (p["layout"].as_str().unwrap_or("").to_string(), p["group"].as_u64())
     };
     assert_eq!(parts.len(), 6, "three parts per layer: {parts:?}");
-    assert_eq!(down(0), ("q4_lohi32_x4+k4".to_string(), Some(32)));
+    assert_eq!(down(0), ("row_major+ggml_q4_k".to_string(), Some(32)));
     assert_eq!(down(1).1, Some(16));
     assert!(down(1).0.starts_with("q6_lo4hi2"), "{:?}", down(1));
 
@@ -113,7 +113,7 @@ fn k_quants_keep_the_files_bytes() {
         .as_array()
         .expect("parts")
         .iter()
-        .filter(|p| p["layout"].as_str().is_some_and(|l| l.ends_with("+k4")))
+        .filter(|p| p["layout"].as_str().is_some_and(|l| l.ends_with("+ggml_q4_k")))
         .collect();
     assert_eq!(k4_parts.len(), 5, "layer 0's three parts and layer 1's gate and up");
     for p in k4_parts {
@@ -123,8 +123,7 @@ fn k_quants_keep_the_files_bytes() {
     let k6: Vec<_> = parts.iter().filter(|p| p["layout"].as_str().is_some_and(|l| l.ends_with("+k6"))).collect();
     assert_eq!(k6.len(), 1, "layer 1's down_proj");
     assert_eq!(k6[0]["bits_per_weight"].as_f64(), Some(6.5625), "{}", k6[0]);
-    // every dense q4 tensor of this file is a Q4_K one
-    assert_eq!(j["dense_by_type"]["q4"]["bits_per_weight"].as_f64(), Some(4.5), "{}", j["dense_by_type"]);
+    assert_eq!(j["dense_by_type"]["Q4_K"]["bits_per_weight"].as_f64(), Some(4.5), "{}", j["dense_by_type"]);
 }
 
 /// The overall error a requantizing conversion reports, in percent.
@@ -159,7 +158,7 @@ fn inspect_says_how_each_type_runs() {
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
     let runs = |t: &str| j["by_type"][t]["runs_as"].as_str().map(String::from);
     assert_eq!(runs("Q6_K").as_deref(), Some("q6, group 16 with k6 records"));
-    assert_eq!(runs("Q4_K").as_deref(), Some("q4, group 32 with k4 records"));
+    assert_eq!(runs("Q4_K").as_deref(), Some("its own blocks (integer sums a block, activations quantized per 256)"));
     assert_eq!(runs("F32").as_deref(), Some("f32"));
     let f = fixture("gguf/tiny.gguf");
     let o = moescope(&["inspect", f.to_str().unwrap(), "--json"], d.path());

@@ -100,10 +100,10 @@ pub fn block_codes(
 /// The q8 matrix a block type is computed as where a package keeps its blocks as they are
 /// ([`crate::mat::MatData::Blocks`]): one scale per sub-block of `group` codes, and whether
 /// value = `scale * code - min` (`true`) or `scale * code`. `None` for the types moescope keeps
-/// in a format of its own (the float types, Q4_0, Q4_1, Q8_0, Q4_K, Q6_K, MXFP4).
+/// in a format of its own (the float types, Q4_0, Q4_1, Q8_0, Q6_K, MXFP4).
 pub fn blocks_run_as(t: BlockType) -> Option<(usize, bool)> {
     match t {
-        BlockType::Q5K => Some((32, true)),
+        BlockType::Q4K | BlockType::Q5K => Some((32, true)),
         BlockType::Q2K => Some((16, true)),
         BlockType::Q5_0 | BlockType::Iq4Nl | BlockType::Iq4Xs => Some((32, false)),
         BlockType::Iq2Xxs | BlockType::Iq3Xxs | BlockType::Iq3S | BlockType::Iq1S => Some((32, false)),
@@ -114,7 +114,6 @@ pub fn blocks_run_as(t: BlockType) -> Option<(usize, bool)> {
         | BlockType::Q4_0
         | BlockType::Q4_1
         | BlockType::Q8_0
-        | BlockType::Q4K
         | BlockType::Q6K
         | BlockType::Mxfp4 => None,
     }

@@ -114,6 +114,17 @@ pub fn line(p: *const u8, ahead: usize) {
     let _ = (p, ahead);
 }
 
+/// Ask for part `part` of `parts` of the `bytes` bytes from `p` on (a whole number of lines
+/// each): a kernel that computes on one piece while the next comes in spreads the piece's
+/// lines over its steps, so that a few misses are in flight at a time rather than hundreds.
+#[inline(always)]
+pub fn part_of(p: *const u8, bytes: usize, part: usize, parts: usize) {
+    let lines = bytes.div_ceil(64);
+    for l in lines * part / parts..lines * (part + 1) / parts {
+        line(p, 64 * l);
+    }
+}
+
 /// Rows ahead of the block being computed whose scales [`scales_ahead`] asks for.
 pub const SCALE_ROWS_AHEAD: usize = 16;
 

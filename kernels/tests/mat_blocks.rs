@@ -70,7 +70,15 @@ fn blocks_give_the_files_values_and_the_relaid_matrices_products() {
         }
         tested.push(f.t);
     }
-    let want = [BlockType::Q5_0, BlockType::Q5K, BlockType::Q2K, BlockType::Q3K, BlockType::Iq4Nl, BlockType::Iq4Xs];
+    let want = [
+        BlockType::Q5_0,
+        BlockType::Q4K,
+        BlockType::Q5K,
+        BlockType::Q2K,
+        BlockType::Q3K,
+        BlockType::Iq4Nl,
+        BlockType::Iq4Xs,
+    ];
     for t in want.into_iter().chain(moescope_kernels::ggml_iq::TYPES) {
         assert!(tested.contains(&t), "{} is kept as blocks and tested", t.name());
     }
@@ -102,7 +110,7 @@ fn same_products(bmat: &Mat<'_>, qmat: &Mat<'_>, group: usize, seed: u64) {
     }
 }
 
-/// A Q2_K, Q3_K or IQ4_XS block's real values as the format defines them: per value, `d * sc`
+/// A Q2_K, Q3_K, Q4_K or IQ4_XS block's real values as the format defines them: per value, `d * sc`
 /// and the signed code, and `dmin * m` (Q3_K, IQ4_XS: 0), in f64.
 fn block_parts(t: BlockType, b: &[u8]) -> Vec<(f64, f64, f64)> {
     let f16 = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f64();
@@ -116,6 +124,18 @@ fn block_parts(t: BlockType, b: &[u8]) -> Vec<(f64, f64, f64)> {
                 let ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 15) as i32 | (((high >> (2 * j)) & 3) as i32) << 4;
                 let nib = (b[8 + 16 * j + i % 16] >> (4 * ((i / 16) % 2))) & 15;
                 (f16(0) * (ls - 32) as f64, IQ4_VALUES[nib as usize] as f64, 0.0)
+            })
+            .collect();
+    }
+    if t == BlockType::Q4K {
+        // sub-block j of 32 (values 32j..): 6-bit scale and min (ggml's get_scale_min_k4),
+        // codes the low nibbles of bytes 16 + 32 (j / 2).. for even j, the high ones for odd
+        return (0..256)
+            .map(|i| {
+                let j = i / 32;
+                let (sc, m) = moescope_kernels::ggml::k_scale_min(&b[4..16], j);
+                let nib = (b[16 + 32 * (j / 2) + i % 32] >> (4 * (j % 2))) & 15;
+                (f16(0) * sc as f64, nib as f64, f16(2) * m as f64)
             })
             .collect();
     }
@@ -135,7 +155,7 @@ fn block_parts(t: BlockType, b: &[u8]) -> Vec<(f64, f64, f64)> {
         .collect()
 }
 
-/// Q2_K, Q3_K and IQ4_XS products (activations quantized per 256, integer block sums): the same bits at
+/// Q2_K, Q3_K, Q4_K and IQ4_XS products (activations quantized per 256, integer block sums): the same bits at
 /// every tier and whatever the batch, and within the rounding of their few float operations of
 /// the exact product of the file's values with the quantized activations.
 fn block_sums_products(bmat: &Mat<'_>, raw: &[u8], seed: u64) {

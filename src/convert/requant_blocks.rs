@@ -1,9 +1,8 @@
 //! A source's weights quantized into GGUF blocks as they are converted (`convert --quant q4_k |
 //! q2_k | iq4_xs`): the attention, dense MLP and expert matrices whose rows are whole 256-value
 //! super-blocks become blocks of the type (`moescope_kernels::ggml_quant`), and the package keeps
-//! them as it keeps a GGUF file of that type (Q4_K as q4 codes with k4 records, Q2_K and IQ4_XS
-//! as the blocks themselves, `gguf::exact::exact_format`): the same bytes a weight, and the same
-//! kernels. Every other tensor takes the mode's plain format (`QuantMode::format`).
+//! them as it keeps a GGUF file of that type (the blocks themselves,
+//! `gguf::exact::exact_format`): the same bytes a weight, and the same kernels. Every other tensor takes the mode's plain format (`QuantMode::format`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -27,8 +26,8 @@ pub struct RequantBlocks<'a> {
     t: BlockType,
     /// the tensors quantized into blocks
     names: HashSet<String>,
-    /// each thread's last rows quantized, `(name, r0, n)` and their blocks: a Q4_K tensor's
-    /// codes and its k4 records are asked for one after the other, from one quantization
+    /// each thread's last rows quantized, `(name, r0, n)` and their blocks: a format kept as
+    /// codes and records asks for the two one after the other, from one quantization
     last: Mutex<HashMap<ThreadId, (Rows, Vec<u8>)>>,
 }
 

@@ -234,8 +234,9 @@ pub const K6: &str = "+k6";
 pub const BLOCKS: &str = "+ggml_";
 
 /// The layout marks of the types kept as blocks: [`BLOCKS`] and the type's lower-case name.
-const BLOCK_MARKS: [(BlockType, &str); 13] = [
+const BLOCK_MARKS: [(BlockType, &str); 14] = [
     (BlockType::Q5_0, "+ggml_q5_0"),
+    (BlockType::Q4K, "+ggml_q4_k"),
     (BlockType::Q5K, "+ggml_q5_k"),
     (BlockType::Q2K, "+ggml_q2_k"),
     (BlockType::Q3K, "+ggml_q3_k"),
@@ -367,8 +368,7 @@ pub struct ExpertRegion {
     /// a miss reads its own layer's length (version 2); empty when every blob is `blob_len` long.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layer_lens: Vec<u64>,
-    /// `table[i * num_experts + e]` = (absolute offset, xxh3-64 hex) of layer `layers[i]`,
-    /// expert `e`.
+    /// `table[i * num_experts + e]` = (offset, xxh3-64 hex) of layer `layers[i]`, expert `e`.
     pub table: Vec<(u64, String)>,
 }
 
@@ -589,7 +589,7 @@ mod tests {
         assert_eq!(TensorEntry { dtype: DType::Q4, ..q2k }.expected_len(), None, "q4");
         let iq1m = TensorEntry { shape: vec![1, 256], ..e(DType::Q8, Some(16), "row_major+ggml_iq1_m") };
         assert_eq!(iq1m.expected_len(), Some((56, None)));
-        assert_eq!(ScaleForm::of_layout("row_major+ggml_q4_k"), ScaleForm::Plain, "Q4_K is never kept as blocks");
+        assert_eq!(ScaleForm::of_layout("row_major+ggml_q6_k"), ScaleForm::Plain, "Q6_K is never kept as blocks");
         for (t, mark) in BLOCK_MARKS {
             assert_eq!(ScaleForm::of_layout(&format!("row_major{mark}")), ScaleForm::Blocks(t));
             assert_eq!(ScaleForm::Blocks(t).mark(), mark);

@@ -1,4 +1,4 @@
-//! The AVX2 form of `k23.rs` (Q2_K and Q3_K blocks against activations quantized per 256): the
+//! The AVX2 form of `k23.rs` (Q2_K, Q3_K, Q4_K and IQ4_XS blocks against activations quantized per 256): the
 //! AVX-512 kernel's 64-byte code vectors as two 32-byte halves, whose i32 lanes are that
 //! kernel's lanes 0..8 and 8..16, the same integer sums (`vpmaddubsw`, then `vpmaddwd` with the
 //! scales, or with ones where Q2_K's codes already carry them), the same float operations lane
@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use super::k23::K23_GROUP;
 use crate::act::QuantAct;
-use crate::ggml::{BlockType, IQ4_VALUES, f16_at, q3_k_scale_bytes};
+use crate::ggml::{BlockType, IQ4_VALUES, f16_at, k_scale_min, q3_k_scale_bytes};
 
 /// Tokens a block's decoded codes serve at a time.
 const TOKENS: usize = 4;
@@ -18,9 +18,11 @@ const TOKENS: usize = 4;
 const Q2K: u8 = 0;
 const Q3K: u8 = 1;
 const IQ4XS: u8 = 2;
+const Q4K: u8 = 3;
 
 /// A block decoded: code vector `k`'s halves at `2k` and `2k + 1` (Q2_K: times their scales),
-/// Q3_K's scale of each i16 lane of each half, the mins' weights, and the two factors.
+/// the scale of each i16 lane of each half (Q3_K, Q4_K, IQ4_XS), the mins' weights, and the two
+/// factors.
 struct Block {
     codes: [__m256i; 8],
     scales: [__m256i; 8],
@@ -29,6 +31,16 @@ struct Block {
     mins: __m256i,
     d: f32,
     dm: f32,
+}
+
+impl Block {
+    /// A block of zero vectors with factors `d` and `dm`, for a decoder to fill.
+    #[inline(always)]
+    fn zero(d: f32, dm: f32) -> Block {
+        // SAFETY: all-zero bits are a valid vector
+        let z: __m256i = unsafe { std::mem::zeroed() };
+        Block { codes: [z; 8], scales: [z; 8], signs: [z; 8], mins: z, d, dm }
+    }
 }
 
 /// Block `b` of `t`, for callers with AVX2 enabled.
@@ -42,6 +54,9 @@ unsafe fn decode(t: BlockType, b: &[u8]) -> Block {
     unsafe {
         if t == BlockType::Iq4Xs {
             return decode_iq4_xs(b);
+        }
+        if t == BlockType::Q4K {
+            return decode_q4_k(b);
         }
         let three = _mm256_set1_epi8(3);
         let q2 = t == BlockType::Q2K;
@@ -98,14 +113,7 @@ unsafe fn decode_iq4_xs(b: &[u8]) -> Block {
         let table = _mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i);
         let nib = _mm_set1_epi8(15);
         let high = u16::from_le_bytes([b[2], b[3]]);
-        let mut blk = Block {
-            codes: [_mm256_setzero_si256(); 8],
-            scales: [_mm256_setzero_si256(); 8],
-            signs: [_mm256_setzero_si256(); 8],
-            mins: _mm256_setzero_si256(),
-            d: f16_at(b, 0),
-            dm: f16_at(b, 0),
-        };
+        let mut blk = Block::zero(f16_at(b, 0), f16_at(b, 0));
         for j in 0..8 {
             let q = _mm_loadu_si128(b.as_ptr().add(8 + 16 * j) as *const __m128i);
             let lo = _mm_shuffle_epi8(table, _mm_and_si128(q, nib));
@@ -116,6 +124,30 @@ unsafe fn decode_iq4_xs(b: &[u8]) -> Block {
             let ls = (b[4 + j / 2] >> (4 * (j % 2))) & 15 | (((high >> (2 * j)) & 3) as u8) << 4;
             blk.scales[j] = _mm256_set1_epi16(ls as i16 - 32);
         }
+        blk
+    }
+}
+
+/// A Q4_K block: half `h` of code vector `k` is sub-block `2k + h` of 32, the low nibbles of
+/// bytes `16 + 32k..` (h = 0) or their high ones, with its scale; its min for both its 16s.
+///
+/// # Safety
+/// As [`decode`].
+#[inline(always)]
+unsafe fn decode_q4_k(b: &[u8]) -> Block {
+    // SAFETY: the caller's features; loads within the block's bytes
+    unsafe {
+        let mut blk = Block::zero(f16_at(b, 0), f16_at(b, 2));
+        let mut mins = [0i16; 16];
+        for j in 0..8 {
+            let (sc, m) = k_scale_min(&b[4..16], j);
+            let q = _mm256_loadu_si256(b.as_ptr().add(16 + 32 * (j / 2)) as *const __m256i);
+            let shifted = _mm256_srl_epi16(q, _mm_cvtsi32_si128(4 * (j % 2) as i32));
+            blk.codes[j] = _mm256_and_si256(shifted, _mm256_set1_epi8(15));
+            blk.scales[j] = _mm256_set1_epi16(sc as i16);
+            (mins[2 * j], mins[2 * j + 1]) = (m as i16, m as i16);
+        }
+        blk.mins = _mm256_loadu_si256(mins.as_ptr() as *const __m256i);
         blk
     }
 }
@@ -148,9 +180,11 @@ pub(super) unsafe fn matmul_rows(
                 match (w, t) {
                     (TOKENS, BlockType::Q2K) => tile::<TOKENS, Q2K>(t, row, cols, sp, t0, o),
                     (TOKENS, BlockType::Q3K) => tile::<TOKENS, Q3K>(t, row, cols, sp, t0, o),
+                    (TOKENS, BlockType::Q4K) => tile::<TOKENS, Q4K>(t, row, cols, sp, t0, o),
                     (TOKENS, _) => tile::<TOKENS, IQ4XS>(t, row, cols, sp, t0, o),
                     (_, BlockType::Q2K) => tile::<1, Q2K>(t, row, cols, sp, t0, o),
                     (_, BlockType::Q3K) => tile::<1, Q3K>(t, row, cols, sp, t0, o),
+                    (_, BlockType::Q4K) => tile::<1, Q4K>(t, row, cols, sp, t0, o),
                     (_, _) => tile::<1, IQ4XS>(t, row, cols, sp, t0, o),
                 }
             }
@@ -197,12 +231,13 @@ unsafe fn tile<const T: usize, const KIND: u8>(
                 let bs = _mm256_loadu_si256(sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const __m256i);
                 let mins = sum_i32x8(_mm256_madd_epi16(bs, blk.mins));
                 let mut sum = sum_i32x8(s);
-                // `k23::dot_scalar`'s operations
-                if KIND != Q2K {
+                // `k23::dot_scalar`'s operations (Q2_K and Q4_K: mins of their own factor)
+                let own_mins = KIND == Q2K || KIND == Q4K;
+                if !own_mins {
                     sum -= mins;
                 }
                 acc[tt] += sum as f32 * (blk.d * scale);
-                if KIND == Q2K {
+                if own_mins {
                     acc[tt] -= mins as f32 * (blk.dm * scale);
                 }
             }

@@ -1,8 +1,8 @@
-//! The vector form of `k23.rs` (Q2_K and Q3_K blocks against activations quantized per 256):
-//! a block's 64 code bytes become four 64-byte vectors of codes (shifts and masks, Q3_K's high
+//! The vector form of `k23.rs` (Q2_K, Q3_K, Q4_K and IQ4_XS blocks against activations
+//! quantized per 256): a block's codes become four 64-byte vectors (shifts and masks, Q3_K's high
 //! bits by a byte-mask test), each multiplied with the token's matching activation bytes
 //! (Q2_K: the codes already times their scales through a table per sub-block, `vpdpbusd`;
-//! Q3_K: `vpmaddubsw`, then its sub-blocks' scales by `vpdpwssd`), the four summed in 16 i32
+//! the others: `vpmaddubsw`, then the sub-blocks' scales by `vpdpwssd`), the four summed in 16 i32
 //! lanes; the mins' (offsets') term from the token's sums per 16 (`vpmaddwd`, 8 lanes). Floats as
 //! `k23.rs` has them, lane for lane, so the same bits. A block's codes and scales serve up to
 //! eight tokens at a time.
@@ -21,6 +21,7 @@ const TOKENS: usize = 8;
 pub(super) const Q2K: u8 = 0;
 pub(super) const Q3K: u8 = 1;
 pub(super) const IQ4XS: u8 = 2;
+pub(super) const Q4K: u8 = 3;
 
 /// A block decoded for the products: four code vectors, the scale of each i16 lane of each
 /// (its sub-block's), the 16 mins' weights as i16, and the two factors.
@@ -49,6 +50,9 @@ pub(super) unsafe fn decode(t: BlockType, b: &[u8], lanes: &[__m512i; 12]) -> Bl
     unsafe {
         if t == BlockType::Iq4Xs {
             return decode_iq4_xs(b, lanes);
+        }
+        if t == BlockType::Q4K {
+            return decode_q4_k(b, lanes);
         }
         let three = _mm512_set1_epi8(3);
         let (qs, sc, mins, d, dm) = if t == BlockType::Q2K {
@@ -132,9 +136,41 @@ unsafe fn decode_iq4_xs(b: &[u8], lanes: &[__m512i; 12]) -> Block {
     }
 }
 
+/// Byte indices `j / 2` (at 0) and `8 + j / 2` (at 16): each of a k4 record's eight scales (or
+/// mins) twice, one per 16 values.
+const TWICE: [u8; 32] =
+    [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
+
+/// A Q4_K block: its codes in order (vector k: the low nibbles of bytes `16 + 32k..`, then
+/// their high ones), the scale of each i16 lane, each sub-block's min for both its 16s.
+///
+/// # Safety
+/// As [`decode`].
+#[inline(always)]
+unsafe fn decode_q4_k(b: &[u8], lanes: &[__m512i; 12]) -> Block {
+    let bp = b.as_ptr();
+    // SAFETY: the caller's features; loads within the block's bytes
+    unsafe {
+        let nib = _mm512_set1_epi8(15);
+        let mut codes = [_mm512_setzero_si512(); 4];
+        for (k, c) in codes.iter_mut().enumerate() {
+            let x = _mm256_loadu_si256(bp.add(16 + 32 * k) as *const __m256i);
+            *c = _mm512_and_si512(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), _mm256_srli_epi16::<4>(x)), nib);
+        }
+        // [sc0..8, m0..8] as bytes, each twice (one per 16 values), widened to i16
+        let sm = super::avx512_records::k4_codes(bp);
+        let twice = |at: usize| _mm_loadu_si128(TWICE[at..].as_ptr() as *const __m128i);
+        let sc = _mm512_zextsi256_si512(_mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, twice(0))));
+        let mins = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sm, twice(16)));
+        let scales = std::array::from_fn(|k| _mm512_permutexvar_epi16(lanes[8 + k], sc));
+        Block { codes, scales, neg: [0; 4], mins, d: f16_at(b, 0), dm: f16_at(b, 2) }
+    }
+}
+
 /// Indices of the scales per 16 values: for code vector `k`, at 0..4 those of each i16 lane `p`
 /// (`value_at(k, 2p) / 16`, for `vpermw`), at 4..8 those of each byte of each 128-bit lane `q`
-/// (one a lane: `value_at(k, 16q) / 16`, for `vpshufb`), at 8..12 IQ4_XS's of each i16 lane.
+/// (one a lane: `value_at(k, 16q) / 16`, for `vpshufb`), at 8..12 those of each i16 lane of
+/// vectors of values in order (IQ4_XS, Q4_K).
 #[target_feature(enable = "avx512f")]
 pub(super) fn scale_lanes() -> [__m512i; 12] {
     std::array::from_fn(|i| {
@@ -185,6 +221,7 @@ pub(super) unsafe fn matmul_rows(
             match t {
                 BlockType::Q2K => tiles::<Q2K>(t, row, cols, sp, &lanes, o),
                 BlockType::Q3K => tiles::<Q3K>(t, row, cols, sp, &lanes, o),
+                BlockType::Q4K => tiles::<Q4K>(t, row, cols, sp, &lanes, o),
                 _ => tiles::<IQ4XS>(t, row, cols, sp, &lanes, o),
             }
         }
@@ -254,7 +291,7 @@ unsafe fn tile<const T: usize, const KIND: u8>(
                 let scale = *a.scales.get_unchecked(tok * nb + b);
                 // `k23::dot_scalar`'s operations
                 acc[tt] += _mm_cvtsi128_si32(h) as f32 * (blk.d * scale);
-                if KIND == Q2K {
+                if KIND == Q2K || KIND == Q4K {
                     acc[tt] -= _mm_extract_epi32::<1>(h) as f32 * (blk.dm * scale);
                 }
             }
@@ -280,7 +317,7 @@ pub(super) unsafe fn load4(p: *const i8) -> [__m512i; 4] {
 }
 
 /// A decoded block's integer sums with one token: the codes' 16 lanes (Q3_K's offsets taken
-/// from them) and the mins' 8 lanes (Q2_K; Q3_K the offsets; IQ4_XS zero). `av` the token's
+/// from them) and the mins' 8 lanes (Q2_K, Q4_K; Q3_K the offsets; IQ4_XS zero). `av` the token's
 /// four code vectors of the block, `bs` its 16 sums.
 ///
 /// # Safety
@@ -294,7 +331,7 @@ pub(super) unsafe fn block_sums<const KIND: u8>(blk: &Block, av: &[__m512i; 4], 
             s = match KIND {
                 // the codes already times their scales: one multiply-add of 4 bytes a lane
                 Q2K => _mm512_dpbusd_epi32(s, blk.codes[k], av[k]),
-                Q3K => _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(blk.codes[k], av[k]), blk.scales[k]),
+                Q3K | Q4K => _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(blk.codes[k], av[k]), blk.scales[k]),
                 // magnitudes times the activations with the codes' signs (none is 0)
                 _ => {
                     let signed = _mm512_mask_sub_epi8(av[k], blk.neg[k], _mm512_setzero_si512(), av[k]);

@@ -14,7 +14,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
-use super::avx512_k23::{IQ4XS, Q2K, Q3K, block_sums, decode, load4, reduce, scale_lanes};
+use super::avx512_k23::{IQ4XS, Q2K, Q3K, Q4K, block_sums, decode, load4, reduce, scale_lanes};
 use super::k23::{K23_GROUP, value_at};
 use crate::act::QuantAct;
 use crate::ggml::{BlockType, f16_at, q3_k_scale_bytes};
@@ -26,10 +26,10 @@ pub(super) const ROWS: usize = 16;
 /// 128-bit lane `l` holds row `4l + m`'s 16 values, the order [`reduce`] sums into row order),
 /// then the mins' weights in 8 lines (line `j`: each row's i16 pair for sub-blocks `2j`, `2j
 /// + 1`), then the 16 rows' `d` and `dmin`.
-const LINES: usize = 64 + 8 + 2;
-const MINS: usize = 64;
-const D: usize = 72;
-const DMIN: usize = 73;
+pub(super) const LINES: usize = 64 + 8 + 2;
+pub(super) const MINS: usize = 64;
+pub(super) const D: usize = 72;
+pub(super) const DMIN: usize = 73;
 
 /// Lines of [`one_token`]'s block: 16 rows' sums of the codes, 16 of the mins, `d`, `dmin`.
 const SUM_LINES: usize = 2 * ROWS + 2;
@@ -61,7 +61,7 @@ pub(super) struct Line(pub(super) [u8; 64]);
 
 thread_local! {
     /// A tile's blocks, decoded (`LINES` lines a block).
-    static TILE: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+    pub(super) static TILE: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Products of whole tiles of 16 rows from `rows.start`: `out[(r - rows.start) * n + t]` as
@@ -218,36 +218,60 @@ unsafe fn tokens<const T: usize, const Q2: bool>(
     let cols = nb * K23_GROUP;
     let mut acc = [_mm512_setzero_ps(); T];
     for (b, lines) in buf.chunks_exact(LINES).take(nb).enumerate() {
-        let line = |i: usize| lines[i].0.as_ptr();
-        // SAFETY (all): the caller's features; the tile's lines, the tokens' codes, sums and
+        // SAFETY (both): the caller's features; the tile's lines, the tokens' codes, sums and
         // scales within the caller's spans
         unsafe {
             let at = a.q.as_ptr().add(t0 * cols + K23_GROUP * b) as *const u8;
             let isum = tile_sums::<T, 16, false>(lines, at, cols);
-            let (d, dm) = (_mm512_load_ps(line(D) as *const f32), _mm512_load_ps(line(DMIN) as *const f32));
-            for tt in 0..T {
-                let tok = t0 + tt;
-                let mut s = isum[tt];
-                let mut mins = _mm512_setzero_si512();
-                let bs = sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const i32;
-                for j in 0..8 {
-                    let pair = _mm512_set1_epi32(bs.add(j).read_unaligned());
-                    mins = _mm512_dpwssd_epi32(mins, _mm512_load_si512(line(MINS + j) as *const _), pair);
-                }
-                // `k23::dot_scalar`'s operations, a row a lane
-                if !Q2 {
-                    s = _mm512_sub_epi32(s, mins);
-                }
-                let scale = _mm512_set1_ps(*a.scales.get_unchecked(tok * nb + b));
-                acc[tt] = _mm512_add_ps(acc[tt], _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, scale)));
-                if Q2 {
-                    let m = _mm512_mul_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dm, scale));
-                    acc[tt] = _mm512_sub_ps(acc[tt], m);
-                }
-            }
+            block_floats::<T, Q2>(&mut acc, isum, lines, (a, sums), t0, b, nb);
         }
     }
     store_tile(&acc, t0, n, o);
+}
+
+/// Block `b`'s part of tokens `t0..t0 + T`'s products with a tile, from its integer sums
+/// `isum` (lane `r`: row `r`'s): the mins' (`Q2`: Q2_K's and Q4_K's, with `dmin`) or offsets'
+/// term from the lines at [`MINS`] against the tokens' sums per 16, then `k23::dot_scalar`'s
+/// float operations, a row a lane, into `acc`.
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI; `lines` a decoded block with [`MINS`], [`D`] and [`DMIN`] lines;
+/// tokens `t0..t0 + T` and block `b` within `a` and `sums` (`nb` blocks a token).
+#[inline(always)]
+pub(super) unsafe fn block_floats<const T: usize, const Q2: bool>(
+    acc: &mut [__m512; T],
+    isum: [__m512i; T],
+    lines: &[Line],
+    (a, sums): (&QuantAct, &[i16]),
+    t0: usize,
+    b: usize,
+    nb: usize,
+) {
+    let cols = nb * K23_GROUP;
+    let line = |i: usize| lines[i].0.as_ptr();
+    // SAFETY (all): the caller's features and spans
+    unsafe {
+        let (d, dm) = (_mm512_load_ps(line(D) as *const f32), _mm512_load_ps(line(DMIN) as *const f32));
+        for tt in 0..T {
+            let tok = t0 + tt;
+            let mut s = isum[tt];
+            let mut mins = _mm512_setzero_si512();
+            let bs = sums.as_ptr().add(tok * cols / 16 + 16 * b) as *const i32;
+            for j in 0..8 {
+                let pair = _mm512_set1_epi32(bs.add(j).read_unaligned());
+                mins = _mm512_dpwssd_epi32(mins, _mm512_load_si512(line(MINS + j) as *const _), pair);
+            }
+            if !Q2 {
+                s = _mm512_sub_epi32(s, mins);
+            }
+            let scale = _mm512_set1_ps(*a.scales.get_unchecked(tok * nb + b));
+            acc[tt] = _mm512_add_ps(acc[tt], _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d, scale)));
+            if Q2 {
+                let m = _mm512_mul_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dm, scale));
+                acc[tt] = _mm512_sub_ps(acc[tt], m);
+            }
+        }
+    }
 }
 
 /// The token spans a tile's products take, in order: `(first token, width)` with widths of `T`
@@ -346,6 +370,7 @@ pub(super) unsafe fn one_token(
             match t {
                 BlockType::Q2K => one_tile::<Q2K>(t, (q, cols), a, (perm, sums), r0, &lanes, o),
                 BlockType::Q3K => one_tile::<Q3K>(t, (q, cols), a, (perm, sums), r0, &lanes, o),
+                BlockType::Q4K => one_tile::<Q4K>(t, (q, cols), a, (perm, sums), r0, &lanes, o),
                 _ => one_tile::<IQ4XS>(t, (q, cols), a, (perm, sums), r0, &lanes, o),
             }
         }
@@ -368,6 +393,7 @@ unsafe fn one_tile<const KIND: u8>(
     o: &mut [f32],
 ) {
     let (rb, bb, nb) = (t.bytes_of(cols), t.block_bytes(), cols / K23_GROUP);
+    let pf = crate::prefetch::distance();
     // the buffer out of its cell: a closure would not inherit this function's features
     let mut buf = TILE.with(|b| std::mem::take(&mut *b.borrow_mut()));
     {
@@ -377,6 +403,10 @@ unsafe fn one_tile<const KIND: u8>(
         for r in 0..ROWS {
             let row = &q[(r0 + r) * rb..(r0 + r + 1) * rb];
             for (b, lines) in buf.chunks_exact_mut(SUM_LINES).take(nb).enumerate() {
+                // the lines `pf` bytes on (the next rows' blocks), as the other decode kernels
+                if pf > 0 {
+                    crate::prefetch::part_of(row[b * bb..].as_ptr().wrapping_add(pf), bb, 0, 1);
+                }
                 // SAFETY: the caller's features; block b of the row, the token's codes and sums
                 let blk = unsafe {
                     let blk = decode(t, &row[b * bb..(b + 1) * bb], lanes);
@@ -404,7 +434,7 @@ unsafe fn one_tile<const KIND: u8>(
                 let s = _mm512_cvtepi32_ps(reduce16(&sv));
                 let dd = _mm512_mul_ps(_mm512_load_ps(line(2 * ROWS) as *const f32), scale);
                 acc = _mm512_add_ps(acc, _mm512_mul_ps(s, dd));
-                if KIND == Q2K {
+                if KIND == Q2K || KIND == Q4K {
                     let mut mv = [_mm256_setzero_si256(); ROWS];
                     for (r, v) in mv.iter_mut().enumerate() {
                         *v = _mm256_load_si256(line(ROWS + r) as *const __m256i);

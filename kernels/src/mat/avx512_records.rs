@@ -67,7 +67,7 @@ pub(super) unsafe fn k4_lanes(k: &[u8], ng: usize, r: usize, g: usize) -> (__m51
 /// 16 bytes readable at `p`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn k4_codes(p: *const u8) -> __m128i {
+pub(super) unsafe fn k4_codes(p: *const u8) -> __m128i {
     // SAFETY: the caller's guarantee
     let s = unsafe { _mm_loadu_si128(p as *const __m128i) };
     // the packed bytes start at 4: a = [b0-3, b8-11, b4-7, b8-11], t = the bytes with the top

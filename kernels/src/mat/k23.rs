@@ -1,14 +1,14 @@
-//! Q2_K, Q3_K and IQ4_XS kept as the file's blocks (`MatData::Blocks`), computed from their
-//! codes as ggml computes them against Q8_K activations: activations quantized per 256 values
-//! (one scale a block), a block's product an integer sum of its sub-blocks' code-activation dots
-//! weighted by their integer scales (per 16 values: IQ4_XS's sub-blocks of 32 count twice), and
-//! the mins' (Q2_K) or offsets' (Q3_K) term an integer sum of the activations' sums per 16;
-//! floats only where a block's sums meet `d * a_scale`.
+//! Q2_K, Q3_K, Q4_K and IQ4_XS kept as the file's blocks (`MatData::Blocks`), computed from
+//! their codes as ggml computes them against Q8_K activations: activations quantized per 256
+//! values (one scale a block), a block's product an integer sum of its sub-blocks'
+//! code-activation dots weighted by their integer scales (per 16 values: the sub-blocks of 32 of
+//! Q4_K and IQ4_XS count twice), and the mins' (Q2_K, Q4_K) or offsets' (Q3_K) term an integer
+//! sum of the activations' sums per 16; floats only where a block's sums meet `d * a_scale`.
 //!
 //! The integer sums are exact, so one float order defines the bits at every tier: a row's
 //! product is one float sum over its blocks in order, `acc += sum * (d * a_scale)` with `sum`
 //! the block's whole integer sum (Q3_K's offsets taken from it: they share `d`), then for Q2_K
-//! `acc -= mins * (dmin * a_scale)`, `mins` its integer sum of the mins' terms. The float work
+//! and Q4_K `acc -= mins * (dmin * a_scale)`, `mins` its integer sum of the mins' terms. The float work
 //! is per (block, row, token) and nothing is per lane, so rows can sit in a vector's lanes.
 //! The scalar code here is that order; `avx512_k23.rs` (a row at a time, for decode and the
 //! rows left over), `avx512_k23_rows.rs` and `avx512_iq4xs_rows.rs` (16 rows in the lanes, for
@@ -18,7 +18,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::act::QuantAct;
-use crate::ggml::{BlockType, IQ4_VALUES, f16_at, q3_k_scale};
+use crate::ggml::{BlockType, IQ4_VALUES, f16_at, k_scale_min, q3_k_scale};
 use crate::isa::Isa;
 
 /// Values an activation scale covers for these types (ggml's Q8_K block).
@@ -26,23 +26,28 @@ pub const K23_GROUP: usize = 256;
 
 /// Whether blocks of `t` are computed here (else through their decoded q8 matrix).
 pub fn fused(t: BlockType) -> bool {
-    matches!(t, BlockType::Q2K | BlockType::Q3K | BlockType::Iq4Xs)
+    matches!(t, BlockType::Q2K | BlockType::Q3K | BlockType::Q4K | BlockType::Iq4Xs)
+}
+
+/// Whether `t`'s mins have their own factor `dmin` (else they share `d`, or there are none).
+pub(super) fn own_mins(t: BlockType) -> bool {
+    matches!(t, BlockType::Q2K | BlockType::Q4K)
 }
 
 /// The value at byte `p` (0..64) of code vector `k` (0..4) of a block: Q2_K's and Q3_K's 64 code
 /// bytes shifted by `2k` hold run `k` (values `32k..32k + 32`) in bytes 0..32 and run `4 + k` in
-/// bytes 32..64; IQ4_XS's vectors are the values in order, 64 a vector.
+/// bytes 32..64; Q4_K's and IQ4_XS's vectors are the values in order, 64 a vector.
 pub(super) fn value_at(t: BlockType, k: usize, p: usize) -> usize {
     match t {
-        BlockType::Iq4Xs => 64 * k + p,
+        BlockType::Iq4Xs | BlockType::Q4K => 64 * k + p,
         _ => 128 * (p / 32) + 32 * k + p % 32,
     }
 }
 
-/// A block's integer parts: codes (Q2_K 0..3; Q3_K 0..7, the code + 4; IQ4_XS its codebook's
-/// signed values), a scale per 16 values, the mins' weight per 16 (Q2_K: its min; Q3_K: 4 x its
-/// scale, the offset of its codes; IQ4_XS: none), and the factors of the two sums (`d`, and
-/// `dmin` or `d`).
+/// A block's integer parts: codes (Q2_K 0..3; Q3_K 0..7, the code + 4; Q4_K 0..15; IQ4_XS its
+/// codebook's signed values), a scale per 16 values, the mins' weight per 16 (Q2_K, Q4_K: its
+/// min; Q3_K: 4 x its scale, the offset of its codes; IQ4_XS: none), and the factors of the two
+/// sums (`d`, and `dmin` or `d`).
 pub(super) struct Unpacked {
     pub codes: [i16; 256],
     pub sc: [i16; 16],
@@ -51,9 +56,21 @@ pub(super) struct Unpacked {
     pub dm: f32,
 }
 
-/// Block `b` of type `t` (Q2_K, Q3_K or IQ4_XS) in its integer parts.
+/// Block `b` of type `t` (Q2_K, Q3_K, Q4_K or IQ4_XS) in its integer parts.
 pub(super) fn unpack(t: BlockType, b: &[u8]) -> Unpacked {
     let mut u = Unpacked { codes: [0; 256], sc: [0; 16], mn: [0; 16], d: 0.0, dm: 0.0 };
+    if t == BlockType::Q4K {
+        // values 64c..64c + 32: the low nibbles of bytes 16 + 32c.., the next 32 their high ones
+        for (i, c) in u.codes.iter_mut().enumerate() {
+            *c = ((b[16 + 32 * (i / 64) + i % 32] >> (4 * ((i / 32) % 2))) & 15) as i16;
+        }
+        for g in 0..16 {
+            let (sc, m) = k_scale_min(&b[4..16], g / 2);
+            (u.sc[g], u.mn[g]) = (sc as i16, m as i16);
+        }
+        (u.d, u.dm) = (f16_at(b, 0), f16_at(b, 2));
+        return u;
+    }
     if t == BlockType::Iq4Xs {
         // sub-block j of 32: the low nibbles of bytes 8 + 16j.. then their high nibbles
         for (i, c) in u.codes.iter_mut().enumerate() {
@@ -107,11 +124,11 @@ pub(super) fn dot_scalar(t: BlockType, row: &[u8], a: &[i8], scales: &[f32], bsu
         let mut s: i32 = (0..256).map(|i| u.sc[i / 16] as i32 * u.codes[i] as i32 * a[i] as i32).sum();
         let m: i32 = (0..16).map(|j| u.mn[j] as i32 * bs[j] as i32).sum();
         // Q3_K's offsets share d, so they join the integer sum (IQ4_XS has none: 0)
-        if t != BlockType::Q2K {
+        if !own_mins(t) {
             s -= m;
         }
         acc += s as f32 * (u.d * scales[b]);
-        if t == BlockType::Q2K {
+        if own_mins(t) {
             acc -= m as f32 * (u.dm * scales[b]);
         }
     }
@@ -128,7 +145,7 @@ pub(super) fn sub_sums(q: &[i8], out: &mut [i16]) {
 /// A token's codes with each block's 256 in the order of its code vectors' bytes
 /// ([`value_at`]), as the vector kernels multiply them.
 fn permute(t: BlockType, q: &[i8], out: &mut [i8]) {
-    if t == BlockType::Iq4Xs {
+    if matches!(t, BlockType::Iq4Xs | BlockType::Q4K) {
         out.copy_from_slice(q);
         return;
     }
@@ -178,6 +195,8 @@ pub(super) fn matmul_rows(
                     // a prompt's rows 16 at a time, in a vector's lanes; the rest one by one
                     let done = if n == 1 {
                         super::avx512_k23_rows::one_token(t, (q, cols), a, (perm, s), rows.clone(), out)
+                    } else if t == BlockType::Q4K {
+                        super::avx512_q4k_rows::matmul_tiles((q, cols), a, s, n, rows.clone(), out)
                     } else if t != BlockType::Iq4Xs {
                         super::avx512_k23_rows::matmul_tiles(t, (q, cols), a, s, n, rows.clone(), out)
                     } else {

@@ -12,14 +12,13 @@ use crate::package::layout::ScaleForm;
 /// min`, or the blocks' own records): F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at
 /// group 32 (the same codes and scales); Q5_0 as q8 group 32 (codes q - 16); Q6_K as q6 group 16
 /// with k6 records (its 6-bit codes, scale d * sc: an f16 times an 8-bit integer, exact in f32);
-/// Q4_K as q4 group 32 with k4 records (the unsigned nibbles, scale d * sc and min dmin * m);
-/// Q4_1 as q4 group 32 with f32 mins (d and -m); Q5_0, Q5_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS and the
+/// Q4_1 as q4 group 32 with f32 mins (d and -m); Q5_0, Q4_K, Q5_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS and the
 /// codebook types IQ1_S ... IQ3_S as the file's blocks, byte for byte (`ScaleForm::Blocks`),
 /// which the kernels decode as they go into the q8 matrix of their codes with the sub-blocks as
 /// groups (`moescope_kernels::ggml_codes::blocks_run_as`: Q5_K and Q2_K with mins; IQ1 in
 /// eighths, see `moescope_kernels::ggml_iq`). F16 runs as f32.
 pub fn exact_format(t: BlockType) -> (Format, ScaleForm) {
-    use ScaleForm::{K4, K6, Mins, Plain};
+    use ScaleForm::{K6, Mins, Plain};
     // the file's blocks as they are, computed as the q8 matrix of their codes
     if let Some((group, _)) = moescope_kernels::ggml_codes::blocks_run_as(t) {
         return (Format::Q8 { group }, ScaleForm::Blocks(t));
@@ -30,8 +29,6 @@ pub fn exact_format(t: BlockType) -> (Format, ScaleForm) {
         BlockType::Q4_0 => (Format::Q4 { group: 32 }, Plain),
         BlockType::Q6K => (Format::Q6 { group: 16 }, K6),
         BlockType::Mxfp4 => (Format::Mxfp4, Plain),
-        // the block's own scales: 4.5 bits a weight, as the file
-        BlockType::Q4K => (Format::Q4 { group: 32 }, K4),
         BlockType::Q4_1 => (Format::Q4 { group: 32 }, Mins),
         // F32, F16 (and no other: every remaining type is kept as blocks above)
         _ => (Format::F32, Plain),
