@@ -63,7 +63,10 @@ for i in range(nl):
     ]
     for g, h in (("ffn_gate_exps", "gate_proj"), ("ffn_up_exps", "up_proj"), ("ffn_down_exps", "down_proj")):
         plan.append((f"{q}{g}.weight", [f"{p}mlp.experts.{e}.{h}.weight" for e in range(ne)], "stack"))
-plan += [("output_norm.weight", "model.norm.weight", None), ("output.weight", "lm_head.weight", None)]
+plan += [("output_norm.weight", "model.norm.weight", None)]
+# a tied checkpoint (the demo) has no lm_head: llama.cpp then uses token_embd as the output
+if "lm_head.weight" in index:
+    plan.append(("output.weight", "lm_head.weight", None))
 
 w = gguf.GGUFWriter(out, "qwen3moe")
 w.add_block_count(nl)
@@ -99,9 +102,22 @@ w.add_tokenizer_pre("qwen2")
 w.add_token_list(tokens)
 w.add_token_types(types)
 w.add_token_merges(merges)
-w.add_eos_token_id(cfg["eos_token_id"])
-w.add_bos_token_id(cfg["bos_token_id"])
-w.add_pad_token_id(cfg["bos_token_id"])
+# ids from the config, else (the demo's config has none) the tokenizer_config's tokens
+tcp = os.path.join(src, "tokenizer_config.json")
+tc = json.load(open(tcp)) if os.path.exists(tcp) else {}
+
+
+def special(key):
+    if cfg.get(f"{key}_token_id") is not None:
+        return cfg[f"{key}_token_id"]
+    t = tc.get(f"{key}_token")
+    t = t.get("content") if isinstance(t, dict) else t
+    return vocab.get(t) if t is not None else None
+
+
+for key, add in (("eos", w.add_eos_token_id), ("bos", w.add_bos_token_id), ("pad", w.add_pad_token_id)):
+    if special(key) is not None:
+        add(special(key))
 w.add_add_bos_token(False)
 
 for name, key, how in plan:
@@ -110,8 +126,8 @@ for name, key, how in plan:
         shape = [len(key)] + shape
     else:
         _, dt, shape, _, _ = index[key]
-    one_d = len(shape) == 1
-    # norms stay f32 (as llama.cpp's converter keeps them); everything else bf16
+    one_d = len(shape) == 1 or name.endswith("ffn_gate_inp.weight")
+    # norms and the router stay f32 (as llama.cpp's converter keeps them); everything else bf16
     if one_d:
         w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
     else:
@@ -125,7 +141,7 @@ for name, key, how in plan:
         a = np.stack([raw(k) for k in key])
     else:
         a = raw(key)
-    if a.ndim == 1:
+    if a.ndim == 1 or name.endswith("ffn_gate_inp.weight"):
         a = np.ascontiguousarray(as_f32(a))
     else:
         a = np.ascontiguousarray(a).view(np.uint8)

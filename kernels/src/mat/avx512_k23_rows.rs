@@ -222,7 +222,7 @@ unsafe fn tokens<const T: usize, const Q2: bool>(
         // scales within the caller's spans
         unsafe {
             let at = a.q.as_ptr().add(t0 * cols + K23_GROUP * b) as *const u8;
-            let isum = tile_sums::<T, 16, false>(lines, at, cols);
+            let isum = tile_sums::<T, 16>(lines, at, cols);
             block_floats::<T, Q2>(&mut acc, isum, lines, (a, sums), t0, b, nb);
         }
     }
@@ -305,17 +305,13 @@ pub(super) fn store_tile<const T: usize>(acc: &[__m512; T], t0: usize, n: usize,
 
 /// A decoded block's integer sums with tokens `t0..t0 + T`, lane `r` row `r`'s: `G` groups of
 /// 16 activation bytes from `at` (token `t0`'s first, the next token's `stride` bytes on; i8
-/// codes against u8 weights by `vpdpbusd`, or with `WIDE` i16 against i16 by `vpdpwssd`), each
-/// broadcast to the four 128-bit lanes against the block's lines `4g..4g + 4`.
+/// codes against u8 weights by `vpdpbusd`), each broadcast to the four 128-bit lanes against
+/// the block's lines `4g..4g + 4`.
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI; `lines` holds `4 G` lines, `at` `T` tokens' `16 G` bytes.
 #[inline(always)]
-pub(super) unsafe fn tile_sums<const T: usize, const G: usize, const WIDE: bool>(
-    lines: &[Line],
-    at: *const u8,
-    stride: usize,
-) -> [__m512i; T] {
+unsafe fn tile_sums<const T: usize, const G: usize>(lines: &[Line], at: *const u8, stride: usize) -> [__m512i; T] {
     // SAFETY: the caller's features and spans
     unsafe {
         let mut isum = [[_mm512_setzero_si512(); 4]; T];
@@ -327,11 +323,7 @@ pub(super) unsafe fn tile_sums<const T: usize, const G: usize, const WIDE: bool>
             for m in 0..4 {
                 let w = _mm512_load_si512(lines[4 * g + m].0.as_ptr() as *const _);
                 for tt in 0..T {
-                    isum[tt][m] = if WIDE {
-                        _mm512_dpwssd_epi32(isum[tt][m], w, av[tt])
-                    } else {
-                        _mm512_dpbusd_epi32(isum[tt][m], w, av[tt])
-                    };
+                    isum[tt][m] = _mm512_dpbusd_epi32(isum[tt][m], w, av[tt]);
                 }
             }
         }

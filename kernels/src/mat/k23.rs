@@ -11,7 +11,7 @@
 //! and Q4_K `acc -= mins * (dmin * a_scale)`, `mins` its integer sum of the mins' terms. The float work
 //! is per (block, row, token) and nothing is per lane, so rows can sit in a vector's lanes.
 //! The scalar code here is that order; `avx512_k23.rs` (a row at a time, for decode and the
-//! rows left over), `avx512_k23_rows.rs` and `avx512_iq4xs_rows.rs` (16 rows in the lanes, for
+//! rows left over), `avx512_k23_rows.rs` and `avx512_q4k_rows.rs` (16 rows in the lanes, for
 //! a prompt) and `avx2_k23.rs` are its vector forms.
 
 use std::cell::RefCell;
@@ -195,12 +195,10 @@ pub(super) fn matmul_rows(
                     // a prompt's rows 16 at a time, in a vector's lanes; the rest one by one
                     let done = if n == 1 {
                         super::avx512_k23_rows::one_token(t, (q, cols), a, (perm, s), rows.clone(), out)
-                    } else if t == BlockType::Q4K {
-                        super::avx512_q4k_rows::matmul_tiles((q, cols), a, s, n, rows.clone(), out)
-                    } else if t != BlockType::Iq4Xs {
-                        super::avx512_k23_rows::matmul_tiles(t, (q, cols), a, s, n, rows.clone(), out)
+                    } else if matches!(t, BlockType::Q4K | BlockType::Iq4Xs) {
+                        super::avx512_q4k_rows::matmul_tiles(t, (q, cols), a, s, n, rows.clone(), out)
                     } else {
-                        super::avx512_iq4xs_rows::matmul_tiles((q, cols), a, n, rows.clone(), out)
+                        super::avx512_k23_rows::matmul_tiles(t, (q, cols), a, s, n, rows.clone(), out)
                     };
                     let rest = rows.start + done..rows.end;
                     super::avx512_k23::matmul_rows(t, (q, cols), a, (perm, s), n, rest, &mut out[done * n..])

@@ -11,8 +11,6 @@ mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
 mod avx512_finish;
 #[cfg(target_arch = "x86_64")]
-mod avx512_iq4xs_rows;
-#[cfg(target_arch = "x86_64")]
 mod avx512_k23;
 #[cfg(target_arch = "x86_64")]
 mod avx512_k23_rows;
