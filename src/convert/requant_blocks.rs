@@ -2,18 +2,17 @@
 //! q2_k | iq4_xs`): the attention, dense MLP and expert matrices whose rows are whole 256-value
 //! super-blocks become blocks of the type (`moescope_kernels::ggml_quant`), and the package keeps
 //! them as it keeps a GGUF file of that type (the blocks themselves,
-//! `gguf::exact::exact_format`): the same bytes a weight, and the same kernels. Every other tensor takes the mode's plain format (`QuantMode::format`).
+//! `gguf::exact::exact_format`): the same bytes a weight, and the same kernels. Every other
+//! tensor takes the mode's plain format (`QuantMode::format`).
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
-use std::thread::ThreadId;
+use std::collections::HashSet;
 
 use moescope_kernels::Format;
 use moescope_kernels::ggml::{BlockType, QK_K};
 use moescope_kernels::ggml_quant::quantize_row;
 
 use super::error::ConvertError;
-use super::gguf::codes::{encode_blocks, encodes_as, records_of};
+use super::gguf::codes::{encode_blocks, encodes_as};
 use super::gguf::exact::exact_format;
 use super::plan::{self, Kind};
 use super::source::TensorSource;
@@ -26,13 +25,7 @@ pub struct RequantBlocks<'a> {
     t: BlockType,
     /// the tensors quantized into blocks
     names: HashSet<String>,
-    /// each thread's last rows quantized, `(name, r0, n)` and their blocks: a format kept as
-    /// codes and records asks for the two one after the other, from one quantization
-    last: Mutex<HashMap<ThreadId, (Rows, Vec<u8>)>>,
 }
-
-/// Rows `[r0, r0 + n)` of a named tensor.
-type Rows = (String, usize, usize);
 
 impl<'a> RequantBlocks<'a> {
     /// The linear layers and routed experts of `cfg` (and of its multi-token-prediction layers)
@@ -50,24 +43,15 @@ impl<'a> RequantBlocks<'a> {
                 names.extend(plan::expert_tensors(cfg, l, e).into_iter().filter(|(_, s)| whole(s)).map(|(n, _)| n));
             }
         }
-        RequantBlocks { inner, t, names, last: Mutex::new(HashMap::new()) }
+        RequantBlocks { inner, t, names }
     }
 
-    /// Rows `[r0, r0 + n)` of `name` quantized into blocks (this thread's last ones again
-    /// without quantizing them twice).
+    /// Rows `[r0, r0 + n)` of `name` quantized into blocks.
     fn blocks(&self, name: &str, r0: usize, n: usize) -> Result<Vec<u8>, ConvertError> {
-        let key = (name.to_string(), r0, n);
-        let lock = || self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((k, b)) = lock().get(&std::thread::current().id())
-            && *k == key
-        {
-            return Ok(b.clone());
-        }
         let mut x = vec![];
         self.inner.read_rows(name, r0, n, &mut x)?;
         let mut out = Vec::with_capacity(self.t.bytes_of(x.len()));
         quantize_row(self.t, &x, &mut out);
-        lock().insert(std::thread::current().id(), (key, out.clone()));
         Ok(out)
     }
 }
@@ -105,11 +89,11 @@ impl TensorSource for RequantBlocks<'_> {
         if !self.names.contains(name) {
             return Ok(false);
         }
-        match exact_format(self.t).1 {
-            ScaleForm::Blocks(_) => *out = self.blocks(name, r0, n)?,
-            form if form.records() => records_of(self.t, &self.blocks(name, r0, n)?, out),
-            _ => return Ok(false),
+        // every type quantized here is kept as its blocks (`exact_format`)
+        if !matches!(exact_format(self.t).1, ScaleForm::Blocks(_)) {
+            return Ok(false);
         }
+        *out = self.blocks(name, r0, n)?;
         Ok(true)
     }
 

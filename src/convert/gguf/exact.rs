@@ -10,13 +10,14 @@ use crate::package::layout::ScaleForm;
 /// The moescope format that holds every value of a tensor of type `t` exactly, as the kernels
 /// run it, and how its scales are stored (f32, with f32 mins for asymmetric groups, `scale * n -
 /// min`, or the blocks' own records): F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at
-/// group 32 (the same codes and scales); Q5_0 as q8 group 32 (codes q - 16); Q6_K as q6 group 16
-/// with k6 records (its 6-bit codes, scale d * sc: an f16 times an 8-bit integer, exact in f32);
-/// Q4_1 as q4 group 32 with f32 mins (d and -m); Q5_0, Q4_K, Q5_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS and the
-/// codebook types IQ1_S ... IQ3_S as the file's blocks, byte for byte (`ScaleForm::Blocks`),
-/// which the kernels decode as they go into the q8 matrix of their codes with the sub-blocks as
-/// groups (`moescope_kernels::ggml_codes::blocks_run_as`: Q5_K and Q2_K with mins; IQ1 in
-/// eighths, see `moescope_kernels::ggml_iq`). F16 runs as f32.
+/// group 32 (the same codes and scales); Q6_K as q6 group 16 with k6 records (its 6-bit codes,
+/// scale d * sc: an f16 times an 8-bit integer, exact in f32); Q4_1 as q4 group 32 with f32 mins
+/// (d and -m); Q5_0, Q4_K, Q5_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS and the codebook types IQ1_S ...
+/// IQ3_S as the file's blocks, byte for byte (`ScaleForm::Blocks`): Q2_K, Q3_K, Q4_K and IQ4_XS
+/// computed from their codes as integer sums per block (`moescope_kernels::mat::block_sums`),
+/// the others decoded as they go into the q8 matrix of their codes with the sub-blocks as groups
+/// (`moescope_kernels::ggml_codes::blocks_run_as`: Q5_K with mins; IQ1 in eighths, see
+/// `moescope_kernels::ggml_iq`). F16 runs as f32.
 pub fn exact_format(t: BlockType) -> (Format, ScaleForm) {
     use ScaleForm::{K6, Mins, Plain};
     // the file's blocks as they are, computed as the q8 matrix of their codes
