@@ -126,6 +126,33 @@ fn k_quants_keep_the_files_bytes() {
     assert_eq!(j["dense_by_type"]["Q4_K"]["bits_per_weight"].as_f64(), Some(4.5), "{}", j["dense_by_type"]);
 }
 
+/// Q8_0 and Q4_0 keep their own size too: 34 and 18 bytes a 32 values (8.5 and 4.5 bits a
+/// weight), the codes and the blocks' f16 scales, in the dense tensors and the experts.
+#[test]
+fn q8_0_and_q4_0_keep_the_files_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (file, t, bits) in [("tiny-q8_0.gguf", "Q8_0", 8.5), ("tiny-q4_0.gguf", "Q4_0", 4.5)] {
+        let gguf = fixture(&format!("gguf/tiny/{file}"));
+        let o = moescope(&["inspect", gguf.to_str().unwrap(), "--json"], dir.path());
+        let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+        let by = &j["by_type"][t];
+        assert_eq!(by["bits_per_weight"].as_f64(), Some(bits), "{by}");
+        assert_eq!(by["package_bytes"], by["bytes"], "{by}");
+        let pkg = dir.path().join("h.moe");
+        convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+        let o = moescope(&["inspect", pkg.to_str().unwrap(), "--json"], dir.path());
+        let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
+        let parts = j["regions"]["experts"]["parts"].as_array().expect("parts");
+        let f16: Vec<_> = parts.iter().filter(|p| p["layout"].as_str().is_some_and(|l| l.ends_with("+f16"))).collect();
+        assert_eq!(f16.len(), parts.len(), "{file}: every expert part keeps f16 scales: {parts:?}");
+        for p in f16 {
+            assert_eq!(p["bits_per_weight"].as_f64(), Some(bits), "{file}: {p}");
+        }
+        let dense = &j["dense_by_type"][if t == "Q8_0" { "q8" } else { "q4" }];
+        assert_eq!(dense["bits_per_weight"].as_f64(), Some(bits), "{file}: {dense}");
+    }
+}
+
 /// The overall error a requantizing conversion reports, in percent.
 fn requant_error(quant: QuantMode) -> Option<f64> {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -163,8 +190,8 @@ fn inspect_says_how_each_type_runs() {
     let f = fixture("gguf/tiny.gguf");
     let o = moescope(&["inspect", f.to_str().unwrap(), "--json"], d.path());
     let j: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("json");
-    assert_eq!(j["by_type"]["Q4_0"]["runs_as"], "q4, group 32");
-    assert_eq!(j["by_type"]["Q8_0"]["runs_as"], "q8, group 32");
+    assert_eq!(j["by_type"]["Q4_0"]["runs_as"], "q4, group 32 with f16 scales");
+    assert_eq!(j["by_type"]["Q8_0"]["runs_as"], "q8, group 32 with f16 scales");
     assert_eq!(j["by_type"]["F16"]["runs_as"], "f32 (dequantized)");
 }
 

@@ -340,7 +340,11 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
             let mtp = derived_checkpoint(root, "glm", &moescope::derived_fixture::with_mtp_layer);
             out.extend(mtp.and_then(|c| package_of(&c)).map(|b| ("glm package with its MTP layer".into(), b)));
             let k = package_of_gguf(&fixtures(root).join("gguf/tiny/tiny-q4_k_m.gguf"));
-            out.extend(k.map(|b| ("tiny q4_k_m package (k4 records)".into(), b)));
+            out.extend(k.map(|b| ("tiny q4_k_m package (Q4_K blocks, k6 records)".into(), b)));
+            for t in ["q8_0", "q4_0"] {
+                let h = package_of_gguf(&fixtures(root).join(format!("gguf/tiny/tiny-{t}.gguf")));
+                out.extend(h.map(|b| (format!("tiny {t} package (f16 scales)"), b)));
+            }
             out.extend(low_bit_packages(root));
         }
         "gguf" => {

@@ -63,6 +63,8 @@ pub fn first_non_finite(t: &TensorEntry, bytes: &[u8]) -> Option<u64> {
         DType::Q4 if t.scale_form() == ScaleForm::K4 => {
             region.chunks_exact(K4_RECORD).position(|r| f16_bad(&r[0..2]) || f16_bad(&r[2..4]))? * K4_RECORD
         }
+        // f16 scales
+        DType::Q8 | DType::Q4 if t.scale_form() == ScaleForm::F16 => region.chunks_exact(2).position(f16_bad)? * 2,
         // k6 records: f16 d first
         DType::Q6 if t.scale_form() == ScaleForm::K6 => {
             region.chunks_exact(K6_RECORD).position(|r| f16_bad(&r[0..2]))? * K6_RECORD
@@ -109,6 +111,21 @@ mod tests {
         // the same bytes read as f32 scales hold no non-finite value: the form decides
         let plain = TensorEntry { layout: "q4_lohi32".into(), ..t };
         assert_eq!(first_non_finite(&plain, &b), None);
+    }
+
+    #[test]
+    fn finds_an_f16_scale_that_is_not_finite() {
+        // 32 q8 value bytes, then 4 f16 scales: 1, the largest finite, -inf (0xFC00), 1
+        let mut b = vec![0x7Fu8; 32];
+        for h in [0x3C00u16, 0x7BFF, 0xFC00, 0x3C00] {
+            b.extend(h.to_le_bytes());
+        }
+        let t = TensorEntry { layout: "row_major+f16".into(), ..entry(DType::Q8, 0, 40, Some(32)) };
+        assert_eq!(first_non_finite(&t, &b), Some(32 + 4));
+        b[36..38].copy_from_slice(&0x7E00u16.to_le_bytes());
+        assert_eq!(first_non_finite(&t, &b), Some(32 + 4), "NaN");
+        b[36..38].copy_from_slice(&0x0001u16.to_le_bytes());
+        assert_eq!(first_non_finite(&t, &b), None, "a subnormal is finite");
     }
 
     #[test]

@@ -14,10 +14,9 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::scale_form::{BLOCKS, F16, K4, K6, MINS, ScaleForm, span};
 use crate::model_config::ModelConfig;
 use moescope_kernels::Format;
-use moescope_kernels::ggml::BlockType;
-use moescope_kernels::ggml_codes::blocks_run_as;
 
 pub const MAGIC: [u8; 8] = *b"MOESCOPE";
 /// The newest layout written; bumped on any incompatible change of the layout below. Version 2
@@ -218,138 +217,6 @@ impl TensorEntry {
     }
 }
 
-/// The layout mark of asymmetric groups (GGUF's Q4_K, Q5_K, Q4_1 kept exactly): a reader that
-/// does not know it refuses the layout rather than read the values without their mins.
-pub const MINS: &str = "+mins";
-/// The layout mark of q4 codes whose scales are k4 records (GGUF's Q4_K at its own size:
-/// `moescope_kernels::kscales`) rather than f32 scales and mins.
-pub const K4: &str = "+k4";
-
-/// The layout mark of q6 codes whose scales are k6 records (GGUF's Q6_K at its own size).
-pub const K6: &str = "+k6";
-
-/// The start of the layout mark of a tensor kept as a GGUF file's blocks (`+ggml_q2_k`: the
-/// type's name in lower case), computed as the q8 matrix of its codes
-/// ([`moescope_kernels::ggml_codes::blocks_run_as`]).
-pub const BLOCKS: &str = "+ggml_";
-
-/// The layout marks of the types kept as blocks: [`BLOCKS`] and the type's lower-case name.
-const BLOCK_MARKS: [(BlockType, &str); 14] = [
-    (BlockType::Q5_0, "+ggml_q5_0"),
-    (BlockType::Q4K, "+ggml_q4_k"),
-    (BlockType::Q5K, "+ggml_q5_k"),
-    (BlockType::Q2K, "+ggml_q2_k"),
-    (BlockType::Q3K, "+ggml_q3_k"),
-    (BlockType::Iq4Nl, "+ggml_iq4_nl"),
-    (BlockType::Iq4Xs, "+ggml_iq4_xs"),
-    (BlockType::Iq2Xxs, "+ggml_iq2_xxs"),
-    (BlockType::Iq2Xs, "+ggml_iq2_xs"),
-    (BlockType::Iq2S, "+ggml_iq2_s"),
-    (BlockType::Iq3Xxs, "+ggml_iq3_xxs"),
-    (BlockType::Iq3S, "+ggml_iq3_s"),
-    (BlockType::Iq1S, "+ggml_iq1_s"),
-    (BlockType::Iq1M, "+ggml_iq1_m"),
-];
-
-/// How a quantized tensor's scales are stored after its values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ScaleForm {
-    /// f32 per group (none for the float formats and MXFP4)
-    Plain,
-    /// f32 per group, then as many f32 mins ([`MINS`])
-    Mins,
-    /// one 16-byte k4 record per 256 values of a row ([`K4`]; q4, groups of 32)
-    K4,
-    /// one 18-byte k6 record per 256 values of a row ([`K6`]; q6, groups of 16)
-    K6,
-    /// no values or scales of moescope's own: the file's blocks of this type, row after row
-    /// ([`BLOCKS`]), computed as the q8 matrix named by the entry's type and group
-    Blocks(BlockType),
-}
-
-impl ScaleForm {
-    /// The form a layout's mark names (none: plain).
-    pub fn of_layout(layout: &str) -> ScaleForm {
-        if layout.ends_with(MINS) {
-            ScaleForm::Mins
-        } else if layout.ends_with(K4) {
-            ScaleForm::K4
-        } else if layout.ends_with(K6) {
-            ScaleForm::K6
-        } else if let Some(&(t, _)) = BLOCK_MARKS.iter().find(|(_, m)| layout.ends_with(m)) {
-            ScaleForm::Blocks(t)
-        } else {
-            ScaleForm::Plain
-        }
-    }
-
-    /// The mark a layout ends in.
-    pub fn mark(self) -> &'static str {
-        match self {
-            ScaleForm::Plain => "",
-            ScaleForm::Mins => MINS,
-            ScaleForm::K4 => K4,
-            ScaleForm::K6 => K6,
-            ScaleForm::Blocks(t) => BLOCK_MARKS.iter().find(|(b, _)| *b == t).map_or("", |(_, m)| m),
-        }
-    }
-
-    /// Whether rows of `cols` values in `f` can have their scales in this form.
-    pub fn suits(self, f: Format, cols: usize) -> bool {
-        use moescope_kernels::kscales::{K_BLOCK, K4_GROUP, K6_GROUP};
-        match self {
-            ScaleForm::Plain => true,
-            ScaleForm::Mins => matches!(f, Format::Q4 { .. } | Format::Q8 { .. }),
-            ScaleForm::K4 => f == Format::Q4 { group: K4_GROUP } && cols.is_multiple_of(K_BLOCK),
-            ScaleForm::K6 => f == Format::Q6 { group: K6_GROUP } && cols.is_multiple_of(K_BLOCK),
-            ScaleForm::Blocks(t) => {
-                blocks_run_as(t).is_some_and(|(group, _)| f == Format::Q8 { group }) && cols.is_multiple_of(t.block())
-            }
-        }
-    }
-
-    /// Bytes of the scales of a `[rows, cols]` tensor in format `f` stored in this form.
-    pub fn bytes(self, f: Format, rows: usize, cols: usize) -> usize {
-        match self {
-            ScaleForm::Plain => f.scale_bytes(rows, cols),
-            ScaleForm::Mins => 2 * f.scale_bytes(rows, cols),
-            ScaleForm::K4 => moescope_kernels::kscales::k4_bytes(rows, cols),
-            ScaleForm::K6 => moescope_kernels::kscales::k6_bytes(rows, cols),
-            ScaleForm::Blocks(_) => 0,
-        }
-    }
-
-    /// Whether the groups are asymmetric (unsigned codes, a min each: f32 mins, k4 records, or
-    /// blocks of a type with mins).
-    pub fn asymmetric(self) -> bool {
-        match self {
-            ScaleForm::Blocks(t) => blocks_run_as(t).is_some_and(|(_, mins)| mins),
-            _ => matches!(self, ScaleForm::Mins | ScaleForm::K4),
-        }
-    }
-
-    /// Whether the scales are records a source copies from its blocks (k4, k6).
-    pub fn records(self) -> bool {
-        matches!(self, ScaleForm::K4 | ScaleForm::K6)
-    }
-}
-
-/// (total bytes, offset of the scales from the start) of a `[rows, cols]` tensor in format `f`
-/// with its scales in `form`.
-pub fn span(f: Format, rows: usize, cols: usize, form: ScaleForm) -> (u64, Option<u64>) {
-    let data = match form {
-        ScaleForm::Blocks(t) => t.bytes_of(rows * cols) as u64,
-        _ => f.data_bytes(rows, cols) as u64,
-    };
-    let scales = form.bytes(f, rows, cols) as u64;
-    if scales == 0 {
-        (data, None)
-    } else {
-        let so = align_up(data, DENSE_ALIGN);
-        (so + scales, Some(so))
-    }
-}
-
 /// The routed experts: one blob per (layer in `layers`, expert), all of one length, or of one
 /// length per layer (`layer_lens`) where the layers' parts differ in size.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -506,7 +373,10 @@ pub fn parse_hex64(s: &str) -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::scale_form::BLOCK_MARKS;
     use super::*;
+    use moescope_kernels::ggml::BlockType;
+    use moescope_kernels::ggml_codes::blocks_run_as;
 
     #[test]
     fn header_round_trips_and_rejects_damage() {
@@ -531,20 +401,6 @@ mod tests {
         magic[0] = b'X';
         assert!(matches!(Header::decode(&magic), Err(HeaderError::Magic)));
         assert!(matches!(Header::decode(&b[..100]), Err(HeaderError::Short(100))));
-    }
-
-    #[test]
-    fn spans_align_scales() {
-        assert_eq!(span(Format::Bf16, 3, 5, ScaleForm::Plain), (30, None));
-        // q4: 2 rows x 96 -> 96 data bytes, scales at 128, 2*3*4 = 24 bytes
-        assert_eq!(span(Format::Q4 { group: 32 }, 2, 96, ScaleForm::Plain), (128 + 24, Some(128)));
-        assert_eq!(
-            span(Format::Q4 { group: 32 }, 2, 96, ScaleForm::Mins),
-            (128 + 48, Some(128)),
-            "mins after the scales"
-        );
-        // k4: 2 rows x 512 -> 512 data bytes, then 2 records a row
-        assert_eq!(span(Format::Q4 { group: 32 }, 2, 512, ScaleForm::K4), (512 + 64, Some(512)), "k4 records");
     }
 
     #[test]

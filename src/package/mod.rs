@@ -6,6 +6,7 @@ pub mod layout;
 mod mtp;
 pub mod reader;
 mod resident;
+mod scale_form;
 pub mod sigbus;
 mod sink;
 mod validate;

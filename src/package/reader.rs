@@ -266,6 +266,7 @@ impl Package {
         if self.panelled[i.0]
             && let MatData::Q4 { panels, .. }
             | MatData::Q4K { panels, .. }
+            | MatData::Q4F16 { panels, .. }
             | MatData::Q6 { panels, .. }
             | MatData::Q6K { panels, .. } = &mut m.data
         {
@@ -458,14 +459,21 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
     let sb = f.scale_bytes(rows, cols);
     let s = (base + t.scales_offset.unwrap_or(t.offset) - origin) as usize;
     let scales = || bytemuck::cast_slice::<u8, f32>(&bytes[s..s + sb]);
+    let halves = || bytemuck::cast_slice::<u8, u16>(&bytes[s..s + sb / 2]);
     let mins = t.has_mins().then(|| bytemuck::cast_slice::<u8, f32>(&bytes[s + sb..s + 2 * sb]));
     let data = match f {
         Format::F32 => MatData::F32(bytemuck::cast_slice(data)),
         Format::Bf16 => MatData::Bf16(bytemuck::cast_slice(data)),
+        Format::Q8 { group } if t.scale_form() == ScaleForm::F16 => {
+            MatData::Q8F16 { q: bytemuck::cast_slice(data), scales: halves(), group }
+        }
         Format::Q8 { group } => MatData::Q8 { q: bytemuck::cast_slice(data), scales: scales(), group, mins },
         Format::Q4 { .. } if t.scale_form() == ScaleForm::K4 => {
             let k = &bytes[s..s + k4_bytes(rows, cols)];
             MatData::Q4K { q: data, k, x4: interleaved(t), panels: false }
+        }
+        Format::Q4 { group } if t.scale_form() == ScaleForm::F16 => {
+            MatData::Q4F16 { q: data, scales: halves(), group, x4: interleaved(t), panels: false }
         }
         Format::Q4 { group } => {
             MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), panels: false, mins }

@@ -49,9 +49,14 @@ pub fn supports_q6(group: usize) -> bool {
 /// records (GGUF's Q4_K and Q6_K at their own size, [`crate::kscales`]).
 #[derive(Clone, Copy)]
 pub(super) enum WeightScales<'a> {
-    F32 { scales: &'a [f32], mins: Option<&'a [f32]> },
+    F32 {
+        scales: &'a [f32],
+        mins: Option<&'a [f32]>,
+    },
     K4(&'a [u8]),
     K6(&'a [u8]),
+    /// f16 bits, `[rows, cols / group]`
+    F16(&'a [u16]),
 }
 
 /// `out[i * n + t] = W[rows.start + i] · x[t]` for q4 weights `q` (`[rows, cols / 2]`), or with
@@ -120,7 +125,8 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
         return;
     }
     // records over several tokens: decoded once per block of rows, not once per token tile
-    let decode = n > 1 && !matches!(m.ws, WeightScales::F32 { .. });
+    // (f16 scales are widened as loaded: decoding them first cost Q4_0 prefill 6%)
+    let decode = n > 1 && matches!(m.ws, WeightScales::K4(_) | WeightScales::K6(_));
     let block = if n > 4 || decode { ROWS_IN_CACHE } else { rows.end.max(1) };
     let mut r = rows.start;
     while r < rows.end {

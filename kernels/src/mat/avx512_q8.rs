@@ -22,15 +22,121 @@ pub fn with_mins(group: usize) -> bool {
     !group.is_multiple_of(64)
 }
 
+/// A q8 matrix's weight scales as the kernels read them (`[rows, cols / group]`): f32, or f16
+/// bits (GGUF's Q8_0 at its own size) widened as they are loaded, the same floats either way.
+pub trait Scales: Copy {
+    /// Bytes a scale takes.
+    const BYTES: usize;
+
+    /// Scales held.
+    fn len(self) -> usize;
+
+    /// Where scale `i` lies (for prefetches).
+    fn at(self, i: usize) -> *const u8;
+
+    /// Scale `i`.
+    fn one(self, i: usize) -> f32;
+
+    /// Scales `i..i + 16` in lanes, those past `m` zero.
+    ///
+    /// # Safety
+    /// AVX-512 F and BW; the lanes of `m` are inside the scales.
+    unsafe fn lanes(self, i: usize, m: __mmask16) -> __m512;
+}
+
+impl Scales for &[f32] {
+    const BYTES: usize = 4;
+
+    fn len(self) -> usize {
+        <[f32]>::len(self)
+    }
+
+    fn at(self, i: usize) -> *const u8 {
+        self.as_ptr().wrapping_add(i) as *const u8
+    }
+
+    #[inline(always)]
+    fn one(self, i: usize) -> f32 {
+        self[i]
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(self, i: usize, m: __mmask16) -> __m512 {
+        // SAFETY: the caller's guarantees
+        unsafe { _mm512_maskz_loadu_ps(m, self.as_ptr().add(i)) }
+    }
+}
+
+/// f16 scales' bits.
+#[derive(Debug, Clone, Copy)]
+pub struct Halves<'a>(pub &'a [u16]);
+
+impl Scales for Halves<'_> {
+    const BYTES: usize = 2;
+
+    fn len(self) -> usize {
+        self.0.len()
+    }
+
+    fn at(self, i: usize) -> *const u8 {
+        self.0.as_ptr().wrapping_add(i) as *const u8
+    }
+
+    #[inline(always)]
+    fn one(self, i: usize) -> f32 {
+        half::f16::from_bits(self.0[i]).to_f32()
+    }
+
+    #[inline(always)]
+    unsafe fn lanes(self, i: usize, m: __mmask16) -> __m512 {
+        // SAFETY: the caller's guarantees; the 16-bit lanes past `m` are not read
+        unsafe {
+            let bits = _mm512_maskz_loadu_epi16(m as __mmask32, self.0.as_ptr().add(i) as *const i16);
+            _mm512_cvtph_ps(_mm512_castsi512_si256(bits))
+        }
+    }
+}
+
+/// `out[i * n + t] = W[rows.start + i] · a[t]` for q8 weights: [`q8_matmul`]'s tiles for
+/// several tokens (prefill), [`q8_matvec`] row by row for one (decode), each row's scales asked
+/// for a few rows ahead.
+///
+/// # Safety
+/// As [`q8_matmul`]'s.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn q8_products<W: Scales>(
+    q: &[i8],
+    scales: W,
+    mins: Option<&[f32]>,
+    cols: usize,
+    a: &QuantAct,
+    n: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
+    if n > 1 {
+        // SAFETY: the caller's guarantees
+        return unsafe { q8_matmul(q, scales, mins, cols, a, n, rows, out) };
+    }
+    let ng = cols / a.group;
+    assert!(q.len() >= rows.end * cols && scales.len() >= rows.end * ng && out.len() == rows.len() * n);
+    for (i, r) in rows.enumerate() {
+        crate::prefetch::rows_ahead(scales.at(0), ng * W::BYTES, r, 1);
+        // SAFETY: the caller's guarantees, row r as asserted
+        unsafe { q8_matvec(q, scales, mins, cols, a.row(0), r..r + 1, &mut out[i..i + 1]) };
+    }
+}
+
 /// `out[i] = W[rows.start + i] · a` for q8 weights `q` (`[rows, cols]`) with `scales` (and
 /// `mins` where [`with_mins`]).
 ///
 /// # Safety
 /// The CPU must support AVX-512 F, BW and VNNI; `supports_q8(a.group, cols)`; slices sized as above.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn q8_matvec(
+unsafe fn q8_matvec<W: Scales>(
     q: &[i8],
-    scales: &[f32],
+    scales: W,
     mins: Option<&[f32]>,
     cols: usize,
     a: QuantRow<'_>,
@@ -43,14 +149,14 @@ pub unsafe fn q8_matvec(
         for (o, r) in out.iter_mut().zip(rows) {
             let mut res = [[0f32; 1]; 1];
             // SAFETY: as above
-            unsafe { put_sub::<1, 1>(q, scales, mins, cols, r, [a], &mut res) };
+            unsafe { put_sub::<1, 1, W>(q, scales, mins, cols, r, [a], &mut res) };
             *o = res[0][0];
         }
         return;
     }
     for (o, r) in out.iter_mut().zip(rows) {
         // SAFETY: as above
-        *o = unsafe { q8_row(&q[r * cols..(r + 1) * cols], &scales[r * ng..(r + 1) * ng], a) };
+        *o = unsafe { q8_row(&q[r * cols..(r + 1) * cols], scales, r * ng, a) };
     }
 }
 
@@ -64,9 +170,9 @@ pub unsafe fn q8_matvec(
 /// the rows; `out.len() == rows.len() * n`.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn q8_matmul(
+unsafe fn q8_matmul<W: Scales>(
     q: &[i8],
-    scales: &[f32],
+    scales: W,
     mins: Option<&[f32]>,
     cols: usize,
     a: &QuantAct,
@@ -95,12 +201,12 @@ pub unsafe fn q8_matmul(
             // SAFETY (each): rows r..r + nr and tokens t..t + nt exist, as asserted
             unsafe {
                 match (nr, nt) {
-                    (2, 4) => q8_put::<2, 4>(q, scales, mins, cols, a, r, t, n, o),
-                    (_, 4) => q8_put::<1, 4>(q, scales, mins, cols, a, r, t, n, o),
-                    (2, 2) => q8_put::<2, 2>(q, scales, mins, cols, a, r, t, n, o),
-                    (2, _) => q8_put::<2, 1>(q, scales, mins, cols, a, r, t, n, o),
-                    (_, 2) => q8_put::<1, 2>(q, scales, mins, cols, a, r, t, n, o),
-                    _ => q8_put::<1, 1>(q, scales, mins, cols, a, r, t, n, o),
+                    (2, 4) => q8_put::<2, 4, W>(q, scales, mins, cols, a, r, t, n, o),
+                    (_, 4) => q8_put::<1, 4, W>(q, scales, mins, cols, a, r, t, n, o),
+                    (2, 2) => q8_put::<2, 2, W>(q, scales, mins, cols, a, r, t, n, o),
+                    (2, _) => q8_put::<2, 1, W>(q, scales, mins, cols, a, r, t, n, o),
+                    (_, 2) => q8_put::<1, 2, W>(q, scales, mins, cols, a, r, t, n, o),
+                    _ => q8_put::<1, 1, W>(q, scales, mins, cols, a, r, t, n, o),
                 }
             }
             t += nt;
@@ -114,9 +220,9 @@ pub unsafe fn q8_matmul(
 #[inline]
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q8_put<const R: usize, const T: usize>(
+unsafe fn q8_put<const R: usize, const T: usize, W: Scales>(
     q: &[i8],
-    wd: &[f32],
+    wd: W,
     mins: Option<&[f32]>,
     cols: usize,
     a: &QuantAct,
@@ -131,7 +237,7 @@ unsafe fn q8_put<const R: usize, const T: usize>(
     if !g.is_multiple_of(64) {
         let mut res = [[0f32; T]; R];
         // SAFETY: the caller's guarantees
-        unsafe { put_sub::<R, T>(q, wd, mins, cols, r0, rows, &mut res) };
+        unsafe { put_sub::<R, T, W>(q, wd, mins, cols, r0, rows, &mut res) };
         for (i, row) in res.iter().enumerate() {
             out[i * n + t0..i * n + t0 + T].copy_from_slice(row);
         }
@@ -170,7 +276,7 @@ unsafe fn q8_put<const R: usize, const T: usize>(
                 let b = _mm512_maskz_set1_epi32(1, -128 * row.sums[gi]);
                 let v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(e[i][t], o[i][t]), b));
                 let fp = &mut f[i][t][gi % 2];
-                *fp = _mm512_fmadd_ps(v, _mm512_set1_ps(wd[(r0 + i) * ng + gi] * row.scales[gi]), *fp);
+                *fp = _mm512_fmadd_ps(v, _mm512_set1_ps(wd.one((r0 + i) * ng + gi) * row.scales[gi]), *fp);
             }
         }
     }
@@ -183,9 +289,9 @@ unsafe fn q8_put<const R: usize, const T: usize>(
 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q8_row(q: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
+unsafe fn q8_row<W: Scales>(q: &[i8], wd: W, at: usize, a: QuantRow<'_>) -> f32 {
     let g = a.group;
-    let ng = wd.len();
+    let ng = q.len() / g;
     let flip = _mm512_set1_epi8(-128);
     // one 64-byte chunk at c into an accumulator: w + 128 as an unsigned byte times a
     let chunk = |acc: __m512i, c: usize| -> __m512i {
@@ -212,26 +318,26 @@ unsafe fn q8_row(q: &[i8], wd: &[f32], a: QuantRow<'_>) -> f32 {
     };
     // the bias: sum ((w + 128) - 128) a = sum (w + 128) a - 128 sum a
     // SAFETY: as above
-    unsafe { sum_groups(ng, 128, wd, a, group) }
+    unsafe { sum_groups(ng, 128, |gi| wd.one(at + gi), a, group) }
 }
 
 /// The row's dot product from its groups' int32 lanes: `group(gi)` gives two accumulators of
 /// group gi's biased products; `bias` times the group's activation sum comes off exactly, in
-/// lane 0, then one FMA scales the group by weight scale times activation scale. Two groups at a
+/// lane 0, then one FMA scales the group by weight scale `wd(gi)` times activation scale. Two groups at a
 /// time into separate float accumulators keep two chains in flight.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn sum_groups(
     ng: usize,
     bias: i32,
-    wd: &[f32],
+    wd: impl Fn(usize) -> f32,
     a: QuantRow<'_>,
     group: impl Fn(usize) -> (__m512i, __m512i),
 ) -> f32 {
     let fold = |gi: usize, (x, y): (__m512i, __m512i), f: __m512| -> __m512 {
         let b = _mm512_maskz_set1_epi32(1, -bias * a.sums[gi]);
         let v = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(x, y), b));
-        _mm512_fmadd_ps(v, _mm512_set1_ps(wd[gi] * a.scales[gi]), f)
+        _mm512_fmadd_ps(v, _mm512_set1_ps(wd(gi) * a.scales[gi]), f)
     };
     let (mut f0, mut f1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
     let mut gi = 0;
@@ -253,9 +359,9 @@ unsafe fn sum_groups(
 /// As [`q8_put_sub`]'s.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn put_sub<const R: usize, const T: usize>(
+unsafe fn put_sub<const R: usize, const T: usize, W: Scales>(
     q: &[i8],
-    wd: &[f32],
+    wd: W,
     mins: Option<&[f32]>,
     cols: usize,
     r0: usize,
@@ -264,8 +370,8 @@ unsafe fn put_sub<const R: usize, const T: usize>(
 ) {
     // SAFETY (both): the caller's guarantees
     match xs[0].group {
-        16 => unsafe { q8_put_sub::<R, T, 4>(q, wd, mins, cols, r0, xs, out) },
-        _ => unsafe { q8_put_sub::<R, T, 2>(q, wd, mins, cols, r0, xs, out) },
+        16 => unsafe { q8_put_sub::<R, T, 4, W>(q, wd, mins, cols, r0, xs, out) },
+        _ => unsafe { q8_put_sub::<R, T, 2, W>(q, wd, mins, cols, r0, xs, out) },
     }
 }
 
@@ -283,9 +389,9 @@ unsafe fn put_sub<const R: usize, const T: usize>(
 /// each) and their scales (`wd`) exist; each of `xs` holds `cols` values.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn q8_put_sub<const R: usize, const T: usize, const GPC: usize>(
+unsafe fn q8_put_sub<const R: usize, const T: usize, const GPC: usize, W: Scales>(
     q: &[i8],
-    wd: &[f32],
+    wd: W,
     mins: Option<&[f32]>,
     cols: usize,
     r0: usize,
@@ -294,7 +400,7 @@ unsafe fn q8_put_sub<const R: usize, const T: usize, const GPC: usize>(
 ) {
     let ng = cols / (64 / GPC);
     debug_assert!(xs.iter().all(|x| x.group * GPC == 64 && x.q.len() >= cols && x.scales.len() >= ng));
-    debug_assert!(wd.len() >= (r0 + R) * ng && q.len() >= (r0 + R) * cols);
+    debug_assert!(q.len() >= (r0 + R) * cols);
     let flip = _mm512_set1_epi8(-128);
     let zero = _mm512_setzero_si512();
     // lane l of a chunk: its group's place among the chunk's groups
@@ -310,15 +416,13 @@ unsafe fn q8_put_sub<const R: usize, const T: usize, const GPC: usize>(
         if k == 0 {
             let gb = ci * GPC;
             let m = first_lanes(ng - gb);
+            // SAFETY (the loads): the masked lanes are groups gb.. of each token and each row
+            let xsc: [__m512; T] =
+                std::array::from_fn(|t| unsafe { _mm512_maskz_loadu_ps(m, xs[t].scales.as_ptr().add(gb)) });
             for (i, s) in sc.iter_mut().enumerate() {
-                for (t, x) in xs.iter().enumerate() {
-                    // SAFETY: the masked lanes are groups gb.. of the row and the token
-                    s[t] = unsafe {
-                        _mm512_mul_ps(
-                            _mm512_maskz_loadu_ps(m, wd.as_ptr().add((r0 + i) * ng + gb)),
-                            _mm512_maskz_loadu_ps(m, x.scales.as_ptr().add(gb)),
-                        )
-                    };
+                let w = unsafe { wd.lanes((r0 + i) * ng + gb, m) };
+                for (s, x) in s.iter_mut().zip(xsc) {
+                    *s = _mm512_mul_ps(w, x);
                 }
             }
         }

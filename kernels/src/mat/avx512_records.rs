@@ -3,8 +3,8 @@
 //! float lanes of scales and 16 of mins, one k6 record (16 groups of 16) into 16 of scales. Each
 //! lane is `d * sc` (or `dmin * m`), an exact f32 product, so the tiles see the values that f32
 //! scales and mins would hold. Also where a tile finds a row's scales (`QMat::weight_scales`:
-//! f32, or decoded from records) and a block of rows' records decoded once for a prompt's tiles
-//! (`with_decoded_records`).
+//! f32, f16 widened, or decoded from records) and a block of rows' records decoded once for a
+//! prompt's tiles (`with_decoded_records`).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -105,6 +105,10 @@ impl QMat<'_> {
             WeightScales::F32 { scales, mins: None } => unsafe {
                 (_mm512_maskz_loadu_ps(mask, scales.as_ptr().add(at)), _mm512_setzero_ps())
             },
+            WeightScales::F16(h) => unsafe {
+                let bits = _mm512_maskz_loadu_epi16(mask as __mmask32, h.as_ptr().add(at) as *const i16);
+                (_mm512_cvtph_ps(_mm512_castsi512_si256(bits)), _mm512_setzero_ps())
+            },
         }
     }
 
@@ -114,6 +118,7 @@ impl QMat<'_> {
             WeightScales::K4(_) => groups / 8 * K4_RECORD,
             WeightScales::K6(_) => groups / 16 * K6_RECORD,
             WeightScales::F32 { .. } => groups * 4,
+            WeightScales::F16(_) => groups * 2,
         }
     }
 
@@ -121,6 +126,7 @@ impl QMat<'_> {
     pub(super) fn scales_at(&self, r: usize, g: usize) -> *const u8 {
         let base = match self.ws {
             WeightScales::K4(k) | WeightScales::K6(k) => k.as_ptr(),
+            WeightScales::F16(h) => h.as_ptr() as *const u8,
             WeightScales::F32 { scales, .. } => scales.as_ptr().wrapping_sub(self.wd_row0 * self.ng) as *const u8,
         };
         base.wrapping_add(self.scale_span(r * self.ng) + self.scale_span(g))

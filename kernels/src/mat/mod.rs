@@ -28,8 +28,8 @@ mod avx512_q8;
 mod avx512_records;
 mod blocks;
 mod k23;
-mod krecords;
 mod mins;
+mod packed_scales;
 
 use std::ops::Range;
 
@@ -92,6 +92,23 @@ pub enum MatData<'a> {
         /// as for Q4
         panels: bool,
     },
+    /// Q8 with f16 scales (`scales`: `[rows, cols / group]` f16 bits, no mins): GGUF's Q8_0 at
+    /// its own size. Products equal those of Q8 with the scales as f32, bit for bit.
+    Q8F16 {
+        q: &'a [i8],
+        scales: &'a [u16],
+        group: usize,
+    },
+    /// Q4 with f16 scales (as [`MatData::Q8F16`]; symmetric, nibbles `q + 8`): GGUF's Q4_0 at its
+    /// own size. Products equal those of Q4 with the scales as f32, bit for bit.
+    Q4F16 {
+        q: &'a [u8],
+        scales: &'a [u16],
+        group: usize,
+        x4: bool,
+        /// as for Q4
+        panels: bool,
+    },
     /// `q`: `[rows, cols / 128 * 96]` bytes in the `q6_lo4hi2` layout (`_x4`: rows interleaved
     /// as for Q4); `scales` as for Q8.
     Q6 {
@@ -150,6 +167,8 @@ impl<'a> Mat<'a> {
             MatData::Q8 { group, .. } => Format::Q8 { group },
             MatData::Q4 { group, .. } => Format::Q4 { group },
             MatData::Q4K { .. } => Format::Q4 { group: crate::kscales::K4_GROUP },
+            MatData::Q8F16 { group, .. } => Format::Q8 { group },
+            MatData::Q4F16 { group, .. } => Format::Q4 { group },
             MatData::Q6K { .. } => Format::Q6 { group: crate::kscales::K6_GROUP },
             MatData::Q6 { group, .. } => Format::Q6 { group },
             MatData::Mxfp4 { .. } => Format::Mxfp4,
@@ -160,7 +179,7 @@ impl<'a> Mat<'a> {
         }
     }
 
-    /// Bytes one row occupies: values, scales, and mins or k4 records where it has them.
+    /// Bytes one row occupies: values, scales (f32, f16 or records), and mins where it has them.
     pub fn row_bytes(&self) -> usize {
         let (f, c) = (self.format(), self.cols);
         if let MatData::Blocks { t, .. } = self.data {
@@ -169,6 +188,7 @@ impl<'a> Mat<'a> {
         let scales = match self.data {
             MatData::Q4K { .. } => crate::kscales::k4_bytes(1, c),
             MatData::Q6K { .. } => crate::kscales::k6_bytes(1, c),
+            MatData::Q8F16 { .. } | MatData::Q4F16 { .. } => f.scale_bytes(1, c) / 2,
             MatData::Q4 { mins: Some(_), .. } | MatData::Q8 { mins: Some(_), .. } => 2 * f.scale_bytes(1, c),
             _ => f.scale_bytes(1, c),
         };
@@ -252,7 +272,9 @@ impl<'a> Mat<'a> {
                     }
                 })
             }
-            MatData::Q4K { .. } | MatData::Q6K { .. } => self.k_dequant_row(r, out),
+            MatData::Q4K { .. } | MatData::Q6K { .. } | MatData::Q8F16 { .. } | MatData::Q4F16 { .. } => {
+                self.packed_dequant_row(r, out)
+            }
             MatData::Q6 { q, scales, group, x4, panels } => {
                 let ng = c / group;
                 self.with_q_row(q, (x4, panels), r, |q| dequantize_q6_row(q, &scales[r * ng..(r + 1) * ng], group, out))
@@ -319,7 +341,9 @@ impl<'a> Mat<'a> {
     pub fn matmul_rows(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
         debug_assert_eq!(out.len(), rows.len() * n);
         match self.data {
-            MatData::Q4K { .. } | MatData::Q6K { .. } => return self.k_matmul_rows(isa, input, n, rows, out),
+            MatData::Q4K { .. } | MatData::Q6K { .. } | MatData::Q8F16 { .. } | MatData::Q4F16 { .. } => {
+                return self.packed_matmul_rows(isa, input, n, rows, out);
+            }
             MatData::Blocks { t, q } if k23::fused(t) => {
                 if let Input::Quant(a) = input {
                     return k23::matmul_rows(t, isa, (q, self.cols), a, n, rows, out);
@@ -441,32 +465,9 @@ impl Mat<'_> {
                 unsafe { avx512::q_matmul(six, (x4, panels), q, ws, c, a, &a.permuted, n, rows, out) };
                 Some(true)
             }
-            // several tokens (prefill): tiles of rows x tokens
-            (MatData::Q8 { q, scales, group, mins }, Input::Quant(a)) if avx512_q8::supports_q8(group, c) && n > 1 => {
-                // SAFETY: as above
-                unsafe { avx512_q8::q8_matmul(q, scales, mins, c, a, n, rows, out) };
-                Some(avx512_q8::with_mins(group))
-            }
             (MatData::Q8 { q, scales, group, mins }, Input::Quant(a)) if avx512_q8::supports_q8(group, c) => {
-                for (i, r) in rows.enumerate() {
-                    if n == 1 {
-                        crate::prefetch::scales_ahead(scales, r, 1, c / group);
-                    }
-                    for t in 0..n {
-                        // SAFETY: as above
-                        unsafe {
-                            avx512_q8::q8_matvec(
-                                q,
-                                scales,
-                                mins,
-                                c,
-                                a.row(t),
-                                r..r + 1,
-                                &mut out[i * n + t..i * n + t + 1],
-                            )
-                        };
-                    }
-                }
+                // SAFETY: as above
+                unsafe { avx512_q8::q8_products(q, scales, mins, c, a, n, rows, out) };
                 Some(avx512_q8::with_mins(group))
             }
             // one token: row by row, VNNI on 256-bit vectors (VBMI picks the exponents; without

@@ -34,7 +34,8 @@ pub fn encodes_as(t: BlockType, f: Format, mins: bool) -> bool {
     match f {
         Format::Bf16 => t == BlockType::Bf16 && !mins,
         Format::Mxfp4 => t == BlockType::Mxfp4 && !mins,
-        Format::Q4 { group: 32 } => exact == f && asym_ok,
+        // Q4_1 is kept as its blocks, but its codes are q4 ones with mins
+        Format::Q4 { group: 32 } => (exact == f || t == BlockType::Q4_1) && asym_ok,
         Format::Q6 { group: 16 } => t == BlockType::Q6K && !mins,
         Format::Q8 { group } => t.block() > 1 && exact.group().is_some_and(|g| g % group == 0) && asym_ok,
         _ => false,
@@ -114,8 +115,8 @@ pub fn encode_blocks(
     whole
 }
 
-/// The k4 or k6 records of blocks `raw` of Q4_K or Q6_K (what [`ScaleForm::K4`] / `K6` keep)
-/// into `out`.
+/// The k4 or k6 records of blocks `raw` of Q4_K or Q6_K, or the f16 scales of Q8_0 or Q4_0
+/// (what [`ScaleForm::K4`], `K6` and `F16` keep), into `out`.
 pub fn records_of(t: BlockType, raw: &[u8], out: &mut Vec<u8>) {
     out.clear();
     for b in raw.chunks_exact(t.block_bytes()) {
@@ -125,6 +126,8 @@ pub fn records_of(t: BlockType, raw: &[u8], out: &mut Vec<u8>) {
                 out.extend_from_slice(&b[208..210]);
                 out.extend_from_slice(&b[192..208]);
             }
+            // Q8_0, Q4_0: d, the block's first 2 bytes
+            ScaleForm::F16 => out.extend_from_slice(&b[..2]),
             // Q4_K: its first 16 bytes, d, dmin and the packed scales and mins
             _ => out.extend_from_slice(&b[..K4_RECORD]),
         }

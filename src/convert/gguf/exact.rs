@@ -8,29 +8,28 @@ use moescope_kernels::ggml_codes::{block_halves, blocks_run_as};
 use crate::package::layout::ScaleForm;
 
 /// The moescope format that holds every value of a tensor of type `t` exactly, as the kernels
-/// run it, and how its scales are stored (f32, with f32 mins for asymmetric groups, `scale * n -
-/// min`, or the blocks' own records): F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at
-/// group 32 (the same codes and scales); Q6_K as q6 group 16 with k6 records (its 6-bit codes,
-/// scale d * sc: an f16 times an 8-bit integer, exact in f32); Q4_1 as q4 group 32 with f32 mins
-/// (d and -m); Q5_0, Q4_K, Q5_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS and the codebook types IQ1_S ...
-/// IQ3_S as the file's blocks, byte for byte (`ScaleForm::Blocks`): Q2_K, Q3_K, Q4_K and IQ4_XS
-/// computed from their codes as integer sums per block (`moescope_kernels::mat::block_sums`),
-/// the others decoded as they go into the q8 matrix of their codes with the sub-blocks as groups
-/// (`moescope_kernels::ggml_codes::blocks_run_as`: Q5_K with mins; IQ1 in eighths, see
+/// run it, and how its scales are stored (the blocks' own f16 scales or records, at the file's
+/// size): F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at group 32 (the same codes, the
+/// blocks' f16 scales as they are); Q6_K as q6 group 16 with k6 records (its 6-bit codes, scale
+/// d * sc: an f16 times an 8-bit integer, exact in f32); Q4_1, Q5_0, Q4_K, Q5_K, Q2_K, Q3_K,
+/// IQ4_NL, IQ4_XS and the codebook types IQ1_S ... IQ3_S as the file's blocks, byte for byte
+/// (`ScaleForm::Blocks`): Q2_K, Q3_K, Q4_K and IQ4_XS computed from their codes as integer sums
+/// per block (`moescope_kernels::mat::block_sums`), the others decoded as they go into the q8
+/// matrix of their codes with the sub-blocks as groups
+/// (`moescope_kernels::ggml_codes::blocks_run_as`: Q4_1 and Q5_K with mins; IQ1 in eighths, see
 /// `moescope_kernels::ggml_iq`). F16 runs as f32.
 pub fn exact_format(t: BlockType) -> (Format, ScaleForm) {
-    use ScaleForm::{K6, Mins, Plain};
+    use ScaleForm::{F16, K6, Plain};
     // the file's blocks as they are, computed as the q8 matrix of their codes
     if let Some((group, _)) = moescope_kernels::ggml_codes::blocks_run_as(t) {
         return (Format::Q8 { group }, ScaleForm::Blocks(t));
     }
     match t {
         BlockType::Bf16 => (Format::Bf16, Plain),
-        BlockType::Q8_0 => (Format::Q8 { group: 32 }, Plain),
-        BlockType::Q4_0 => (Format::Q4 { group: 32 }, Plain),
+        BlockType::Q8_0 => (Format::Q8 { group: 32 }, F16),
+        BlockType::Q4_0 => (Format::Q4 { group: 32 }, F16),
         BlockType::Q6K => (Format::Q6 { group: 16 }, K6),
         BlockType::Mxfp4 => (Format::Mxfp4, Plain),
-        BlockType::Q4_1 => (Format::Q4 { group: 32 }, Mins),
         // F32, F16 (and no other: every remaining type is kept as blocks above)
         _ => (Format::F32, Plain),
     }
@@ -52,6 +51,7 @@ pub fn runs_as(id: u32) -> String {
                 ScaleForm::Mins => " with mins",
                 ScaleForm::K4 => " with k4 records",
                 ScaleForm::K6 => " with k6 records",
+                ScaleForm::F16 => " with f16 scales",
                 ScaleForm::Blocks(_) => "",
             };
             if moescope_kernels::mat::block_sums(t) {
@@ -86,4 +86,22 @@ pub fn package_bytes(id: u32, ne: &[u64]) -> Option<u64> {
         return Some(t.bytes_of(rows * cols) as u64);
     }
     Some((f.data_bytes(rows, cols) + form.bytes(f, rows, cols)) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every quantized type the package keeps at the file's bytes, against ggml's block sizes
+    /// (F16 runs as f32: twice its bytes).
+    #[test]
+    fn every_quantized_type_keeps_the_files_bytes() {
+        let (cols, rows) = (512, 4);
+        for t in BlockType::ALL {
+            let file = t.bytes_of(cols * rows) as u64;
+            let package = package_bytes(t.ggml_id(), &[cols as u64, rows as u64]);
+            let want = if t == BlockType::F16 { 2 * file } else { file };
+            assert_eq!(package, Some(want), "{}: package bytes against the file's", t.name());
+        }
+    }
 }

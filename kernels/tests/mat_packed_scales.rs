@@ -1,7 +1,8 @@
-//! Q4_K and Q6_K at their own size (`MatData::Q4K`: q4 codes and a k4 record per 256 values;
-//! `MatData::Q6K`: q6 codes and a k6 record) against the file's values (ggml's dequantizer) and
-//! against the Q4 or Q6 matrix with f32 scales (and mins) that each stands for: the same
-//! products bit for bit at every tier, row order and batch.
+//! Matrices with packed scales against the file's values (ggml's dequantizer) and against the
+//! Q4, Q6 or Q8 matrix with f32 scales (and mins) that each stands for: the same products bit for
+//! bit at every tier, row order and batch. Q4_K and Q6_K at their own size (`MatData::Q4K`: q4
+//! codes and a k4 record per 256 values; `MatData::Q6K`: q6 codes and a k6 record), Q8_0 and
+//! Q4_0 at theirs (`MatData::Q8F16`, `MatData::Q4F16`: the codes and an f16 scale per 32).
 
 use half::f16;
 use moescope_kernels::Isa;
@@ -113,6 +114,56 @@ fn q6k_records_give_the_files_values_and_the_f32_scales_products() {
             let fmat = Mat { rows, cols, data: MatData::Q6 { q: qb, scales: &sc, group: 16, x4, panels } };
             same_values(&kmat, &file);
             same_products(&kmat, &fmat, 16, seed);
+        }
+    }
+}
+
+/// A random Q8_0 (or, with `four`, Q4_0) matrix: ggml's blocks, moescope's codes (q8 bytes, or
+/// q4_lohi32 nibbles: Q4_0's own 16 bytes a block), the f16 scales' bits and the same as f32.
+fn random_32s(rows: usize, cols: usize, four: bool, seed: u64) -> (Vec<u8>, Vec<u8>, Vec<u16>, Vec<f32>) {
+    let mut s = seed;
+    let (mut blocks, mut q, mut h, mut sc) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..rows * cols / 32 {
+        // scales over many binades, subnormals included, and of either sign
+        let d = f16::from_bits((next(&mut s) % 0x7C00) as u16 | (next(&mut s) as u16 & 0x8000));
+        let codes: Vec<u8> = (0..if four { 16 } else { 32 }).map(|_| next(&mut s) as u8).collect();
+        blocks.extend(d.to_le_bytes());
+        blocks.extend(&codes);
+        q.extend(&codes);
+        h.push(d.to_bits());
+        sc.push(d.to_f32());
+    }
+    (blocks, q, h, sc)
+}
+
+#[test]
+fn q8_0_f16_scales_give_the_files_values_and_the_f32_scales_products() {
+    // 40 rows: blocks of 32 rows and a piece across their boundary
+    for (rows, cols, seed) in [(40, 256, 6), (40, 2048, 7)] {
+        let (blocks, q, h, sc) = random_32s(rows, cols, false, seed);
+        let mut file = vec![0f32; rows * cols];
+        dequantize(BlockType::Q8_0, &blocks, &mut file);
+        let q: Vec<i8> = q.iter().map(|&b| b as i8).collect();
+        let hmat = Mat { rows, cols, data: MatData::Q8F16 { q: &q, scales: &h, group: 32 } };
+        let fmat = Mat { rows, cols, data: MatData::Q8 { q: &q, scales: &sc, group: 32, mins: None } };
+        same_values(&hmat, &file);
+        same_products(&hmat, &fmat, 32, seed);
+    }
+}
+
+#[test]
+fn q4_0_f16_scales_give_the_files_values_and_the_f32_scales_products() {
+    for (rows, cols, seed) in [(48, 256, 8), (48, 4096, 9)] {
+        let (blocks, q, h, sc) = random_32s(rows, cols, true, seed);
+        let mut file = vec![0f32; rows * cols];
+        dequantize(BlockType::Q4_0, &blocks, &mut file);
+        for ((x4, panels), qb) in row_orders(q, cols / 2, 64) {
+            let qb = &qb[..];
+            let hmat = Mat { rows, cols, data: MatData::Q4F16 { q: qb, scales: &h, group: 32, x4, panels } };
+            let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, mins: None };
+            let fmat = Mat { rows, cols, data };
+            same_values(&hmat, &file);
+            same_products(&hmat, &fmat, 32, seed);
         }
     }
 }
