@@ -206,4 +206,11 @@ fn packages_hold_the_files_values_exactly() {
         convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
         assert_package_holds_gguf_values(&gguf, &pkg);
     }
+    // Q4_1 (its f16 scales and mins kept): the Q8_0 file re-typed, as tests/gguf_llama_logits.rs does
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (gguf, pkg) = (dir.path().join("tiny-q4_1.gguf"), dir.path().join("x.moe"));
+    let q8 = fixture("gguf/tiny/tiny-q8_0.gguf");
+    moescope::derived_gguf::low_bit_mix(&q8, &gguf, &[moescope_kernels::ggml::BlockType::Q4_1]).expect("derive");
+    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    assert_package_holds_gguf_values(&gguf, &pkg);
 }

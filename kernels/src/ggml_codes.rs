@@ -100,10 +100,10 @@ pub fn block_codes(
 /// The q8 matrix a block type is computed as where a package keeps its blocks as they are
 /// ([`crate::mat::MatData::Blocks`]): one scale per sub-block of `group` codes, and whether
 /// value = `scale * code - min` (`true`) or `scale * code`. `None` for the types moescope keeps
-/// in a format of its own (the float types, Q4_0, Q8_0, Q6_K, MXFP4).
+/// in a format of its own (the float types, Q4_0, Q4_1, Q8_0, Q6_K, MXFP4).
 pub fn blocks_run_as(t: BlockType) -> Option<(usize, bool)> {
     match t {
-        BlockType::Q4K | BlockType::Q5K | BlockType::Q4_1 => Some((32, true)),
+        BlockType::Q4K | BlockType::Q5K => Some((32, true)),
         BlockType::Q2K => Some((16, true)),
         BlockType::Q5_0 | BlockType::Iq4Nl | BlockType::Iq4Xs => Some((32, false)),
         BlockType::Iq2Xxs | BlockType::Iq3Xxs | BlockType::Iq3S | BlockType::Iq1S => Some((32, false)),
@@ -112,6 +112,7 @@ pub fn blocks_run_as(t: BlockType) -> Option<(usize, bool)> {
         | BlockType::F16
         | BlockType::Bf16
         | BlockType::Q4_0
+        | BlockType::Q4_1
         | BlockType::Q8_0
         | BlockType::Q6K
         | BlockType::Mxfp4 => None,
@@ -128,8 +129,8 @@ pub fn decode_blocks(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f
     let Some((group, with_mins)) = blocks_run_as(t) else { panic!("{} is not kept as blocks", t.name()) };
     let (qk, per) = (t.block(), t.block() / group);
     assert!(raw.len() == t.bytes_of(codes.len()) && scales.len() * group == codes.len(), "{}: bad span", t.name());
-    if matches!(t, BlockType::Q5_0 | BlockType::Iq4Nl | BlockType::Q4_1) {
-        return decode_32s(t, raw, codes, scales, mins);
+    if matches!(t, BlockType::Q5_0 | BlockType::Iq4Nl) {
+        return decode_32s(t, raw, codes, scales);
     }
     let (mut sc, mut mn) = (Vec::with_capacity(per), Vec::with_capacity(per));
     let mut unused = [0f32; 16];
@@ -154,50 +155,34 @@ pub fn decode_blocks(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f
     }
 }
 
-/// Q5_0, IQ4_NL and Q4_1 blocks (32 values and one f16 `d` each; Q4_1's an f16 `m` too) into
-/// codes, scales and (Q4_1) mins, the numbers [`block_codes`] gives: the codes in loops over
-/// whole blocks, the scales and mins widened 64 at a time (`half`'s slice conversion takes F16C
-/// where the CPU has it). A call per block cost as much as the q8 product the decoded rows then
-/// serve.
-fn decode_32s(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f32], mins: &mut [f32]) {
+/// Q5_0 and IQ4_NL blocks (32 values and one f16 `d` each) into codes and scales, the numbers
+/// [`block_codes`] gives: the codes in loops over whole blocks, the scales widened 64 at a time
+/// (`half`'s slice conversion takes F16C where the CPU has it). A call per block cost as much as
+/// the q8 product the decoded rows then serve.
+fn decode_32s(t: BlockType, raw: &[u8], codes: &mut [i8], scales: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
     let bb = t.block_bytes();
-    let (mut h, mut hm) = ([half::f16::ZERO; 64], [half::f16::ZERO; 64]);
-    for (k, (bs, cs)) in raw.chunks(64 * bb).zip(codes.chunks_mut(64 * 32)).enumerate() {
+    let mut h = [half::f16::ZERO; 64];
+    for ((bs, cs), ss) in raw.chunks(64 * bb).zip(codes.chunks_mut(64 * 32)).zip(scales.chunks_mut(64)) {
         for (j, (b, c)) in bs.chunks_exact(bb).zip(cs.chunks_exact_mut(32)).enumerate() {
             h[j] = half::f16::from_le_bytes([b[0], b[1]]);
-            match t {
-                BlockType::Iq4Nl => {
-                    for l in 0..16 {
-                        c[l] = crate::ggml::IQ4_VALUES[(b[2 + l] & 15) as usize];
-                        c[l + 16] = crate::ggml::IQ4_VALUES[(b[2 + l] >> 4) as usize];
-                    }
+            if t == BlockType::Iq4Nl {
+                for l in 0..16 {
+                    c[l] = crate::ggml::IQ4_VALUES[(b[2 + l] & 15) as usize];
+                    c[l + 16] = crate::ggml::IQ4_VALUES[(b[2 + l] >> 4) as usize];
                 }
-                BlockType::Q4_1 => {
-                    // m, then the nibbles as Q4_0's, unsigned: value d n + m, so the min is -m
-                    hm[j] = -half::f16::from_le_bytes([b[2], b[3]]);
-                    for l in 0..16 {
-                        c[l] = (b[4 + l] & 15) as i8;
-                        c[l + 16] = (b[4 + l] >> 4) as i8;
-                    }
-                }
-                _ => {
-                    // Q5_0: 32 high bits, then the low nibbles; codes q - 16
-                    let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-                    for l in 0..16 {
-                        let lo = (b[6 + l] & 15) as u32 | ((qh >> l) & 1) << 4;
-                        let hi = (b[6 + l] >> 4) as u32 | ((qh >> (l + 16)) & 1) << 4;
-                        c[l] = lo as i8 - 16;
-                        c[l + 16] = hi as i8 - 16;
-                    }
+            } else {
+                // Q5_0: 32 high bits, then the low nibbles; codes q - 16
+                let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+                for l in 0..16 {
+                    let lo = (b[6 + l] & 15) as u32 | ((qh >> l) & 1) << 4;
+                    let hi = (b[6 + l] >> 4) as u32 | ((qh >> (l + 16)) & 1) << 4;
+                    c[l] = lo as i8 - 16;
+                    c[l + 16] = hi as i8 - 16;
                 }
             }
         }
-        let blocks = 64 * k..64 * k + bs.len() / bb;
-        h[..blocks.len()].convert_to_f32_slice(&mut scales[blocks.clone()]);
-        if t == BlockType::Q4_1 {
-            hm[..blocks.len()].convert_to_f32_slice(&mut mins[blocks]);
-        }
+        h[..ss.len()].convert_to_f32_slice(ss);
     }
 }
 

@@ -71,7 +71,6 @@ fn blocks_give_the_files_values_and_the_relaid_matrices_products() {
         tested.push(f.t);
     }
     let want = [
-        BlockType::Q4_1,
         BlockType::Q5_0,
         BlockType::Q4K,
         BlockType::Q5K,

@@ -2,7 +2,8 @@
 //! Q4, Q6 or Q8 matrix with f32 scales (and mins) that each stands for: the same products bit for
 //! bit at every tier, row order and batch. Q4_K and Q6_K at their own size (`MatData::Q4K`: q4
 //! codes and a k4 record per 256 values; `MatData::Q6K`: q6 codes and a k6 record), Q8_0 and
-//! Q4_0 at theirs (`MatData::Q8F16`, `MatData::Q4F16`: the codes and an f16 scale per 32).
+//! Q4_0 at theirs (`MatData::Q8F16`, `MatData::Q4F16`: the codes and an f16 scale per 32), Q4_1
+//! (`MatData::Q4F16` with mins: an f16 scale and min per 32).
 
 use half::f16;
 use moescope_kernels::Isa;
@@ -159,8 +160,53 @@ fn q4_0_f16_scales_give_the_files_values_and_the_f32_scales_products() {
         dequantize(BlockType::Q4_0, &blocks, &mut file);
         for ((x4, panels), qb) in row_orders(q, cols / 2, 64) {
             let qb = &qb[..];
-            let hmat = Mat { rows, cols, data: MatData::Q4F16 { q: qb, scales: &h, group: 32, x4, panels } };
+            let data = MatData::Q4F16 { q: qb, scales: &h, group: 32, x4, panels, mins: false };
+            let hmat = Mat { rows, cols, data };
             let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, mins: None };
+            let fmat = Mat { rows, cols, data };
+            same_values(&hmat, &file);
+            same_products(&hmat, &fmat, 32, seed);
+        }
+    }
+}
+
+/// A random Q4_1 matrix: ggml's blocks (`d`, `m`, nibbles), the q4_lohi32 codes (the blocks' 16
+/// bytes), each row's f16 scales then its mins (`-m`), and the same as f32 scales and mins.
+#[allow(clippy::type_complexity)]
+fn random_q4_1(rows: usize, cols: usize, seed: u64) -> (Vec<u8>, Vec<u8>, Vec<u16>, Vec<f32>, Vec<f32>) {
+    let mut s = seed;
+    let (mut blocks, mut q, mut h, mut sc, mut mn) = (vec![], vec![], vec![], vec![], vec![]);
+    let half = |s: &mut u64| f16::from_bits((next(s) % 0x7C00) as u16 | (next(s) as u16 & 0x8000));
+    for _ in 0..rows {
+        let (mut ds, mut ms) = (vec![], vec![]);
+        for _ in 0..cols / 32 {
+            let (d, m) = (half(&mut s), half(&mut s));
+            let codes: Vec<u8> = (0..16).map(|_| next(&mut s) as u8).collect();
+            blocks.extend(d.to_le_bytes());
+            blocks.extend(m.to_le_bytes());
+            blocks.extend(&codes);
+            q.extend(&codes);
+            ds.push(d);
+            ms.push(-m);
+        }
+        h.extend(ds.iter().chain(&ms).map(|x| x.to_bits()));
+        sc.extend(ds.iter().map(|x| x.to_f32()));
+        mn.extend(ms.iter().map(|x| x.to_f32()));
+    }
+    (blocks, q, h, sc, mn)
+}
+
+#[test]
+fn q4_1_f16_scales_and_mins_give_the_files_values_and_the_f32_products() {
+    for (rows, cols, seed) in [(48, 256, 10), (48, 4096, 11)] {
+        let (blocks, q, h, sc, mn) = random_q4_1(rows, cols, seed);
+        let mut file = vec![0f32; rows * cols];
+        dequantize(BlockType::Q4_1, &blocks, &mut file);
+        for ((x4, panels), qb) in row_orders(q, cols / 2, 64) {
+            let qb = &qb[..];
+            let data = MatData::Q4F16 { q: qb, scales: &h, group: 32, x4, panels, mins: true };
+            let hmat = Mat { rows, cols, data };
+            let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, mins: Some(&mn) };
             let fmat = Mat { rows, cols, data };
             same_values(&hmat, &file);
             same_products(&hmat, &fmat, 32, seed);

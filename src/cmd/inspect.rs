@@ -186,6 +186,7 @@ pub fn run(a: &InspectArgs) -> Result<()> {
                 ScaleForm::K4 => " (k4 records)".to_string(),
                 ScaleForm::K6 => " (k6 records)".to_string(),
                 ScaleForm::F16 => " (f16 scales)".to_string(),
+                ScaleForm::F16Mins => " (f16 scales and mins)".to_string(),
                 ScaleForm::Mins => " (mins)".to_string(),
                 ScaleForm::Plain => String::new(),
                 ScaleForm::Blocks(t) => format!(" ({} blocks)", t.name()),

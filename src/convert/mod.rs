@@ -473,7 +473,7 @@ fn write_dense(
                     w.push_scales(scales);
                     w.push_mins(mins);
                 }
-                ScaleForm::K4 | ScaleForm::K6 | ScaleForm::F16 => w.push_scale_bytes(records),
+                ScaleForm::K4 | ScaleForm::K6 | ScaleForm::F16 | ScaleForm::F16Mins => w.push_scale_bytes(records),
                 ScaleForm::Blocks(_) => {}
             }
             bar.inc(vals.len() as u64 + scales.len() as u64 * 4);

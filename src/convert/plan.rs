@@ -110,7 +110,7 @@ impl QuantMode {
             QuantMode::Bf16 => "norms and router f32; all other weights bf16".into(),
             QuantMode::Q8 => "norms and router f32; all other weights q8 (int8, group 128 or the largest of 64/32/16 dividing the row, else one group per row)".into(),
             QuantMode::Mxfp4 => "norms and router f32; routed experts mxfp4 (e2m1 values, a power-of-two scale per 32; q8 where rows are not whole blocks); all other weights q8 (group 128 or the largest of 64/32/16 dividing the row)".into(),
-            QuantMode::File => "each tensor as the file holds it: F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at group 32 with their f16 scales, Q6_K as q6 group 16 with its blocks' scales (k6 records), the other types (Q4_1, Q4_K, Q5_K, Q2_K, Q3_K, Q5_0, IQ4_NL, IQ4_XS, IQ1-IQ3) as the file's blocks; F16 as f32".into(),
+            QuantMode::File => "each tensor as the file holds it: F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at group 32 with their f16 scales, Q4_1 as q4 group 32 with its f16 scales and mins, Q6_K as q6 group 16 with its blocks' scales (k6 records), the other types (Q4_K, Q5_K, Q2_K, Q3_K, Q5_0, IQ4_NL, IQ4_XS, IQ1-IQ3) as the file's blocks; F16 as f32".into(),
             QuantMode::Ggml(t) => format!(
                 "norms and router f32; embedding q8; lm_head q6 (int6, group 128; else q8); attention, dense MLP and experts as GGUF {} blocks where rows are whole 256-value super-blocks (the file's bytes a weight), else q4 (group 32 or the largest smaller one down to 16 dividing the row, else q8)",
                 t.name()

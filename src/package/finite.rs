@@ -63,8 +63,10 @@ pub fn first_non_finite(t: &TensorEntry, bytes: &[u8]) -> Option<u64> {
         DType::Q4 if t.scale_form() == ScaleForm::K4 => {
             region.chunks_exact(K4_RECORD).position(|r| f16_bad(&r[0..2]) || f16_bad(&r[2..4]))? * K4_RECORD
         }
-        // f16 scales
-        DType::Q8 | DType::Q4 if t.scale_form() == ScaleForm::F16 => region.chunks_exact(2).position(f16_bad)? * 2,
+        // f16 scales (and mins)
+        DType::Q8 | DType::Q4 if matches!(t.scale_form(), ScaleForm::F16 | ScaleForm::F16Mins) => {
+            region.chunks_exact(2).position(f16_bad)? * 2
+        }
         // k6 records: f16 d first
         DType::Q6 if t.scale_form() == ScaleForm::K6 => {
             region.chunks_exact(K6_RECORD).position(|r| f16_bad(&r[0..2]))? * K6_RECORD

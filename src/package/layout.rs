@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub use super::scale_form::{BLOCKS, F16, K4, K6, MINS, ScaleForm, span};
+pub use super::scale_form::{BLOCKS, F16, F16_MINS, K4, K6, MINS, ScaleForm, span};
 use crate::model_config::ModelConfig;
 use moescope_kernels::Format;
 

@@ -472,8 +472,10 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
             let k = &bytes[s..s + k4_bytes(rows, cols)];
             MatData::Q4K { q: data, k, x4: interleaved(t), panels: false }
         }
-        Format::Q4 { group } if t.scale_form() == ScaleForm::F16 => {
-            MatData::Q4F16 { q: data, scales: halves(), group, x4: interleaved(t), panels: false }
+        Format::Q4 { group } if matches!(t.scale_form(), ScaleForm::F16 | ScaleForm::F16Mins) => {
+            let mins = t.scale_form() == ScaleForm::F16Mins;
+            let h = bytemuck::cast_slice::<u8, u16>(&bytes[s..s + if mins { sb } else { sb / 2 }]);
+            MatData::Q4F16 { q: data, scales: h, group, x4: interleaved(t), panels: false, mins }
         }
         Format::Q4 { group } => {
             MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), panels: false, mins }

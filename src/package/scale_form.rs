@@ -22,14 +22,17 @@ pub const K6: &str = "+k6";
 /// (GGUF's Q8_0 and Q4_0 at their own size).
 pub const F16: &str = "+f16";
 
+/// The layout mark of q4 codes with an f16 scale and an f16 min per group, each row's scales
+/// followed by its mins (GGUF's Q4_1 at its own size: the mins are `-m`).
+pub const F16_MINS: &str = "+f16mins";
+
 /// The start of the layout mark of a tensor kept as a GGUF file's blocks (`+ggml_q2_k`: the
 /// type's name in lower case), computed as the q8 matrix of its codes
 /// ([`moescope_kernels::ggml_codes::blocks_run_as`]).
 pub const BLOCKS: &str = "+ggml_";
 
 /// The layout marks of the types kept as blocks: [`BLOCKS`] and the type's lower-case name.
-pub(super) const BLOCK_MARKS: [(BlockType, &str); 15] = [
-    (BlockType::Q4_1, "+ggml_q4_1"),
+pub(super) const BLOCK_MARKS: [(BlockType, &str); 14] = [
     (BlockType::Q5_0, "+ggml_q5_0"),
     (BlockType::Q4K, "+ggml_q4_k"),
     (BlockType::Q5K, "+ggml_q5_k"),
@@ -59,6 +62,8 @@ pub enum ScaleForm {
     K6,
     /// an f16 scale per group, no mins ([`F16`]; q8 or q4)
     F16,
+    /// an f16 scale and min per group, a row's scales then its mins ([`F16_MINS`]; q4)
+    F16Mins,
     /// no values or scales of moescope's own: the file's blocks of this type, row after row
     /// ([`BLOCKS`]), computed as the q8 matrix named by the entry's type and group
     Blocks(BlockType),
@@ -75,6 +80,8 @@ impl ScaleForm {
             ScaleForm::K6
         } else if layout.ends_with(F16) {
             ScaleForm::F16
+        } else if layout.ends_with(F16_MINS) {
+            ScaleForm::F16Mins
         } else if let Some(&(t, _)) = BLOCK_MARKS.iter().find(|(_, m)| layout.ends_with(m)) {
             ScaleForm::Blocks(t)
         } else {
@@ -90,6 +97,7 @@ impl ScaleForm {
             ScaleForm::K4 => K4,
             ScaleForm::K6 => K6,
             ScaleForm::F16 => F16,
+            ScaleForm::F16Mins => F16_MINS,
             ScaleForm::Blocks(t) => BLOCK_MARKS.iter().find(|(b, _)| *b == t).map_or("", |(_, m)| m),
         }
     }
@@ -100,6 +108,7 @@ impl ScaleForm {
         match self {
             ScaleForm::Plain => true,
             ScaleForm::Mins | ScaleForm::F16 => matches!(f, Format::Q4 { .. } | Format::Q8 { .. }),
+            ScaleForm::F16Mins => matches!(f, Format::Q4 { .. }),
             ScaleForm::K4 => f == Format::Q4 { group: K4_GROUP } && cols.is_multiple_of(K_BLOCK),
             ScaleForm::K6 => f == Format::Q6 { group: K6_GROUP } && cols.is_multiple_of(K_BLOCK),
             ScaleForm::Blocks(t) => {
@@ -116,6 +125,7 @@ impl ScaleForm {
             ScaleForm::K4 => moescope_kernels::kscales::k4_bytes(rows, cols),
             ScaleForm::K6 => moescope_kernels::kscales::k6_bytes(rows, cols),
             ScaleForm::F16 => f.scale_bytes(rows, cols) / 2,
+            ScaleForm::F16Mins => f.scale_bytes(rows, cols),
             ScaleForm::Blocks(_) => 0,
         }
     }
@@ -125,13 +135,14 @@ impl ScaleForm {
     pub fn asymmetric(self) -> bool {
         match self {
             ScaleForm::Blocks(t) => blocks_run_as(t).is_some_and(|(_, mins)| mins),
-            _ => matches!(self, ScaleForm::Mins | ScaleForm::K4),
+            _ => matches!(self, ScaleForm::Mins | ScaleForm::K4 | ScaleForm::F16Mins),
         }
     }
 
-    /// Whether the scales are records a source copies from its blocks (k4, k6, f16 scales).
+    /// Whether the scales are records a source copies from its blocks (k4, k6, f16 scales and
+    /// mins).
     pub fn records(self) -> bool {
-        matches!(self, ScaleForm::K4 | ScaleForm::K6 | ScaleForm::F16)
+        matches!(self, ScaleForm::K4 | ScaleForm::K6 | ScaleForm::F16 | ScaleForm::F16Mins)
     }
 }
 
@@ -169,5 +180,10 @@ mod tests {
         assert_eq!(span(Format::Q4 { group: 32 }, 2, 512, ScaleForm::K4), (512 + 64, Some(512)), "k4 records");
         // f16 scales: 2 rows x 96 q8 -> 192 data bytes, 2 bytes a group of 32
         assert_eq!(span(Format::Q8 { group: 32 }, 2, 96, ScaleForm::F16), (192 + 12, Some(192)), "f16 scales");
+        // f16 scales and mins: 2 rows x 96 q4 -> 96 data bytes, scales at 128, 4 bytes a group
+        assert_eq!(span(Format::Q4 { group: 32 }, 2, 96, ScaleForm::F16Mins), (128 + 24, Some(128)), "and mins");
+        assert!(!ScaleForm::F16Mins.suits(Format::Q8 { group: 32 }, 96) && ScaleForm::F16Mins.asymmetric());
+        assert_eq!(ScaleForm::of_layout("q4_lohi32_x4+f16mins"), ScaleForm::F16Mins);
+        assert_eq!(ScaleForm::of_layout("q4_lohi32_x4+f16"), ScaleForm::F16);
     }
 }

@@ -55,8 +55,11 @@ pub(super) enum WeightScales<'a> {
     },
     K4(&'a [u8]),
     K6(&'a [u8]),
-    /// f16 bits, `[rows, cols / group]`
-    F16(&'a [u16]),
+    /// f16 bits, `[rows, cols / group]`; with `mins`, each row's scales followed by its mins
+    F16 {
+        scales: &'a [u16],
+        mins: bool,
+    },
 }
 
 /// `out[i * n + t] = W[rows.start + i] · x[t]` for q4 weights `q` (`[rows, cols / 2]`), or with

@@ -105,9 +105,18 @@ impl QMat<'_> {
             WeightScales::F32 { scales, mins: None } => unsafe {
                 (_mm512_maskz_loadu_ps(mask, scales.as_ptr().add(at)), _mm512_setzero_ps())
             },
-            WeightScales::F16(h) => unsafe {
-                let bits = _mm512_maskz_loadu_epi16(mask as __mmask32, h.as_ptr().add(at) as *const i16);
-                (_mm512_cvtph_ps(_mm512_castsi512_si256(bits)), _mm512_setzero_ps())
+            WeightScales::F16 { scales, mins } => unsafe {
+                let lanes = |at: usize| {
+                    let bits = _mm512_maskz_loadu_epi16(mask as __mmask32, scales.as_ptr().add(at) as *const i16);
+                    _mm512_cvtph_ps(_mm512_castsi512_si256(bits))
+                };
+                if mins {
+                    // each row: its scales, then its mins
+                    let at = (r - self.wd_row0) * 2 * self.ng + g;
+                    (lanes(at), lanes(at + self.ng))
+                } else {
+                    (lanes(at), _mm512_setzero_ps())
+                }
             },
         }
     }
@@ -118,7 +127,9 @@ impl QMat<'_> {
             WeightScales::K4(_) => groups / 8 * K4_RECORD,
             WeightScales::K6(_) => groups / 16 * K6_RECORD,
             WeightScales::F32 { .. } => groups * 4,
-            WeightScales::F16(_) => groups * 2,
+            // with mins, a row's groups take 4 bytes each (a scale and a min): whole rows are
+            // spanned right, a start inside a row lies past it (only prefetches ask for one)
+            WeightScales::F16 { mins, .. } => groups * if mins { 4 } else { 2 },
         }
     }
 
@@ -126,7 +137,7 @@ impl QMat<'_> {
     pub(super) fn scales_at(&self, r: usize, g: usize) -> *const u8 {
         let base = match self.ws {
             WeightScales::K4(k) | WeightScales::K6(k) => k.as_ptr(),
-            WeightScales::F16(h) => h.as_ptr() as *const u8,
+            WeightScales::F16 { scales, .. } => scales.as_ptr() as *const u8,
             WeightScales::F32 { scales, .. } => scales.as_ptr().wrapping_sub(self.wd_row0 * self.ng) as *const u8,
         };
         base.wrapping_add(self.scale_span(r * self.ng) + self.scale_span(g))
@@ -140,7 +151,10 @@ impl QMat<'_> {
 
     /// Whether the groups are asymmetric (mins, f32 or in k4 records).
     pub(super) fn has_mins(&self) -> bool {
-        matches!(self.ws, WeightScales::F32 { mins: Some(_), .. } | WeightScales::K4(_))
+        matches!(
+            self.ws,
+            WeightScales::F32 { mins: Some(_), .. } | WeightScales::K4(_) | WeightScales::F16 { mins: true, .. }
+        )
     }
 }
 

@@ -99,8 +99,11 @@ pub enum MatData<'a> {
         scales: &'a [u16],
         group: usize,
     },
-    /// Q4 with f16 scales (as [`MatData::Q8F16`]; symmetric, nibbles `q + 8`): GGUF's Q4_0 at its
-    /// own size. Products equal those of Q4 with the scales as f32, bit for bit.
+    /// Q4 with f16 scales (as [`MatData::Q8F16`]; nibbles `q + 8`): GGUF's Q4_0 at its own
+    /// size. With `mins`, each row's scales are followed by as many f16 mins (`[rows, 2 * cols /
+    /// group]`) and a value is `scale * n - min` of its unsigned nibble `n`: GGUF's Q4_1 (`d n +
+    /// m`, the min `-m`). Products equal those of Q4 with the scales (and mins) as f32, bit for
+    /// bit.
     Q4F16 {
         q: &'a [u8],
         scales: &'a [u16],
@@ -108,6 +111,7 @@ pub enum MatData<'a> {
         x4: bool,
         /// as for Q4
         panels: bool,
+        mins: bool,
     },
     /// `q`: `[rows, cols / 128 * 96]` bytes in the `q6_lo4hi2` layout (`_x4`: rows interleaved
     /// as for Q4); `scales` as for Q8.
@@ -188,7 +192,8 @@ impl<'a> Mat<'a> {
         let scales = match self.data {
             MatData::Q4K { .. } => crate::kscales::k4_bytes(1, c),
             MatData::Q6K { .. } => crate::kscales::k6_bytes(1, c),
-            MatData::Q8F16 { .. } | MatData::Q4F16 { .. } => f.scale_bytes(1, c) / 2,
+            MatData::Q8F16 { .. } | MatData::Q4F16 { mins: false, .. } => f.scale_bytes(1, c) / 2,
+            MatData::Q4F16 { mins: true, .. } => f.scale_bytes(1, c),
             MatData::Q4 { mins: Some(_), .. } | MatData::Q8 { mins: Some(_), .. } => 2 * f.scale_bytes(1, c),
             _ => f.scale_bytes(1, c),
         };

@@ -1,7 +1,7 @@
 //! Matrices whose scales are stored packed rather than as f32: q4 or q6 codes with a k4 or k6
 //! record per 256 values of a row (`MatData::Q4K`, `MatData::Q6K`, [`crate::kscales`]), and q8
-//! or q4 codes with an f16 scale per group (`MatData::Q8F16`, `MatData::Q4F16`: GGUF's Q8_0 and
-//! Q4_0 at their own size). The AVX-512 q4 / q6 tiles read records and f16 scales as they go
+//! or q4 codes with an f16 scale (and min) per group (`MatData::Q8F16`, `MatData::Q4F16`: GGUF's
+//! Q8_0, Q4_0 and Q4_1 at their own size). The AVX-512 q4 / q6 tiles read records and f16 scales as they go
 //! (`avx512_records.rs`), the AVX-512 q8 kernels f16 scales too (`avx512_q8::Halves`); everything
 //! else decodes a block of rows' scales (and mins) into f32 and runs the block as the Q4, Q6 or
 //! Q8 matrix it equals, so every tier gives that matrix's bits.
@@ -82,9 +82,19 @@ impl<'a> Mat<'a> {
                 widen(&scales[rows.start * ng..rows.end * ng], s);
                 MatData::Q8 { q: &q[rows.start * rb..rows.end * rb], scales: s, group, mins: None }
             }
-            MatData::Q4F16 { q, scales, group, x4, panels } => {
+            MatData::Q4F16 { q, scales, group, x4, panels, mins: false } => {
                 widen(&scales[rows.start * ng..rows.end * ng], s);
                 MatData::Q4 { q: &q[rows.start * rb..rows.end * rb], scales: s, group, x4, panels, mins: None }
+            }
+            MatData::Q4F16 { q, scales, group, x4, panels, mins: true } => {
+                // each row: its scales, then its mins
+                let h = &scales[rows.start * 2 * ng..rows.end * 2 * ng];
+                for ((h, s), m) in h.chunks_exact(2 * ng).zip(s.chunks_exact_mut(ng)).zip(m.chunks_exact_mut(ng)) {
+                    widen(&h[..ng], s);
+                    widen(&h[ng..], m);
+                }
+                let q = &q[rows.start * rb..rows.end * rb];
+                MatData::Q4 { q, scales: s, group, x4, panels, mins: Some(m) }
             }
             _ => unreachable!("packed_block of a matrix without packed scales"),
         };
@@ -123,8 +133,8 @@ impl<'a> Mat<'a> {
             let tiles = match self.data {
                 MatData::Q6K { q, k, x4, panels } => Some((true, q, WeightScales::K6(k), x4, panels)),
                 MatData::Q4K { q, k, x4, panels } => Some((false, q, WeightScales::K4(k), x4, panels)),
-                MatData::Q4F16 { q, scales, group, x4, panels } if supports_q4(group) => {
-                    Some((false, q, WeightScales::F16(scales), x4, panels))
+                MatData::Q4F16 { q, scales, group, x4, panels, mins } if supports_q4(group) => {
+                    Some((false, q, WeightScales::F16 { scales, mins }, x4, panels))
                 }
                 // q8: blocks decoded below, then the AVX-512 q8 kernels
                 _ => None,

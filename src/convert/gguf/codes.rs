@@ -34,8 +34,7 @@ pub fn encodes_as(t: BlockType, f: Format, mins: bool) -> bool {
     match f {
         Format::Bf16 => t == BlockType::Bf16 && !mins,
         Format::Mxfp4 => t == BlockType::Mxfp4 && !mins,
-        // Q4_1 is kept as its blocks, but its codes are q4 ones with mins
-        Format::Q4 { group: 32 } => (exact == f || t == BlockType::Q4_1) && asym_ok,
+        Format::Q4 { group: 32 } => exact == f && asym_ok,
         Format::Q6 { group: 16 } => t == BlockType::Q6K && !mins,
         Format::Q8 { group } => t.block() > 1 && exact.group().is_some_and(|g| g % group == 0) && asym_ok,
         _ => false,
@@ -115,12 +114,22 @@ pub fn encode_blocks(
     whole
 }
 
-/// The k4 or k6 records of blocks `raw` of Q4_K or Q6_K, or the f16 scales of Q8_0 or Q4_0
-/// (what [`ScaleForm::K4`], `K6` and `F16` keep), into `out`.
-pub fn records_of(t: BlockType, raw: &[u8], out: &mut Vec<u8>) {
+/// The k4 or k6 records of blocks `raw` (rows of `cols` values) of Q4_K or Q6_K, the f16 scales
+/// of Q8_0 or Q4_0, or Q4_1's f16 scales and mins, each row's scales then its mins (`-m`, the
+/// sign bit flipped: exact), into `out`: what [`ScaleForm::K4`], `K6`, `F16` and `F16Mins` keep.
+pub fn records_of(t: BlockType, raw: &[u8], cols: usize, out: &mut Vec<u8>) {
     out.clear();
+    let form = exact_format(t).1;
+    if form == ScaleForm::F16Mins {
+        // Q4_1: d, m, then the nibbles
+        for row in raw.chunks_exact(t.bytes_of(cols)) {
+            out.extend(row.chunks_exact(t.block_bytes()).flat_map(|b| [b[0], b[1]]));
+            out.extend(row.chunks_exact(t.block_bytes()).flat_map(|b| [b[2], b[3] ^ 0x80]));
+        }
+        return;
+    }
     for b in raw.chunks_exact(t.block_bytes()) {
-        match exact_format(t).1 {
+        match form {
             // Q6_K: d (its last 2 bytes), then its 16 scales
             ScaleForm::K6 => {
                 out.extend_from_slice(&b[208..210]);

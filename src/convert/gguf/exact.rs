@@ -11,15 +11,16 @@ use crate::package::layout::ScaleForm;
 /// run it, and how its scales are stored (the blocks' own f16 scales or records, at the file's
 /// size): F32 and BF16 as they are; Q8_0 as q8 and Q4_0 as q4 at group 32 (the same codes, the
 /// blocks' f16 scales as they are); Q6_K as q6 group 16 with k6 records (its 6-bit codes, scale
-/// d * sc: an f16 times an 8-bit integer, exact in f32); Q4_1, Q5_0, Q4_K, Q5_K, Q2_K, Q3_K,
-/// IQ4_NL, IQ4_XS and the codebook types IQ1_S ... IQ3_S as the file's blocks, byte for byte
+/// d * sc: an f16 times an 8-bit integer, exact in f32); Q4_1 as q4 group 32 with its f16 scales
+/// and mins (d and -m: `scale * n - min`); Q5_0, Q4_K, Q5_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS and the
+/// codebook types IQ1_S ... IQ3_S as the file's blocks, byte for byte
 /// (`ScaleForm::Blocks`): Q2_K, Q3_K, Q4_K and IQ4_XS computed from their codes as integer sums
 /// per block (`moescope_kernels::mat::block_sums`), the others decoded as they go into the q8
 /// matrix of their codes with the sub-blocks as groups
-/// (`moescope_kernels::ggml_codes::blocks_run_as`: Q4_1 and Q5_K with mins; IQ1 in eighths, see
+/// (`moescope_kernels::ggml_codes::blocks_run_as`: Q5_K with mins; IQ1 in eighths, see
 /// `moescope_kernels::ggml_iq`). F16 runs as f32.
 pub fn exact_format(t: BlockType) -> (Format, ScaleForm) {
-    use ScaleForm::{F16, K6, Plain};
+    use ScaleForm::{F16, F16Mins, K6, Plain};
     // the file's blocks as they are, computed as the q8 matrix of their codes
     if let Some((group, _)) = moescope_kernels::ggml_codes::blocks_run_as(t) {
         return (Format::Q8 { group }, ScaleForm::Blocks(t));
@@ -28,6 +29,7 @@ pub fn exact_format(t: BlockType) -> (Format, ScaleForm) {
         BlockType::Bf16 => (Format::Bf16, Plain),
         BlockType::Q8_0 => (Format::Q8 { group: 32 }, F16),
         BlockType::Q4_0 => (Format::Q4 { group: 32 }, F16),
+        BlockType::Q4_1 => (Format::Q4 { group: 32 }, F16Mins),
         BlockType::Q6K => (Format::Q6 { group: 16 }, K6),
         BlockType::Mxfp4 => (Format::Mxfp4, Plain),
         // F32, F16 (and no other: every remaining type is kept as blocks above)
@@ -52,6 +54,7 @@ pub fn runs_as(id: u32) -> String {
                 ScaleForm::K4 => " with k4 records",
                 ScaleForm::K6 => " with k6 records",
                 ScaleForm::F16 => " with f16 scales",
+                ScaleForm::F16Mins => " with f16 scales and mins",
                 ScaleForm::Blocks(_) => "",
             };
             if moescope_kernels::mat::block_sums(t) {

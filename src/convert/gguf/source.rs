@@ -411,7 +411,7 @@ impl TensorSource for GgufSource {
             return Ok(false);
         }
         let raw = self.raw(name, &s, r0, n)?;
-        records_of(s.ty, &raw, out);
+        records_of(s.ty, &raw, s.cols, out);
         Ok(true)
     }
 
