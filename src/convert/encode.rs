@@ -115,7 +115,7 @@ impl EncodedRows {
 fn no_scale_form(src: &dyn TensorSource, name: &str, form: ScaleForm) -> ConvertError {
     let what = match form {
         ScaleForm::Blocks(_) => "the file's blocks",
-        _ if form.records() => "the blocks' scales (k4 or k6 records, f16 scales)",
+        _ if form.records() => "the blocks' scales (k4 or k6 records, f16 scales and mins)",
         _ => "mins (asymmetric groups)",
     };
     ConvertError::Tensor {

@@ -459,7 +459,8 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
     let sb = f.scale_bytes(rows, cols);
     let s = (base + t.scales_offset.unwrap_or(t.offset) - origin) as usize;
     let scales = || bytemuck::cast_slice::<u8, f32>(&bytes[s..s + sb]);
-    let halves = || bytemuck::cast_slice::<u8, u16>(&bytes[s..s + sb / 2]);
+    // f16 scales (and mins): as many bytes as the entry's form takes
+    let halves = || bytemuck::cast_slice::<u8, u16>(&bytes[s..s + t.scale_form().bytes(f, rows, cols)]);
     let mins = t.has_mins().then(|| bytemuck::cast_slice::<u8, f32>(&bytes[s + sb..s + 2 * sb]));
     let data = match f {
         Format::F32 => MatData::F32(bytemuck::cast_slice(data)),
@@ -474,8 +475,7 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
         }
         Format::Q4 { group } if matches!(t.scale_form(), ScaleForm::F16 | ScaleForm::F16Mins) => {
             let mins = t.scale_form() == ScaleForm::F16Mins;
-            let h = bytemuck::cast_slice::<u8, u16>(&bytes[s..s + if mins { sb } else { sb / 2 }]);
-            MatData::Q4F16 { q: data, scales: h, group, x4: interleaved(t), panels: false, mins }
+            MatData::Q4F16 { q: data, scales: halves(), group, x4: interleaved(t), panels: false, mins }
         }
         Format::Q4 { group } => {
             MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), panels: false, mins }

@@ -15,9 +15,9 @@ use crate::isa::Isa;
 use crate::kscales::{K_BLOCK, K4_GROUP, K4_RECORD, K6_GROUP, K6_RECORD, k4_scales_mins, k6_scales};
 use crate::quant::{PANEL_ROWS, ROW_BLOCK};
 
-/// Rows whose scales are decoded at a time for a product: a whole number of interleaved blocks
-/// and panel-major superblocks, so the block's bytes are a matrix of their own with the same row
-/// order, and few enough that their f32 scales stay in L1 (2048 values a row in groups of 32:
+/// Most rows whose scales are decoded at a time for a product: a whole number of interleaved
+/// blocks and panel-major superblocks (each block starts on one, `Mat::packed_unit`, so its
+/// bytes are a matrix of their own with the same row order), and few enough that their f32 scales stay in L1 (2048 values a row in groups of 32:
 /// 8 KiB).
 const BLOCK_ROWS: usize = 32;
 
@@ -152,11 +152,14 @@ impl<'a> Mat<'a> {
             let mut buf = b.borrow_mut();
             let len = buf.len().max(self.packed_floats(BLOCK_ROWS));
             buf.resize(len, 0.0);
+            // from the unit holding r to the one holding the piece's last row in this block: a
+            // piece of a few rows decodes those rows' units, not the whole block
+            let unit = self.packed_unit();
             let mut r = rows.start;
             while r < rows.end {
-                let b0 = r / BLOCK_ROWS * BLOCK_ROWS;
-                let (b_end, end) = ((b0 + BLOCK_ROWS).min(self.rows), rows.end.min(b0 + BLOCK_ROWS));
-                let block = self.packed_block(b0..b_end, &mut buf);
+                let b0 = r / unit * unit;
+                let end = rows.end.min(b0 + BLOCK_ROWS);
+                let block = self.packed_block(b0..(end.div_ceil(unit) * unit).min(self.rows), &mut buf);
                 let o = &mut out[(r - rows.start) * n..(end - rows.start) * n];
                 block.matmul_rows(isa, input, n, r - b0..end - b0, o);
                 r = end;
