@@ -122,6 +122,11 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
     // token tile over a block before the next, so a block's weights come from memory once
     // rather than once per tile (an expert's 2 x 4 tiles over its 5-12 tokens of a prompt
     // streamed its matrices 2-3 times); each product is computed as before, the same bits
+    if !SIX && super::avx512_q4_rows::takes(m.a.group, m) {
+        // SAFETY: the caller's guarantees
+        unsafe { super::avx512_q4_rows::q4_rows::<IL>(m, n, rows, out) };
+        return;
+    }
     if n == 1 && IL == PANEL_ROWS {
         // SAFETY: the caller's guarantees
         unsafe { super::avx512_panels::panel_matvec::<SIX>(m, rows, out) };

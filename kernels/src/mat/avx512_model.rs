@@ -10,7 +10,10 @@
 //! nearest even), `f32::mul_add` (one rounding, as `vfmadd`), and the tree of `hsum`.
 //!
 //! Lanes: `vpdpbusd` adds each 4 consecutive bytes' products into one int32 lane.
-//! - q4 and q6 (`q4_lohi32`, `q6_lo4hi2`): a 128-value chunk's low nibbles are the first halves
+//! - q4 with symmetric groups (f32 or f16 scales: `avx512_q4_rows.rs`): no lanes of a product;
+//!   per group the exact sum of `(n - 8) a`, converted, and one fused multiply-add with the
+//!   group's scales, group after group.
+//! - q4 with mins or records, and q6 (`q4_lohi32`, `q6_lo4hi2`): a 128-value chunk's low nibbles are the first halves
 //!   of its four 32-value blocks, the high nibbles the second halves; lane `l` holds block
 //!   `l / 4`'s values `4 (l % 4) ..+ 4` of the low half and the same of the high half. The
 //!   codes are stored biased (`n = q + 8`, `q + 32`), and `bias * sum a` comes off at the end
@@ -49,6 +52,14 @@ pub fn q_product(six: bool, n: &[i32], wd: &[f32], mins: Option<&[f32]>, group: 
     let ng = n.len() / group;
     let s = |g: usize| wd[g] * a.scales[g];
     let prod = |j: usize| n[j] * a.q[j] as i32;
+    if !six && mins.is_none() {
+        // symmetric q4 groups (`avx512_q4_rows.rs`): each group's exact sum of `(n - 8) a`,
+        // converted once, one fused multiply-add per group in order
+        return (0..ng).fold(0f32, |f, g| {
+            let isum: i32 = (g * group..(g + 1) * group).map(|j| (n[j] - 8) * a.q[j] as i32).sum();
+            (isum as f32).mul_add(s(g), f)
+        });
+    }
     let mut f = [0f32; 16];
     if group >= 128 {
         for g in 0..ng {

@@ -21,6 +21,8 @@ mod avx512_mxfp4;
 #[cfg(target_arch = "x86_64")]
 mod avx512_panels;
 #[cfg(target_arch = "x86_64")]
+mod avx512_q4_rows;
+#[cfg(target_arch = "x86_64")]
 mod avx512_q4k_rows;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q8;

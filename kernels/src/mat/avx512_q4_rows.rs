@@ -1,0 +1,354 @@
+//! The AVX-512 q4 kernel with 16 rows in a vector's lanes, for q4 matrices with symmetric groups
+//! of 32 values or more (f32 or f16 scales): prefill and decode alike.
+//!
+//! Where the tiles of `avx512.rs` give each (row, token) product 16 int32 lanes of partial sums,
+//! converted and scaled once per 128-value chunk and summed across lanes at the end (three or
+//! four float operations per two `vpdpbusd`), here lane `i` of a vector is row `i` of a 16-row
+//! block: one `vpdpbusd` multiplies 4 values of each of the 16 rows by the same 4 activation
+//! bytes (broadcast from memory, a load rather than a shuffle), so a group's integer sum builds
+//! up in its lane and meets the float unit once per group: 8 `vpdpbusd` per 32 values of 16
+//! rows and token, then one conversion, one multiply and one FMA.
+//!
+//! The rows come in the package's orders (row-major, x4 or panel-major); each 16-row block is
+//! first gathered into that lane order in a buffer of the thread's own ([`gather_block`]: per
+//! 128-value chunk a 16 x 16 transpose of 4-byte words), with its scales as 16 floats a group,
+//! then every token runs over it. A product's bits are a fixed order of exact integer sums and
+//! float operations per (row, token) (the test model: `avx512_model.rs`), whatever the block, tile or layout:
+//!
+//! ```text
+//! f = 0
+//! for each group g:  f = fma(f32(sum_j q_j a_j), (ws_g * as_g), f)    (q_j = n_j - 8, exact)
+//! ```
+//!
+//! The bias of the stored nibbles (`n = q + 8`) comes off as an integer: each group's int32
+//! accumulator starts at `-8 * sum_j a_j`, the activation group's sum.
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::avx512::QMat;
+use crate::quant::{ROW_BLOCK, interleaved_offset, panel_offset};
+
+/// Rows a vector holds: one per int32 lane.
+pub(super) const LANES: usize = 16;
+
+/// Tokens a tile runs at most: 8 int32 and 8 float accumulators, two weight vectors and the
+/// scales fit the 32 registers.
+const MAX_TOKENS: usize = 8;
+
+/// Chunk `c` of rows `r0..r0 + k` (k <= 16) in lane order: word `d` of the chunk of row `r0 + i`
+/// in lane `i` of vector `d` (lanes from `k` on zero). A macro rather than a function: as a
+/// function it was not inlined, and its 1 KiB result went through memory.
+macro_rules! chunk_words {
+    ($il:ident, $m:expr, $r0:expr, $k:expr, $c:expr) => {{
+        let (m, r0, k, c) = ($m, $r0, $k, $c);
+        let mut w = [_mm512_setzero_si512(); LANES];
+        for (i, w) in w.iter_mut().enumerate().take(k) {
+            let r = r0 + i;
+            let off = match $il {
+                1 => r * m.row_bytes + c * 64,
+                ROW_BLOCK => interleaved_offset(r, c, m.row_bytes, 64),
+                _ => panel_offset(r, c, m.row_bytes, 64),
+            };
+            // SAFETY: the caller's guarantees: the chunk lies inside the matrix
+            let p = unsafe { m.q.as_ptr().add(off) };
+            if m.pf != 0 {
+                // decode over interleaved rows: the stream a few KiB on
+                crate::prefetch::line(p, m.pf);
+            }
+            *w = unsafe { _mm512_loadu_si512(p as *const _) };
+        }
+        transpose16(w)
+    }};
+}
+
+thread_local! {
+    /// A 16-row block in lane order ([`gather_block`]): values, then scales.
+    static BLOCK: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Whether this kernel takes a q4 matrix with groups of `group` and these scales: symmetric
+/// groups of whole 32-value blocks (f32 or f16 scales; not mins, not k4 records).
+pub(super) fn takes(group: usize, m: &QMat<'_>) -> bool {
+    group.is_multiple_of(32) && !m.has_mins() && !matches!(m.ws, super::avx512::WeightScales::K4(_))
+}
+
+/// `out[(r - rows.start) * n + t] = W[r] · a[t]` for every row of `rows` and token of `0..n`,
+/// 16 rows at a time (the last block may be short: its missing lanes are zero and dropped).
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI; [`takes`]; the rows' chunks exist in `m.q` in the order `IL` names
+/// (1 row-major, [`ROW_BLOCK`] x4, [`PANEL_ROWS`] panel-major); `m.a` holds `n` rows of `m.cols`
+/// values with their sums; `out.len() == rows.len() * n`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
+    debug_assert!(out.len() == rows.len() * n && m.a.q.len() >= n * m.cols && m.a.sums.len() >= n * m.ng);
+    BLOCK.with(|b| {
+        let mut b = b.borrow_mut();
+        let (bq, bs) = &mut *b;
+        bq.resize(m.cols / 2 * LANES, 0);
+        bs.resize(m.ng * LANES, 0.0);
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let k = (rows.end - r0).min(LANES);
+            if n == 1 {
+                // decode: the words straight from the chunks, no buffer between
+                // SAFETY: the caller's guarantees, for rows r0..r0 + k
+                // the scales of the rows a block or two on: read a row at a time, 16 lines a
+                // block, they stalled the gather as cache misses
+                m.scales_ahead(r0, LANES);
+                let f = unsafe {
+                    gather_scales(m, r0, k, bs);
+                    decode_block::<IL>(m, r0, k, bs)
+                };
+                out[r0 - rows.start..r0 - rows.start + k].copy_from_slice(&f[..k]);
+                r0 += k;
+                continue;
+            }
+            // SAFETY: the caller's guarantees, for rows r0..r0 + k
+            unsafe { gather_block::<IL>(m, r0, k, bq, bs) };
+            let o = &mut out[(r0 - rows.start) * n..(r0 - rows.start + k) * n];
+            let mut t0 = 0;
+            let mut lanes = [[0f32; LANES]; MAX_TOKENS];
+            while t0 < n {
+                let tn = (n - t0).min(MAX_TOKENS);
+                // SAFETY (all): the block was gathered above; tokens t0..t0 + tn exist
+                unsafe {
+                    match tn {
+                        1 => tile::<1>(m, bq, bs, t0, &mut lanes),
+                        2 => tile::<2>(m, bq, bs, t0, &mut lanes),
+                        3 => tile::<3>(m, bq, bs, t0, &mut lanes),
+                        4 => tile::<4>(m, bq, bs, t0, &mut lanes),
+                        5 => tile::<5>(m, bq, bs, t0, &mut lanes),
+                        6 => tile::<6>(m, bq, bs, t0, &mut lanes),
+                        7 => tile::<7>(m, bq, bs, t0, &mut lanes),
+                        _ => tile::<MAX_TOKENS>(m, bq, bs, t0, &mut lanes),
+                    }
+                }
+                for (t, lanes) in lanes[..tn].iter().enumerate() {
+                    for (i, v) in lanes[..k].iter().enumerate() {
+                        o[i * n + t0 + t] = *v;
+                    }
+                }
+                t0 += tn;
+            }
+            r0 += k;
+        }
+    });
+}
+
+/// Rows `r0..r0 + k` (k <= 16) into lane order (`chunk_words!`): value word `d` (bytes `4d..4d + 4`) of 128-value
+/// chunk `c` of row `r0 + i` at `bq[(16 c + d) * 64 + 4 i]`, so the 64 bytes at `(4 b + j) * 64`
+/// are bytes `4j..4j + 4` of 32-value block `b` of each row (the `q4_lohi32` block's low nibbles:
+/// values `4j..4j + 4`, high: `16 + 4j..`); and group `g`'s scales at `bs[16 g..16 g + 16]`. Lanes
+/// from `k` on are zero.
+///
+/// # Safety
+/// As [`q4_rows`]'s, for rows `r0..r0 + k`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn gather_block<const IL: usize>(m: &QMat<'_>, r0: usize, k: usize, bq: &mut [u8], bs: &mut [f32]) {
+    for c in 0..m.cols / 128 {
+        let t = chunk_words!(IL, m, r0, k, c);
+        for (d, v) in t.iter().enumerate() {
+            // SAFETY: bq holds chunks * 1 KiB
+            unsafe { _mm512_storeu_si512(bq.as_mut_ptr().add((16 * c + d) * 64) as *mut _, *v) };
+        }
+    }
+    // SAFETY: the caller's guarantees
+    unsafe { gather_scales(m, r0, k, bs) };
+}
+
+/// One token times rows `r0..r0 + k` (k <= 16), each chunk's words used as they are transposed
+/// (`chunk_words!`), with `bs` holding the rows' scales ([`gather_scales`]): the operations of
+/// [`tile`] for one token, in its order (four accumulators a group), so the same bits.
+///
+/// # Safety
+/// As [`q4_rows`]'s, for rows `r0..r0 + k` and one token.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn decode_block<const IL: usize>(m: &QMat<'_>, r0: usize, k: usize, bs: &[f32]) -> [f32; LANES] {
+    let a = m.a;
+    let blocks = a.group / 32;
+    let nibble = _mm512_set1_epi8(0x0F);
+    let mut f = _mm512_setzero_ps();
+    let mut acc = [_mm512_setzero_si512(); 4];
+    for c in 0..m.cols / 128 {
+        let words = chunk_words!(IL, m, r0, k, c);
+        for (bb, words) in words.chunks_exact(4).enumerate() {
+            let b = 4 * c + bb;
+            let g = b / blocks;
+            if b.is_multiple_of(blocks) {
+                acc = [
+                    _mm512_set1_epi32(-8 * a.sums[g]),
+                    _mm512_setzero_si512(),
+                    _mm512_setzero_si512(),
+                    _mm512_setzero_si512(),
+                ];
+            }
+            for (j, w) in words.iter().enumerate() {
+                let (lo, hi) = (_mm512_and_si512(*w, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(*w), nibble));
+                // SAFETY: values 32 b + 4 j.. and 32 b + 16 + 4 j.. of the token
+                let (xl, xh) = unsafe {
+                    let p = a.q.as_ptr().add(32 * b + 4 * j);
+                    ((p as *const i32).read_unaligned(), (p.add(16) as *const i32).read_unaligned())
+                };
+                acc[(2 * j) % 4] = _mm512_dpbusd_epi32(acc[(2 * j) % 4], lo, _mm512_set1_epi32(xl));
+                acc[(2 * j + 1) % 4] = _mm512_dpbusd_epi32(acc[(2 * j + 1) % 4], hi, _mm512_set1_epi32(xh));
+            }
+            if (b + 1).is_multiple_of(blocks) {
+                let isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), acc[2]), acc[3]);
+                // SAFETY: group g's 16 scales
+                let ws = unsafe { _mm512_loadu_ps(bs.as_ptr().add(16 * g)) };
+                let sc = _mm512_mul_ps(ws, _mm512_set1_ps(a.scales[g]));
+                f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f);
+            }
+        }
+    }
+    let mut out = [0f32; LANES];
+    // SAFETY: 16 floats
+    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), f) };
+    out
+}
+
+/// The scales of rows `r0..r0 + k` in lane order: group `g`'s at `bs[16 g..16 g + 16]`.
+///
+/// # Safety
+/// As [`q4_rows`]'s, for rows `r0..r0 + k`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn gather_scales(m: &QMat<'_>, r0: usize, k: usize, bs: &mut [f32]) {
+    let mut s = [_mm512_setzero_si512(); LANES];
+    for g in (0..m.ng).step_by(16) {
+        let mask = super::avx512::first_lanes(m.ng - g);
+        for (i, s) in s.iter_mut().enumerate().take(k) {
+            // SAFETY: row r0 + i and groups g.. exist; masked lanes are not read
+            *s = _mm512_castps_si512(unsafe { m.weight_scales(r0 + i, g, mask).0 });
+        }
+        let t = transpose16(s);
+        for (j, v) in t.iter().enumerate().take(m.ng - g) {
+            // SAFETY: bs holds ng * 16 floats
+            unsafe { _mm512_storeu_si512(bs.as_mut_ptr().add((g + j) * 16) as *mut _, *v) };
+        }
+    }
+}
+
+/// The 16 x 16 transpose of 4-byte words: word `i` of output `d` is word `d` of input `i`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn transpose16(v: [__m512i; 16]) -> [__m512i; 16] {
+    let z = _mm512_setzero_si512();
+    // pairs of rows: per 128-bit lane [a0 b0 a1 b1], [a2 b2 a3 b3]
+    let mut p = [z; 16];
+    for i in (0..16).step_by(2) {
+        p[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+        p[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+    }
+    // quads: per 128-bit lane the same word of four rows; q[4 h + s] holds word s of each lane
+    // of rows 4h..4h + 4
+    let mut q = [z; 16];
+    for h in 0..4 {
+        for half in 0..2 {
+            let (a, b) = (p[4 * h + half], p[4 * h + 2 + half]);
+            q[4 * h + 2 * half] = _mm512_unpacklo_epi64(a, b);
+            q[4 * h + 2 * half + 1] = _mm512_unpackhi_epi64(a, b);
+        }
+    }
+    // 128-bit lanes of quad pairs: e[8 pair + 4 odd + s] = [lanes odd, 2 + odd of quad 2 pair,
+    // the same of quad 2 pair + 1] of word s
+    let mut e = [z; 16];
+    for pair in 0..2 {
+        for s in 0..4 {
+            let (a, b) = (q[8 * pair + s], q[8 * pair + 4 + s]);
+            e[8 * pair + s] = _mm512_shuffle_i32x4::<0b10_00_10_00>(a, b);
+            e[8 * pair + 4 + s] = _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b);
+        }
+    }
+    // word 4 l + s: lane l of every quad, in order
+    let mut out = [z; 16];
+    for odd in 0..2 {
+        for s in 0..4 {
+            let (a, b) = (e[4 * odd + s], e[8 + 4 * odd + s]);
+            out[4 * odd + s] = _mm512_shuffle_i32x4::<0b10_00_10_00>(a, b);
+            out[4 * (2 + odd) + s] = _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b);
+        }
+    }
+    out
+}
+
+/// The gathered block's 16 rows times tokens `t0..t0 + T`: per token, 16 lanes of products, into
+/// `out[..T]`.
+/// Each token's group sum builds up in `8 / T` accumulators (at least one) taking the block's
+/// words in turn and added at the group's end (integer sums: the same whatever the split):
+/// `vpdpbusd` takes 5 cycles and two can start each cycle, so one chain per token held a
+/// decode to a fifth of the unit.
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI; `bq`, `bs` gathered for `m` ([`gather_block`]); tokens `t0..t0 + T`
+/// exist in `m.a`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile<const T: usize>(m: &QMat<'_>, bq: &[u8], bs: &[f32], t0: usize, out: &mut [[f32; LANES]; MAX_TOKENS]) {
+    match T {
+        // SAFETY (all): the caller's guarantees
+        1 => unsafe { tile_split::<T, 4>(m, bq, bs, t0, out) },
+        2..=4 => unsafe { tile_split::<T, 2>(m, bq, bs, t0, out) },
+        _ => unsafe { tile_split::<T, 1>(m, bq, bs, t0, out) },
+    }
+}
+
+/// [`tile`] with `A` accumulators a token (1, 2 or 4).
+///
+/// # Safety
+/// As [`tile`]'s.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn tile_split<const T: usize, const A: usize>(
+    m: &QMat<'_>,
+    bq: &[u8],
+    bs: &[f32],
+    t0: usize,
+    out: &mut [[f32; LANES]; MAX_TOKENS],
+) {
+    let (a, cols, ng) = (m.a, m.cols, m.ng);
+    let blocks = a.group / 32;
+    let nibble = _mm512_set1_epi8(0x0F);
+    let mut f = [_mm512_setzero_ps(); T];
+    for g in 0..ng {
+        // the group's integer sums, the first accumulator from the bias term: -8 * the sum of
+        // the activations
+        let mut acc = [[_mm512_setzero_si512(); A]; T];
+        for (t, acc) in acc.iter_mut().enumerate() {
+            acc[0] = _mm512_set1_epi32(-8 * a.sums[(t0 + t) * ng + g]);
+        }
+        for b in g * blocks..(g + 1) * blocks {
+            for j in 0..4 {
+                // SAFETY: the block's word j of 16 rows
+                let w = unsafe { _mm512_loadu_si512(bq.as_ptr().add((4 * b + j) * 64) as *const _) };
+                let (lo, hi) = (_mm512_and_si512(w, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: values 32 b + 4 j.. and 32 b + 16 + 4 j.. of token t0 + t
+                    let (xl, xh) = unsafe {
+                        let p = a.q.as_ptr().add((t0 + t) * cols + 32 * b + 4 * j);
+                        ((p as *const i32).read_unaligned(), (p.add(16) as *const i32).read_unaligned())
+                    };
+                    let (kl, kh) = ((2 * j) % A, (2 * j + 1) % A);
+                    acc[kl] = _mm512_dpbusd_epi32(acc[kl], lo, _mm512_set1_epi32(xl));
+                    acc[kh] = _mm512_dpbusd_epi32(acc[kh], hi, _mm512_set1_epi32(xh));
+                }
+            }
+        }
+        // SAFETY: group g's 16 scales
+        let ws = unsafe { _mm512_loadu_ps(bs.as_ptr().add(16 * g)) };
+        for (t, f) in f.iter_mut().enumerate() {
+            let isum = acc[t].iter().skip(1).fold(acc[t][0], |s, v| _mm512_add_epi32(s, *v));
+            let sc = _mm512_mul_ps(ws, _mm512_set1_ps(a.scales[(t0 + t) * ng + g]));
+            *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, *f);
+        }
+    }
+    for (o, f) in out.iter_mut().zip(f) {
+        // SAFETY: 16 floats
+        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), f) };
+    }
+}
