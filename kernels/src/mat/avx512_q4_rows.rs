@@ -95,12 +95,9 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
             if n == 1 {
                 // decode: the words straight from the chunks, no buffer between
                 // SAFETY: the caller's guarantees, for rows r0..r0 + k
-                // the scales of the rows a block or two on: read a row at a time, 16 lines a
-                // block, they stalled the gather as cache misses
-                m.scales_ahead(r0, LANES);
                 let f = unsafe {
                     gather_scales(m, r0, k, bs);
-                    decode_block::<IL>(m, r0, k, bs)
+                    decode_block::<IL>(m, r0, k, bs, bq)
                 };
                 out[r0 - rows.start..r0 - rows.start + k].copy_from_slice(&f[..k]);
                 r0 += k;
@@ -160,45 +157,90 @@ unsafe fn gather_block<const IL: usize>(m: &QMat<'_>, r0: usize, k: usize, bq: &
     unsafe { gather_scales(m, r0, k, bs) };
 }
 
-/// One token times rows `r0..r0 + k` (k <= 16), each chunk's words used as they are transposed
-/// (`chunk_words!`), with `bs` holding the rows' scales ([`gather_scales`]): the operations of
-/// [`tile`] for one token, in its order (four accumulators a group), so the same bits.
+/// One token times rows `r0..r0 + k` (k <= 16), with `bs` holding the rows' scales
+/// ([`gather_scales`]). Decode transposes sums rather than words: each row's chunk meets the
+/// permuted activations (`m.ap`, the order of `avx512.rs`'s tiles) in one int32 vector whose
+/// lane `l` holds 8 products of block `l / 4`, and the 16 rows' vectors are reduced into one
+/// vector a block with the rows in its lanes ([`block_sums`]: 32 shuffles and 12 adds a chunk,
+/// where transposing the words took 64 shuffles). The same integer sums as [`tile`]'s, then
+/// its float operations in its order, so the same bits.
 ///
 /// # Safety
-/// As [`q4_rows`]'s, for rows `r0..r0 + k` and one token.
+/// As [`q4_rows`]'s, for rows `r0..r0 + k` and one token; `m.ap` holds the token permuted;
+/// `sums` holds `m.cols / 128 * 1024` bytes.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn decode_block<const IL: usize>(m: &QMat<'_>, r0: usize, k: usize, bs: &[f32]) -> [f32; LANES] {
+unsafe fn decode_block<const IL: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    k: usize,
+    bs: &[f32],
+    sums: &mut [u8],
+) -> [f32; LANES] {
     let a = m.a;
+    let chunks = m.cols / 128;
     let blocks = a.group / 32;
     let nibble = _mm512_set1_epi8(0x0F);
+    // first every row's chunk sums into `sums` (chunk c of row i at (16 c + i) * 64), the rows
+    // read in memory order: the 4-row blocks of x4 one after another, each one stream with the
+    // prefetch along it (all 16 rows chunk by chunk were four streams at once: decode lost 6%)
+    let sp = sums.as_mut_ptr() as *mut __m512i;
+    for blk in 0..LANES / ROW_BLOCK {
+        // the scales of the same 4 rows a block on, a few lines a chunk: the gather reads them
+        // a row at a time, each a cache miss unless asked for; all 16 rows' at once (64 lines
+        // at groups of 32) filled the line buffers and stalled the weights' stream
+        let (sb, sl) = (m.scales_at(r0 + LANES + blk * ROW_BLOCK, 0) as usize, ROW_BLOCK * m.scale_span(m.ng));
+        for c in 0..chunks {
+            let mut l = (sb + c * sl / chunks) & !63;
+            while l < sb + (c + 1) * sl / chunks {
+                crate::prefetch::line(l as *const u8, 0);
+                l += 64;
+            }
+            // SAFETY: the token's permuted chunk c
+            let (al, ah) = unsafe {
+                let p = m.ap.as_ptr().add(c * 128);
+                (_mm512_loadu_si512(p as *const _), _mm512_loadu_si512(p.add(64) as *const _))
+            };
+            for i in blk * ROW_BLOCK..(blk + 1) * ROW_BLOCK {
+                let v = if i < k {
+                    let r = r0 + i;
+                    let off = match IL {
+                        1 => r * m.row_bytes + c * 64,
+                        ROW_BLOCK => interleaved_offset(r, c, m.row_bytes, 64),
+                        _ => panel_offset(r, c, m.row_bytes, 64),
+                    };
+                    // SAFETY: the caller's guarantees: the chunk lies inside the matrix
+                    let p = unsafe { m.q.as_ptr().add(off) };
+                    if m.pf != 0 {
+                        crate::prefetch::line(p, m.pf);
+                    }
+                    let w = unsafe { _mm512_loadu_si512(p as *const _) };
+                    let (lo, hi) = (_mm512_and_si512(w, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble));
+                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al), hi, ah)
+                } else {
+                    _mm512_setzero_si512()
+                };
+                // SAFETY: `sums` holds chunks * 16 vectors
+                unsafe { _mm512_storeu_si512(sp.add(16 * c + i) as *mut _, v) };
+            }
+        }
+    }
     let mut f = _mm512_setzero_ps();
-    let mut acc = [_mm512_setzero_si512(); 4];
-    for c in 0..m.cols / 128 {
-        let words = chunk_words!(IL, m, r0, k, c);
-        for (bb, words) in words.chunks_exact(4).enumerate() {
+    let mut isum = _mm512_setzero_si512();
+    let mut rv = [_mm512_setzero_si512(); LANES];
+    for c in 0..chunks {
+        for (i, v) in rv.iter_mut().enumerate() {
+            // SAFETY: written above
+            *v = unsafe { _mm512_loadu_si512(sp.add(16 * c + i) as *const _) };
+        }
+        for (bb, v) in block_sums(&rv).into_iter().enumerate() {
             let b = 4 * c + bb;
             let g = b / blocks;
             if b.is_multiple_of(blocks) {
-                acc = [
-                    _mm512_set1_epi32(-8 * a.sums[g]),
-                    _mm512_setzero_si512(),
-                    _mm512_setzero_si512(),
-                    _mm512_setzero_si512(),
-                ];
+                isum = _mm512_set1_epi32(-8 * a.sums[g]);
             }
-            for (j, w) in words.iter().enumerate() {
-                let (lo, hi) = (_mm512_and_si512(*w, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(*w), nibble));
-                // SAFETY: values 32 b + 4 j.. and 32 b + 16 + 4 j.. of the token
-                let (xl, xh) = unsafe {
-                    let p = a.q.as_ptr().add(32 * b + 4 * j);
-                    ((p as *const i32).read_unaligned(), (p.add(16) as *const i32).read_unaligned())
-                };
-                acc[(2 * j) % 4] = _mm512_dpbusd_epi32(acc[(2 * j) % 4], lo, _mm512_set1_epi32(xl));
-                acc[(2 * j + 1) % 4] = _mm512_dpbusd_epi32(acc[(2 * j + 1) % 4], hi, _mm512_set1_epi32(xh));
-            }
+            isum = _mm512_add_epi32(isum, v);
             if (b + 1).is_multiple_of(blocks) {
-                let isum = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(acc[0], acc[1]), acc[2]), acc[3]);
                 // SAFETY: group g's 16 scales
                 let ws = unsafe { _mm512_loadu_ps(bs.as_ptr().add(16 * g)) };
                 let sc = _mm512_mul_ps(ws, _mm512_set1_ps(a.scales[g]));
@@ -210,6 +252,37 @@ unsafe fn decode_block<const IL: usize>(m: &QMat<'_>, r0: usize, k: usize, bs: &
     // SAFETY: 16 floats
     unsafe { _mm512_storeu_ps(out.as_mut_ptr(), f) };
     out
+}
+
+/// 16 rows' chunk sums (`rv[i]`: lane `l` holds products of 32-value block `l / 4`) as one
+/// vector a block: lane `i` of output `b` is the sum of lanes `4 b..4 b + 4` of `rv[i]`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn block_sums(rv: &[__m512i; LANES]) -> [__m512i; 4] {
+    let z = _mm512_setzero_si512();
+    // pairs of rows (A, B): per 128-bit lane [A0 + A2, B0 + B2, A1 + A3, B1 + B3]
+    let mut x = [z; 8];
+    for (k, x) in x.iter_mut().enumerate() {
+        let (a, b) = (rv[2 * k], rv[2 * k + 1]);
+        *x = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    }
+    // quads: per 128-bit lane (a block) the four rows' whole sums
+    let mut q = [z; 4];
+    for (h, q) in q.iter_mut().enumerate() {
+        let (a, b) = (x[2 * h], x[2 * h + 1]);
+        *q = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+    }
+    // the 4 x 4 transpose of 128-bit lanes: block b's lanes of every quad, in row order
+    let p0 = _mm512_shuffle_i32x4::<0b10_00_10_00>(q[0], q[1]);
+    let p1 = _mm512_shuffle_i32x4::<0b11_01_11_01>(q[0], q[1]);
+    let p2 = _mm512_shuffle_i32x4::<0b10_00_10_00>(q[2], q[3]);
+    let p3 = _mm512_shuffle_i32x4::<0b11_01_11_01>(q[2], q[3]);
+    [
+        _mm512_shuffle_i32x4::<0b10_00_10_00>(p0, p2),
+        _mm512_shuffle_i32x4::<0b10_00_10_00>(p1, p3),
+        _mm512_shuffle_i32x4::<0b11_01_11_01>(p0, p2),
+        _mm512_shuffle_i32x4::<0b11_01_11_01>(p1, p3),
+    ]
 }
 
 /// The scales of rows `r0..r0 + k` in lane order: group `g`'s at `bs[16 g..16 g + 16]`.
