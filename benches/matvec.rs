@@ -192,7 +192,9 @@ fn main() {
                             group,
                             mins: None,
                         },
-                        Format::Q4 { group } => MatData::Q4 { q: b, scales, group, x4, panels, mins: None },
+                        Format::Q4 { group } => {
+                            MatData::Q4 { q: b, scales, group, x4, panels, lanes: false, mins: None }
+                        }
                         Format::Mxfp4 => MatData::Mxfp4 { q: b },
                         _ => MatData::Q6 { q: b, scales, group: g, x4, panels },
                     };

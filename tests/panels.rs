@@ -1,5 +1,6 @@
-//! Long rows in panel-major order (`Package::make_resident` with `panels`, what the engine does
-//! where the AVX-512 kernels run) give the x4 order's logits bit for bit: a prompt's every
+//! A resident copy reordered for the AVX-512 kernels (`Package::make_resident` with `panels`, what
+//! the engine does where they run: q4 matrices and experts in lane order, other long rows
+//! panel-major) gives the x4 order's logits bit for bit: a prompt's every
 //! position and decode steps after it, at every tier (below AVX-512 the rows are gathered one
 //! at a time), at 1 to 3 threads with pieces of any size (a thread's piece may start inside a
 //! 16-row superblock).
@@ -31,10 +32,21 @@ fn logits(model: &Decoder, exec: &Exec, prompt: &[u32]) -> Vec<u32> {
 
 #[test]
 fn panel_major_long_rows_give_the_x4_logits_bit_for_bit() {
+    reordered_copy_gives_the_x4_logits("glm-4.5-air");
+}
+
+/// Qwen3-30B-A3B's shape cut to one layer of 8 experts: its experts (a MoE first layer, which
+/// GLM-4.5-Air's is not) in lane order.
+#[test]
+fn experts_in_lane_order_give_the_x4_logits_bit_for_bit() {
+    reordered_copy_gives_the_x4_logits("qwen3-30b-a3b");
+}
+
+fn reordered_copy_gives_the_x4_logits(shape: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("glm1.moe");
+    let path = dir.path().join("one-layer.moe");
     let spec = SynthSpec {
-        shape: shapes::find("glm-4.5-air").expect("shape"),
+        shape: shapes::find(shape).expect("shape"),
         layers: Some(1),
         experts: Some(8),
         vocab: Some(256),
@@ -44,14 +56,14 @@ fn panel_major_long_rows_give_the_x4_logits_bit_for_bit() {
     synthesize(&spec, &path, false, None).expect("synthesize");
     let load = |panels: bool| {
         let mut p = Package::open(&path).expect("open");
-        p.make_resident(false, false, panels).expect("resident");
+        p.make_resident(true, false, panels).expect("resident");
         p.verify_dense().expect("checksums of the reordered copy's tensors");
         p
     };
     let (x4, pm) = (load(false), load(true));
     assert_eq!(x4.panelled_tensors(), 0);
-    // o_proj: 96 chunks a row, 4096 rows
-    assert_eq!(pm.panelled_tensors(), 1, "one matrix with rows past the threshold");
+    // every q4 matrix (groups of 32, rows a multiple of 16) goes to lane order, the experts' too
+    assert!(pm.panelled_tensors() > 1, "the attention projections reordered");
     let (x4, pm) = (Decoder::load(Arc::new(x4)).expect("x4"), Decoder::load(Arc::new(pm)).expect("panels"));
     let mut rng = moescope::rng::Rng::new(9);
     let prompt: Vec<u32> = (0..11).map(|_| (rng.next_u64() % 256) as u32).collect();

@@ -20,6 +20,7 @@ pub mod ggml_iq;
 pub mod ggml_quant;
 pub mod isa;
 pub mod kscales;
+pub mod lanes;
 pub mod mat;
 pub mod mxfp4;
 pub mod ops;

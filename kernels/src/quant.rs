@@ -35,6 +35,8 @@
 //! Panel-major order (in memory only, never in a file): the same chunks as x4, superblocks of 16
 //! rows stored panel by panel ([`panel_offset`]), for rows so long that the x4 decode kernel's
 //! activation row fell out of L1 between two 4-row blocks ([`panels_pay`]). Scales unchanged.
+//! Lane order (in memory only, q4 with symmetric groups): 16-row blocks whose rows' 4-byte
+//! words lie side by side ([`lanes_offset`], [`lanes_pay`]). Scales unchanged.
 
 use half::bf16;
 
@@ -129,6 +131,8 @@ pub fn panel_rows(src: &[u8], row_bytes: usize, chunk_bytes: usize, out: &mut [u
     }
 }
 
+pub use crate::lanes::{LANE_ROWS, lane_rows, lanes_offset, lanes_pay};
+
 /// Row-major `src` (rows of `row_bytes`) in the row-interleaved order, into `out` (same length).
 pub fn interleave_rows(src: &[u8], row_bytes: usize, chunk_bytes: usize, out: &mut [u8]) {
     debug_assert!(src.len() == out.len() && src.len().is_multiple_of(row_bytes * ROW_BLOCK));
@@ -140,10 +144,19 @@ pub fn interleave_rows(src: &[u8], row_bytes: usize, chunk_bytes: usize, out: &m
     }
 }
 
-/// Row `r` of a row-interleaved matrix `q` (panel-major when `panels`), gathered into `out`
-/// (`row_bytes` long).
-pub fn gather_row(q: &[u8], r: usize, chunk_bytes: usize, panels: bool, out: &mut [u8]) {
+/// Row `r` of a row-interleaved matrix `q` (panel-major when `panels`, q4 in lane order when
+/// `lanes`), gathered into `out` (`row_bytes` long).
+pub fn gather_row(q: &[u8], r: usize, chunk_bytes: usize, (panels, lanes): (bool, bool), out: &mut [u8]) {
     let row_bytes = out.len();
+    if lanes {
+        for (c, chunk) in out.chunks_exact_mut(chunk_bytes).enumerate() {
+            for (d, word) in chunk.chunks_exact_mut(4).enumerate() {
+                let at = lanes_offset(r, c, row_bytes) + d * 64;
+                word.copy_from_slice(&q[at..at + 4]);
+            }
+        }
+        return;
+    }
     for (c, chunk) in out.chunks_exact_mut(chunk_bytes).enumerate() {
         let at = chunk_offset(r, c, row_bytes, chunk_bytes, panels);
         chunk.copy_from_slice(&q[at..at + chunk_bytes]);

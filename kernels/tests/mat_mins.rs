@@ -58,12 +58,28 @@ fn mins_make_groups_asymmetric() {
                 Mat {
                     rows,
                     cols,
-                    data: MatData::Q4 { q: &q4b, scales: &d, group, x4: false, panels: false, mins: Some(&mins) },
+                    data: MatData::Q4 {
+                        q: &q4b,
+                        scales: &d,
+                        group,
+                        x4: false,
+                        panels: false,
+                        lanes: false,
+                        mins: Some(&mins),
+                    },
                 },
                 Mat {
                     rows,
                     cols,
-                    data: MatData::Q4 { q: &x4b, scales: &d, group, x4: true, panels: false, mins: Some(&mins) },
+                    data: MatData::Q4 {
+                        q: &x4b,
+                        scales: &d,
+                        group,
+                        x4: true,
+                        panels: false,
+                        lanes: false,
+                        mins: Some(&mins),
+                    },
                 },
             ]
         } else {

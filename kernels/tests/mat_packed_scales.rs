@@ -95,7 +95,7 @@ fn q4k_records_give_the_files_values_and_the_f32_scales_products() {
         for ((x4, panels), qb) in row_orders(q, cols / 2, 64) {
             let qb = &qb[..];
             let kmat = Mat { rows, cols, data: MatData::Q4K { q: qb, k: &k, x4, panels } };
-            let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, mins: Some(&mn) };
+            let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, lanes: false, mins: Some(&mn) };
             let fmat = Mat { rows, cols, data };
             same_values(&kmat, &file);
             same_products(&kmat, &fmat, 32, seed);
@@ -160,9 +160,9 @@ fn q4_0_f16_scales_give_the_files_values_and_the_f32_scales_products() {
         dequantize(BlockType::Q4_0, &blocks, &mut file);
         for ((x4, panels), qb) in row_orders(q, cols / 2, 64) {
             let qb = &qb[..];
-            let data = MatData::Q4F16 { q: qb, scales: &h, group: 32, x4, panels, mins: false };
+            let data = MatData::Q4F16 { q: qb, scales: &h, group: 32, x4, panels, lanes: false, mins: false };
             let hmat = Mat { rows, cols, data };
-            let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, mins: None };
+            let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, lanes: false, mins: None };
             let fmat = Mat { rows, cols, data };
             same_values(&hmat, &file);
             same_products(&hmat, &fmat, 32, seed);
@@ -204,9 +204,9 @@ fn q4_1_f16_scales_and_mins_give_the_files_values_and_the_f32_products() {
         dequantize(BlockType::Q4_1, &blocks, &mut file);
         for ((x4, panels), qb) in row_orders(q, cols / 2, 64) {
             let qb = &qb[..];
-            let data = MatData::Q4F16 { q: qb, scales: &h, group: 32, x4, panels, mins: true };
+            let data = MatData::Q4F16 { q: qb, scales: &h, group: 32, x4, panels, lanes: false, mins: true };
             let hmat = Mat { rows, cols, data };
-            let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, mins: Some(&mn) };
+            let data = MatData::Q4 { q: qb, scales: &sc, group: 32, x4, panels, lanes: false, mins: Some(&mn) };
             let fmat = Mat { rows, cols, data };
             same_values(&hmat, &file);
             same_products(&hmat, &fmat, 32, seed);

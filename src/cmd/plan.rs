@@ -229,7 +229,7 @@ fn probe_q4_flops(threads: usize) -> f64 {
     let m = Mat {
         rows,
         cols,
-        data: MatData::Q4 { q: &q, scales: &scales, group: 32, x4: true, panels: false, mins: None },
+        data: MatData::Q4 { q: &q, scales: &scales, group: 32, x4: true, panels: false, lanes: false, mins: None },
     };
     let per = rows.div_ceil(threads) / 4 * 4;
     let mut best = 0f64;

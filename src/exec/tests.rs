@@ -42,7 +42,11 @@ fn x4(rows: usize, cols: usize) -> bool {
 }
 
 fn mat<'a>(rows: usize, cols: usize, (q, d): &'a (Vec<u8>, Vec<f32>)) -> Mat<'a> {
-    Mat { rows, cols, data: MatData::Q4 { q, scales: d, group: 32, x4: x4(rows, cols), panels: false, mins: None } }
+    Mat {
+        rows,
+        cols,
+        data: MatData::Q4 { q, scales: d, group: 32, x4: x4(rows, cols), panels: false, lanes: false, mins: None },
+    }
 }
 
 /// The first index where two results differ in any bit.

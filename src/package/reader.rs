@@ -28,9 +28,12 @@ pub struct Package {
     pub(super) mtp_index: HashMap<String, usize>,
     /// Per expert blob: 0 = not checked yet, 1 = checksum good.
     expert_checked: Vec<AtomicU8>,
-    /// Per dense tensor: its resident copy is in panel-major order (`package::resident`), its
-    /// checksum verified before the reordering.
+    /// Per dense tensor: its resident copy is reordered (`package::resident`: lane order where
+    /// `to_lanes` says, else panel-major), its checksum verified before the reordering.
     pub(super) panelled: Vec<bool>,
+    /// The resident copy's expert parts that `to_lanes` takes are in lane order (every blob
+    /// checked before).
+    pub(super) experts_laned: bool,
 }
 
 /// What to check when opening.
@@ -156,6 +159,7 @@ impl Package {
             mmap,
             resident: None,
             panelled: vec![false; meta.tensors.len()],
+            experts_laned: false,
             header,
             meta,
             index,
@@ -193,7 +197,7 @@ impl Package {
 
     /// [`check_finite`](Self::check_finite) in `bytes`, which begin at file offset `origin`
     /// (the mapping's: a panelled tensor's copy is reordered, so it is checked in the file).
-    fn finite_in(
+    pub(super) fn finite_in(
         &self,
         what: impl FnOnce() -> String,
         t: &TensorEntry,
@@ -263,16 +267,24 @@ impl Package {
         let t = &self.meta.tensors[i.0];
         let (bytes, origin) = self.bytes_for(t.offset, t.length);
         let mut m = mat_at(bytes, origin, t, 0);
-        if self.panelled[i.0]
-            && let MatData::Q4 { panels, .. }
+        if self.panelled[i.0] {
+            if super::resident::to_lanes(t) {
+                in_lanes(&mut m);
+            } else if let MatData::Q4 { panels, .. }
             | MatData::Q4K { panels, .. }
             | MatData::Q4F16 { panels, .. }
             | MatData::Q6 { panels, .. }
             | MatData::Q6K { panels, .. } = &mut m.data
-        {
-            *panels = true;
+            {
+                *panels = true;
+            }
         }
         m
+    }
+
+    /// Mark expert blob `slot` checked (its checksum and values were, by the caller).
+    pub(super) fn mark_checked(&self, slot: usize) {
+        self.expert_checked[slot].store(1, Ordering::Release);
     }
 
     /// Dense f32 tensor `i` (from [`Package::require`] with `f32_only`).
@@ -325,11 +337,16 @@ impl Package {
         }
         let (bytes, origin) = self.bytes_for(*off, ex.len_of(li));
         let parts = ex.parts_of(li);
-        Ok(ExpertMats {
-            gate: mat_at(bytes, origin, &parts[0], *off),
-            up: mat_at(bytes, origin, &parts[1], *off),
-            down: mat_at(bytes, origin, &parts[2], *off),
-        })
+        // the resident copy's parts in lane order, where `experts_in_lanes` put them
+        let laned = self.experts_laned && origin > 0;
+        let mat = |k: usize| {
+            let mut m = mat_at(bytes, origin, &parts[k], *off);
+            if laned && super::resident::to_lanes(&parts[k]) {
+                in_lanes(&mut m);
+            }
+            m
+        };
+        Ok(ExpertMats { gate: mat(0), up: mat(1), down: mat(2) })
     }
 
     /// Check every expert blob not checked yet, in table order, until `stop` is set; meant for a
@@ -475,10 +492,10 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
         }
         Format::Q4 { group } if matches!(t.scale_form(), ScaleForm::F16 | ScaleForm::F16Mins) => {
             let mins = t.scale_form() == ScaleForm::F16Mins;
-            MatData::Q4F16 { q: data, scales: halves(), group, x4: interleaved(t), panels: false, mins }
+            MatData::Q4F16 { q: data, scales: halves(), group, x4: interleaved(t), panels: false, lanes: false, mins }
         }
         Format::Q4 { group } => {
-            MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), panels: false, mins }
+            MatData::Q4 { q: data, scales: scales(), group, x4: interleaved(t), panels: false, lanes: false, mins }
         }
         Format::Q6 { .. } if t.scale_form() == ScaleForm::K6 => {
             let k = &bytes[s..s + k6_bytes(rows, cols)];
@@ -488,6 +505,14 @@ pub(super) fn mat_at<'a>(bytes: &'a [u8], origin: u64, t: &TensorEntry, base: u6
         Format::Mxfp4 => MatData::Mxfp4 { q: data },
     };
     Mat { rows, cols, data }
+}
+
+/// Mark a q4 matrix with symmetric groups as being in lane order (its bytes reordered so by
+/// `package::resident`).
+fn in_lanes(m: &mut Mat<'_>) {
+    if let MatData::Q4 { lanes, .. } | MatData::Q4F16 { lanes, .. } = &mut m.data {
+        *lanes = true;
+    }
 }
 
 /// Whether a (validated) entry's rows are stored interleaved.

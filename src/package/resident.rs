@@ -1,16 +1,18 @@
 //! The resident copy of a package's dense weights (and of its experts when they fit): copied
-//! into huge pages at load, and there the long rows put in panel-major order
-//! ([`moescope_kernels::quant::panel_offset`]): the decode kernel then reuses each panel of the
-//! activations while it is in L1, where the package's x4 order fetched the whole activation row
-//! again for every 4-row block. The bytes are the same, reordered in memory only (the file keeps
-//! the x4 order, so streaming, checksums and other readers are untouched); every product is the
-//! same, bit for bit. Only where the AVX-512 kernels run: the other tiers gather such rows one
-//! at a time.
+//! into huge pages at load, and there reordered for the AVX-512 kernels: q4 matrices with
+//! symmetric groups in lane order ([`moescope_kernels::quant::lanes_offset`]: the q4 kernel
+//! reads each 16-row block as it is, where it transposed it at every product, which cost decode
+//! 4-6% and prefill about as much), the other long rows panel-major
+//! ([`moescope_kernels::quant::panel_offset`]: the decode kernel then reuses each panel of the
+//! activations while it is in L1). The bytes are the same, reordered in memory only (the file
+//! keeps the x4 order, so streaming, checksums and other readers are untouched; each tensor and
+//! expert blob is checked before it is reordered); every product is the same, bit for bit. Only
+//! where the AVX-512 kernels run: the other tiers gather such rows one at a time.
 
-use moescope_kernels::quant::{panel_rows, panels_pay};
+use moescope_kernels::quant::{lane_rows, lanes_pay, panel_rows, panels_pay};
 
 use super::PackageError;
-use super::layout::TensorEntry;
+use super::layout::{ScaleForm, TensorEntry};
 use super::reader::Package;
 
 impl Package {
@@ -73,7 +75,7 @@ impl Package {
             for (i, t) in self.meta.tensors.iter().enumerate() {
                 let at = t.offset.checked_sub(start).map(|a| a as usize);
                 if let Some(at) = at.filter(|&a| a + t.length as usize <= anon.len())
-                    && wants_panels(t)
+                    && (wants_panels(t) || to_lanes(t))
                 {
                     super::reader::verify_bytes(
                         &self.path,
@@ -86,13 +88,22 @@ impl Package {
                     panelled[i] = true;
                 }
             }
-            self.panelled = panelled;
+            // the experts before the flags: a blob that fails its check leaves no copy, and no
+            // tensor marked as reordered in the mapping's bytes
+            let laned = with_experts && self.header.expert_len > 0;
+            if laned {
+                self.experts_in_lanes(&mut anon, start)?;
+            }
+            self.resident = Some((start, anon.make_read_only().map_err(io)?));
+            (self.panelled, self.experts_laned) = (panelled, laned);
+            return Ok(());
         }
         self.resident = Some((start, anon.make_read_only().map_err(io)?));
         Ok(())
     }
 
-    /// Dense tensors whose resident copy is panel-major ([`make_resident`](Self::make_resident)).
+    /// Dense tensors whose resident copy is reordered, panel-major or in lane order
+    /// ([`make_resident`](Self::make_resident)).
     pub fn panelled_tensors(&self) -> usize {
         self.panelled.iter().filter(|&&p| p).count()
     }
@@ -105,12 +116,51 @@ fn wants_panels(t: &TensorEntry) -> bool {
     super::reader::interleaved(t) && t.format().is_some_and(|f| panels_pay(f, rows, cols))
 }
 
-/// Reorder the value bytes of `t`, which start at `at` in `bytes`, into panel-major order.
+/// Whether `t` (dense, or an expert's part) is put in lane order when made resident: a
+/// row-interleaved q4 matrix with symmetric groups (f32 or f16 scales) that [`lanes_pay`]
+/// takes, for the AVX-512 q4 kernel (`mat/avx512_q4_rows.rs`), which then reads each 16-row
+/// block as it is rather than transposing it at every product.
+pub(super) fn to_lanes(t: &TensorEntry) -> bool {
+    let (rows, cols) = t.rows_cols();
+    super::reader::interleaved(t)
+        && matches!(t.scale_form(), ScaleForm::Plain | ScaleForm::F16)
+        && t.format().is_some_and(|f| lanes_pay(f, rows, cols))
+}
+
+/// Reorder the value bytes of `t`, which start at `at` in `bytes`: into lane order where
+/// [`to_lanes`], else panel-major.
 fn reorder(bytes: &mut [u8], at: usize, t: &TensorEntry) {
     let (rows, cols) = t.rows_cols();
     let Some(f) = t.format() else { return };
     let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(0));
     let vals = &mut bytes[at..at + rows * rb];
     let x4 = vals.to_vec();
-    panel_rows(&x4, rb, cb, vals);
+    if to_lanes(t) { lane_rows(&x4, rb, vals) } else { panel_rows(&x4, rb, cb, vals) }
+}
+
+impl Package {
+    /// Every expert blob of the resident copy `anon` (file offset `start` at its first byte)
+    /// checked (checksum, finite values) and its parts that [`to_lanes`] put in lane order;
+    /// then marked checked, so no later check reads the reordered bytes.
+    fn experts_in_lanes(&self, anon: &mut [u8], start: u64) -> Result<(), PackageError> {
+        let Some(ex) = self.meta.experts.clone() else { return Ok(()) };
+        let _s = crate::trace::span("experts_in_lanes");
+        for (slot, (off, sum)) in ex.table.iter().enumerate() {
+            let li = slot / ex.num_experts.max(1);
+            let what = format!("expert blob (layer {}, expert {})", ex.layers[li], slot % ex.num_experts.max(1));
+            let at = (off - start) as usize;
+            let blob = &anon[at..at + ex.len_of(li) as usize];
+            super::reader::verify_bytes(&self.path, &what, blob, *off, Some(sum))?;
+            for p in ex.parts_of(li) {
+                self.finite_in(|| format!("{what} {}", p.name), p, *off, (&anon[..], start))?;
+            }
+            for p in ex.parts_of(li) {
+                if to_lanes(p) {
+                    reorder(anon, at + p.offset as usize, p);
+                }
+            }
+            self.mark_checked(slot);
+        }
+        Ok(())
+    }
 }

@@ -126,7 +126,7 @@ pub fn dot_x4(isa: Isa, six: bool, block: &[u8], wd: &[f32], a: QuantRow<'_>, pf
     let cb = if six { Q6_CHUNK_BYTES } else { CHUNK / 2 };
     let mut row = vec![0u8; block.len() / ROW_BLOCK];
     std::array::from_fn(|i| {
-        gather_row(block, i, cb, false, &mut row);
+        gather_row(block, i, cb, (false, false), &mut row);
         let wd = &wd[i * ng..(i + 1) * ng];
         if six { dot_q6(isa, &row, wd, a) } else { dot_q4(isa, &row, wd, a) }
     })

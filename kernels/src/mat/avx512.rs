@@ -81,7 +81,7 @@ pub(super) enum WeightScales<'a> {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q_matmul(
     six: bool,
-    (x4, panels): (bool, bool),
+    (x4, panels, lanes): (bool, bool, bool),
     q: &[u8],
     ws: WeightScales<'_>,
     cols: usize,
@@ -99,7 +99,7 @@ pub unsafe fn q_matmul(
         WeightScales::F32 { scales, mins } => WeightScales::F32 { scales, mins: mins.filter(|_| !six) },
         records => records,
     };
-    let m = QMat { q, ws, wd_row0: 0, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf };
+    let m = QMat { q, ws, wd_row0: 0, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf, lanes };
     // the row order is a type parameter, so each order's offsets compile to their own code:
     // IL = 1 row-major, ROW_BLOCK x4, PANEL_ROWS panel-major (blocks of 4 within superblocks)
     // SAFETY (all six): the caller's guarantees
@@ -214,6 +214,8 @@ pub(super) struct QMat<'a> {
     pub(super) ap: &'a [i8],
     /// software prefetch distance in bytes, 0: none ([`crate::prefetch`])
     pub(super) pf: usize,
+    /// q4 rows in lane order ([`crate::quant::lanes_offset`]; x4 otherwise)
+    pub(super) lanes: bool,
 }
 
 /// Tokens `t0..t0 + T` for every row of `rows`, `R` rows at a time (the rest one by one; with

@@ -229,7 +229,7 @@ mod tests {
                         let data = if six {
                             MatData::Q6 { q: &stored, scales: &wd, group, x4, panels: false }
                         } else {
-                            MatData::Q4 { q: &stored, scales: &wd, group, x4, panels: false, mins: m_opt }
+                            MatData::Q4 { q: &stored, scales: &wd, group, x4, panels: false, lanes: false, mins: m_opt }
                         };
                         let m = Mat { rows, cols, data };
                         check(&m, &x, &qa, n, |r, t| {

@@ -89,6 +89,27 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
         let (bq, bs) = &mut *b;
         bq.resize(m.cols / 2 * LANES, 0);
         bs.resize(m.ng * LANES, 0.0);
+        if m.lanes {
+            // the matrix is in lane order already: each block is its own gathered block
+            let block_bytes = m.cols / 2 * LANES;
+            let mut r0 = rows.start;
+            while r0 < rows.end {
+                let b0 = r0 / LANES * LANES;
+                let end = (b0 + LANES).min(rows.end);
+                if n == 1 {
+                    // decode: the next block's scales (its weights are asked for as they stream)
+                    m.scales_ahead(b0, LANES);
+                }
+                // SAFETY: the caller's guarantees (whole 16-row blocks in lane order)
+                unsafe { gather_scales(m, b0, LANES, bs) };
+                let words = &m.q[b0 / LANES * block_bytes..][..block_bytes];
+                let o = &mut out[(r0 - rows.start) * n..(end - rows.start) * n];
+                // SAFETY: as above
+                unsafe { block_tiles(m, words, bs, n, r0 - b0..end - b0, o) };
+                r0 = end;
+            }
+            return;
+        }
         let mut r0 = rows.start;
         while r0 < rows.end {
             let k = (rows.end - r0).min(LANES);
@@ -106,33 +127,45 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
             // SAFETY: the caller's guarantees, for rows r0..r0 + k
             unsafe { gather_block::<IL>(m, r0, k, bq, bs) };
             let o = &mut out[(r0 - rows.start) * n..(r0 - rows.start + k) * n];
-            let mut t0 = 0;
-            let mut lanes = [[0f32; LANES]; MAX_TOKENS];
-            while t0 < n {
-                let tn = (n - t0).min(MAX_TOKENS);
-                // SAFETY (all): the block was gathered above; tokens t0..t0 + tn exist
-                unsafe {
-                    match tn {
-                        1 => tile::<1>(m, bq, bs, t0, &mut lanes),
-                        2 => tile::<2>(m, bq, bs, t0, &mut lanes),
-                        3 => tile::<3>(m, bq, bs, t0, &mut lanes),
-                        4 => tile::<4>(m, bq, bs, t0, &mut lanes),
-                        5 => tile::<5>(m, bq, bs, t0, &mut lanes),
-                        6 => tile::<6>(m, bq, bs, t0, &mut lanes),
-                        7 => tile::<7>(m, bq, bs, t0, &mut lanes),
-                        _ => tile::<MAX_TOKENS>(m, bq, bs, t0, &mut lanes),
-                    }
-                }
-                for (t, lanes) in lanes[..tn].iter().enumerate() {
-                    for (i, v) in lanes[..k].iter().enumerate() {
-                        o[i * n + t0 + t] = *v;
-                    }
-                }
-                t0 += tn;
-            }
+            // SAFETY: gathered above
+            unsafe { block_tiles(m, bq, bs, n, 0..k, o) };
             r0 += k;
         }
     });
+}
+
+/// Every token of `0..n` over one block in lane order (`bq`, its scales `bs`), tile by tile;
+/// lanes `keep` of each product into `o` (`[keep.len(), n]`).
+///
+/// # Safety
+/// AVX-512 F, BW and VNNI; `bq` and `bs` a whole block of `m` in lane order; `m.a` holds `n` tokens.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn block_tiles(m: &QMat<'_>, bq: &[u8], bs: &[f32], n: usize, keep: Range<usize>, o: &mut [f32]) {
+    let mut t0 = 0;
+    let mut lanes = [[0f32; LANES]; MAX_TOKENS];
+    while t0 < n {
+        let tn = (n - t0).min(MAX_TOKENS);
+        // SAFETY (all): the caller's guarantees; tokens t0..t0 + tn exist
+        unsafe {
+            match tn {
+                1 => tile::<1>(m, bq, bs, t0, &mut lanes),
+                2 => tile::<2>(m, bq, bs, t0, &mut lanes),
+                3 => tile::<3>(m, bq, bs, t0, &mut lanes),
+                4 => tile::<4>(m, bq, bs, t0, &mut lanes),
+                5 => tile::<5>(m, bq, bs, t0, &mut lanes),
+                6 => tile::<6>(m, bq, bs, t0, &mut lanes),
+                7 => tile::<7>(m, bq, bs, t0, &mut lanes),
+                _ => tile::<MAX_TOKENS>(m, bq, bs, t0, &mut lanes),
+            }
+        }
+        for (t, lanes) in lanes[..tn].iter().enumerate() {
+            for (i, v) in lanes[keep.clone()].iter().enumerate() {
+                o[i * n + t0 + t] = *v;
+            }
+        }
+        t0 += tn;
+    }
 }
 
 /// Rows `r0..r0 + k` (k <= 16) into lane order (`chunk_words!`): value word `d` (bytes `4d..4d + 4`) of 128-value
@@ -398,7 +431,12 @@ unsafe fn tile_split<const T: usize, const A: usize>(
         for b in g * blocks..(g + 1) * blocks {
             for j in 0..4 {
                 // SAFETY: the block's word j of 16 rows
-                let w = unsafe { _mm512_loadu_si512(bq.as_ptr().add((4 * b + j) * 64) as *const _) };
+                let p = unsafe { bq.as_ptr().add((4 * b + j) * 64) };
+                if m.pf != 0 {
+                    // decode of a matrix in lane order: the stream a few KiB on
+                    crate::prefetch::line(p, m.pf);
+                }
+                let w = unsafe { _mm512_loadu_si512(p as *const _) };
                 let (lo, hi) = (_mm512_and_si512(w, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble));
                 for (t, acc) in acc.iter_mut().enumerate() {
                     // SAFETY: values 32 b + 4 j.. and 32 b + 16 + 4 j.. of token t0 + t

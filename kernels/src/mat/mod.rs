@@ -71,6 +71,10 @@ pub enum MatData<'a> {
         /// with `x4`: superblocks of 16 rows stored panel by panel ([`crate::quant::panel_offset`]),
         /// the order a loader may give long rows for decode ([`crate::quant::panels_pay`])
         panels: bool,
+        /// with `x4` (not `panels`): 16-row blocks in lane order ([`crate::quant::lanes_offset`]),
+        /// the order a loader may give symmetric groups for the AVX-512 kernels
+        /// ([`crate::quant::lanes_pay`])
+        lanes: bool,
         mins: Option<&'a [f32]>,
     },
     /// GGUF's Q4_K at its own size: `q` as for Q4 (groups of 32, unsigned nibbles `n`), and per
@@ -113,6 +117,8 @@ pub enum MatData<'a> {
         x4: bool,
         /// as for Q4
         panels: bool,
+        /// as for Q4 (without mins)
+        lanes: bool,
         mins: bool,
     },
     /// `q`: `[rows, cols / 128 * 96]` bytes in the `q6_lo4hi2` layout (`_x4`: rows interleaved
@@ -228,7 +234,13 @@ impl<'a> Mat<'a> {
 
     /// `f` applied to row `r`'s value bytes of a q4 or q6 matrix (`q`, interleaved when `x4`,
     /// panel-major when `panels`): the row itself, or gathered into a thread-local buffer.
-    fn with_q_row<R>(&self, q: &[u8], (x4, panels): (bool, bool), r: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+    fn with_q_row<R>(
+        &self,
+        q: &[u8],
+        (x4, panels, lanes): (bool, bool, bool),
+        r: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> R {
         let fmt = self.format();
         let rb = fmt.data_bytes(1, self.cols);
         if !x4 {
@@ -240,13 +252,13 @@ impl<'a> Mat<'a> {
         // takes which rows changes from pass to pass
         if rb <= STACK_ROW {
             let mut b = [0u8; STACK_ROW];
-            gather_row(q, r, cb, panels, &mut b[..rb]);
+            gather_row(q, r, cb, (panels, lanes), &mut b[..rb]);
             return f(&b[..rb]);
         }
         ROW.with(|b| {
             let mut b = b.borrow_mut();
             b.resize(rb, 0);
-            gather_row(q, r, cb, panels, &mut b);
+            gather_row(q, r, cb, (panels, lanes), &mut b);
             f(&b)
         })
     }
@@ -270,9 +282,9 @@ impl<'a> Mat<'a> {
                     }
                 }
             }
-            MatData::Q4 { q, scales, group, x4, panels, mins } => {
+            MatData::Q4 { q, scales, group, x4, panels, lanes, mins } => {
                 let ng = c / group;
-                self.with_q_row(q, (x4, panels), r, |q| match mins {
+                self.with_q_row(q, (x4, panels, lanes), r, |q| match mins {
                     None => dequantize_q4_row(q, &scales[r * ng..(r + 1) * ng], group, out),
                     Some(m) => {
                         mins::dequant_q4_row(q, &scales[r * ng..(r + 1) * ng], &m[r * ng..(r + 1) * ng], group, out)
@@ -284,7 +296,9 @@ impl<'a> Mat<'a> {
             }
             MatData::Q6 { q, scales, group, x4, panels } => {
                 let ng = c / group;
-                self.with_q_row(q, (x4, panels), r, |q| dequantize_q6_row(q, &scales[r * ng..(r + 1) * ng], group, out))
+                self.with_q_row(q, (x4, panels, false), r, |q| {
+                    dequantize_q6_row(q, &scales[r * ng..(r + 1) * ng], group, out)
+                })
             }
             MatData::Mxfp4 { q } => crate::mxfp4::dequantize_row(self.mxfp4_row(q, r), out),
             MatData::Blocks { .. } => self.blocks_dequant_row(r, out),
@@ -316,9 +330,9 @@ impl<'a> Mat<'a> {
                     *o = dot::dot_q8(isa, &q[r * c..(r + 1) * c], &scales[r * ng..(r + 1) * ng], a.row(t));
                 }
             }
-            (MatData::Q4 { q, scales, group, x4, panels, .. }, Input::Quant(a)) => {
+            (MatData::Q4 { q, scales, group, x4, panels, lanes, .. }, Input::Quant(a)) => {
                 let wd = &scales[r * (c / group)..(r + 1) * (c / group)];
-                self.with_q_row(q, (x4, panels), r, |q| {
+                self.with_q_row(q, (x4, panels, lanes), r, |q| {
                     for (t, o) in out.iter_mut().enumerate() {
                         *o = dot::dot_q4(isa, q, wd, a.row(t));
                     }
@@ -326,7 +340,7 @@ impl<'a> Mat<'a> {
             }
             (MatData::Q6 { q, scales, group, x4, panels }, Input::Quant(a)) => {
                 let wd = &scales[r * (c / group)..(r + 1) * (c / group)];
-                self.with_q_row(q, (x4, panels), r, |q| {
+                self.with_q_row(q, (x4, panels, false), r, |q| {
                     for (t, o) in out.iter_mut().enumerate() {
                         *o = dot::dot_q6(isa, q, wd, a.row(t));
                     }
@@ -395,7 +409,7 @@ impl<'a> Mat<'a> {
             // interleaved rows: whole blocks through the block kernel (one stream of weights);
             // panel-major ones (made only where the AVX-512 kernels run) row by row, gathered
             (
-                MatData::Q4 { q, scales, group, x4: true, panels: false, .. }
+                MatData::Q4 { q, scales, group, x4: true, panels: false, lanes: false, .. }
                 | MatData::Q6 { q, scales, group, x4: true, panels: false },
                 Input::Quant(a),
             ) => {
@@ -466,10 +480,11 @@ impl Mat<'_> {
                 // q6 groups are whole 128-value chunks, as the q4 kernel's; the same tiles
                 let six = matches!(self.data, MatData::Q6 { .. });
                 let ws = avx512::WeightScales::F32 { scales, mins };
+                let lanes = matches!(self.data, MatData::Q4 { lanes: true, .. });
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                 // group suits the kernel; the slices are the matrix's and the tokens' (the
                 // permuted rows were made with the rows, `QuantAct::quantize`)
-                unsafe { avx512::q_matmul(six, (x4, panels), q, ws, c, a, &a.permuted, n, rows, out) };
+                unsafe { avx512::q_matmul(six, (x4, panels, lanes), q, ws, c, a, &a.permuted, n, rows, out) };
                 Some(true)
             }
             (MatData::Q8 { q, scales, group, mins }, Input::Quant(a)) if avx512_q8::supports_q8(group, c) => {

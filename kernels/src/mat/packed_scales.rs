@@ -34,9 +34,10 @@ thread_local! {
 
 impl<'a> Mat<'a> {
     /// Rows in the smallest block that is a matrix of its own: an interleaved block of 4, a
-    /// panel-major superblock of 16, or one row.
+    /// panel-major superblock or a lane-order block of 16, or one row.
     fn packed_unit(&self) -> usize {
         match self.data {
+            MatData::Q4F16 { lanes: true, .. } => crate::quant::LANE_ROWS,
             MatData::Q4K { x4, panels, .. } | MatData::Q6K { x4, panels, .. } | MatData::Q4F16 { x4, panels, .. } => {
                 if x4 && panels {
                     PANEL_ROWS
@@ -76,17 +77,17 @@ impl<'a> Mat<'a> {
             MatData::Q4K { q, k, x4, panels } => {
                 k4_scales_mins(&k[rows.start * k4..rows.end * k4], s, m);
                 let q = &q[rows.start * rb..rows.end * rb];
-                MatData::Q4 { q, scales: s, group: K4_GROUP, x4, panels, mins: Some(m) }
+                MatData::Q4 { q, scales: s, group: K4_GROUP, x4, panels, lanes: false, mins: Some(m) }
             }
             MatData::Q8F16 { q, scales, group } => {
                 widen(&scales[rows.start * ng..rows.end * ng], s);
                 MatData::Q8 { q: &q[rows.start * rb..rows.end * rb], scales: s, group, mins: None }
             }
-            MatData::Q4F16 { q, scales, group, x4, panels, mins: false } => {
+            MatData::Q4F16 { q, scales, group, x4, panels, lanes, mins: false } => {
                 widen(&scales[rows.start * ng..rows.end * ng], s);
-                MatData::Q4 { q: &q[rows.start * rb..rows.end * rb], scales: s, group, x4, panels, mins: None }
+                MatData::Q4 { q: &q[rows.start * rb..rows.end * rb], scales: s, group, x4, panels, lanes, mins: None }
             }
-            MatData::Q4F16 { q, scales, group, x4, panels, mins: true } => {
+            MatData::Q4F16 { q, scales, group, x4, panels, lanes, mins: true } => {
                 // each row: its scales, then its mins
                 let h = &scales[rows.start * 2 * ng..rows.end * 2 * ng];
                 for ((h, s), m) in h.chunks_exact(2 * ng).zip(s.chunks_exact_mut(ng)).zip(m.chunks_exact_mut(ng)) {
@@ -94,7 +95,7 @@ impl<'a> Mat<'a> {
                     widen(&h[ng..], m);
                 }
                 let q = &q[rows.start * rb..rows.end * rb];
-                MatData::Q4 { q, scales: s, group, x4, panels, mins: Some(m) }
+                MatData::Q4 { q, scales: s, group, x4, panels, lanes, mins: Some(m) }
             }
             _ => unreachable!("packed_block of a matrix without packed scales"),
         };
@@ -131,19 +132,19 @@ impl<'a> Mat<'a> {
         {
             use super::avx512::{WeightScales, q_matmul, supports_q4};
             let tiles = match self.data {
-                MatData::Q6K { q, k, x4, panels } => Some((true, q, WeightScales::K6(k), x4, panels)),
-                MatData::Q4K { q, k, x4, panels } => Some((false, q, WeightScales::K4(k), x4, panels)),
-                MatData::Q4F16 { q, scales, group, x4, panels, mins } if supports_q4(group) => {
-                    Some((false, q, WeightScales::F16 { scales, mins }, x4, panels))
+                MatData::Q6K { q, k, x4, panels } => Some((true, q, WeightScales::K6(k), (x4, panels, false))),
+                MatData::Q4K { q, k, x4, panels } => Some((false, q, WeightScales::K4(k), (x4, panels, false))),
+                MatData::Q4F16 { q, scales, group, x4, panels, lanes, mins } if supports_q4(group) => {
+                    Some((false, q, WeightScales::F16 { scales, mins }, (x4, panels, lanes)))
                 }
                 // q8: blocks decoded below, then the AVX-512 q8 kernels
                 _ => None,
             };
-            if let Some((six, q, ws, x4, panels)) = tiles {
+            if let Some((six, q, ws, order)) = tiles {
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                 // groups suit the kernel (q6: 16, k4 records: 32, f16 scales: checked); the
                 // slices are the matrix's and the tokens' (permuted with them)
-                unsafe { q_matmul(six, (x4, panels), q, ws, self.cols, a, &a.permuted, n, rows, out) };
+                unsafe { q_matmul(six, order, q, ws, self.cols, a, &a.permuted, n, rows, out) };
                 return;
             }
         }

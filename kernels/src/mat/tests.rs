@@ -37,7 +37,11 @@ fn matmul_rows_matches_dequantized_f64_product() {
         Mat { rows, cols, data: MatData::F32(&w) },
         Mat { rows, cols, data: MatData::Bf16(&wb) },
         Mat { rows, cols, data: MatData::Q8 { q: &q8, scales: &d8, group: 32, mins: None } },
-        Mat { rows, cols, data: MatData::Q4 { q: &q4, scales: &d4, group: 32, x4: false, panels: false, mins: None } },
+        Mat {
+            rows,
+            cols,
+            data: MatData::Q4 { q: &q4, scales: &d4, group: 32, x4: false, panels: false, lanes: false, mins: None },
+        },
     ];
     let mut qa = QuantAct::default();
     qa.quantize(&x, cols, 32, Isa::detect());
@@ -151,7 +155,15 @@ fn matvec_tiers_agree_with_the_scalar_reference() {
                 Mat {
                     rows,
                     cols,
-                    data: MatData::Q4 { q: &q4, scales: &d4, group, x4: false, panels: false, mins: None },
+                    data: MatData::Q4 {
+                        q: &q4,
+                        scales: &d4,
+                        group,
+                        x4: false,
+                        panels: false,
+                        lanes: false,
+                        mins: None,
+                    },
                 },
             ];
             if six {
@@ -271,7 +283,7 @@ fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
                     let data = if six {
                         MatData::Q6 { q, scales: &d, group, x4, panels: false }
                     } else {
-                        MatData::Q4 { q, scales: &d, group, x4, panels: false, mins: None }
+                        MatData::Q4 { q, scales: &d, group, x4, panels: false, lanes: false, mins: None }
                     };
                     Mat { rows, cols, data }
                 };
@@ -336,7 +348,7 @@ fn panel_major_rows_give_the_x4_products_bit_for_bit() {
                         MatData::Q6 { q, scales: &d, group, x4: true, panels }
                     } else {
                         let mins = with_mins.then_some(&mins[..]);
-                        MatData::Q4 { q, scales: &d, group, x4: true, panels, mins }
+                        MatData::Q4 { q, scales: &d, group, x4: true, panels, lanes: false, mins }
                     };
                     Mat { rows, cols, data }
                 };
@@ -364,6 +376,59 @@ fn panel_major_rows_give_the_x4_products_bit_for_bit() {
                                 );
                             }
                             crate::prefetch::set_distance(0);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lane_order_rows_give_the_x4_products_bit_for_bit() {
+    // the lane order holds an x4 q4 matrix's bytes 4 at a time in 16-row blocks: every tier
+    // (the AVX-512 kernel reads the blocks as they are, the others gather rows), ranges that
+    // start and end inside a block, one token and several, f32 and f16 scales, groups 32-256
+    let mut r = uniform(37);
+    for (cols, group) in [(256, 32), (768, 64), (2048, 128), (1024, 256)] {
+        for rows in [16, 48] {
+            let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+            let ng = cols / group;
+            let mut d = vec![0f32; rows * ng];
+            let f = Format::Q4 { group };
+            let rb = f.data_bytes(1, cols);
+            let q = quantize_rows(false, &w, cols, group, &mut d);
+            let (mut qx, mut ql) = (vec![0u8; q.len()], vec![0u8; q.len()]);
+            interleave_rows(&q, rb, 64, &mut qx);
+            crate::quant::lane_rows(&qx, rb, &mut ql);
+            assert_ne!(qx, ql);
+            // f16 scales: the f32 ones rounded, so both forms hold the same values
+            let h: Vec<u16> = d.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            for halves in [false, true] {
+                let mk = |q, lanes| {
+                    let data = if halves {
+                        MatData::Q4F16 { q, scales: &h, group, x4: true, panels: false, lanes, mins: false }
+                    } else {
+                        MatData::Q4 { q, scales: &d, group, x4: true, panels: false, lanes, mins: None }
+                    };
+                    Mat { rows, cols, data }
+                };
+                let (x4, lm) = (mk(&qx, false), mk(&ql, true));
+                assert_same_rows(&x4, &lm, &format!("{f:?} f16 {halves}"));
+                for n in [1, 2, 5, 11] {
+                    let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
+                    let mut qa = QuantAct::default();
+                    qa.quantize(&x, cols, group, Isa::detect());
+                    for isa in Isa::available() {
+                        for range in [0..rows, 16..32, 4..rows, 1..rows - 1, 20..rows]
+                            .into_iter()
+                            .filter(|g| g.start < g.end && g.end <= rows)
+                        {
+                            let (mut want, mut got) = (vec![0f32; range.len() * n], vec![0f32; range.len() * n]);
+                            x4.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut want);
+                            lm.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut got);
+                            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                            assert_eq!(bits(&want), bits(&got), "{f:?} f16 {halves} {isa} rows={rows} n={n} {range:?}");
                         }
                     }
                 }
