@@ -30,8 +30,8 @@ use std::ops::Range;
 use super::avx512::QMat;
 use crate::quant::{ROW_BLOCK, interleaved_offset, panel_offset};
 
-/// Rows a vector holds: one per int32 lane.
-pub(super) const LANES: usize = 16;
+/// Rows a vector holds: one per int32 lane (the lane order's blocks).
+const LANES: usize = crate::lanes::LANE_ROWS;
 
 /// Tokens a tile runs at most: 8 int32 and 8 float accumulators, two weight vectors and the
 /// scales fit the 32 registers.
@@ -45,22 +45,27 @@ macro_rules! chunk_words {
         let (m, r0, k, c) = ($m, $r0, $k, $c);
         let mut w = [_mm512_setzero_si512(); LANES];
         for (i, w) in w.iter_mut().enumerate().take(k) {
-            let r = r0 + i;
-            let off = match $il {
-                1 => r * m.row_bytes + c * 64,
-                ROW_BLOCK => interleaved_offset(r, c, m.row_bytes, 64),
-                _ => panel_offset(r, c, m.row_bytes, 64),
-            };
             // SAFETY: the caller's guarantees: the chunk lies inside the matrix
-            let p = unsafe { m.q.as_ptr().add(off) };
-            if m.pf != 0 {
-                // decode over interleaved rows: the stream a few KiB on
-                crate::prefetch::line(p, m.pf);
-            }
-            *w = unsafe { _mm512_loadu_si512(p as *const _) };
+            *w = unsafe { _mm512_loadu_si512(chunk_at::<$il>(m, r0 + i, c) as *const _) };
         }
         transpose16(w)
     }};
+}
+
+/// Where chunk `c` of row `r` starts in `m.q`, rows in the order `IL` names; with `m.pf` (decode
+/// over interleaved rows) the line that far on is asked for.
+#[inline(always)]
+fn chunk_at<const IL: usize>(m: &QMat<'_>, r: usize, c: usize) -> *const u8 {
+    let off = match IL {
+        1 => r * m.row_bytes + c * 64,
+        ROW_BLOCK => interleaved_offset(r, c, m.row_bytes, 64),
+        _ => panel_offset(r, c, m.row_bytes, 64),
+    };
+    let p = m.q.as_ptr().wrapping_add(off);
+    if m.pf != 0 {
+        crate::prefetch::line(p, m.pf);
+    }
+    p
 }
 
 thread_local! {
@@ -71,7 +76,8 @@ thread_local! {
 /// Whether this kernel takes a q4 matrix with groups of `group` and these scales: symmetric
 /// groups of whole 32-value blocks (f32 or f16 scales; not mins, not k4 records).
 pub(super) fn takes(group: usize, m: &QMat<'_>) -> bool {
-    group.is_multiple_of(32) && !m.has_mins() && !matches!(m.ws, super::avx512::WeightScales::K4(_))
+    // k4 records carry mins: `has_mins` refuses them
+    group.is_multiple_of(32) && !m.has_mins()
 }
 
 /// `out[(r - rows.start) * n + t] = W[r] · a[t]` for every row of `rows` and token of `0..n`,
@@ -236,18 +242,8 @@ unsafe fn decode_block<const IL: usize>(
             };
             for i in blk * ROW_BLOCK..(blk + 1) * ROW_BLOCK {
                 let v = if i < k {
-                    let r = r0 + i;
-                    let off = match IL {
-                        1 => r * m.row_bytes + c * 64,
-                        ROW_BLOCK => interleaved_offset(r, c, m.row_bytes, 64),
-                        _ => panel_offset(r, c, m.row_bytes, 64),
-                    };
                     // SAFETY: the caller's guarantees: the chunk lies inside the matrix
-                    let p = unsafe { m.q.as_ptr().add(off) };
-                    if m.pf != 0 {
-                        crate::prefetch::line(p, m.pf);
-                    }
-                    let w = unsafe { _mm512_loadu_si512(p as *const _) };
+                    let w = unsafe { _mm512_loadu_si512(chunk_at::<IL>(m, r0 + i, c) as *const _) };
                     let (lo, hi) = (_mm512_and_si512(w, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble));
                     _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al), hi, ah)
                 } else {
