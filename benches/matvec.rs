@@ -15,7 +15,7 @@ use std::time::Instant;
 use moescope_kernels::Format;
 use moescope_kernels::mat::{Input, Mat, MatData};
 use moescope_kernels::quant::{
-    f32_to_bf16, interleave_rows, panel_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row,
+    f32_to_bf16, interleave_rows, lane_rows, panel_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row,
 };
 use moescope_kernels::{Isa, QuantAct};
 
@@ -30,8 +30,14 @@ fn rnd(n: usize, seed: u64) -> Vec<f32> {
 }
 
 /// `w` (`[rows, cols]`) in `format`: value bytes (rows interleaved when `x4`, panel-major when
-/// `panels` too) and scales.
-fn encode(format: Format, w: &[f32], rows: usize, cols: usize, (x4, panels): (bool, bool)) -> (Vec<u8>, Vec<f32>) {
+/// `panels` too, in lane order when `lanes` instead) and scales.
+fn encode(
+    format: Format,
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    (x4, panels, lanes): (bool, bool, bool),
+) -> (Vec<u8>, Vec<f32>) {
     let (rb, ng) = (format.data_bytes(1, cols), format.group().map_or(0, |g| cols / g));
     let (mut q, mut d) = (vec![0u8; rows * rb], vec![0f32; rows * ng]);
     for r in 0..rows {
@@ -64,6 +70,11 @@ fn encode(format: Format, w: &[f32], rows: usize, cols: usize, (x4, panels): (bo
     if panels {
         let mut out = vec![0u8; q.len()];
         panel_rows(&q, rb, format.chunk_bytes().unwrap_or(rb), &mut out);
+        q = out;
+    }
+    if lanes {
+        let mut out = vec![0u8; q.len()];
+        lane_rows(&q, rb, &mut out);
         q = out;
     }
     (q, d)
@@ -125,7 +136,8 @@ fn main() {
     // the number is the kernel's own speed, the ceiling it would reach with infinite bandwidth
     // the output layer [151936, 2048] only in the formats packages give it
     let shapes: [(usize, usize, &[&str]); 9] = [
-        (768, 2048, &["bf16", "q8", "q4", "q4x4", "q6", "q6x4", "mxfp4"]),
+        // x4l: lane order (what the engine makes of x4 q4 where AVX-512 runs)
+        (768, 2048, &["bf16", "q8", "q4", "q4x4", "q4x4l", "q4g32x4l", "q6", "q6x4", "mxfp4"]),
         (2048, 768, &["bf16", "q8", "q4", "q4x4", "mxfp4"]),
         (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q4g32x4", "q4g32x4p", "q6", "q6x4"]),
         // DeepSeek-V3's o_proj: 512 groups of 32 a row, 2 KiB of scales beside 8 KiB of values
@@ -153,17 +165,17 @@ fn main() {
             let format = match fmt {
                 "bf16" => Format::Bf16,
                 "q8" => Format::Q8 { group: g },
-                "q4" | "q4x4" => Format::Q4 { group: g },
+                "q4" | "q4x4" | "q4x4l" => Format::Q4 { group: g },
                 // GGUF Q4_0's groups (the q4g32 packages)
-                "q4g32x4" | "q4g32x4p" | "q4g32" => Format::Q4 { group: 32 },
+                "q4g32x4" | "q4g32x4p" | "q4g32" | "q4g32x4l" => Format::Q4 { group: 32 },
                 "mxfp4" => Format::Mxfp4,
                 _ => Format::Q6 { group: g },
             };
             // the activations quantized with the format's group (MXFP4: 32)
             let mut qa = QuantAct::default();
             qa.quantize(&x, cols, format.group().unwrap_or(g), Isa::detect());
-            let (x4, panels) = (fmt.ends_with("x4") || fmt.ends_with("x4p"), fmt.ends_with("x4p"));
-            let (vals, scales) = encode(format, &w, rows, cols, (x4, panels));
+            let (x4, panels, lanes) = (fmt.contains("x4"), fmt.ends_with("x4p"), fmt.ends_with("x4l"));
+            let (vals, scales) = encode(format, &w, rows, cols, (x4, panels, lanes));
             let bytes = vals.len();
             let copies = (256usize << 20).div_ceil(bytes);
             // the copies side by side in one arena of 2 MiB pages, as the engine keeps the dense
@@ -192,9 +204,7 @@ fn main() {
                             group,
                             mins: None,
                         },
-                        Format::Q4 { group } => {
-                            MatData::Q4 { q: b, scales, group, x4, panels, lanes: false, mins: None }
-                        }
+                        Format::Q4 { group } => MatData::Q4 { q: b, scales, group, x4, panels, lanes, mins: None },
                         Format::Mxfp4 => MatData::Mxfp4 { q: b },
                         _ => MatData::Q6 { q: b, scales, group: g, x4, panels },
                     };
@@ -215,9 +225,12 @@ fn main() {
                     "matvec [{rows:>6}, {cols:>4}] {fmt:<5} {isa:<7} memory {mem:6.1} GB/s  hot {hot}  (1 thread)"
                 );
                 // prefill: the same matrix times 64 tokens, as the engine's batched products
-                // run (each weight row read once for the batch); compute-bound, so GFLOP/s
-                if rows <= 4096 {
-                    let (n, mut times) = (64, vec![]);
+                // run (each weight row read once for the batch); compute-bound, so GFLOP/s.
+                // Lane order also at an expert's typical 12 and 24 tokens of a prompt (where
+                // the AMX tier's tiles start to pay)
+                let batches: &[usize] = if lanes { &[12, 24, 64] } else { &[64] };
+                for &n in batches.iter().filter(|_| rows <= 4096) {
+                    let mut times = vec![];
                     let xs = rnd(n * cols, 3);
                     let mut qn = QuantAct::default();
                     qn.quantize(&xs, cols, format.group().unwrap_or(g), Isa::detect());

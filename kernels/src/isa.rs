@@ -12,6 +12,9 @@ pub enum Isa {
     /// AVX-512 F/BW/VL + VNNI (and, where the CPU has AVX-512 BF16 too, `vdpbf16ps` for bf16
     /// weights over several tokens: [`Isa::bf16_dot`]).
     Avx512,
+    /// The AVX-512 tier plus AMX-INT8 tiles for prompts' q4 products, where the kernel grants
+    /// the tile state ([`crate::amx::granted`]).
+    Amx,
 }
 
 impl Isa {
@@ -26,7 +29,7 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
             {
-                return Isa::Avx512;
+                return if crate::amx::granted() { Isa::Amx } else { Isa::Avx512 };
             }
             if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
                 return Isa::Avx2;
@@ -69,7 +72,7 @@ impl Isa {
     /// Every tier this CPU can run, lowest first (tests run each).
     pub fn available() -> Vec<Isa> {
         let best = Isa::detect();
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| *i <= best).collect()
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx].into_iter().filter(|i| *i <= best).collect()
     }
 
     /// Whether the AVX2 kernels may run (true for every tier above scalar on x86-64).
@@ -83,6 +86,7 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 }
@@ -94,7 +98,8 @@ impl std::str::FromStr for Isa {
             "scalar" => Ok(Isa::Scalar),
             "avx2" => Ok(Isa::Avx2),
             "avx512" => Ok(Isa::Avx512),
-            other => Err(format!("unknown ISA tier '{other}' (expected scalar, avx2 or avx512)")),
+            "amx" => Ok(Isa::Amx),
+            other => Err(format!("unknown ISA tier '{other}' (expected scalar, avx2, avx512 or amx)")),
         }
     }
 }

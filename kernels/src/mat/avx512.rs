@@ -24,6 +24,7 @@ use std::ops::Range;
 
 pub(super) use super::avx512_finish::finish;
 use crate::act::QuantAct;
+use crate::isa::Isa;
 use crate::quant::{PANEL_ROWS, ROW_BLOCK, interleaved_offset, panel_offset};
 
 /// The mask of the first `n` of 16 lanes (all of them from 16 on): a row's last groups, fewer
@@ -75,11 +76,16 @@ pub(super) enum WeightScales<'a> {
 /// through the same operations in the same order whatever the tile, so a prompt's products equal
 /// those of its tokens one at a time, bit for bit.
 ///
+/// At tier [`Isa::Amx`] the q4 lanes kernel runs prompts on AMX tiles (`amx_q4.rs`), the same
+/// bits.
+///
 /// # Safety
-/// The CPU must support AVX-512 F, BW and VNNI; `supports_q4(a.group)`; slices sized as above.
+/// The CPU must support AVX-512 F, BW and VNNI (and `tier` must be one it runs);
+/// `supports_q4(a.group)`; slices sized as above.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn q_matmul(
+    tier: Isa,
     six: bool,
     (x4, panels, lanes): (bool, bool, bool),
     q: &[u8],
@@ -99,7 +105,8 @@ pub unsafe fn q_matmul(
         WeightScales::F32 { scales, mins } => WeightScales::F32 { scales, mins: mins.filter(|_| !six) },
         records => records,
     };
-    let m = QMat { q, ws, wd_row0: 0, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf, lanes };
+    let amx = tier >= Isa::Amx;
+    let m = QMat { q, ws, wd_row0: 0, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf, lanes, amx };
     // the row order is a type parameter, so each order's offsets compile to their own code:
     // IL = 1 row-major, ROW_BLOCK x4, PANEL_ROWS panel-major (blocks of 4 within superblocks)
     // SAFETY (all six): the caller's guarantees
@@ -216,6 +223,8 @@ pub(super) struct QMat<'a> {
     pub(super) pf: usize,
     /// q4 rows in lane order ([`crate::quant::lanes_offset`]; x4 otherwise)
     pub(super) lanes: bool,
+    /// AMX tiles granted and the tier allows them: the q4 lanes kernel's prompts run on them
+    pub(super) amx: bool,
 }
 
 /// Tokens `t0..t0 + T` for every row of `rows`, `R` rows at a time (the rest one by one; with

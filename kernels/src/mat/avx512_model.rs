@@ -154,21 +154,24 @@ mod tests {
         }
     }
 
-    /// Every product of `m` at the AVX-512 tier, n tokens at once (prefill tiles) and one at a
-    /// time (decode), against `model(row, token)`, bit for bit.
+    /// Every product of `m` at the AVX-512 tiers (and AMX where granted), n tokens at once
+    /// (prefill tiles) and one at a time (decode), against `model(row, token)`, bit for bit.
     fn check(m: &Mat<'_>, x: &[f32], qa: &QuantAct, n: usize, model: impl Fn(usize, usize) -> f32) {
-        let mut got = vec![0f32; m.rows * n];
-        m.matmul_rows(Isa::Avx512, Input::Quant(qa), n, 0..m.rows, &mut got);
-        let mut one = vec![0f32; m.rows];
-        for t in 0..n {
-            let mut single = QuantAct::default();
-            single.quantize(&x[t * m.cols..(t + 1) * m.cols], m.cols, qa.row(0).group, Isa::Avx512);
-            m.matmul_rows(Isa::Avx512, Input::Quant(&single), 1, 0..m.rows, &mut one);
-            for r in 0..m.rows {
-                let want = model(r, t);
-                let tag = format!("{:?} rows {} cols {} n {n}: row {r} token {t}", m.format(), m.rows, m.cols);
-                assert_eq!(got[r * n + t].to_bits(), want.to_bits(), "{tag}: {} vs {want}", got[r * n + t]);
-                assert_eq!(one[r].to_bits(), want.to_bits(), "{tag} alone: {} vs {want}", one[r]);
+        for isa in Isa::available().into_iter().filter(|i| *i >= Isa::Avx512) {
+            let mut got = vec![0f32; m.rows * n];
+            m.matmul_rows(isa, Input::Quant(qa), n, 0..m.rows, &mut got);
+            let mut one = vec![0f32; m.rows];
+            for t in 0..n {
+                let mut single = QuantAct::default();
+                single.quantize(&x[t * m.cols..(t + 1) * m.cols], m.cols, qa.row(0).group, isa);
+                m.matmul_rows(isa, Input::Quant(&single), 1, 0..m.rows, &mut one);
+                for r in 0..m.rows {
+                    let want = model(r, t);
+                    let tag =
+                        format!("{isa} {:?} rows {} cols {} n {n}: row {r} token {t}", m.format(), m.rows, m.cols);
+                    assert_eq!(got[r * n + t].to_bits(), want.to_bits(), "{tag}: {} vs {want}", got[r * n + t]);
+                    assert_eq!(one[r].to_bits(), want.to_bits(), "{tag} alone: {} vs {want}", one[r]);
+                }
             }
         }
     }
@@ -185,7 +188,10 @@ mod tests {
         (0..len).map(|_| scale * rng.unit()).collect()
     }
 
-    const SHAPES: [(usize, usize); 5] = [(1, 1), (3, 2), (4, 3), (9, 5), (37, 9)];
+    /// (rows, tokens): a token, tiles of the VNNI kernels and their remainders, and the AMX tiles'
+    /// (16 tokens a tile, 32 a pass; from 12 tokens, groups of 32 from 24): a tile and a short
+    /// one (21, 30), a pass and a short lone tile (45)
+    const SHAPES: [(usize, usize); 8] = [(1, 1), (3, 2), (4, 3), (9, 5), (37, 9), (16, 21), (5, 30), (20, 45)];
 
     #[test]
     fn q4_and_q6_tiles_equal_the_model_bit_for_bit() {

@@ -27,6 +27,7 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 use std::ops::Range;
 
+use super::amx_q4;
 use super::avx512::QMat;
 use crate::quant::{ROW_BLOCK, interleaved_offset, panel_offset};
 
@@ -90,6 +91,9 @@ pub(super) fn takes(group: usize, m: &QMat<'_>) -> bool {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
     debug_assert!(out.len() == rows.len() * n && m.a.q.len() >= n * m.cols && m.a.sums.len() >= n * m.ng);
+    // prompts on AMX tiles where granted (the same integer sums, the same float steps)
+    // SAFETY: `m.amx` only where the tier is Amx, which only a granted process detects
+    let mut tiles = (m.amx && amx_q4::pays(n, m.a.group)).then(|| unsafe { amx_q4::Tiles::new(m, n) });
     BLOCK.with(|b| {
         let mut b = b.borrow_mut();
         let (bq, bs) = &mut *b;
@@ -111,7 +115,7 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
                 let words = &m.q[b0 / LANES * block_bytes..][..block_bytes];
                 let o = &mut out[(r0 - rows.start) * n..(end - rows.start) * n];
                 // SAFETY: as above
-                unsafe { block_tiles(m, words, bs, n, r0 - b0..end - b0, o) };
+                unsafe { any_tiles(m, &mut tiles, words, bs, n, r0 - b0..end - b0, o) };
                 r0 = end;
             }
             return;
@@ -134,10 +138,32 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
             unsafe { gather_block::<IL>(m, r0, k, bq, bs) };
             let o = &mut out[(r0 - rows.start) * n..(r0 - rows.start + k) * n];
             // SAFETY: gathered above
-            unsafe { block_tiles(m, bq, bs, n, 0..k, o) };
+            unsafe { any_tiles(m, &mut tiles, bq, bs, n, 0..k, o) };
             r0 += k;
         }
     });
+}
+
+/// [`block_tiles`], or with `tiles` the AMX tiles' ([`amx_q4::block`]): the same bits.
+///
+/// # Safety
+/// As [`block_tiles`]'s; `tiles` made only where AMX is granted.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn any_tiles(
+    m: &QMat<'_>,
+    tiles: &mut Option<amx_q4::Tiles>,
+    bq: &[u8],
+    bs: &[f32],
+    n: usize,
+    keep: Range<usize>,
+    o: &mut [f32],
+) {
+    // SAFETY (both): the caller's guarantees
+    match tiles {
+        Some(t) => unsafe { amx_q4::block(m, t, bq, bs, n, keep, o) },
+        None => unsafe { block_tiles(m, bq, bs, n, keep, o) },
+    }
 }
 
 /// Every token of `0..n` over one block in lane order (`bq`, its scales `bs`), tile by tile;

@@ -3,6 +3,8 @@
 //! `avx512.rs` (q4, q6), `avx512_q8.rs` (q8) and `avx512_bf16.rs` (bf16 prefill).
 
 #[cfg(target_arch = "x86_64")]
+mod amx_q4;
+#[cfg(target_arch = "x86_64")]
 mod avx2_k23;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
@@ -375,7 +377,7 @@ impl<'a> Mat<'a> {
             _ => {}
         }
         #[cfg(target_arch = "x86_64")]
-        let done = if isa >= Isa::Avx512 { self.matmul_avx512(input, n, rows.clone(), out) } else { None };
+        let done = if isa >= Isa::Avx512 { self.matmul_avx512(isa, input, n, rows.clone(), out) } else { None };
         #[cfg(not(target_arch = "x86_64"))]
         let done = None;
         let with_mins = done.unwrap_or_else(|| {
@@ -464,7 +466,7 @@ impl Mat<'_> {
     /// the same way whatever the batch, so a prompt's logits equal those of decoding its tokens
     /// one by one.
     #[cfg(target_arch = "x86_64")]
-    fn matmul_avx512(&self, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> Option<bool> {
+    fn matmul_avx512(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) -> Option<bool> {
         let c = self.cols;
         match (self.data, input) {
             (
@@ -484,7 +486,7 @@ impl Mat<'_> {
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                 // group suits the kernel; the slices are the matrix's and the tokens' (the
                 // permuted rows were made with the rows, `QuantAct::quantize`)
-                unsafe { avx512::q_matmul(six, (x4, panels, lanes), q, ws, c, a, &a.permuted, n, rows, out) };
+                unsafe { avx512::q_matmul(isa, six, (x4, panels, lanes), q, ws, c, a, &a.permuted, n, rows, out) };
                 Some(true)
             }
             (MatData::Q8 { q, scales, group, mins }, Input::Quant(a)) if avx512_q8::supports_q8(group, c) => {

@@ -144,7 +144,7 @@ impl<'a> Mat<'a> {
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; the
                 // groups suit the kernel (q6: 16, k4 records: 32, f16 scales: checked); the
                 // slices are the matrix's and the tokens' (permuted with them)
-                unsafe { q_matmul(six, order, q, ws, self.cols, a, &a.permuted, n, rows, out) };
+                unsafe { q_matmul(isa, six, order, q, ws, self.cols, a, &a.permuted, n, rows, out) };
                 return;
             }
         }
