@@ -34,6 +34,7 @@ mod blocks;
 mod k23;
 mod mins;
 mod packed_scales;
+mod tokens;
 
 use std::ops::Range;
 
