@@ -484,10 +484,11 @@ fn transpose16(v: [__m512i; 16]) -> [__m512i; 16] {
 
 /// The gathered block's 16 rows times tokens `t0..t0 + T`: per token, 16 lanes of products, into
 /// `out[..T]`.
-/// Each token's group sum builds up in `8 / T` accumulators (at least one) taking the block's
-/// words in turn and added at the group's end (integer sums: the same whatever the split):
-/// `vpdpbusd` takes 5 cycles and two can start each cycle, so one chain per token held a
-/// decode to a fifth of the unit.
+/// Each token's group sum builds up in `8 / T` accumulators (at least one; two for groups past
+/// 32 values, whose chains are 16 `vpdpbusd` long or more) taking the block's words in turn and
+/// added at the group's end (integer sums: the same whatever the split): `vpdpbusd` takes 5
+/// cycles and two can start each cycle, so one chain per token held a decode to a fifth of the
+/// unit (8 tokens of groups of 128 gained 10% with two, groups of 32 lost 4%: the extra add).
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI; `bq`, `bs` gathered for `m` ([`gather_block`]); tokens `t0..t0 + T`
@@ -499,6 +500,7 @@ unsafe fn tile<const T: usize>(m: &QMat<'_>, bq: &[u8], bs: &[f32], t0: usize, o
         // SAFETY (all): the caller's guarantees
         1 => unsafe { tile_split::<T, 4>(m, bq, bs, t0, out) },
         2..=4 => unsafe { tile_split::<T, 2>(m, bq, bs, t0, out) },
+        _ if m.a.group > 32 => unsafe { tile_split::<T, 2>(m, bq, bs, t0, out) },
         _ => unsafe { tile_split::<T, 1>(m, bq, bs, t0, out) },
     }
 }
