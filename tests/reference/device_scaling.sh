@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# moescope against llama.cpp at 1-16 threads, run on the lent device (issue 23), from the repo root.
+# moescope against llama.cpp (and ik_llama.cpp, when a build of it is carried) at 1-16 threads,
+# run on the lent device (issues 23, 45), from the repo root.
 #
 # Carried in the ignored folder .dev/ (the tree plus these must stay under the device's 64 MiB):
 #   .dev/moescope.xz       `cargo build --release --no-default-features`, stripped, `xz -6`
@@ -10,18 +11,25 @@
 #                          licenses LICENSE app, excluding ggml/src/ggml-{cuda,vulkan,...} and tools/ui)
 #   .dev/llama-bench-noamx.xz, .dev/llama-bench-amx.xz (optional) the two llama-bench binaries
 #                          an earlier call built and returned: no build then (a call is 10 minutes)
+#   .dev/gguf-py.tar.xz    (optional) a tar of gguf-py alone: the GGUF writer when the llama.cpp
+#                          sources stay behind; GGUF_PY may name another gguf-py folder instead
+#   IK_BENCH=path          (optional) an ik_llama.cpp llama-bench built outside the project (this
+#                          script builds no fetched repository): run with -rtr 1 beside the others;
+#                          IK_WAIT=seconds waits that long for it to appear (a build still running)
+# With neither the llama.cpp sources nor its binaries carried, llama.cpp is left out.
 # There: llama.cpp is built twice from those sources (statically linked), natively with AMX disabled (the
 # comparison the issue's criteria name) and natively as is (AMX where the CPU has it); an
-# N-layer package of the Qwen3-30B-A3B shape is synthesized, and its Q4_0 GGUF written from it
-# (tests/reference/moe_to_gguf.py, with the tarball's gguf-py); then alternated rounds of
-# `bench` / `llama-bench` (noamx) / `llama-bench` (amx) and two traces.
+# N-layer package of the Qwen3-30B-A3B shape is synthesized (QUANT: q4, or q4g32 for GGUF Q4_0's
+# groups), and its Q4_0 GGUF written from it (tests/reference/moe_to_gguf.py: the same weights
+# when QUANT is q4g32); then alternated rounds of `bench` (once per tier of ISAS, e.g. "amx avx512")
+# / `llama-bench` (noamx) / `llama-bench` (amx) / ik_llama.cpp's, and two traces.
 #
 # Results in $OUT (at most 8 files come back): steps.log (lscpu, timings, every round's
 # tables), results.tgz (every run's JSON, rewritten after each round so a killed run still
 # returns what it finished), trace-t8.json.gz and trace-t16.json.gz, and the llama-bench
 # binaries it built (llama-bench-{noamx,amx}.xz, to carry next time).
 # Knobs: THREADS (1,2,4,8,16), ROUNDS (3), LAYERS (8), PROMPT (512), GEN (32), TRACES (1: the
-# traces and the roofline after the rounds; 0: none).
+# traces and the roofline after the rounds; 0: none), QUANT (q4), ISAS (the best tier only).
 set -uo pipefail
 : "${OUT:?OUT must name the results folder}"
 THREADS=${THREADS:-1,2,4,8,16}
@@ -30,6 +38,9 @@ LAYERS=${LAYERS:-8}
 PROMPT=${PROMPT:-512}
 GEN=${GEN:-32}
 TRACES=${TRACES:-1}
+QUANT=${QUANT:-q4}
+ISAS=${ISAS:-best}
+IK_BENCH=${IK_BENCH:-}
 W=/tmp/scaling
 RES=$W/res
 mkdir -p "$W" "$RES"
@@ -50,9 +61,13 @@ export MOESCOPE_ASSETS=$PWD/assets
 mkdir -p "$W/llama"
 if [[ -f .dev/llama-cpu.tar.xz ]]; then
     tar -xJf .dev/llama-cpu.tar.xz -C "$W/llama" || { log "bad .dev/llama-cpu.tar.xz"; exit 1; }
-else
-    tar -xJf .dev/gguf-py.tar.xz -C "$W/llama" || { log "no .dev/llama-cpu.tar.xz nor .dev/gguf-py.tar.xz"; exit 1; }
+elif [[ -f .dev/gguf-py.tar.xz ]]; then
+    tar -xJf .dev/gguf-py.tar.xz -C "$W/llama" || { log "bad .dev/gguf-py.tar.xz"; exit 1; }
+elif [[ -z ${GGUF_PY:-} ]]; then
+    log "no .dev/llama-cpu.tar.xz, .dev/gguf-py.tar.xz nor GGUF_PY: no GGUF writer"
+    exit 1
 fi
+GGUF_PY=${GGUF_PY:-$W/llama/gguf-py}
 build() { # build DIR EXTRA_FLAGS
     cmake -S "$W/llama" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
         -DBUILD_SHARED_LIBS=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
@@ -65,7 +80,7 @@ for v in noamx amx; do
     if [[ -f .dev/llama-bench-$v.xz ]]; then
         mkdir -p "$W/$v/bin" && xz -dc ".dev/llama-bench-$v.xz" >"$W/$v/bin/llama-bench" && chmod +x "$W/$v/bin/llama-bench"
         log "llama-bench ($v) carried"
-    else
+    elif [[ -f $W/llama/CMakeLists.txt ]]; then
         flags=""
         [[ $v == noamx ]] && flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
         build "$W/$v" "$flags" &
@@ -73,9 +88,9 @@ for v in noamx amx; do
     fi
 done
 # meanwhile the package and its GGUF
-"$M" synth --shape qwen3-30b-a3b --layers "$LAYERS" -o "$W/b.moe" >>"$LOG" 2>&1 || { log "synth failed"; exit 1; }
+"$M" synth --shape qwen3-30b-a3b --layers "$LAYERS" --quant "$QUANT" -o "$W/b.moe" >>"$LOG" 2>&1 || { log "synth failed"; exit 1; }
 log "synth done"
-PYTHONPATH=$W/llama/gguf-py python3 tests/reference/moe_to_gguf.py "$W/b.moe" "$W/b.gguf" >"$W/gguf.log" 2>&1 ||
+PYTHONPATH=$GGUF_PY python3 tests/reference/moe_to_gguf.py "$W/b.moe" "$W/b.gguf" >"$W/gguf.log" 2>&1 ||
     { tail -20 "$W/gguf.log" >>"$LOG"; log "gguf failed"; exit 1; }
 log "gguf done"
 for p in "${pids[@]}"; do
@@ -83,15 +98,30 @@ for p in "${pids[@]}"; do
 done
 log "llama.cpp ready; AMX in the native build's log: $(grep -c -i 'amx' "$W/amx.log" 2>/dev/null || echo carried)"
 
+# an ik_llama.cpp build may still be finishing beside this script: wait for it (IK_WAIT seconds)
+if [[ -n $IK_BENCH ]]; then
+    for _ in $(seq 1 "${IK_WAIT:-0}"); do [[ -x $IK_BENCH ]] && break; sleep 1; done
+    [[ -x $IK_BENCH ]] && log "ik_llama.cpp: $IK_BENCH" || { log "IK_BENCH=$IK_BENCH is not an executable"; IK_BENCH=""; }
+fi
 for r in $(seq 1 "$ROUNDS"); do
-    "$M" bench -m "$W/b.moe" -p "$PROMPT" -n "$GEN" -r 3 -t "$THREADS" -o json >"$RES/r$r-ours.json" 2>"$RES/r$r-ours.err"
-    log "round $r: moescope rc=$?"
+    for isa in $ISAS; do
+        # "best": the tier the CPU gives (no cap); else MOESCOPE_ISA=tier
+        env $([[ $isa != best ]] && echo "MOESCOPE_ISA=$isa") "$M" bench -m "$W/b.moe" -p "$PROMPT" -n "$GEN" -r 3 \
+            -t "$THREADS" -o json >"$RES/r$r-ours_$isa.json" 2>"$RES/r$r-ours_$isa.err"
+        log "round $r: moescope ($isa) rc=$?"
+    done
     for v in noamx amx; do
         [[ -x $W/$v/bin/llama-bench ]] || continue
         "$W/$v/bin/llama-bench" -m "$W/b.gguf" -p "$PROMPT" -n "$GEN" -r 3 -t "$THREADS" -o json \
             >"$RES/r$r-$v.json" 2>"$RES/r$r-$v.err"
         log "round $r: llama.cpp $v rc=$?"
     done
+    if [[ -n $IK_BENCH ]]; then
+        # -rtr 1: ik_llama.cpp repacks the weights at load into its row-interleaved layouts
+        "$IK_BENCH" -m "$W/b.gguf" -p "$PROMPT" -n "$GEN" -r 3 -t "$THREADS" -rtr 1 -o json \
+            >"$RES/r$r-ik.json" 2>"$RES/r$r-ik.err"
+        log "round $r: ik_llama.cpp rc=$?"
+    fi
     save
 done
 
@@ -120,11 +150,14 @@ for f in sorted(glob.glob(os.path.join(res, "r*-*.json"))):
     for x in data:
         test = f"pp{x['n_prompt']}" if x.get("n_prompt") else f"tg{x['n_gen']}"
         rows[(test, x["n_threads"])].setdefault(who, []).append(round(x["avg_ts"], 1))
-print("test threads | moescope | llama noamx | llama amx | ours/noamx medians")
 med = lambda v: sorted(v)[len(v) // 2] if v else float("nan")
+whos = sorted({w for d in rows.values() for w in d if w.startswith("ours")})
+others = [w for w in ("noamx", "amx", "ik") if any(w in d for d in rows.values())]
+print("test threads |", " | ".join(whos + others), "| medians: each moescope tier / each other")
 for (test, t), d in sorted(rows.items()):
-    o, n, a = d.get("ours", []), d.get("noamx", []), d.get("amx", [])
-    print(test, t, "|", o, "|", n, "|", a, "|", round(med(o) / med(n), 2) if n else "-")
+    cells = [str(d.get(w, [])) for w in whos + others]
+    ratios = [f"{o}/{w}={med(d[o]) / med(d[w]):.2f}" for o in whos for w in others if d.get(o) and d.get(w)]
+    print(test, t, "|", " | ".join(cells), "|", " ".join(ratios))
 EOF
 cat "$RES/roofline.md" >>"$LOG" 2>/dev/null
 log "end"
