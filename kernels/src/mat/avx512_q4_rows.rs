@@ -28,10 +28,8 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use super::amx_q4;
-use super::avx512::{QMat, WeightScales};
-use crate::act::QuantAct;
-use crate::isa::Isa;
-use crate::quant::{PANEL_ROWS, ROW_BLOCK, interleaved_offset, panel_offset};
+use super::avx512::QMat;
+use crate::quant::{ROW_BLOCK, interleaved_offset, panel_offset};
 
 /// Rows a vector holds: one per int32 lane (the lane order's blocks).
 const LANES: usize = crate::lanes::LANE_ROWS;
@@ -76,83 +74,6 @@ thread_local! {
     static BLOCK: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Where a product's results go: `[rows, n]` row-major (every kernel), or token-major, each
-/// token's results a run of a larger `[n, ld]` matrix (the q4 lanes kernel only: its tiles hold
-/// a token's 16 rows in one vector, so a token's results are one store rather than 16).
-#[derive(Clone, Copy)]
-pub(super) struct Dst {
-    ptr: *mut f32,
-    /// elements between a row's results and the next row's, and between tokens
-    row: usize,
-    tok: usize,
-}
-
-impl Dst {
-    /// `out`, `[rows, n]` row-major.
-    pub(super) fn rows(out: &mut [f32], n: usize) -> Dst {
-        Dst { ptr: out.as_mut_ptr(), row: n, tok: 1 }
-    }
-
-    /// Token `t`'s results at `ptr + t ld`, the product's first row first.
-    ///
-    /// # Safety
-    /// Every element the product writes (its rows, `n` tokens) is inside one allocation and
-    /// written by nobody else meanwhile.
-    pub(super) unsafe fn tokens(ptr: *mut f32, ld: usize) -> Dst {
-        Dst { ptr, row: 1, tok: ld }
-    }
-
-    /// Rows `r..r + v.len()` (from the product's first) of token `t`.
-    ///
-    /// # Safety
-    /// Those results are the product's (see the constructors).
-    #[inline]
-    pub(super) unsafe fn put(&self, r: usize, t: usize, v: &[f32]) {
-        // SAFETY (both): the caller's guarantee
-        if self.row == 1 {
-            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(t * self.tok + r), v.len()) };
-        } else {
-            for (i, x) in v.iter().enumerate() {
-                unsafe { *self.ptr.add((r + i) * self.row + t * self.tok) = *x };
-            }
-        }
-    }
-}
-
-/// [`q_matmul`] for q4 with symmetric groups of whole 32-value blocks (the q4 lanes kernel's
-/// matrices: f32 or f16 scales without mins), results token-major into `dst`.
-///
-/// # Safety
-/// As [`q_matmul`]'s, with `ws` f32 or f16 scales without mins and `a.group` a multiple of 32;
-/// `dst` as its constructor requires.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn q4_matmul_tokens(
-    tier: Isa,
-    (x4, panels, lanes): (bool, bool, bool),
-    q: &[u8],
-    ws: WeightScales<'_>,
-    cols: usize,
-    a: &QuantAct,
-    n: usize,
-    rows: Range<usize>,
-    dst: Dst,
-) {
-    let (cpg, gpc) = (a.group / 128, 128 / a.group.min(128));
-    let pf = if x4 && n == 1 { crate::prefetch::distance() } else { 0 };
-    let (ng, row_bytes, ap) = (cols / a.group, cols / 2, &a.permuted[..]);
-    let m = QMat { q, ws, wd_row0: 0, cols, row_bytes, ng, cpg, gpc, a, ap, pf, lanes, amx: tier >= Isa::Amx };
-    debug_assert!(takes(a.group, &m));
-    // SAFETY (all three): the caller's guarantees
-    unsafe {
-        match (x4, x4 && panels) {
-            (false, _) => q4_rows::<1>(&m, n, rows, dst),
-            (true, false) => q4_rows::<ROW_BLOCK>(&m, n, rows, dst),
-            (true, true) => q4_rows::<PANEL_ROWS>(&m, n, rows, dst),
-        }
-    }
-}
-
 /// Whether this kernel takes a q4 matrix with groups of `group` and these scales: symmetric
 /// groups of whole 32-value blocks (f32 or f16 scales; not mins, not k4 records).
 pub(super) fn takes(group: usize, m: &QMat<'_>) -> bool {
@@ -160,16 +81,16 @@ pub(super) fn takes(group: usize, m: &QMat<'_>) -> bool {
     group.is_multiple_of(32) && !m.has_mins()
 }
 
-/// `W[r] · a[t]` for every row of `rows` and token of `0..n` into `dst` (row `r - rows.start`),
+/// `out[(r - rows.start) * n + t] = W[r] · a[t]` for every row of `rows` and token of `0..n`,
 /// 16 rows at a time (the last block may be short: its missing lanes are zero and dropped).
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI; [`takes`]; the rows' chunks exist in `m.q` in the order `IL` names
 /// (1 row-major, [`ROW_BLOCK`] x4, [`PANEL_ROWS`] panel-major); `m.a` holds `n` rows of `m.cols`
-/// values with their sums; `dst` holds `rows.len()` rows of `n` tokens.
+/// values with their sums; `out.len() == rows.len() * n`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Range<usize>, dst: Dst) {
-    debug_assert!(m.a.q.len() >= n * m.cols && m.a.sums.len() >= n * m.ng);
+pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
+    debug_assert!(out.len() == rows.len() * n && m.a.q.len() >= n * m.cols && m.a.sums.len() >= n * m.ng);
     // prompts on AMX tiles where granted (the same integer sums, the same float steps)
     // SAFETY: `m.amx` only where the tier is Amx, which only a granted process detects
     let mut tiles = (m.amx && amx_q4::pays(n, m.a.group)).then(|| unsafe { amx_q4::Tiles::new(m, n) });
@@ -192,8 +113,9 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
                 // SAFETY: the caller's guarantees (whole 16-row blocks in lane order)
                 unsafe { gather_scales(m, b0, LANES, bs) };
                 let words = &m.q[b0 / LANES * block_bytes..][..block_bytes];
+                let o = &mut out[(r0 - rows.start) * n..(end - rows.start) * n];
                 // SAFETY: as above
-                unsafe { any_tiles(m, &mut tiles, words, bs, n, r0 - b0..end - b0, (dst, r0 - rows.start)) };
+                unsafe { any_tiles(m, &mut tiles, words, bs, n, r0 - b0..end - b0, o) };
                 r0 = end;
             }
             return;
@@ -208,15 +130,15 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
                     gather_scales(m, r0, k, bs);
                     decode_block::<IL>(m, r0, k, bs, bq)
                 };
-                // SAFETY: rows r0..r0 + k of the product
-                unsafe { dst.put(r0 - rows.start, 0, &f[..k]) };
+                out[r0 - rows.start..r0 - rows.start + k].copy_from_slice(&f[..k]);
                 r0 += k;
                 continue;
             }
             // SAFETY: the caller's guarantees, for rows r0..r0 + k
             unsafe { gather_block::<IL>(m, r0, k, bq, bs) };
+            let o = &mut out[(r0 - rows.start) * n..(r0 - rows.start + k) * n];
             // SAFETY: gathered above
-            unsafe { any_tiles(m, &mut tiles, bq, bs, n, 0..k, (dst, r0 - rows.start)) };
+            unsafe { any_tiles(m, &mut tiles, bq, bs, n, 0..k, o) };
             r0 += k;
         }
     });
@@ -235,23 +157,23 @@ unsafe fn any_tiles(
     bs: &[f32],
     n: usize,
     keep: Range<usize>,
-    out: (Dst, usize),
+    o: &mut [f32],
 ) {
     // SAFETY (both): the caller's guarantees
     match tiles {
-        Some(t) => unsafe { amx_q4::block(m, t, bq, bs, n, keep, out) },
-        None => unsafe { block_tiles(m, bq, bs, n, keep, out) },
+        Some(t) => unsafe { amx_q4::block(m, t, bq, bs, n, keep, o) },
+        None => unsafe { block_tiles(m, bq, bs, n, keep, o) },
     }
 }
 
 /// Every token of `0..n` over one block in lane order (`bq`, its scales `bs`), tile by tile;
-/// lanes `keep` of each product into `out`'s destination from its row `out.1`.
+/// lanes `keep` of each product into `o` (`[keep.len(), n]`).
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI; `bq` and `bs` a whole block of `m` in lane order; `m.a` holds `n` tokens.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn block_tiles(m: &QMat<'_>, bq: &[u8], bs: &[f32], n: usize, keep: Range<usize>, out: (Dst, usize)) {
+unsafe fn block_tiles(m: &QMat<'_>, bq: &[u8], bs: &[f32], n: usize, keep: Range<usize>, o: &mut [f32]) {
     let mut t0 = 0;
     let mut lanes = [[0f32; LANES]; MAX_TOKENS];
     while t0 < n {
@@ -270,8 +192,9 @@ unsafe fn block_tiles(m: &QMat<'_>, bq: &[u8], bs: &[f32], n: usize, keep: Range
             }
         }
         for (t, lanes) in lanes[..tn].iter().enumerate() {
-            // SAFETY: the product's rows out.1.., token t0 + t
-            unsafe { out.0.put(out.1, t0 + t, &lanes[keep.clone()]) };
+            for (i, v) in lanes[keep.clone()].iter().enumerate() {
+                o[i * n + t0 + t] = *v;
+            }
         }
         t0 += tn;
     }

@@ -34,7 +34,6 @@ mod blocks;
 mod k23;
 mod mins;
 mod packed_scales;
-mod tokens;
 
 use std::ops::Range;
 
