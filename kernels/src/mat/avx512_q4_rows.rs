@@ -29,6 +29,7 @@ use std::ops::Range;
 
 use super::amx_q4;
 use super::avx512::QMat;
+use super::avx512_q4_prompt::{self as prompt, PromptActs};
 use crate::quant::{ROW_BLOCK, interleaved_offset, panel_offset};
 
 /// Rows a vector holds: one per int32 lane (the lane order's blocks).
@@ -36,7 +37,7 @@ const LANES: usize = crate::lanes::LANE_ROWS;
 
 /// Tokens a tile runs at most: 8 int32 and 8 float accumulators, two weight vectors and the
 /// scales fit the 32 registers.
-const MAX_TOKENS: usize = 8;
+const MAX_TOKENS: usize = prompt::MAX_TOKENS;
 
 /// Chunk `c` of rows `r0..r0 + k` (k <= 16) in lane order: word `d` of the chunk of row `r0 + i`
 /// in lane `i` of vector `d` (lanes from `k` on zero). A macro rather than a function: as a
@@ -94,6 +95,31 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
     // prompts on AMX tiles where granted (the same integer sums, the same float steps)
     // SAFETY: `m.amx` only where the tier is Amx, which only a granted process detects
     let mut tiles = (m.amx && amx_q4::pays(n, m.a.group)).then(|| unsafe { amx_q4::Tiles::new(m, n) });
+    // prompts on the VNNI tiles: the activations laid out for them once ([`prompt`])
+    if n >= 2 && tiles.is_none() && matches!(m.a.group, 32 | 64 | 128) {
+        // SAFETY: the caller's guarantees
+        prompt::with_prompt_acts(m.a, n, |p| unsafe { rows_blocks::<IL>(m, &mut tiles, Some(p), n, rows, out) });
+    } else {
+        // SAFETY: the caller's guarantees
+        unsafe { rows_blocks::<IL>(m, &mut tiles, None, n, rows, out) };
+    }
+}
+
+/// [`q4_rows`]'s blocks of 16 rows, with `prep` the activations laid out for the prompt tiles
+/// (where they take the groups), `tiles` the AMX tiles where they run the prompt.
+///
+/// # Safety
+/// As [`q4_rows`]'s; `tiles` made only where AMX is granted, `prep` filled from `m.a`'s `n` tokens.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn rows_blocks<const IL: usize>(
+    m: &QMat<'_>,
+    tiles: &mut Option<amx_q4::Tiles>,
+    prep: Option<&PromptActs>,
+    n: usize,
+    rows: Range<usize>,
+    out: &mut [f32],
+) {
     BLOCK.with(|b| {
         let mut b = b.borrow_mut();
         let (bq, bs) = &mut *b;
@@ -115,7 +141,7 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
                 let words = &m.q[b0 / LANES * block_bytes..][..block_bytes];
                 let o = &mut out[(r0 - rows.start) * n..(end - rows.start) * n];
                 // SAFETY: as above
-                unsafe { any_tiles(m, &mut tiles, words, bs, n, r0 - b0..end - b0, o) };
+                unsafe { any_tiles(m, (tiles, prep), words, bs, n, r0 - b0..end - b0, o) };
                 r0 = end;
             }
             return;
@@ -138,13 +164,14 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
             unsafe { gather_block::<IL>(m, r0, k, bq, bs) };
             let o = &mut out[(r0 - rows.start) * n..(r0 - rows.start + k) * n];
             // SAFETY: gathered above
-            unsafe { any_tiles(m, &mut tiles, bq, bs, n, 0..k, o) };
+            unsafe { any_tiles(m, (tiles, prep), bq, bs, n, 0..k, o) };
             r0 += k;
         }
     });
 }
 
-/// [`block_tiles`], or with `tiles` the AMX tiles' ([`amx_q4::block`]): the same bits.
+/// [`block_tiles`] (with `prep`, the activations laid out for the prompt tiles), or with `tiles` the AMX
+/// tiles' ([`amx_q4::block`]): the same bits.
 ///
 /// # Safety
 /// As [`block_tiles`]'s; `tiles` made only where AMX is granted.
@@ -152,7 +179,7 @@ pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Rang
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn any_tiles(
     m: &QMat<'_>,
-    tiles: &mut Option<amx_q4::Tiles>,
+    (tiles, prep): (&mut Option<amx_q4::Tiles>, Option<&PromptActs>),
     bq: &[u8],
     bs: &[f32],
     n: usize,
@@ -162,33 +189,47 @@ unsafe fn any_tiles(
     // SAFETY (both): the caller's guarantees
     match tiles {
         Some(t) => unsafe { amx_q4::block(m, t, bq, bs, n, keep, o) },
-        None => unsafe { block_tiles(m, bq, bs, n, keep, o) },
+        None => unsafe { block_tiles(m, prep, bq, bs, n, keep, o) },
     }
 }
 
-/// Every token of `0..n` over one block in lane order (`bq`, its scales `bs`), tile by tile;
-/// lanes `keep` of each product into `o` (`[keep.len(), n]`).
+/// Every token of `0..n` over one block in lane order (`bq`, its scales `bs`), tile by tile
+/// (runs of 2 tokens or more on the prompt tiles where `prep` has the activations laid out
+/// for them); lanes `keep` of each product into `o` (`[keep.len(), n]`).
 ///
 /// # Safety
-/// AVX-512 F, BW and VNNI; `bq` and `bs` a whole block of `m` in lane order; `m.a` holds `n` tokens.
+/// AVX-512 F, BW and VNNI; `bq` and `bs` a whole block of `m` in lane order; `m.a` holds `n`
+/// tokens, and `prep` those tokens laid out, with groups of 32, 64 or 128 values.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn block_tiles(m: &QMat<'_>, bq: &[u8], bs: &[f32], n: usize, keep: Range<usize>, o: &mut [f32]) {
+unsafe fn block_tiles(
+    m: &QMat<'_>,
+    prep: Option<&PromptActs>,
+    bq: &[u8],
+    bs: &[f32],
+    n: usize,
+    keep: Range<usize>,
+    o: &mut [f32],
+) {
     let mut t0 = 0;
     let mut lanes = [[0f32; LANES]; MAX_TOKENS];
     while t0 < n {
         let tn = (n - t0).min(MAX_TOKENS);
         // SAFETY (all): the caller's guarantees; tokens t0..t0 + tn exist
         unsafe {
-            match tn {
-                1 => tile::<1>(m, bq, bs, t0, &mut lanes),
-                2 => tile::<2>(m, bq, bs, t0, &mut lanes),
-                3 => tile::<3>(m, bq, bs, t0, &mut lanes),
-                4 => tile::<4>(m, bq, bs, t0, &mut lanes),
-                5 => tile::<5>(m, bq, bs, t0, &mut lanes),
-                6 => tile::<6>(m, bq, bs, t0, &mut lanes),
-                7 => tile::<7>(m, bq, bs, t0, &mut lanes),
-                _ => tile::<MAX_TOKENS>(m, bq, bs, t0, &mut lanes),
+            if let Some(p) = prep.filter(|_| tn >= 2) {
+                prompt_tile(p, m.a.group / 32, bq, bs, t0, tn, &mut lanes);
+            } else {
+                match tn {
+                    1 => tile::<1>(m, bq, bs, t0, &mut lanes),
+                    2 => tile::<2>(m, bq, bs, t0, &mut lanes),
+                    3 => tile::<3>(m, bq, bs, t0, &mut lanes),
+                    4 => tile::<4>(m, bq, bs, t0, &mut lanes),
+                    5 => tile::<5>(m, bq, bs, t0, &mut lanes),
+                    6 => tile::<6>(m, bq, bs, t0, &mut lanes),
+                    7 => tile::<7>(m, bq, bs, t0, &mut lanes),
+                    _ => tile::<MAX_TOKENS>(m, bq, bs, t0, &mut lanes),
+                }
             }
         }
         for (t, lanes) in lanes[..tn].iter().enumerate() {
@@ -197,6 +238,44 @@ unsafe fn block_tiles(m: &QMat<'_>, bq: &[u8], bs: &[f32], n: usize, keep: Range
             }
         }
         t0 += tn;
+    }
+}
+
+/// The prompt tile ([`prompt::tile`]) of `tn` tokens (2 to 8) from `t0`, groups of `blocks`
+/// 32-value blocks (1, 2 or 4), with the accumulators a token of [`tile`].
+///
+/// # Safety
+/// As [`prompt::tile`]'s.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn prompt_tile(
+    p: &PromptActs,
+    blocks: usize,
+    bq: &[u8],
+    bs: &[f32],
+    t0: usize,
+    tn: usize,
+    out: &mut [[f32; LANES]; MAX_TOKENS],
+) {
+    macro_rules! by_blocks {
+        ($t:literal, $a:literal, $a1:literal) => {
+            // SAFETY (all): the caller's guarantees
+            match blocks {
+                1 => unsafe { prompt::tile::<$t, $a1, 1>(p, bq, bs, t0, out) },
+                2 => unsafe { prompt::tile::<$t, $a, 2>(p, bq, bs, t0, out) },
+                _ => unsafe { prompt::tile::<$t, $a, 4>(p, bq, bs, t0, out) },
+            }
+        };
+    }
+    // two accumulators a token up to 4 tokens, and past 4 for groups of more than 32 values
+    match tn {
+        2 => by_blocks!(2, 2, 2),
+        3 => by_blocks!(3, 2, 2),
+        4 => by_blocks!(4, 2, 2),
+        5 => by_blocks!(5, 2, 1),
+        6 => by_blocks!(6, 2, 1),
+        7 => by_blocks!(7, 2, 1),
+        _ => by_blocks!(8, 2, 1),
     }
 }
 

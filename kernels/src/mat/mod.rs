@@ -23,6 +23,8 @@ mod avx512_mxfp4;
 #[cfg(target_arch = "x86_64")]
 mod avx512_panels;
 #[cfg(target_arch = "x86_64")]
+mod avx512_q4_prompt;
+#[cfg(target_arch = "x86_64")]
 mod avx512_q4_rows;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q4k_rows;
