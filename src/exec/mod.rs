@@ -74,13 +74,10 @@ impl Chunks {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), n) }
     }
 
-    /// # Safety
-    /// `i` inside the buffer, and no other live slice or task touches it.
-    #[inline]
-    pub(crate) unsafe fn write(&self, i: usize, v: f32) {
-        debug_assert!(i < self.len);
-        // SAFETY: the caller's guarantee
-        unsafe { *self.ptr.add(i) = v };
+    /// Where element `i` lies (for a kernel that writes a strided part of the buffer).
+    pub(crate) fn at(&self, i: usize) -> *mut f32 {
+        debug_assert!(i <= self.len);
+        self.ptr.wrapping_add(i)
     }
 }
 
@@ -429,26 +426,19 @@ impl Exec {
             });
             return;
         }
-        // each piece's results weight-row-major in `t` (contiguous), then transposed by the
-        // same piece into its rows of `out` (a serial transpose after the section would leave
-        // the other threads waiting, more of them the more threads there are)
+        // each piece's results straight into its rows' columns of `out` (`[n, w.rows]`): the
+        // q4 lanes kernel writes a token's 16 rows as one store, the other kernels weight-row-
+        // major into the piece's part of `t` first, then 16 rows at a time
+        // (`Mat::matmul_rows_tokens`; a serial transpose after the section would leave the
+        // other threads waiting)
         t.resize(w.rows * n, 0.0);
         let dst = Chunks::new(out);
-        self.for_pieces_mut(t, n, row_bytes(w), &|rows, oc, p| {
+        self.for_pieces_mut(t, n, row_bytes(w), &|rows, buf, p| {
             let _c = trace::span(label).merge_with(key);
             trace::flow_in(flows.map(|b| b + p as u64), key);
-            w.matmul_rows(isa, input, n, rows.clone(), oc);
-            // in blocks of 16 rows: each token's 16 results are one cache line of `out` (column
-            // by column, every store misses the cache)
-            for r0 in (rows.start..rows.end).step_by(16) {
-                let r1 = (r0 + 16).min(rows.end);
-                for i in 0..n {
-                    for r in r0..r1 {
-                        // SAFETY: (token i, row r) is inside `out` and this piece alone holds row r
-                        unsafe { dst.write(i * w.rows + r, oc[(r - rows.start) * n + i]) };
-                    }
-                }
-            }
+            // SAFETY: `out` is `[n, w.rows]` and outlives the section; the pieces are disjoint
+            // row ranges, and this task alone writes its rows of each token
+            unsafe { w.matmul_rows_tokens(isa, input, n, rows.clone(), buf, (dst.at(rows.start), w.rows)) };
         });
     }
 }

@@ -26,6 +26,7 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use super::avx512::QMat;
+use super::avx512_q4_rows::Dst;
 use crate::amx::{self, TileConfig};
 
 /// Whether a prompt of `n` tokens runs on the tiles, groups of `group` (else the VNNI tile):
@@ -181,7 +182,8 @@ macro_rules! store_sums {
 }
 
 /// Every token of `0..n` over one block in lane order (`bq`, its scales `bs`: as the VNNI
-/// tile's), 32 tokens a pass; lanes `keep` of each product into `o` (`[keep.len(), n]`).
+/// tile's), 32 tokens a pass; lanes `keep` of each product into `out`'s destination from its
+/// row `out.1`.
 ///
 /// # Safety
 /// AVX-512 F and BW; `tiles` made for `m` and `n` ([`Tiles::new`]); `bq`, `bs` a whole block of
@@ -194,7 +196,7 @@ pub(super) unsafe fn block(
     bs: &[f32],
     n: usize,
     keep: Range<usize>,
-    o: &mut [f32],
+    out: (Dst, usize),
 ) {
     let (a, cols, ng, group, kb) = (m.a, m.cols, m.ng, m.a.group, tiles.kb);
     let (steps, per_group) = (cols / kb, group / kb);
@@ -261,9 +263,8 @@ pub(super) unsafe fn block(
                 }
             }
             for (t, f) in f[..tn].iter().enumerate() {
-                for (i, v) in f[keep.clone()].iter().enumerate() {
-                    o[i * n + t0 + t] = *v;
-                }
+                // SAFETY: the product's rows out.1.., token t0 + t
+                unsafe { out.0.put(out.1, t0 + t, &f[keep.clone()]) };
             }
             t0 += tn;
         }

@@ -105,8 +105,21 @@ pub unsafe fn q_matmul(
         WeightScales::F32 { scales, mins } => WeightScales::F32 { scales, mins: mins.filter(|_| !six) },
         records => records,
     };
-    let amx = tier >= Isa::Amx;
-    let m = QMat { q, ws, wd_row0: 0, cols, row_bytes, ng: cols / a.group, cpg, gpc, a, ap, pf, lanes, amx };
+    let m = QMat {
+        q,
+        ws,
+        wd_row0: 0,
+        cols,
+        row_bytes,
+        ng: cols / a.group,
+        cpg,
+        gpc,
+        a,
+        ap,
+        pf,
+        lanes,
+        amx: tier >= Isa::Amx,
+    };
     // the row order is a type parameter, so each order's offsets compile to their own code:
     // IL = 1 row-major, ROW_BLOCK x4, PANEL_ROWS panel-major (blocks of 4 within superblocks)
     // SAFETY (all six): the caller's guarantees
@@ -131,7 +144,7 @@ unsafe fn matmul<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, rows:
     // streamed its matrices 2-3 times); each product is computed as before, the same bits
     if !SIX && super::avx512_q4_rows::takes(m.a.group, m) {
         // SAFETY: the caller's guarantees
-        unsafe { super::avx512_q4_rows::q4_rows::<IL>(m, n, rows, out) };
+        unsafe { super::avx512_q4_rows::q4_rows::<IL>(m, n, rows, super::avx512_q4_rows::Dst::rows(out, n)) };
         return;
     }
     if n == 1 && IL == PANEL_ROWS {

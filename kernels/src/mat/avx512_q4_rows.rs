@@ -28,12 +28,14 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use super::amx_q4;
-use super::avx512::QMat;
+use super::avx512::{QMat, WeightScales};
 use super::avx512_q4_prompt::{self as prompt, PromptActs};
-use crate::quant::{ROW_BLOCK, interleaved_offset, panel_offset};
+use crate::act::QuantAct;
+use crate::isa::Isa;
+use crate::quant::{PANEL_ROWS, ROW_BLOCK, interleaved_offset, panel_offset};
 
 /// Rows a vector holds: one per int32 lane (the lane order's blocks).
-const LANES: usize = crate::lanes::LANE_ROWS;
+pub(super) const LANES: usize = crate::lanes::LANE_ROWS;
 
 /// Tokens a tile runs at most: 8 int32 and 8 float accumulators, two weight vectors and the
 /// scales fit the 32 registers.
@@ -57,7 +59,7 @@ macro_rules! chunk_words {
 /// Where chunk `c` of row `r` starts in `m.q`, rows in the order `IL` names; with `m.pf` (decode
 /// over interleaved rows) the line that far on is asked for.
 #[inline(always)]
-fn chunk_at<const IL: usize>(m: &QMat<'_>, r: usize, c: usize) -> *const u8 {
+pub(super) fn chunk_at<const IL: usize>(m: &QMat<'_>, r: usize, c: usize) -> *const u8 {
     let off = match IL {
         1 => r * m.row_bytes + c * 64,
         ROW_BLOCK => interleaved_offset(r, c, m.row_bytes, 64),
@@ -75,6 +77,83 @@ thread_local! {
     static BLOCK: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
+/// Where a product's results go: `[rows, n]` row-major (every kernel), or token-major, each
+/// token's results a run of a larger `[n, ld]` matrix (the q4 lanes kernel only: its tiles hold
+/// a token's 16 rows in one vector, so a token's results are one store rather than 16).
+#[derive(Clone, Copy)]
+pub(super) struct Dst {
+    ptr: *mut f32,
+    /// elements between a row's results and the next row's, and between tokens
+    row: usize,
+    tok: usize,
+}
+
+impl Dst {
+    /// `out`, `[rows, n]` row-major.
+    pub(super) fn rows(out: &mut [f32], n: usize) -> Dst {
+        Dst { ptr: out.as_mut_ptr(), row: n, tok: 1 }
+    }
+
+    /// Token `t`'s results at `ptr + t ld`, the product's first row first.
+    ///
+    /// # Safety
+    /// Every element the product writes (its rows, `n` tokens) is inside one allocation and
+    /// written by nobody else meanwhile.
+    pub(super) unsafe fn tokens(ptr: *mut f32, ld: usize) -> Dst {
+        Dst { ptr, row: 1, tok: ld }
+    }
+
+    /// Rows `r..r + v.len()` (from the product's first) of token `t`.
+    ///
+    /// # Safety
+    /// Those results are the product's (see the constructors).
+    #[inline]
+    pub(super) unsafe fn put(&self, r: usize, t: usize, v: &[f32]) {
+        // SAFETY (both): the caller's guarantee
+        if self.row == 1 {
+            unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(t * self.tok + r), v.len()) };
+        } else {
+            for (i, x) in v.iter().enumerate() {
+                unsafe { *self.ptr.add((r + i) * self.row + t * self.tok) = *x };
+            }
+        }
+    }
+}
+
+/// [`q_matmul`] for q4 with symmetric groups of whole 32-value blocks (the q4 lanes kernel's
+/// matrices: f32 or f16 scales without mins), results token-major into `dst`.
+///
+/// # Safety
+/// As [`q_matmul`]'s, with `ws` f32 or f16 scales without mins and `a.group` a multiple of 32;
+/// `dst` as its constructor requires.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub(super) unsafe fn q4_matmul_tokens(
+    tier: Isa,
+    (x4, panels, lanes): (bool, bool, bool),
+    q: &[u8],
+    ws: WeightScales<'_>,
+    cols: usize,
+    a: &QuantAct,
+    n: usize,
+    rows: Range<usize>,
+    dst: Dst,
+) {
+    let (cpg, gpc) = (a.group / 128, 128 / a.group.min(128));
+    let pf = if x4 && n == 1 { crate::prefetch::distance() } else { 0 };
+    let (ng, row_bytes, ap) = (cols / a.group, cols / 2, &a.permuted[..]);
+    let m = QMat { q, ws, wd_row0: 0, cols, row_bytes, ng, cpg, gpc, a, ap, pf, lanes, amx: tier >= Isa::Amx };
+    debug_assert!(takes(a.group, &m));
+    // SAFETY (all three): the caller's guarantees
+    unsafe {
+        match (x4, x4 && panels) {
+            (false, _) => q4_rows::<1>(&m, n, rows, dst),
+            (true, false) => q4_rows::<ROW_BLOCK>(&m, n, rows, dst),
+            (true, true) => q4_rows::<PANEL_ROWS>(&m, n, rows, dst),
+        }
+    }
+}
+
 /// Whether this kernel takes a q4 matrix with groups of `group` and these scales: symmetric
 /// groups of whole 32-value blocks (f32 or f16 scales; not mins, not k4 records).
 pub(super) fn takes(group: usize, m: &QMat<'_>) -> bool {
@@ -82,26 +161,26 @@ pub(super) fn takes(group: usize, m: &QMat<'_>) -> bool {
     group.is_multiple_of(32) && !m.has_mins()
 }
 
-/// `out[(r - rows.start) * n + t] = W[r] · a[t]` for every row of `rows` and token of `0..n`,
+/// `W[r] · a[t]` for every row of `rows` and token of `0..n` into `dst` (row `r - rows.start`),
 /// 16 rows at a time (the last block may be short: its missing lanes are zero and dropped).
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI; [`takes`]; the rows' chunks exist in `m.q` in the order `IL` names
 /// (1 row-major, [`ROW_BLOCK`] x4, [`PANEL_ROWS`] panel-major); `m.a` holds `n` rows of `m.cols`
-/// values with their sums; `out.len() == rows.len() * n`.
+/// values with their sums; `dst` holds `rows.len()` rows of `n` tokens.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
-    debug_assert!(out.len() == rows.len() * n && m.a.q.len() >= n * m.cols && m.a.sums.len() >= n * m.ng);
+pub(super) unsafe fn q4_rows<const IL: usize>(m: &QMat<'_>, n: usize, rows: Range<usize>, dst: Dst) {
+    debug_assert!(m.a.q.len() >= n * m.cols && m.a.sums.len() >= n * m.ng);
     // prompts on AMX tiles where granted (the same integer sums, the same float steps)
     // SAFETY: `m.amx` only where the tier is Amx, which only a granted process detects
     let mut tiles = (m.amx && amx_q4::pays(n, m.a.group)).then(|| unsafe { amx_q4::Tiles::new(m, n) });
     // prompts on the VNNI tiles: the activations laid out for them once ([`prompt`])
     if n >= 2 && tiles.is_none() && matches!(m.a.group, 32 | 64 | 128) {
         // SAFETY: the caller's guarantees
-        prompt::with_prompt_acts(m.a, n, |p| unsafe { rows_blocks::<IL>(m, &mut tiles, Some(p), n, rows, out) });
+        prompt::with_prompt_acts(m.a, n, |p| unsafe { rows_blocks::<IL>(m, &mut tiles, Some(p), n, rows, dst) });
     } else {
         // SAFETY: the caller's guarantees
-        unsafe { rows_blocks::<IL>(m, &mut tiles, None, n, rows, out) };
+        unsafe { rows_blocks::<IL>(m, &mut tiles, None, n, rows, dst) };
     }
 }
 
@@ -118,7 +197,7 @@ unsafe fn rows_blocks<const IL: usize>(
     prep: Option<&PromptActs>,
     n: usize,
     rows: Range<usize>,
-    out: &mut [f32],
+    dst: Dst,
 ) {
     BLOCK.with(|b| {
         let mut b = b.borrow_mut();
@@ -139,9 +218,8 @@ unsafe fn rows_blocks<const IL: usize>(
                 // SAFETY: the caller's guarantees (whole 16-row blocks in lane order)
                 unsafe { gather_scales(m, b0, LANES, bs) };
                 let words = &m.q[b0 / LANES * block_bytes..][..block_bytes];
-                let o = &mut out[(r0 - rows.start) * n..(end - rows.start) * n];
                 // SAFETY: as above
-                unsafe { any_tiles(m, (tiles, prep), words, bs, n, r0 - b0..end - b0, o) };
+                unsafe { any_tiles(m, (tiles, prep), words, bs, n, r0 - b0..end - b0, (dst, r0 - rows.start)) };
                 r0 = end;
             }
             return;
@@ -154,17 +232,17 @@ unsafe fn rows_blocks<const IL: usize>(
                 // SAFETY: the caller's guarantees, for rows r0..r0 + k
                 let f = unsafe {
                     gather_scales(m, r0, k, bs);
-                    decode_block::<IL>(m, r0, k, bs, bq)
+                    super::avx512_q4_decode::decode_block::<IL>(m, r0, k, bs, bq)
                 };
-                out[r0 - rows.start..r0 - rows.start + k].copy_from_slice(&f[..k]);
+                // SAFETY: rows r0..r0 + k of the product
+                unsafe { dst.put(r0 - rows.start, 0, &f[..k]) };
                 r0 += k;
                 continue;
             }
             // SAFETY: the caller's guarantees, for rows r0..r0 + k
             unsafe { gather_block::<IL>(m, r0, k, bq, bs) };
-            let o = &mut out[(r0 - rows.start) * n..(r0 - rows.start + k) * n];
             // SAFETY: gathered above
-            unsafe { any_tiles(m, (tiles, prep), bq, bs, n, 0..k, o) };
+            unsafe { any_tiles(m, (tiles, prep), bq, bs, n, 0..k, (dst, r0 - rows.start)) };
             r0 += k;
         }
     });
@@ -184,18 +262,18 @@ unsafe fn any_tiles(
     bs: &[f32],
     n: usize,
     keep: Range<usize>,
-    o: &mut [f32],
+    out: (Dst, usize),
 ) {
     // SAFETY (both): the caller's guarantees
     match tiles {
-        Some(t) => unsafe { amx_q4::block(m, t, bq, bs, n, keep, o) },
-        None => unsafe { block_tiles(m, prep, bq, bs, n, keep, o) },
+        Some(t) => unsafe { amx_q4::block(m, t, bq, bs, n, keep, out) },
+        None => unsafe { block_tiles(m, prep, bq, bs, n, keep, out) },
     }
 }
 
 /// Every token of `0..n` over one block in lane order (`bq`, its scales `bs`), tile by tile
 /// (runs of 2 tokens or more on the prompt tiles where `prep` has the activations laid out
-/// for them); lanes `keep` of each product into `o` (`[keep.len(), n]`).
+/// for them); lanes `keep` of each product into `out`'s destination from its row `out.1`.
 ///
 /// # Safety
 /// AVX-512 F, BW and VNNI; `bq` and `bs` a whole block of `m` in lane order; `m.a` holds `n`
@@ -209,7 +287,7 @@ unsafe fn block_tiles(
     bs: &[f32],
     n: usize,
     keep: Range<usize>,
-    o: &mut [f32],
+    out: (Dst, usize),
 ) {
     let mut t0 = 0;
     let mut lanes = [[0f32; LANES]; MAX_TOKENS];
@@ -233,9 +311,8 @@ unsafe fn block_tiles(
             }
         }
         for (t, lanes) in lanes[..tn].iter().enumerate() {
-            for (i, v) in lanes[keep.clone()].iter().enumerate() {
-                o[i * n + t0 + t] = *v;
-            }
+            // SAFETY: the product's rows out.1.., token t0 + t
+            unsafe { out.0.put(out.1, t0 + t, &lanes[keep.clone()]) };
         }
         t0 += tn;
     }
@@ -299,124 +376,6 @@ unsafe fn gather_block<const IL: usize>(m: &QMat<'_>, r0: usize, k: usize, bq: &
     }
     // SAFETY: the caller's guarantees
     unsafe { gather_scales(m, r0, k, bs) };
-}
-
-/// One token times rows `r0..r0 + k` (k <= 16), with `bs` holding the rows' scales
-/// ([`gather_scales`]). Decode transposes sums rather than words: each row's chunk meets the
-/// permuted activations (`m.ap`, the order of `avx512.rs`'s tiles) in one int32 vector whose
-/// lane `l` holds 8 products of block `l / 4`, and the 16 rows' vectors are reduced into one
-/// vector a block with the rows in its lanes ([`block_sums`]: 32 shuffles and 12 adds a chunk,
-/// where transposing the words took 64 shuffles). The same integer sums as [`tile`]'s, then
-/// its float operations in its order, so the same bits.
-///
-/// # Safety
-/// As [`q4_rows`]'s, for rows `r0..r0 + k` and one token; `m.ap` holds the token permuted;
-/// `sums` holds `m.cols / 128 * 1024` bytes.
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn decode_block<const IL: usize>(
-    m: &QMat<'_>,
-    r0: usize,
-    k: usize,
-    bs: &[f32],
-    sums: &mut [u8],
-) -> [f32; LANES] {
-    let a = m.a;
-    let chunks = m.cols / 128;
-    let blocks = a.group / 32;
-    let nibble = _mm512_set1_epi8(0x0F);
-    // first every row's chunk sums into `sums` (chunk c of row i at (16 c + i) * 64), the rows
-    // read in memory order: the 4-row blocks of x4 one after another, each one stream with the
-    // prefetch along it (all 16 rows chunk by chunk were four streams at once: decode lost 6%)
-    let sp = sums.as_mut_ptr() as *mut __m512i;
-    for blk in 0..LANES / ROW_BLOCK {
-        // the scales of the same 4 rows a block on, a few lines a chunk: the gather reads them
-        // a row at a time, each a cache miss unless asked for; all 16 rows' at once (64 lines
-        // at groups of 32) filled the line buffers and stalled the weights' stream
-        let (sb, sl) = (m.scales_at(r0 + LANES + blk * ROW_BLOCK, 0) as usize, ROW_BLOCK * m.scale_span(m.ng));
-        for c in 0..chunks {
-            let mut l = (sb + c * sl / chunks) & !63;
-            while l < sb + (c + 1) * sl / chunks {
-                crate::prefetch::line(l as *const u8, 0);
-                l += 64;
-            }
-            // SAFETY: the token's permuted chunk c
-            let (al, ah) = unsafe {
-                let p = m.ap.as_ptr().add(c * 128);
-                (_mm512_loadu_si512(p as *const _), _mm512_loadu_si512(p.add(64) as *const _))
-            };
-            for i in blk * ROW_BLOCK..(blk + 1) * ROW_BLOCK {
-                let v = if i < k {
-                    // SAFETY: the caller's guarantees: the chunk lies inside the matrix
-                    let w = unsafe { _mm512_loadu_si512(chunk_at::<IL>(m, r0 + i, c) as *const _) };
-                    let (lo, hi) = (_mm512_and_si512(w, nibble), _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble));
-                    _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, al), hi, ah)
-                } else {
-                    _mm512_setzero_si512()
-                };
-                // SAFETY: `sums` holds chunks * 16 vectors
-                unsafe { _mm512_storeu_si512(sp.add(16 * c + i) as *mut _, v) };
-            }
-        }
-    }
-    let mut f = _mm512_setzero_ps();
-    let mut isum = _mm512_setzero_si512();
-    let mut rv = [_mm512_setzero_si512(); LANES];
-    for c in 0..chunks {
-        for (i, v) in rv.iter_mut().enumerate() {
-            // SAFETY: written above
-            *v = unsafe { _mm512_loadu_si512(sp.add(16 * c + i) as *const _) };
-        }
-        for (bb, v) in block_sums(&rv).into_iter().enumerate() {
-            let b = 4 * c + bb;
-            let g = b / blocks;
-            if b.is_multiple_of(blocks) {
-                isum = _mm512_set1_epi32(-8 * a.sums[g]);
-            }
-            isum = _mm512_add_epi32(isum, v);
-            if (b + 1).is_multiple_of(blocks) {
-                // SAFETY: group g's 16 scales
-                let ws = unsafe { _mm512_loadu_ps(bs.as_ptr().add(16 * g)) };
-                let sc = _mm512_mul_ps(ws, _mm512_set1_ps(a.scales[g]));
-                f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, f);
-            }
-        }
-    }
-    let mut out = [0f32; LANES];
-    // SAFETY: 16 floats
-    unsafe { _mm512_storeu_ps(out.as_mut_ptr(), f) };
-    out
-}
-
-/// 16 rows' chunk sums (`rv[i]`: lane `l` holds products of 32-value block `l / 4`) as one
-/// vector a block: lane `i` of output `b` is the sum of lanes `4 b..4 b + 4` of `rv[i]`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn block_sums(rv: &[__m512i; LANES]) -> [__m512i; 4] {
-    let z = _mm512_setzero_si512();
-    // pairs of rows (A, B): per 128-bit lane [A0 + A2, B0 + B2, A1 + A3, B1 + B3]
-    let mut x = [z; 8];
-    for (k, x) in x.iter_mut().enumerate() {
-        let (a, b) = (rv[2 * k], rv[2 * k + 1]);
-        *x = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-    }
-    // quads: per 128-bit lane (a block) the four rows' whole sums
-    let mut q = [z; 4];
-    for (h, q) in q.iter_mut().enumerate() {
-        let (a, b) = (x[2 * h], x[2 * h + 1]);
-        *q = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
-    }
-    // the 4 x 4 transpose of 128-bit lanes: block b's lanes of every quad, in row order
-    let p0 = _mm512_shuffle_i32x4::<0b10_00_10_00>(q[0], q[1]);
-    let p1 = _mm512_shuffle_i32x4::<0b11_01_11_01>(q[0], q[1]);
-    let p2 = _mm512_shuffle_i32x4::<0b10_00_10_00>(q[2], q[3]);
-    let p3 = _mm512_shuffle_i32x4::<0b11_01_11_01>(q[2], q[3]);
-    [
-        _mm512_shuffle_i32x4::<0b10_00_10_00>(p0, p2),
-        _mm512_shuffle_i32x4::<0b10_00_10_00>(p1, p3),
-        _mm512_shuffle_i32x4::<0b11_01_11_01>(p0, p2),
-        _mm512_shuffle_i32x4::<0b11_01_11_01>(p1, p3),
-    ]
 }
 
 /// The scales of rows `r0..r0 + k` in lane order: group `g`'s at `bs[16 g..16 g + 16]`.

@@ -23,6 +23,8 @@ mod avx512_mxfp4;
 #[cfg(target_arch = "x86_64")]
 mod avx512_panels;
 #[cfg(target_arch = "x86_64")]
+mod avx512_q4_decode;
+#[cfg(target_arch = "x86_64")]
 mod avx512_q4_prompt;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q4_rows;
@@ -36,6 +38,7 @@ mod blocks;
 mod k23;
 mod mins;
 mod packed_scales;
+mod tokens;
 
 use std::ops::Range;
 

@@ -486,3 +486,79 @@ fn mxfp4_products_are_the_scalar_bits_at_every_tier_and_batch() {
         }
     }
 }
+
+#[test]
+fn token_major_products_are_the_row_major_ones_transposed() {
+    // the q4 lanes kernel writes a token's rows itself (lane order and x4, f32 and f16 scales,
+    // groups of 32 and 128, with AMX tiles where granted from 12 and 24 tokens); q6 and q8 go
+    // through the buffer. Pieces that start and end inside a 16-row block, into a wider matrix.
+    let mut r = uniform(41);
+    let (rows, cols, ld) = (48, 256, 53);
+    for group in [32, 128] {
+        let w: Vec<f32> = (0..rows * cols).map(|_| r()).collect();
+        let mut d = vec![0f32; rows * cols / group];
+        let q = quantize_rows(false, &w, cols, group, &mut d);
+        let rb = cols / 2;
+        let (mut qx, mut ql) = (vec![0u8; q.len()], vec![0u8; q.len()]);
+        interleave_rows(&q, rb, 64, &mut qx);
+        crate::quant::lane_rows(&qx, rb, &mut ql);
+        let h: Vec<u16> = d.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+        let mut d6 = vec![0f32; rows * cols / 128];
+        let q6 = quantize_rows(true, &w, cols, 128, &mut d6);
+        let mut q8 = vec![0i8; rows * cols];
+        let mut d8 = vec![0f32; rows * cols / group];
+        for i in 0..rows {
+            let ng = cols / group;
+            quantize_q8_row(&w[i * cols..][..cols], group, &mut q8[i * cols..][..cols], &mut d8[i * ng..][..ng]);
+        }
+        let mats = [
+            MatData::Q4 { q: &ql, scales: &d, group, x4: true, panels: false, lanes: true, mins: None },
+            MatData::Q4 { q: &qx, scales: &d, group, x4: true, panels: false, lanes: false, mins: None },
+            MatData::Q4F16 { q: &ql, scales: &h, group, x4: true, panels: false, lanes: true, mins: false },
+            MatData::Q6 { q: &q6, scales: &d6, group: 128, x4: false, panels: false },
+            MatData::Q8 { q: &q8, scales: &d8, group, mins: None },
+        ];
+        for data in mats {
+            let m = Mat { rows, cols, data };
+            for n in [1, 3, 13, 30] {
+                let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
+                let mut qa = QuantAct::default();
+                qa.quantize(&x, cols, m.quant_group().unwrap_or(group), Isa::detect());
+                for isa in Isa::available() {
+                    for range in [0..rows, 5..37, 16..32, 33..48] {
+                        let mut want = vec![0f32; range.len() * n];
+                        m.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut want);
+                        let mut got = vec![f32::NAN; n * ld];
+                        let mut buf = vec![0f32; range.len() * n];
+                        // SAFETY: `got` holds n rows of ld >= range.len() values
+                        unsafe {
+                            m.matmul_rows_tokens(
+                                isa,
+                                Input::Quant(&qa),
+                                n,
+                                range.clone(),
+                                &mut buf,
+                                (got.as_mut_ptr(), ld),
+                            )
+                        };
+                        for t in 0..n {
+                            for i in 0..range.len() {
+                                let (a, b) = (want[i * n + t], got[t * ld + i]);
+                                assert_eq!(
+                                    a.to_bits(),
+                                    b.to_bits(),
+                                    "{:?} {isa} n={n} {range:?}: row {i} token {t}",
+                                    m.format()
+                                );
+                            }
+                            assert!(
+                                got[t * ld + range.len()..(t + 1) * ld].iter().all(|v| v.is_nan()),
+                                "wrote past its rows"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
