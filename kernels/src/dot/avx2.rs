@@ -28,6 +28,49 @@ fn hsum_epi32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
+/// `[a · b[0], .., a · b[K - 1]]`, each exactly as [`dot_f32`] computes it (its two
+/// accumulators, its steps, its sums: the same bits), the K products side by side: one dot's
+/// two FMA chains leave the unit waiting on their latency, 2K chains keep it busy, and `a` is
+/// loaded once for all of them (a prompt's router: one weight row against several tokens).
+///
+/// # Safety
+/// AVX2 and FMA; every `b[k]` as long as `a`.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn dot_f32_many<const K: usize>(a: &[f32], b: [&[f32]; K]) -> [f32; K] {
+    let n = a.len();
+    debug_assert!(b.iter().all(|b| b.len() == n));
+    let pa = a.as_ptr();
+    let pb = b.map(|b| b.as_ptr());
+    let mut acc0 = [_mm256_setzero_ps(); K];
+    let mut acc1 = [_mm256_setzero_ps(); K];
+    let mut i = 0;
+    // SAFETY: every load reads 8 floats below n of `a` or of a `b[k]`
+    unsafe {
+        while i + 16 <= n {
+            let (x0, x1) = (_mm256_loadu_ps(pa.add(i)), _mm256_loadu_ps(pa.add(i + 8)));
+            for k in 0..K {
+                acc0[k] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(pb[k].add(i)), acc0[k]);
+                acc1[k] = _mm256_fmadd_ps(x1, _mm256_loadu_ps(pb[k].add(i + 8)), acc1[k]);
+            }
+            i += 16;
+        }
+        if i + 8 <= n {
+            let x0 = _mm256_loadu_ps(pa.add(i));
+            for k in 0..K {
+                acc0[k] = _mm256_fmadd_ps(x0, _mm256_loadu_ps(pb[k].add(i)), acc0[k]);
+            }
+            i += 8;
+        }
+    }
+    std::array::from_fn(|k| {
+        let mut s = hsum_ps(_mm256_add_ps(acc0[k], acc1[k]));
+        for j in i..n {
+            s += a[j] * b[k][j];
+        }
+        s
+    })
+}
+
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn dot_f32(a: &[f32], b: &[f32], pf: usize) -> f32 {
     let n = a.len();

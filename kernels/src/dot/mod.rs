@@ -30,6 +30,27 @@ pub fn dot_f32_streamed(isa: Isa, a: &[f32], b: &[f32], pf: usize) -> f32 {
     scalar::dot_f32(a, b)
 }
 
+/// `out[t] = a · x[t]` for the rows `x[t]` of `x` (`[out.len(), a.len()]`): each the bits of
+/// [`dot_f32`], four tokens at a time where the tier allows (one weight row against several
+/// tokens: a prompt's router).
+pub fn dot_f32_tokens(isa: Isa, a: &[f32], x: &[f32], out: &mut [f32]) {
+    let c = a.len();
+    debug_assert_eq!(x.len(), out.len() * c);
+    let mut t = 0;
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() {
+        while t + 4 <= out.len() {
+            let b: [&[f32]; 4] = std::array::from_fn(|k| &x[(t + k) * c..(t + k + 1) * c]);
+            // SAFETY: the tier says AVX2 and FMA are present; every row as long as `a`
+            out[t..t + 4].copy_from_slice(&unsafe { avx2::dot_f32_many(a, b) });
+            t += 4;
+        }
+    }
+    for (t, o) in out.iter_mut().enumerate().skip(t) {
+        *o = dot_f32(isa, a, &x[t * c..(t + 1) * c]);
+    }
+}
+
 /// `w · x` with `w` in bf16 bits.
 #[inline]
 pub fn dot_bf16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {

@@ -413,6 +413,20 @@ impl<'a> Mat<'a> {
                     }
                 }
             }
+            // f32 weights with several inputs (a prompt's router): 16 tokens at a time over
+            // every row of the piece (the tokens of a long prompt outgrow the cache: row by row
+            // over all of them streamed them from memory once a row), each dot as one alone
+            (MatData::F32(w), Input::F32(x)) if n > 1 => {
+                let c = self.cols;
+                let mut col = [0f32; TOKEN_RUN];
+                for t0 in (0..n).step_by(TOKEN_RUN) {
+                    let tn = (n - t0).min(TOKEN_RUN);
+                    for (i, r) in rows.clone().enumerate() {
+                        dot::dot_f32_tokens(isa, &w[r * c..(r + 1) * c], &x[t0 * c..(t0 + tn) * c], &mut col[..tn]);
+                        out[i * n + t0..i * n + t0 + tn].copy_from_slice(&col[..tn]);
+                    }
+                }
+            }
             // interleaved rows: whole blocks through the block kernel (one stream of weights);
             // panel-major ones (made only where the AVX-512 kernels run) row by row, gathered
             (
@@ -463,6 +477,10 @@ impl<'a> Mat<'a> {
         }
     }
 }
+
+/// Tokens of a prompt an f32 product takes over all its rows before the next ones (16 rows of
+/// 2048 floats: 128 KiB, beside the rows, in a core's L2).
+const TOKEN_RUN: usize = 16;
 
 impl Mat<'_> {
     /// The AVX-512 VNNI kernels, where the format and group suit them (`None` when they do
