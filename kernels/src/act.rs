@@ -122,6 +122,31 @@ impl QuantAct {
     pub fn rows(&self) -> usize {
         self.q.len().checked_div(self.cols).unwrap_or(0)
     }
+
+    /// Rows `rows` of `src`, in that order, as this one's rows: what quantizing those rows of
+    /// the input would give (each row is quantized by itself), for a product over some of the
+    /// tokens of an input quantized once (a layer's routed experts).
+    pub fn gather_rows(&mut self, src: &QuantAct, rows: impl ExactSizeIterator<Item = usize>) {
+        let (cols, ng) = (src.cols, src.cols / src.group.max(1));
+        let n = rows.len();
+        (self.cols, self.group, self.tier) = (src.cols, src.group, src.tier);
+        self.q.resize(n * cols, 0);
+        self.scales.resize(n * ng, 0.0);
+        self.sums.resize(n * ng, 0);
+        self.scaled_sums.resize(n * ng, 0.0);
+        let permuted = !src.permuted.is_empty();
+        self.permuted.resize(if permuted { n * cols } else { 0 }, 0);
+        for (i, r) in rows.enumerate() {
+            let (v, g) = (i * cols..(i + 1) * cols, i * ng..(i + 1) * ng);
+            self.q[v.clone()].copy_from_slice(&src.q[r * cols..(r + 1) * cols]);
+            self.scales[g.clone()].copy_from_slice(&src.scales[r * ng..(r + 1) * ng]);
+            self.sums[g.clone()].copy_from_slice(&src.sums[r * ng..(r + 1) * ng]);
+            self.scaled_sums[g].copy_from_slice(&src.scaled_sums[r * ng..(r + 1) * ng]);
+            if permuted {
+                self.permuted[v].copy_from_slice(&src.permuted[r * cols..(r + 1) * cols]);
+            }
+        }
+    }
 }
 
 /// Consecutive rows of a prepared [`QuantAct`], from row `first`: what one thread quantizes.
@@ -321,6 +346,36 @@ mod tests {
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&apart.scales), bits(&whole.scales));
                     assert_eq!(bits(&apart.scaled_sums), bits(&whole.scaled_sums));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn gathered_rows_are_the_rows_quantized_alone() {
+        // a layer's routed experts gather their tokens' rows of the input quantized once: the
+        // same buffers as quantizing those rows (repeats, any order, none) by themselves
+        let (n, cols) = (9, 256);
+        let x: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.577).cos() * (1 + i % 7) as f32).collect();
+        for isa in Isa::available() {
+            for group in [32, 64, 128] {
+                let mut all = QuantAct::default();
+                all.quantize(&x, cols, group, isa);
+                for rows in [vec![3], vec![8, 0, 5], vec![2, 2, 7, 1], vec![]] {
+                    let mut got = QuantAct::default();
+                    got.gather_rows(&all, rows.iter().copied());
+                    let xs: Vec<f32> = rows.iter().flat_map(|&r| x[r * cols..(r + 1) * cols].iter().copied()).collect();
+                    let mut want = QuantAct::default();
+                    want.quantize(&xs, cols, group, isa);
+                    let tag = format!("{isa} group {group}, rows {rows:?}");
+                    assert_eq!(
+                        (&got.q, &got.sums, &got.permuted, got.tier, got.cols, got.group),
+                        (&want.q, &want.sums, &want.permuted, want.tier, want.cols, want.group),
+                        "{tag}"
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got.scales), bits(&want.scales), "{tag}");
+                    assert_eq!(bits(&got.scaled_sums), bits(&want.scaled_sums), "{tag}");
                 }
             }
         }

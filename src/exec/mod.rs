@@ -161,7 +161,7 @@ impl Exec {
     /// The input a product of `w` reads: `x` itself for float weights, else `x` quantized (into
     /// `qa`, with this tier's code at most) with the weight's group; a prompt's rows in parts
     /// over the threads (each row's bits are its own: the same at any thread count).
-    fn quantized<'a>(&self, w: &Mat<'_>, x: &'a [f32], qa: &'a mut QuantAct) -> Input<'a> {
+    pub(crate) fn quantized<'a>(&self, w: &Mat<'_>, x: &'a [f32], qa: &'a mut QuantAct) -> Input<'a> {
         let Some(g) = w.quant_group() else { return Input::F32(x) };
         let n = x.len() / w.cols.max(1);
         if n < 2 || self.threads() == 1 {
@@ -405,6 +405,21 @@ impl Exec {
                 let inp = self.quantized(w, x, other);
                 self.product(label, w, inp, n, out, t);
             }
+        }
+    }
+
+    /// Several products of one input already in the form each matrix reads (`input`, `n`
+    /// tokens: an expert's gate and up over its rows of a layer's input quantized once), each
+    /// `(label, W, out)`.
+    pub fn products_of(
+        &self,
+        input: Input<'_>,
+        n: usize,
+        products: &mut [(&'static str, &Mat<'_>, &mut [f32])],
+        s: &mut Scratch,
+    ) {
+        for (label, w, out) in products.iter_mut() {
+            self.product(label, w, input, n, out, &mut s.t);
         }
     }
 

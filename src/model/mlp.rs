@@ -8,6 +8,8 @@
 //!                 shared = y(hn)                        (GLM-4.5, DeepSeek-V3: ungated)
 //! ```
 
+use moescope_kernels::act::QuantAct;
+use moescope_kernels::mat::Input;
 use moescope_kernels::ops::{Glu, add_inplace};
 
 use super::error::ModelError;
@@ -92,25 +94,64 @@ pub(super) fn swiglu_mlp(
 ) {
     let (i, n) = (m.gate.rows, x.len() / m.gate.cols);
     work.fit(n, i);
-    let MlpWork { g, u, a } = work;
-    let a = &mut a[..n * i];
     if n == 1 {
         // one token (decode): gate and up with their activation in one parallel section, the
         // input quantized once
-        exec.swiglu_pairs(labels[0], &[gating.pair(m)], gating.glu, x, a, s);
+        exec.swiglu_pairs(labels[0], &[gating.pair(m)], gating.glu, x, &mut work.a[..i], s);
     } else {
+        let MlpWork { g, u, .. } = work;
         let (g, u) = (&mut g[..n * i], &mut u[..n * i]);
         exec.matmul_shared(x, n, &mut [(labels[1], &m.gate, &mut *g), (labels[2], &m.up, &mut *u)], s);
-        match gating.bias {
-            None => gating.glu.apply(g, u, None, a),
-            Some(b) => {
-                for ((g, u), a) in g.chunks_exact(i).zip(u.chunks_exact(i)).zip(a.chunks_exact_mut(i)) {
-                    gating.glu.apply(g, u, Some((b.gate, b.up)), a);
-                }
+        glu(gating, i, n, work);
+    }
+    down(exec, labels[3], (m, gating), n, work, out, s);
+}
+
+/// [`swiglu_mlp`] of several tokens whose input is quantized already, as gate and up read it
+/// (`xq`: an expert's rows of its layer's input, quantized once for all its experts).
+pub(super) fn swiglu_mlp_quantized(
+    exec: &Exec,
+    labels: Labels,
+    (m, gating): (&ExpertMats<'_>, Gating<'_>),
+    xq: &QuantAct,
+    work: &mut MlpWork,
+    out: &mut [f32],
+    s: &mut Scratch,
+) {
+    let (i, n) = (m.gate.rows, xq.rows());
+    work.fit(n, i);
+    let MlpWork { g, u, .. } = work;
+    let (g, u) = (&mut g[..n * i], &mut u[..n * i]);
+    exec.products_of(Input::Quant(xq), n, &mut [(labels[1], &m.gate, &mut *g), (labels[2], &m.up, &mut *u)], s);
+    glu(gating, i, n, work);
+    down(exec, labels[3], (m, gating), n, work, out, s);
+}
+
+/// `a = glu(g, u)` over `n` tokens of width `i`, with the gate and up biases if any.
+fn glu(gating: Gating<'_>, i: usize, n: usize, work: &mut MlpWork) {
+    let MlpWork { g, u, a } = work;
+    let (g, u, a) = (&g[..n * i], &u[..n * i], &mut a[..n * i]);
+    match gating.bias {
+        None => gating.glu.apply(g, u, None, a),
+        Some(b) => {
+            for ((g, u), a) in g.chunks_exact(i).zip(u.chunks_exact(i)).zip(a.chunks_exact_mut(i)) {
+                gating.glu.apply(g, u, Some((b.gate, b.up)), a);
             }
         }
     }
-    exec.matmul(labels[3], &m.down, a, n, out, s);
+}
+
+/// `out = down a` (and its bias) over `n` tokens.
+fn down(
+    exec: &Exec,
+    label: &'static str,
+    (m, gating): (&ExpertMats<'_>, Gating<'_>),
+    n: usize,
+    work: &MlpWork,
+    out: &mut [f32],
+    s: &mut Scratch,
+) {
+    exec.matmul(label, &m.down, &work.a[..n * m.gate.rows], n, out, s);
     if let Some(b) = gating.bias {
         out.chunks_exact_mut(b.down.len()).for_each(|o| add_inplace(o, b.down));
     }

@@ -20,11 +20,13 @@ use std::sync::Mutex;
 use smallvec::SmallVec;
 
 use moescope_kernels::Mat;
+use moescope_kernels::act::QuantAct;
+use moescope_kernels::mat::Input;
 use moescope_kernels::ops::{Glu, add_inplace};
 
 use super::error::ModelError;
 use super::expert_source::{Ahead, ExpertQuery, ExpertSource, RouterInput};
-use super::mlp::{Gating, MlpBias, MlpWork, SharedExpert, swiglu_mlp};
+use super::mlp::{Gating, MlpBias, MlpWork, SharedExpert, swiglu_mlp, swiglu_mlp_quantized};
 use super::pass::Pass;
 use super::router::{Router, RouterRule, Routing, Steer};
 use super::run_state::RunState;
@@ -109,7 +111,7 @@ impl Moe {
         let steer = self.router.route(pass, l, self.moe_layer);
         let (exec, experts, norm) = (pass.exec, pass.experts, pass.pkg.f32_by_index(self.norm));
         let h = norm.len();
-        let RunState { x, hn, delta, shared, routing, yk, expert_work, expert_order, .. } = &mut *pass.st;
+        let RunState { x, hn, delta, shared, routing, yk, expert_work, expert_order, routed_in, .. } = &mut *pass.st;
         let (x, hn, out) = (&x[..t_n * h], &hn[..t_n * h], &mut delta[..t_n * h]);
         let shared = self.shared.as_ref().map(|_| &shared[..t_n * h]);
         if routing.substituted > 0 {
@@ -132,7 +134,8 @@ impl Moe {
             },
         };
         let k_n = routing.top_k();
-        let bufs = SumBuffers { yk: &mut yk[..t_n * k_n * h], out, work: expert_work, order: expert_order };
+        let bufs =
+            SumBuffers { yk: &mut yk[..t_n * k_n * h], out, work: expert_work, order: expert_order, hq: routed_in };
         let f = |id: TensorId| pass.pkg.f32_by_index(id);
         let how = How {
             blob_bytes: self.blob_bytes,
@@ -153,6 +156,8 @@ impl Moe {
 pub struct ExpertWork {
     s: Scratch,
     xe: Vec<f32>,
+    /// the expert's rows of the layer's quantized input
+    xq: QuantAct,
     ye: Vec<f32>,
     mlp: MlpWork,
 }
@@ -164,6 +169,7 @@ impl ExpertWork {
         let wide = n * h.max(i);
         self.s.reserve(wide, wide);
         self.xe.reserve((n * h).saturating_sub(self.xe.len()));
+        self.xq.reserve(n * h);
         self.ye.reserve((n * h).saturating_sub(self.ye.len()));
         self.mlp.fit(n, i);
     }
@@ -180,6 +186,8 @@ pub struct SumBuffers<'a> {
     pub work: &'a mut Vec<Mutex<ExpertWork>>,
     /// Room for the order a hand-out's experts are claimed in.
     pub order: &'a Mutex<Vec<usize>>,
+    /// The batch's input quantized once for all its experts (several tokens).
+    pub hq: &'a mut QuantAct,
 }
 
 /// Every expert's activation and biases: the biases of all of a layer's experts (gate `[E, I]`,
@@ -224,7 +232,7 @@ fn routed_sum(
 ) -> Result<(), ModelError> {
     let (t_n, k_n) = (q.tokens, routing.top_k());
     let h = hn.len() / t_n.max(1);
-    let SumBuffers { yk, out, work, order } = bufs;
+    let SumBuffers { yk, out, work, order, hq } = bufs;
     debug_assert!(yk.len() == t_n * k_n * h && out.len() == t_n * h);
     if work.len() < exec.threads() {
         work.resize_with(exec.threads(), Mutex::default);
@@ -233,8 +241,18 @@ fn routed_sum(
         let slots = WeightedOutputs { routing, slots: Chunks::new(yk), h };
         let (blob_bytes, gating) = (how.blob_bytes, how.gating);
         let batch = Batch { exec, layer: q.layer, hn, h, blob_bytes, gating, out: &slots, work, order };
+        // several tokens: the input quantized once, as the first hand-out's experts read it
+        // (each expert then gathers its rows; each row's bits are its own, as if quantized
+        // alone), where they take quantized input
+        let mut quantized = false;
         source.for_each_ready(q, &mut |ids, mats| {
-            batch.compute(ids, mats);
+            if t_n > 1
+                && !quantized
+                && let Some(m) = mats.first()
+            {
+                quantized = matches!(exec.quantized(&m.gate, hn, hq), Input::Quant(_));
+            }
+            batch.compute(ids, mats, Some(&*hq).filter(|_| quantized));
             Ok(())
         })?;
     }
@@ -302,7 +320,7 @@ impl Batch<'_> {
     /// the hand-out, each expert's gathering, quantization and SwiGLU in parallel too); else one
     /// expert after another, each product split over the threads. Every product runs as it would
     /// alone, so each strategy gives the same bits.
-    fn compute(&self, ids: &[usize], mats: &[ExpertMats<'_>]) {
+    fn compute(&self, ids: &[usize], mats: &[ExpertMats<'_>], hq: Option<&QuantAct>) {
         let (exec, routing) = (self.exec, self.out.routing);
         if self.hn.len() == self.h {
             let mut span =
@@ -327,32 +345,43 @@ impl Batch<'_> {
             exec.run(order.len(), &|task, p| {
                 let i = order[task];
                 let mut w = self.work[p].lock().unwrap_or_else(|e| e.into_inner());
-                self.expert(ids[i], &mats[i], exec.serial(), &mut w);
+                self.expert(ids[i], &mats[i], exec.serial(), &mut w, hq);
             });
         } else {
             let mut w = self.work[0].lock().unwrap_or_else(|e| e.into_inner());
             for (&e, m) in ids.iter().zip(mats) {
-                self.expert(e, m, exec, &mut w);
+                self.expert(e, m, exec, &mut w, hq);
             }
         }
     }
 
-    /// Expert `e` over its tokens of the batch, weighted into their slots.
-    fn expert(&self, e: usize, m: &ExpertMats<'_>, exec: &Exec, w: &mut ExpertWork) {
+    /// Expert `e` over its tokens of the batch, weighted into their slots; with `hq` (the batch's
+    /// input quantized, as gate and up read it) its rows gathered from there.
+    fn expert(&self, e: usize, m: &ExpertMats<'_>, exec: &Exec, w: &mut ExpertWork, hq: Option<&QuantAct>) {
         let (h, users) = (self.h, self.out.routing.uses_of(e));
         let _es = trace::span("expert")
             .arg("layer", self.layer)
             .arg("expert", e)
             .arg("tokens", users.len())
             .arg("bytes", self.blob_bytes);
-        let ExpertWork { s, xe, ye, mlp } = w;
-        xe.clear();
-        for u in users {
-            xe.extend_from_slice(&self.hn[u.token * h..(u.token + 1) * h]);
-        }
+        let ExpertWork { s, xe, xq, ye, mlp } = w;
         ye.resize(users.len() * m.down.rows, 0.0);
         let labels = ["expert_gate_up", "expert_gate", "expert_up", "expert_down"];
-        swiglu_mlp(exec, labels, (m, self.gating.of(e, m.gate.rows)), xe, mlp, ye, s);
+        let gating = self.gating.of(e, m.gate.rows);
+        let reads = |w: &Mat<'_>, q: &QuantAct| w.cols == q.cols && w.quant_group() == Some(q.group);
+        match hq.filter(|q| reads(&m.gate, q) && reads(&m.up, q)) {
+            Some(q) => {
+                xq.gather_rows(q, users.iter().map(|u| u.token));
+                swiglu_mlp_quantized(exec, labels, (m, gating), xq, mlp, ye, s);
+            }
+            None => {
+                xe.clear();
+                for u in users {
+                    xe.extend_from_slice(&self.hn[u.token * h..(u.token + 1) * h]);
+                }
+                swiglu_mlp(exec, labels, (m, gating), xe, mlp, ye, s);
+            }
+        }
         // SAFETY: expert e is computed once per batch, by this task alone
         unsafe { self.out.put(e, ye) };
     }

@@ -2,6 +2,8 @@
 
 use std::sync::Mutex;
 
+use moescope_kernels::act::QuantAct;
+
 use super::attention::AttnWork;
 use super::delta_net;
 use super::mla::MlaWork;
@@ -54,6 +56,8 @@ pub struct RunState {
     pub(super) expert_work: Vec<Mutex<ExpertWork>>,
     /// the order a prompt's experts are claimed in [E]
     pub(super) expert_order: Mutex<Vec<usize>>,
+    /// a prompt's input to the routed experts, quantized once for all of them [chunk, H]
+    pub(super) routed_in: QuantAct,
     /// the logits of the positions asked for [rows, vocab] (one row at first; grown for more),
     /// and how many of its values the last pass left
     pub(super) logits: Vec<f32>,
@@ -97,6 +101,13 @@ impl RunState {
             routing: Routing::new(&RouterRule::of(c), chunk),
             expert_work: Vec::new(),
             expert_order: Mutex::new(Vec::with_capacity(c.num_experts)),
+            routed_in: {
+                let mut q = QuantAct::default();
+                if c.num_experts > 0 && chunk > 1 {
+                    q.reserve(chunk * h);
+                }
+                q
+            },
             logits: vec![0f32; c.vocab_size],
             logits_len: 0,
             linear: dims.map(|d| delta_net::Buffers::new(d, chunk)),
@@ -151,7 +162,7 @@ impl RunState {
         ];
         let linear =
             self.linear.as_ref().map_or(0, delta_net::Buffers::bytes) + self.mla.as_ref().map_or(0, MlaWork::bytes);
-        (f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.scratch.bytes()) as u64
+        (f.iter().map(|v| v.capacity() * 4).sum::<usize>() + self.scratch.bytes() + self.routed_in.bytes()) as u64
             + linear
             + self.mlp.bytes()
             + self.routing.bytes()
