@@ -15,7 +15,7 @@ use std::time::Instant;
 use moescope_kernels::Format;
 use moescope_kernels::mat::{Input, Mat, MatData};
 use moescope_kernels::quant::{
-    f32_to_bf16, interleave_rows, lane_rows, panel_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row,
+    f32_to_bf16, interleave_rows, lane_rows, lane_scales, panel_rows, quantize_q4_row, quantize_q6_row, quantize_q8_row,
 };
 use moescope_kernels::{Isa, QuantAct};
 
@@ -76,6 +76,10 @@ fn encode(
         let mut out = vec![0u8; q.len()];
         lane_rows(&q, rb, &mut out);
         q = out;
+        // the scales in lane order too
+        let mut dl = vec![0f32; d.len()];
+        lane_scales(&d, ng, &mut dl);
+        d = dl;
     }
     (q, d)
 }

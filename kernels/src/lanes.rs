@@ -1,6 +1,6 @@
 //! The lane order of q4 matrices (in memory only, made at load for the AVX-512 q4 kernel,
-//! `mat/avx512_q4_rows.rs`): where each row's 4-byte words lie, which matrices take it, and the
-//! reordering from the x4 order.
+//! `mat/avx512_q4_rows.rs`): where each row's 4-byte words and scales lie, which matrices take
+//! it, and the reordering from the x4 order.
 
 use crate::quant::{Format, interleaved_offset};
 
@@ -39,5 +39,30 @@ pub fn lane_rows(src: &[u8], row_bytes: usize, out: &mut [u8]) {
                 out[to..to + 4].copy_from_slice(&src[from + 4 * d..from + 4 * d + 4]);
             }
         }
+    }
+}
+
+/// Index of row `r`'s scale of group `g` (of `ng` a row) in a q4 matrix's scales in lane order:
+/// blocks of [`LANE_ROWS`] rows, each group's 16 scales side by side, so a block's scales are
+/// the vectors the kernel scales its lanes by, and lie where the row-major ones of its rows do.
+#[inline]
+pub fn lane_scale_index(r: usize, g: usize, ng: usize) -> usize {
+    (r / LANE_ROWS * ng + g) * LANE_ROWS + r % LANE_ROWS
+}
+
+/// Row-major scales `src` (`[rows, ng]`: f32 or f16, or their bytes as arrays; the rows a
+/// multiple of [`LANE_ROWS`]) in lane order, into `out` (same length).
+pub fn lane_scales<T: Copy>(src: &[T], ng: usize, out: &mut [T]) {
+    debug_assert!(src.len() == out.len() && src.len().is_multiple_of(ng * LANE_ROWS));
+    for (i, v) in src.iter().enumerate() {
+        out[lane_scale_index(i / ng, i % ng, ng)] = *v;
+    }
+}
+
+/// Row `r`'s `out.len()` scales of a matrix whose scales are in lane order.
+pub fn lane_row_scales<T: Copy>(scales: &[T], r: usize, out: &mut [T]) {
+    let ng = out.len();
+    for (g, o) in out.iter_mut().enumerate() {
+        *o = scales[lane_scale_index(r, g, ng)];
     }
 }

@@ -131,7 +131,7 @@ pub fn panel_rows(src: &[u8], row_bytes: usize, chunk_bytes: usize, out: &mut [u
     }
 }
 
-pub use crate::lanes::{LANE_ROWS, lane_rows, lanes_offset, lanes_pay};
+pub use crate::lanes::{LANE_ROWS, lane_row_scales, lane_rows, lane_scale_index, lane_scales, lanes_offset, lanes_pay};
 
 /// Row-major `src` (rows of `row_bytes`) in the row-interleaved order, into `out` (same length).
 pub fn interleave_rows(src: &[u8], row_bytes: usize, chunk_bytes: usize, out: &mut [u8]) {

@@ -1,15 +1,16 @@
 //! The resident copy of a package's dense weights (and of its experts when they fit): copied
 //! into huge pages at load, and there reordered for the AVX-512 kernels: q4 matrices with
-//! symmetric groups in lane order ([`moescope_kernels::quant::lanes_offset`]: the q4 kernel
-//! reads each 16-row block as it is, where it transposed it at every product, which cost decode
-//! 4-6% and prefill about as much), the other long rows panel-major
+//! symmetric groups in lane order ([`moescope_kernels::quant::lanes_offset`], and their scales,
+//! [`moescope_kernels::quant::lane_scale_index`]: the q4 kernel reads each 16-row block and its
+//! scales as they are, where it transposed them at every product, which cost decode 4-6% and
+//! prefill about as much for the values, 2-5% for the scales), the other long rows panel-major
 //! ([`moescope_kernels::quant::panel_offset`]: the decode kernel then reuses each panel of the
 //! activations while it is in L1). The bytes are the same, reordered in memory only (the file
 //! keeps the x4 order, so streaming, checksums and other readers are untouched; each tensor and
 //! expert blob is checked before it is reordered); every product is the same, bit for bit. Only
 //! where the AVX-512 kernels run: the other tiers gather such rows one at a time.
 
-use moescope_kernels::quant::{lane_rows, lanes_pay, panel_rows, panels_pay};
+use moescope_kernels::quant::{lane_rows, lane_scales, lanes_pay, panel_rows, panels_pay};
 
 use super::PackageError;
 use super::layout::{ScaleForm, TensorEntry};
@@ -128,14 +129,31 @@ pub(super) fn to_lanes(t: &TensorEntry) -> bool {
 }
 
 /// Reorder the value bytes of `t`, which start at `at` in `bytes`: into lane order where
-/// [`to_lanes`], else panel-major.
+/// [`to_lanes`] (its scales too, wherever they lie past `at`), else panel-major.
 fn reorder(bytes: &mut [u8], at: usize, t: &TensorEntry) {
     let (rows, cols) = t.rows_cols();
     let Some(f) = t.format() else { return };
     let (rb, cb) = (f.data_bytes(1, cols), f.chunk_bytes().unwrap_or(0));
     let vals = &mut bytes[at..at + rows * rb];
     let x4 = vals.to_vec();
-    if to_lanes(t) { lane_rows(&x4, rb, vals) } else { panel_rows(&x4, rb, cb, vals) }
+    if !to_lanes(t) {
+        panel_rows(&x4, rb, cb, vals);
+        return;
+    }
+    lane_rows(&x4, rb, vals);
+    // f32 or f16 scales (`to_lanes` takes no mins), `[rows, groups]`
+    let (Some(group), Some(past)) = (f.group(), t.scales_offset.and_then(|so| so.checked_sub(t.offset))) else {
+        return;
+    };
+    let width = if t.scale_form() == ScaleForm::F16 { 2 } else { 4 };
+    let (ng, s) = (cols / group, at + past as usize);
+    let scales = &mut bytes[s..s + rows * ng * width];
+    let rm = scales.to_vec();
+    if width == 2 {
+        lane_scales(rm.as_chunks::<2>().0, ng, scales.as_chunks_mut::<2>().0);
+    } else {
+        lane_scales(rm.as_chunks::<4>().0, ng, scales.as_chunks_mut::<4>().0);
+    }
 }
 
 impl Package {

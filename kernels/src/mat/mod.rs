@@ -79,7 +79,8 @@ pub enum MatData<'a> {
         /// the order a loader may give long rows for decode ([`crate::quant::panels_pay`])
         panels: bool,
         /// with `x4` (not `panels`): 16-row blocks in lane order ([`crate::quant::lanes_offset`]),
-        /// the order a loader may give symmetric groups for the AVX-512 kernels
+        /// their scales too ([`crate::quant::lane_scale_index`]), the order a loader may give
+        /// symmetric groups for the AVX-512 kernels
         /// ([`crate::quant::lanes_pay`])
         lanes: bool,
         mins: Option<&'a [f32]>,
@@ -291,11 +292,11 @@ impl<'a> Mat<'a> {
             }
             MatData::Q4 { q, scales, group, x4, panels, lanes, mins } => {
                 let ng = c / group;
-                self.with_q_row(q, (x4, panels, lanes), r, |q| match mins {
-                    None => dequantize_q4_row(q, &scales[r * ng..(r + 1) * ng], group, out),
-                    Some(m) => {
-                        mins::dequant_q4_row(q, &scales[r * ng..(r + 1) * ng], &m[r * ng..(r + 1) * ng], group, out)
-                    }
+                with_row_scales(scales, r, ng, lanes, |wd| {
+                    self.with_q_row(q, (x4, panels, lanes), r, |q| match mins {
+                        None => dequantize_q4_row(q, wd, group, out),
+                        Some(m) => mins::dequant_q4_row(q, wd, &m[r * ng..(r + 1) * ng], group, out),
+                    })
                 })
             }
             MatData::Q4K { .. } | MatData::Q6K { .. } | MatData::Q8F16 { .. } | MatData::Q4F16 { .. } => {
@@ -338,11 +339,12 @@ impl<'a> Mat<'a> {
                 }
             }
             (MatData::Q4 { q, scales, group, x4, panels, lanes, .. }, Input::Quant(a)) => {
-                let wd = &scales[r * (c / group)..(r + 1) * (c / group)];
-                self.with_q_row(q, (x4, panels, lanes), r, |q| {
-                    for (t, o) in out.iter_mut().enumerate() {
-                        *o = dot::dot_q4(isa, q, wd, a.row(t));
-                    }
+                with_row_scales(scales, r, c / group, lanes, |wd| {
+                    self.with_q_row(q, (x4, panels, lanes), r, |q| {
+                        for (t, o) in out.iter_mut().enumerate() {
+                            *o = dot::dot_q4(isa, q, wd, a.row(t));
+                        }
+                    })
                 })
             }
             (MatData::Q6 { q, scales, group, x4, panels }, Input::Quant(a)) => {
@@ -476,6 +478,24 @@ impl<'a> Mat<'a> {
             }
         }
     }
+}
+
+/// `f` applied to row `r`'s `ng` scales: the row's own, or gathered from lane order when
+/// `lanes` (on the stack up to 1024 groups: rows of 32768 values in groups of 32).
+fn with_row_scales<R>(scales: &[f32], r: usize, ng: usize, lanes: bool, f: impl FnOnce(&[f32]) -> R) -> R {
+    if !lanes {
+        return f(&scales[r * ng..(r + 1) * ng]);
+    }
+    let mut stack = [0f32; 1024];
+    let mut heap = Vec::new();
+    let b = if ng <= stack.len() {
+        &mut stack[..ng]
+    } else {
+        heap.resize(ng, 0f32);
+        &mut heap[..]
+    };
+    crate::quant::lane_row_scales(scales, r, b);
+    f(b)
 }
 
 /// Tokens of a prompt an f32 product takes over all its rows before the next ones (16 rows of

@@ -437,12 +437,18 @@ fn lane_order_rows_give_the_x4_products_bit_for_bit() {
             assert_ne!(qx, ql);
             // f16 scales: the f32 ones rounded, so both forms hold the same values
             let h: Vec<u16> = d.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+            // the scales in lane order too
+            let (mut dl, mut hl) = (vec![0f32; d.len()], vec![0u16; h.len()]);
+            crate::quant::lane_scales(&d, ng, &mut dl);
+            crate::quant::lane_scales(&h, ng, &mut hl);
+            assert_ne!(d, dl);
             for halves in [false, true] {
                 let mk = |q, lanes| {
+                    let (d, h) = if lanes { (&dl, &hl) } else { (&d, &h) };
                     let data = if halves {
-                        MatData::Q4F16 { q, scales: &h, group, x4: true, panels: false, lanes, mins: false }
+                        MatData::Q4F16 { q, scales: h, group, x4: true, panels: false, lanes, mins: false }
                     } else {
-                        MatData::Q4 { q, scales: &d, group, x4: true, panels: false, lanes, mins: None }
+                        MatData::Q4 { q, scales: d, group, x4: true, panels: false, lanes, mins: None }
                     };
                     Mat { rows, cols, data }
                 };
@@ -536,6 +542,10 @@ fn token_major_products_are_the_row_major_ones_transposed() {
         interleave_rows(&q, rb, 64, &mut qx);
         crate::quant::lane_rows(&qx, rb, &mut ql);
         let h: Vec<u16> = d.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
+        // the lane order's scales
+        let (mut dl, mut hl) = (vec![0f32; d.len()], vec![0u16; h.len()]);
+        crate::quant::lane_scales(&d, cols / group, &mut dl);
+        crate::quant::lane_scales(&h, cols / group, &mut hl);
         let mut d6 = vec![0f32; rows * cols / 128];
         let q6 = quantize_rows(true, &w, cols, 128, &mut d6);
         let mut q8 = vec![0i8; rows * cols];
@@ -545,9 +555,9 @@ fn token_major_products_are_the_row_major_ones_transposed() {
             quantize_q8_row(&w[i * cols..][..cols], group, &mut q8[i * cols..][..cols], &mut d8[i * ng..][..ng]);
         }
         let mats = [
-            MatData::Q4 { q: &ql, scales: &d, group, x4: true, panels: false, lanes: true, mins: None },
+            MatData::Q4 { q: &ql, scales: &dl, group, x4: true, panels: false, lanes: true, mins: None },
             MatData::Q4 { q: &qx, scales: &d, group, x4: true, panels: false, lanes: false, mins: None },
-            MatData::Q4F16 { q: &ql, scales: &h, group, x4: true, panels: false, lanes: true, mins: false },
+            MatData::Q4F16 { q: &ql, scales: &hl, group, x4: true, panels: false, lanes: true, mins: false },
             MatData::Q6 { q: &q6, scales: &d6, group: 128, x4: false, panels: false },
             MatData::Q8 { q: &q8, scales: &d8, group, mins: None },
         ];
