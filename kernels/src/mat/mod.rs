@@ -564,3 +564,5 @@ impl Mat<'_> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_float;
