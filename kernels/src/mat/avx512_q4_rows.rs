@@ -219,8 +219,7 @@ unsafe fn rows_blocks<const IL: usize>(
                 let block_scales = match m.ws {
                     WeightScales::F32 { scales, .. } => &scales[b0 * m.ng..(b0 + LANES) * m.ng],
                     WeightScales::F16 { scales, .. } => {
-                        // SAFETY: AVX-512 F (the caller's); the block's halves exist
-                        unsafe { widen_halves(&scales[b0 * m.ng..(b0 + LANES) * m.ng], bs) };
+                        super::packed_scales::widen(&scales[b0 * m.ng..(b0 + LANES) * m.ng], bs);
                         &bs[..]
                     }
                     _ => unreachable!("the lanes kernel takes f32 or f16 scales alone (`takes`)"),
@@ -386,20 +385,6 @@ unsafe fn gather_block<const IL: usize>(m: &QMat<'_>, r0: usize, k: usize, bq: &
     }
     // SAFETY: the caller's guarantees
     unsafe { gather_scales(m, r0, k, bs) };
-}
-
-/// f16 scales `h` as f32 into `out` (16 at a time; `h.len()` a multiple of 16).
-///
-/// # Safety
-/// AVX-512 F; `out` at least as long as `h`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn widen_halves(h: &[u16], out: &mut [f32]) {
-    debug_assert!(h.len().is_multiple_of(16) && out.len() >= h.len());
-    for (h, o) in h.chunks_exact(16).zip(out.chunks_exact_mut(16)) {
-        // SAFETY: 16 halves in, 16 floats out
-        unsafe { _mm512_storeu_ps(o.as_mut_ptr(), _mm512_cvtph_ps(_mm256_loadu_si256(h.as_ptr() as *const _))) };
-    }
 }
 
 /// The scales of rows `r0..r0 + k` in lane order: group `g`'s at `bs[16 g..16 g + 16]`.

@@ -420,12 +420,11 @@ impl<'a> Mat<'a> {
             // over all of them streamed them from memory once a row), each dot as one alone
             (MatData::F32(w), Input::F32(x)) if n > 1 => {
                 let c = self.cols;
-                let mut col = [0f32; TOKEN_RUN];
                 for t0 in (0..n).step_by(TOKEN_RUN) {
                     let tn = (n - t0).min(TOKEN_RUN);
                     for (i, r) in rows.clone().enumerate() {
-                        dot::dot_f32_tokens(isa, &w[r * c..(r + 1) * c], &x[t0 * c..(t0 + tn) * c], &mut col[..tn]);
-                        out[i * n + t0..i * n + t0 + tn].copy_from_slice(&col[..tn]);
+                        let o = &mut out[i * n + t0..i * n + t0 + tn];
+                        dot::dot_f32_tokens(isa, &w[r * c..(r + 1) * c], &x[t0 * c..(t0 + tn) * c], o);
                     }
                 }
             }

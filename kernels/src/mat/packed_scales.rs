@@ -22,7 +22,7 @@ use crate::quant::{PANEL_ROWS, ROW_BLOCK};
 const BLOCK_ROWS: usize = 32;
 
 /// f16 scales `h` as f32 into `out` (F16C where the CPU has it: exact either way).
-fn widen(h: &[u16], out: &mut [f32]) {
+pub(super) fn widen(h: &[u16], out: &mut [f32]) {
     HalfBitsSliceExt::reinterpret_cast::<half::f16>(h).convert_to_f32_slice(&mut out[..h.len()]);
 }
 
