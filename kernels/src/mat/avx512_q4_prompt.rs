@@ -60,6 +60,12 @@ impl PromptActs {
         let (cols, ng) = (a.cols, a.cols / a.group);
         let blocks = cols / 32;
         (self.cols, self.ng) = (cols, ng);
+        // room for as many as the input's own buffers hold, not just this product's: which thread
+        // lays out which products changes from pass to pass, and a warm pass allocates nothing
+        // (tests/allocations.rs): every thread meets the run state's widest input in a first pass
+        grow_to(&mut self.q, a.q.capacity());
+        grow_to(&mut self.bias, a.sums.capacity());
+        grow_to(&mut self.scales, a.scales.capacity());
         self.q.resize(n * cols, 0);
         self.bias.resize(n * ng, 0);
         self.scales.resize(n * ng, 0.0);
@@ -79,6 +85,11 @@ impl PromptActs {
             }
         }
     }
+}
+
+/// `v` with room for `n` values at least.
+fn grow_to<T>(v: &mut Vec<T>, n: usize) {
+    v.reserve(n.saturating_sub(v.len()));
 }
 
 /// One 16-row block in lane order (`bq`, its scales `bs`: `avx512_q4_rows.rs`'s gathered
