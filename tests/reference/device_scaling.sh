@@ -29,7 +29,10 @@
 # returns what it finished), trace-t8.json.gz and trace-t16.json.gz, and the llama-bench
 # binaries it built (llama-bench-{noamx,amx}.xz, to carry next time).
 # Knobs: THREADS (1,2,4,8,16), ROUNDS (3), LAYERS (8), PROMPT (512), GEN (32), TRACES (1: the
-# traces and the roofline after the rounds; 0: none), QUANT (q4), ISAS (the best tier only).
+# traces and the roofline after the rounds; 0: none), QUANT (q4), ISAS (the best tier only),
+# SHAPE (qwen3-30b-a3b; any synth shape moe_to_gguf.py writes, e.g. qwen3.5-35b-a3b), TAG (a
+# suffix of the work folder and of steps.log / results.tgz: two shapes in one call),
+# IK_FLAGS (-rtr 1: ik_llama.cpp's flags besides the shared ones).
 set -uo pipefail
 : "${OUT:?OUT must name the results folder}"
 THREADS=${THREADS:-1,2,4,8,16}
@@ -40,13 +43,16 @@ GEN=${GEN:-32}
 TRACES=${TRACES:-1}
 QUANT=${QUANT:-q4}
 ISAS=${ISAS:-best}
+SHAPE=${SHAPE:-qwen3-30b-a3b}
+TAG=${TAG:-}
 IK_BENCH=${IK_BENCH:-}
-W=/tmp/scaling
+IK_FLAGS=${IK_FLAGS:--rtr 1}
+W=/tmp/scaling$TAG
 RES=$W/res
 mkdir -p "$W" "$RES"
-LOG=$OUT/steps.log
+LOG=$OUT/steps$TAG.log
 log() { echo "[$(date +%T)] $*" | tee -a "$LOG"; }
-save() { tar -czf "$OUT/results.tgz" -C "$W" res; }
+save() { tar -czf "$OUT/results$TAG.tgz" -C "$W" res; }
 
 { lscpu; nproc; free -g; } >>"$LOG" 2>&1
 log "start"
@@ -88,7 +94,7 @@ for v in noamx amx; do
     fi
 done
 # meanwhile the package and its GGUF
-"$M" synth --shape qwen3-30b-a3b --layers "$LAYERS" --quant "$QUANT" -o "$W/b.moe" >>"$LOG" 2>&1 || { log "synth failed"; exit 1; }
+"$M" synth --shape "$SHAPE" --layers "$LAYERS" --quant "$QUANT" -o "$W/b.moe" >>"$LOG" 2>&1 || { log "synth failed"; exit 1; }
 log "synth done"
 PYTHONPATH=$GGUF_PY python3 tests/reference/moe_to_gguf.py "$W/b.moe" "$W/b.gguf" >"$W/gguf.log" 2>&1 ||
     { tail -20 "$W/gguf.log" >>"$LOG"; log "gguf failed"; exit 1; }
@@ -118,7 +124,8 @@ for r in $(seq 1 "$ROUNDS"); do
     done
     if [[ -n $IK_BENCH ]]; then
         # -rtr 1: ik_llama.cpp repacks the weights at load into its row-interleaved layouts
-        "$IK_BENCH" -m "$W/b.gguf" -p "$PROMPT" -n "$GEN" -r 3 -t "$THREADS" -rtr 1 -o json \
+        # shellcheck disable=SC2086 # IK_FLAGS: several flags
+        "$IK_BENCH" -m "$W/b.gguf" -p "$PROMPT" -n "$GEN" -r 3 -t "$THREADS" $IK_FLAGS -o json \
             >"$RES/r$r-ik.json" 2>"$RES/r$r-ik.err"
         log "round $r: ik_llama.cpp rc=$?"
     fi

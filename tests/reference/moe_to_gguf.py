@@ -17,7 +17,9 @@ scale, renormalisation, rotary dims); they carry no tokenizer, so the file gets 
 vocabulary padded to the model's (llama.cpp needs one to load; benchmarks feed ids).
 DeepSeek-V3 / Kimi-K2 packages (`moescope synth --shape deepseek-v3|kimi-k2`, q4g32) the same way
 under llama.cpp's deepseek2 names, the latent attention's key and value halves as `attn_k_b` /
-`attn_v_b` (the package keeps that split).
+`attn_v_b` (the package keeps that split). Qwen3.5-MoE packages (`moescope synth --shape
+qwen3.5-35b-a3b`, q4g32) under llama.cpp's qwen35moe names, the hybrid's tensors transformed as its
+converter transforms a checkpoint's (`qwen35moe` below).
 
 For packages `moescope synth --quant q4g32` writes (qwen3_moe architecture). Its int4 matrices
 are llama.cpp's Q4_0 values exactly: codes in [-8, 7] biased by 8, value j of a group of 32 in the
@@ -127,7 +129,8 @@ def random_q6_k(rows, cols, std, seed):
 def add_tokenizer(w, meta, n, pre, eos_default):
     tok = meta["tokenizer"]
     if not tok.get("tokenizer_json"):
-        return
+        # a package cut below its tokenizer (`synth --vocab`) carries none: benchmarks feed ids
+        return byte_vocab(w, n)
     tj = json.loads(tok["tokenizer_json"])
     vocab = dict(tj["model"]["vocab"])
     special = {}
@@ -463,6 +466,105 @@ def deepseek2(src, dst, meta, mm):
     write_plan(w, dst, plan + tail)
 
 
+def tiled(n_k, per_k, size):
+    """Row (or column) order of llama.cpp's qwen35moe value heads: the HF checkpoint groups a key
+    head's `per_k` value heads together (value head h reads key head h / per_k), ggml's broadcast
+    wants them tiled (position p reads key head p mod n_k), each head `size` rows long; entry p
+    is the HF index written at position p."""
+    return np.arange(n_k * per_k * size).reshape(n_k, per_k, size).transpose(1, 0, 2).reshape(-1)
+
+
+def qwen35moe(src, dst, meta, mm):
+    """Qwen3.5-MoE (qwen3_5_moe) packages, q4g32: llama.cpp's qwen35moe names and keys, as its
+    converter writes a checkpoint: norms as the (1 + w) they multiply by (the package keeps them
+    so), `ssm_a` = -exp(A_log), the value heads of every linear-attention tensor in the tiled
+    order (`tiled`), `attn_q` per head [queries(hd) | output gates(hd)], `conv1d` [channels, K]."""
+    c = meta["model"]
+    hy = c["hybrid"]
+    L, nh, hd = c["num_hidden_layers"], c["num_attention_heads"], c["head_dim"]
+    nk, dk, nv, dv = hy["key_heads"], hy["key_head_dim"], hy["value_heads"], hy["value_head_dim"]
+    if nv % nk or dv % 32:
+        sys.exit(f"{src}: {nv} value heads of {dv} over {nk} key heads are not written by this script")
+    kinds = hy["layer_types"]
+    w = gguf.GGUFWriter(dst, "qwen35moe")
+    common_keys(w, meta, c, c["intermediate_size"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_expert_count(c["num_experts"])
+    w.add_expert_used_count(c["num_experts_per_tok"])
+    # the hybrid's keys by name: older gguf-py (ik_llama.cpp's) lacks some of their writer methods
+    for key, v in [("expert_shared_feed_forward_length", hy["shared_expert_intermediate_size"]),
+                   ("ssm.conv_kernel", hy["conv_kernel"]), ("ssm.state_size", dk), ("ssm.group_count", nk),
+                   ("ssm.time_step_rank", nv), ("ssm.inner_size", nv * dv), ("full_attention_interval", 4),
+                   ("rope.dimension_count", hy["rotary_dim"])]:
+        w.add_uint32(f"qwen35moe.{key}", v)
+    w.add_array("qwen35moe.attention.recurrent_layers", [k == "linear_attention" for k in kinds])
+    # text positions are equal in all three sections: interleaved MRoPE is plain RoPE over
+    # rotary_dim; llama.cpp requires the key (Qwen3.5's default sections)
+    w.add_array("qwen35moe.rope.dimension_sections", [11, 11, 10, 0])
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    add_tokenizer(w, meta, c["vocab_size"], "qwen35", "<|im_end|>")
+
+    tensors, dense_q4, dense_f32, experts = q4_helpers(mm, meta)
+    head, tail = embedding_and_output(mm, c, tensors)
+    v_rows = tiled(nk, nv // nk, dv)
+    v_heads = tiled(nk, nv // nk, 1)
+
+    def rows(made, order):
+        qt, bs, make = made
+        return qt, bs, lambda: make()[order]
+
+    def out_columns(made):
+        """ssm_out: its columns (value channels) tiled, whole Q4_0 blocks moved."""
+        qt, (r, b), make = made
+        blocks = tiled(nk, nv // nk, dv // 32)
+        return qt, (r, b), lambda: make().reshape(r, b // 18, 18)[:, blocks].reshape(r, b)
+
+    def neg_exp(made):
+        """-exp(A_log) rounded once from f64: numpy's f32 exp is off by an ulp at times, which the
+        engine's own exp of the package's A_log is not"""
+        qt, bs, make = made
+        return qt, bs, lambda: (-np.exp(make().astype(np.float64))).astype(np.float32)[v_heads]
+
+    def q_and_gate(P):
+        (qt, (r, b), q), (_, _, g) = dense_q4(P + "q_proj.weight"), dense_q4(P + "o_gate_proj.weight")
+        return qt, (2 * r, b), lambda: np.stack([q().reshape(nh, hd, b), g().reshape(nh, hd, b)], 1).reshape(2 * r, b)
+
+    qk = 2 * nk * dk
+    plan = list(head)
+    for l in range(L):
+        P = f"model.layers.{l}."
+        items = [("attn_norm.weight", dense_f32(P + "input_layernorm.weight"))]
+        if kinds[l] == "linear_attention":
+            A = P + "linear_attn."
+            items += [
+                ("attn_qkv.weight", rows(dense_q4(A + "in_proj_qkv.weight"), np.r_[np.arange(qk), qk + v_rows])),
+                ("attn_gate.weight", rows(dense_q4(A + "in_proj_z.weight"), v_rows)),
+                ("ssm_beta.weight", rows(dense_q4(A + "in_proj_b.weight"), v_heads)),
+                ("ssm_alpha.weight", rows(dense_q4(A + "in_proj_a.weight"), v_heads)),
+                ("ssm_conv1d.weight", rows(dense_f32(A + "conv1d.weight"), np.r_[np.arange(qk), qk + v_rows])),
+                ("ssm_a", neg_exp(dense_f32(A + "A_log"))),
+                ("ssm_dt.bias", rows(dense_f32(A + "dt_bias"), v_heads)),
+                ("ssm_norm.weight", dense_f32(A + "norm.weight")),
+                ("ssm_out.weight", out_columns(dense_q4(A + "out_proj.weight"))),
+            ]
+        else:
+            A = P + "self_attn."
+            items += [("attn_q.weight", q_and_gate(A)),
+                      ("attn_k.weight", dense_q4(A + "k_proj.weight")),
+                      ("attn_v.weight", dense_q4(A + "v_proj.weight")),
+                      ("attn_output.weight", dense_q4(A + "o_proj.weight")),
+                      ("attn_q_norm.weight", dense_f32(A + "q_norm.weight")),
+                      ("attn_k_norm.weight", dense_f32(A + "k_norm.weight"))]
+        items += [("post_attention_norm.weight", dense_f32(P + "post_attention_layernorm.weight")),
+                  ("ffn_gate_inp.weight", dense_f32(P + "mlp.gate.weight"))]
+        items += [(f"ffn_{n}_exps.weight", experts(l, f"{n}_proj")) for n in ("gate", "up", "down")]
+        items += [(f"ffn_{n}_shexp.weight", dense_q4(P + f"mlp.shared_expert.{n}_proj.weight"))
+                  for n in ("gate", "up", "down")]
+        items.append(("ffn_gate_inp_shexp.weight", dense_f32(P + "mlp.shared_expert_gate.weight")))
+        plan += [(f"blk.{l}.{name}", *made) for name, made in items]
+    write_plan(w, dst, plan + tail)
+
+
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
@@ -475,8 +577,11 @@ def main():
         return glm4moe(src, dst, meta, mm)
     if c["arch"] == "deepseek_v3":
         return deepseek2(src, dst, meta, mm)
+    if c["arch"] == "qwen3_5_moe":
+        return qwen35moe(src, dst, meta, mm)
     if c["arch"] != "qwen3_moe":
-        sys.exit(f"{src}: architecture {c['arch']}; this script writes qwen3moe, gpt-oss, glm4moe and deepseek2 GGUFs")
+        sys.exit(f"{src}: architecture {c['arch']}; this script writes qwen3moe, qwen35moe, gpt-oss, glm4moe and "
+                 "deepseek2 GGUFs")
     if c["tie_word_embeddings"]:
         sys.exit(f"{src}: tied embeddings are not handled")
     L, E = c["num_hidden_layers"], c["num_experts"]
