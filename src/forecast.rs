@@ -14,7 +14,7 @@
 //! would size, over a routing trace: one the user gives (never the run being predicted), or
 //! uniform random routing, the worst case for a cache, when none is given.
 //!
-//! Prefill, per chunk of 256 tokens: compute (2 x active parameters x tokens / the probed
+//! Prefill, per chunk of `PREFILL_CHUNK` tokens: compute (2 x active parameters x tokens / the probed
 //! throughput of the q4 kernels) plus the chunk's expert reads (a chunk touches nearly every
 //! expert of a layer: the non-resident ones are read once per chunk) plus its weight traffic.
 
@@ -235,7 +235,7 @@ pub fn forecast(
     let mem_s = (s.dense_decode_bytes + s.expert_token_bytes()) as f64 / p.mem_bps;
     let disk_s = (1.0 - hit) * s.expert_token_bytes() as f64 / p.disk_bps;
     let decode_tps = 1.0 / (mem_s + disk_s);
-    // prefill: a chunk of 256 tokens
+    // prefill: a chunk of PREFILL_CHUNK tokens
     let chunk = crate::engine::PREFILL_CHUNK as f64;
     let compute_s = 2.0 * s.active_params as f64 * chunk / p.flops;
     let per_layer =

@@ -66,8 +66,11 @@ pub struct EngineOptions {
     pub panels: bool,
 }
 
-/// Prompts are evaluated in chunks of this many tokens (bounds the activation buffers).
-pub const PREFILL_CHUNK: usize = 256;
+/// Prompts are evaluated in chunks of this many tokens (bounds the activation buffers). 512, as
+/// llama.cpp's micro-batch: each routed expert's products see twice the tokens of 256 (16 at the
+/// mean on 128 experts top-8), +8% pp512 on the Qwen3-30B-A3B shape and +11% on Qwen3.5-35B-A3B's
+/// 256 experts, for 50 MB more buffers on the first; 1024 gained 0-4% more.
+pub const PREFILL_CHUNK: usize = 512;
 
 pub struct Engine {
     model: Decoder,
