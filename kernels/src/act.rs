@@ -2,6 +2,7 @@
 //! dot products (the weight bytes, not the arithmetic, are what decode must stream).
 
 use crate::Isa;
+use crate::act_tiles::{self, ActTiles, TilesMut};
 
 /// One or more activation rows (`x` of `[n, cols]`), int8 with one f32 scale per `group`, plus
 /// the integer sum of each group (a q4 kernel stores weights biased by +8 and subtracts
@@ -23,6 +24,11 @@ pub struct QuantAct {
     pub permuted: Vec<i8>,
     /// The tier whose code quantized it (the same bits at every tier).
     pub tier: Isa,
+    /// The tier the products that read it run at (the cap `prepare` was given).
+    pub products: Isa,
+    /// The rows in the order the q4 lanes kernel's prompt tiles read them at that tier, placed
+    /// as each row is quantized or gathered ([`act_tiles`]).
+    pub(crate) tiles: ActTiles,
 }
 
 impl QuantAct {
@@ -33,8 +39,9 @@ impl QuantAct {
         self.prepare(n, cols, group, isa);
         // every row as one part, made here rather than by `parts` (no list to allocate)
         let wide = self.tier == Isa::Avx512;
-        let QuantAct { q, scales, sums, scaled_sums, permuted, .. } = self;
-        QuantPart { first: 0, cols, group, wide, q, scales, sums, scaled_sums, permuted }.quantize(x);
+        let QuantAct { q, scales, sums, scaled_sums, permuted, tiles, .. } = self;
+        let tiles = tiles.all_mut();
+        QuantPart { first: 0, cols, group, wide, q, scales, sums, scaled_sums, permuted, tiles }.quantize(x);
     }
 
     /// Size the buffers for `n` rows of `cols` values in groups of `group`, quantized with the
@@ -57,24 +64,29 @@ impl QuantAct {
         // only the AVX-512 q4/q6 kernels read it
         let permute = cfg!(target_arch = "x86_64") && isa >= Isa::Avx512 && cols.is_multiple_of(128);
         self.permuted.resize(if permute { n * cols } else { 0 }, 0);
+        self.products = isa;
+        self.tiles.prepare(act_tiles::order_for(n, cols, group, isa), n, cols, group);
     }
 
-    /// The prepared rows in parts of `rows` rows (the last may hold fewer), each with its own
-    /// slices of every buffer.
+    /// The prepared rows in parts of `rows` rows or a little more (whole tiles of tokens, so
+    /// each part places its own: [`act_tiles::TILE_TOKENS`]; the last may hold fewer), each with
+    /// its own slices of every buffer.
     pub fn parts(&mut self, rows: usize) -> impl Iterator<Item = QuantPart<'_>> {
+        let rows = rows.max(1).next_multiple_of(act_tiles::TILE_TOKENS);
         let (cols, group, wide) = (self.cols, self.group, self.tier == Isa::Avx512);
-        let (vals, groups) = (rows.max(1) * cols, rows.max(1) * cols / group);
-        // an empty `permuted` gives every part an empty slice
+        let (vals, groups) = (rows * cols, rows * cols / group);
+        // an empty `permuted`, or no tiles, gives every part an empty slice
         let permuted = self.permuted.chunks_mut(vals.max(1)).map(Some).chain(std::iter::repeat_with(|| None));
+        let tiles = self.tiles.parts_mut(rows).map(Some).chain(std::iter::repeat_with(|| None));
         self.q
             .chunks_mut(vals.max(1))
             .zip(self.scales.chunks_mut(groups.max(1)))
             .zip(self.sums.chunks_mut(groups.max(1)))
             .zip(self.scaled_sums.chunks_mut(groups.max(1)))
-            .zip(permuted)
+            .zip(permuted.zip(tiles))
             .enumerate()
-            .map(move |(i, ((((q, scales), sums), scaled_sums), permuted))| QuantPart {
-                first: i * rows.max(1),
+            .map(move |(i, ((((q, scales), sums), scaled_sums), (permuted, tiles)))| QuantPart {
+                first: i * rows,
                 cols,
                 group,
                 wide,
@@ -83,6 +95,7 @@ impl QuantAct {
                 sums,
                 scaled_sums,
                 permuted: permuted.unwrap_or_default(),
+                tiles: tiles.unwrap_or_default(),
             })
     }
 
@@ -97,6 +110,7 @@ impl QuantAct {
         room(&mut self.scales, groups);
         room(&mut self.sums, groups);
         room(&mut self.scaled_sums, groups);
+        self.tiles.reserve(values);
     }
 
     /// Bytes its buffers hold.
@@ -104,6 +118,7 @@ impl QuantAct {
         self.q.capacity()
             + self.permuted.capacity()
             + 4 * (self.scales.capacity() + self.sums.capacity() + self.scaled_sums.capacity())
+            + self.tiles.bytes()
     }
 
     /// Row `t` as borrowed slices.
@@ -129,22 +144,26 @@ impl QuantAct {
     pub fn gather_rows(&mut self, src: &QuantAct, rows: impl ExactSizeIterator<Item = usize>) {
         let (cols, ng) = (src.cols, src.cols / src.group.max(1));
         let n = rows.len();
-        (self.cols, self.group, self.tier) = (src.cols, src.group, src.tier);
+        (self.cols, self.group, self.tier, self.products) = (src.cols, src.group, src.tier, src.products);
+        self.tiles.prepare(act_tiles::order_for(n, cols, src.group, src.products), n, cols, src.group);
         self.q.resize(n * cols, 0);
         self.scales.resize(n * ng, 0.0);
         self.sums.resize(n * ng, 0);
         self.scaled_sums.resize(n * ng, 0.0);
         let permuted = !src.permuted.is_empty();
         self.permuted.resize(if permuted { n * cols } else { 0 }, 0);
+        let mut tiles = self.tiles.all_mut();
         for (i, r) in rows.enumerate() {
+            let (sv, sg) = (r * cols..(r + 1) * cols, r * ng..(r + 1) * ng);
             let (v, g) = (i * cols..(i + 1) * cols, i * ng..(i + 1) * ng);
-            self.q[v.clone()].copy_from_slice(&src.q[r * cols..(r + 1) * cols]);
-            self.scales[g.clone()].copy_from_slice(&src.scales[r * ng..(r + 1) * ng]);
-            self.sums[g.clone()].copy_from_slice(&src.sums[r * ng..(r + 1) * ng]);
-            self.scaled_sums[g].copy_from_slice(&src.scaled_sums[r * ng..(r + 1) * ng]);
+            self.q[v.clone()].copy_from_slice(&src.q[sv.clone()]);
+            self.scales[g.clone()].copy_from_slice(&src.scales[sg.clone()]);
+            self.sums[g.clone()].copy_from_slice(&src.sums[sg.clone()]);
+            self.scaled_sums[g].copy_from_slice(&src.scaled_sums[sg.clone()]);
             if permuted {
-                self.permuted[v].copy_from_slice(&src.permuted[r * cols..(r + 1) * cols]);
+                self.permuted[v].copy_from_slice(&src.permuted[sv.clone()]);
             }
+            tiles.put(i, &src.q[sv], &src.sums[sg.clone()], &src.scales[sg]);
         }
     }
 }
@@ -162,6 +181,8 @@ pub struct QuantPart<'a> {
     scaled_sums: &'a mut [f32],
     /// empty when the rows are not permuted
     permuted: &'a mut [i8],
+    /// the part's places in the tiles (none where the input has none)
+    tiles: TilesMut<'a>,
 }
 
 impl QuantPart<'_> {
@@ -184,6 +205,11 @@ impl QuantPart<'_> {
         }
         if !self.permuted.is_empty() {
             permute_q4_act(self.q, self.permuted);
+        }
+        let (cols, ng) = (self.cols, self.cols / group);
+        for t in 0..self.q.len() / cols {
+            let (v, g) = (t * cols..(t + 1) * cols, t * ng..(t + 1) * ng);
+            self.tiles.put(self.first + t, &self.q[v], &self.sums[g.clone()], &self.scales[g]);
         }
     }
 }

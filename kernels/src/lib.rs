@@ -9,6 +9,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod act;
+pub mod act_tiles;
 pub mod amx;
 pub mod attn;
 pub mod delta;

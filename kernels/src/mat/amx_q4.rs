@@ -12,7 +12,8 @@
 //! 4-byte words as they lie, unpacked to signed bytes `n - 8`), alternating by step.
 //!
 //! Both operands are copied into tile order first, each tile's bytes one contiguous run: the
-//! activations once per product ([`Tiles::new`]; read in place, a tile's 16 rows lay a row's
+//! activations once per product input (placed as it is quantized, `act_tiles.rs`; else by
+//! [`Tiles::new`]; read in place, a tile's 16 rows lay a row's
 //! length apart, 2 KiB at 2048 values, all in two sets of the L1 cache), the weights once per
 //! block (a tile load right after the stores that wrote it would wait for them). Then:
 //!
@@ -27,29 +28,22 @@ use std::ops::Range;
 
 use super::avx512::QMat;
 use super::avx512_q4_rows::Dst;
+use crate::act_tiles::{ActTiles, Line, TileOrder};
 use crate::amx::{self, TileConfig};
 
-/// Whether a prompt of `n` tokens runs on the tiles, groups of `group` (else the VNNI tile):
-/// the float steps a group cost the same either way, so groups of 32 gain only from 24 tokens
-/// on, larger groups from 12 (`cargo bench --bench matvec -- q4x4l q4g32x4l avx512 amx`).
-pub(super) fn pays(n: usize, group: usize) -> bool {
-    n >= if group == 32 { 24 } else { 12 }
-}
+/// Whether a prompt of `n` tokens runs on the tiles, groups of `group` (else the VNNI tile).
+pub(super) use crate::act_tiles::amx_pays as pays;
 
 /// Tokens a sum tile holds (its rows).
-const TILE_TOKENS: usize = 16;
+const TILE_TOKENS: usize = crate::act_tiles::TILE_TOKENS;
 
 /// Tokens a pass over a block's groups takes: two sum tiles.
 const PASS: usize = 2 * TILE_TOKENS;
 
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Line([u8; 64]);
-
 thread_local! {
-    /// The product's activations in tile order, then a block's weights ([`Tiles::new`],
-    /// [`unpack`]).
-    static TILED: RefCell<(Vec<Line>, Vec<Line>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    /// A product's activations in tile order where its input holds another order ([`Tiles::new`]),
+    /// then a block's weights ([`unpack`]).
+    static TILED: RefCell<(ActTiles, Vec<Line>)> = RefCell::new((ActTiles::default(), Vec::new()));
 }
 
 /// One product's tiles on this thread: the activations in tile order and the shape loaded; the
@@ -58,36 +52,36 @@ pub(super) struct Tiles {
     loaded: Option<TileConfig>,
     /// bytes of K a step: 32 (groups of 32) or 64
     kb: usize,
+    /// the activations in tile order: the input's own ([`TileOrder::Amx`]) or this thread's
+    /// `TILED` copy, which only `new` on this thread writes (a thread holds one `Tiles` at a time)
+    acts: *const Line,
 }
 
 impl Tiles {
     /// `m`'s `n` activation rows in tile order (token tile `tt`, step `k`: `16 x kb` bytes at
-    /// line `(tt * steps + k) * kb / 4`, rows past `n` zero).
+    /// line `(tt * steps + k) * kb / 4`): the input's, when it was quantized for these tiles and
+    /// this token count, else laid out here.
     ///
     /// # Safety
     /// [`amx::granted`] returned true (the drop releases the tiles); `m.a` holds `n` rows of
     /// `m.cols` values.
     pub(super) unsafe fn new(m: &QMat<'_>, n: usize) -> Tiles {
         let kb = m.a.group.min(64);
-        let (cols, steps) = (m.cols, m.cols / kb);
-        TILED.with(|t| {
+        let order = TileOrder::Amx { kb };
+        if m.a.tiles.order() == (order, n) {
+            return Tiles { loaded: None, kb, acts: m.a.tiles.lines().as_ptr() };
+        }
+        let acts = TILED.with(|t| {
             let acts = &mut t.borrow_mut().0;
-            acts.clear();
-            acts.resize(n.div_ceil(TILE_TOKENS) * TILE_TOKENS * cols / 64, Line([0; 64]));
-            let bytes = acts.as_mut_ptr() as *mut u8;
+            acts.prepare(order, n, m.cols, m.a.group);
+            let mut all = acts.all_mut();
             for t in 0..n {
-                let (tt, r) = (t / TILE_TOKENS, t % TILE_TOKENS);
-                let row = &m.a.q[t * cols..(t + 1) * cols];
-                for (k, v) in row.chunks_exact(kb).enumerate() {
-                    // SAFETY: inside `acts`, sized above
-                    unsafe {
-                        let at = bytes.add(((tt * steps + k) * TILE_TOKENS + r) * kb);
-                        std::ptr::copy_nonoverlapping(v.as_ptr() as *const u8, at, kb);
-                    }
-                }
+                let r = m.a.row(t);
+                all.put(t, r.q, r.sums, r.scales);
             }
+            acts.lines().as_ptr()
         });
-        Tiles { loaded: None, kb }
+        Tiles { loaded: None, kb, acts }
     }
 
     /// The shape of a pass of `tokens` tokens (1..=32), loaded unless it is the one loaded.
@@ -200,15 +194,16 @@ pub(super) unsafe fn block(
 ) {
     let (a, cols, ng, group, kb) = (m.a, m.cols, m.ng, m.a.group, tiles.kb);
     let (steps, per_group) = (cols / kb, group / kb);
+    let acts = tiles.acts;
     TILED.with(|t| {
-        let (acts, wt) = &mut *t.borrow_mut();
+        let wt = &mut t.borrow_mut().1;
         wt.resize(cols / 4, Line([0; 64]));
         // SAFETY: the caller's guarantees; sized above
         unsafe { unpack(bq, cols, wt) };
         // step k's weight tile, and token tile tt's activations (the second token tile's
         // address is made, not read, when a pass has one)
         let w = |k: usize| wt.as_ptr().wrapping_add(k * kb / 4) as *const u8;
-        let x = |tt: usize, k: usize| acts.as_ptr().wrapping_add((tt * steps + k) * kb / 4) as *const u8;
+        let x = |tt: usize, k: usize| acts.wrapping_add((tt * steps + k) * kb / 4) as *const u8;
         let mut sums = [Line([0; 64]); 64];
         let mut f = [[0f32; 16]; PASS];
         let mut t0 = 0;

@@ -19,77 +19,55 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use crate::act::QuantAct;
+use crate::act_tiles::{ActTiles, TileOrder};
 
 /// Rows a vector holds (the lane order's blocks).
 const LANES: usize = crate::lanes::LANE_ROWS;
 
 /// Tokens a tile runs at most (as the tile of `avx512_q4_rows.rs`).
-pub(super) const MAX_TOKENS: usize = 8;
+pub(super) const MAX_TOKENS: usize = crate::act_tiles::RUN_TOKENS;
 
-/// A product's activations in its tiles' order: tokens in runs of [`MAX_TOKENS`] (the last run
-/// shorter), each run laid out on its own from `t0 * cols` (values) and `t0 * groups` (biases,
-/// scales) for its first token `t0`.
-#[derive(Default)]
-pub(super) struct PromptActs {
+/// A product's activations in its tiles' order ([`TileOrder::Runs`]): tokens in runs of
+/// [`MAX_TOKENS`] (the last run shorter), each run laid out on its own from `t0 * cols`
+/// (values) and `t0 * groups` (biases, scales) for its first token `t0`.
+pub(super) struct PromptActs<'a> {
     /// run from token `t0` of `tn` tokens: block `b` of its token `t` at `t0 cols + (b tn + t) 32`
-    q: Vec<i8>,
+    q: &'a [i8],
     /// `-8 * sums`, at `t0 groups + g tn + t`
-    bias: Vec<i32>,
+    bias: &'a [i32],
     /// the activation scales, as `bias`
-    scales: Vec<f32>,
+    scales: &'a [f32],
     cols: usize,
     ng: usize,
 }
 
-thread_local! {
-    /// The thread's laid-out activations (one product at a time).
-    static ACTS: RefCell<PromptActs> = RefCell::new(PromptActs::default());
-}
-
-/// `f` with the `n` tokens of `a` (groups of whole 32-value blocks) laid out for the tiles.
-pub(super) fn with_prompt_acts<R>(a: &QuantAct, n: usize, f: impl FnOnce(&PromptActs) -> R) -> R {
-    ACTS.with(|p| {
-        let mut p = p.borrow_mut();
-        p.fill(a, n);
-        f(&p)
-    })
-}
-
-impl PromptActs {
-    fn fill(&mut self, a: &QuantAct, n: usize) {
-        let (cols, ng) = (a.cols, a.cols / a.group);
-        let blocks = cols / 32;
-        (self.cols, self.ng) = (cols, ng);
-        // room for as many as the input's own buffers hold, not just this product's: which thread
-        // lays out which products changes from pass to pass, and a warm pass allocates nothing
-        // (tests/allocations.rs): every thread meets the run state's widest input in a first pass
-        grow_to(&mut self.q, a.q.capacity());
-        grow_to(&mut self.bias, a.sums.capacity());
-        grow_to(&mut self.scales, a.scales.capacity());
-        self.q.resize(n * cols, 0);
-        self.bias.resize(n * ng, 0);
-        self.scales.resize(n * ng, 0.0);
-        for t0 in (0..n).step_by(MAX_TOKENS) {
-            let tn = (n - t0).min(MAX_TOKENS);
-            for t in 0..tn {
-                let row = &a.q[(t0 + t) * cols..(t0 + t + 1) * cols];
-                for (b, v) in row.chunks_exact(32).enumerate().take(blocks) {
-                    let d = t0 * cols + (b * tn + t) * 32;
-                    self.q[d..d + 32].copy_from_slice(v);
-                }
-                for g in 0..ng {
-                    let d = t0 * ng + g * tn + t;
-                    self.bias[d] = -8 * a.sums[(t0 + t) * ng + g];
-                    self.scales[d] = a.scales[(t0 + t) * ng + g];
-                }
-            }
-        }
+impl<'a> PromptActs<'a> {
+    fn of(t: &'a ActTiles, a: &QuantAct) -> PromptActs<'a> {
+        PromptActs { q: t.values(), bias: t.bias(), scales: t.scales(), cols: a.cols, ng: a.cols / a.group }
     }
 }
 
-/// `v` with room for `n` values at least.
-fn grow_to<T>(v: &mut Vec<T>, n: usize) {
-    v.reserve(n.saturating_sub(v.len()));
+thread_local! {
+    /// The thread's own layout, for an input laid out for other tiles (one product at a time).
+    static ACTS: RefCell<ActTiles> = RefCell::new(ActTiles::default());
+}
+
+/// `f` with the `n` tokens of `a` (groups of whole 32-value blocks) laid out for the tiles: as
+/// the input holds them when it was quantized for this tier and token count, else laid out here.
+pub(super) fn with_prompt_acts<R>(a: &QuantAct, n: usize, f: impl FnOnce(&PromptActs) -> R) -> R {
+    if a.tiles.order() == (TileOrder::Runs, n) {
+        return f(&PromptActs::of(&a.tiles, a));
+    }
+    ACTS.with(|p| {
+        let mut p = p.borrow_mut();
+        p.prepare(TileOrder::Runs, n, a.cols, a.group);
+        let mut all = p.all_mut();
+        for t in 0..n {
+            let r = a.row(t);
+            all.put(t, r.q, r.sums, r.scales);
+        }
+        f(&PromptActs::of(&p, a))
+    })
 }
 
 /// One 16-row block in lane order (`bq`, its scales `bs`: `avx512_q4_rows.rs`'s gathered

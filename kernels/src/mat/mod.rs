@@ -565,3 +565,5 @@ impl Mat<'_> {
 mod tests;
 #[cfg(test)]
 mod tests_float;
+#[cfg(test)]
+mod tests_tiles;
