@@ -238,19 +238,20 @@ fn hanging_up_stops_the_engine_mid_prefill_and_mid_decode() {
     let s = Server::start(&["-t", "1", "--metrics", "--cache-mb", "1"], d.path());
     let key = |m: &HashMap<String, f64>, k: &str| m[&format!("llamacpp:{k}")];
     let idle = |s: &Server| s.wait_metrics(30, "the engine idle", |m| key(m, "requests_processing") == 0.0);
-    // a prompt of 16 chunks: hang up once the first chunk is in
+    // a prompt of 8 chunks: hang up once the first chunk is in
+    let chunk = moescope::engine::PREFILL_CHUNK as f64;
     let ids: Vec<u32> = (0..4000u32).map(|i| (i * 7919) % 4000 + 50).collect();
     let m0 = s.metrics();
     let sse = s.stream("/v1/completions", &json!({"prompt": ids, "max_tokens": 4, "stream": true}));
     let at = s.wait_metrics(60, "a prompt chunk", |m| {
-        key(m, "prompt_tokens_total") >= key(&m0, "prompt_tokens_total") + 256.0
+        key(m, "prompt_tokens_total") >= key(&m0, "prompt_tokens_total") + chunk
     });
     sse.hang_up();
     let end = idle(&s);
     let grew = key(&end, "prompt_tokens_total") - key(&at, "prompt_tokens_total");
     eprintln!("prompt tokens after the hang-up: {grew}");
-    assert!(grew <= 256.0, "the prompt went on for {grew} tokens after the hang-up");
-    assert!(key(&end, "prompt_tokens_total") < key(&m0, "prompt_tokens_total") + 4000.0 - 256.0);
+    assert!(grew <= chunk, "the prompt went on for {grew} tokens after the hang-up");
+    assert!(key(&end, "prompt_tokens_total") < key(&m0, "prompt_tokens_total") + 4000.0 - chunk);
     assert_eq!(key(&end, "tokens_predicted_total"), key(&m0, "tokens_predicted_total"));
     // a long reply: hang up after a few tokens. The engine runs ahead of this reader, so the
     // count starts from the metrics read just after the hang-up (read before it, a descheduled

@@ -348,17 +348,18 @@ mod tests {
     fn parts_quantized_apart_are_the_whole_bits() {
         // several threads quantize a prompt's rows in parts: every part size, every tier, the
         // same buffers as one call
-        let (n, cols) = (7, 256);
+        let (n, cols) = (40, 256);
         let x: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.731).sin() * (1 + i % 5) as f32).collect();
         for isa in Isa::available() {
             for group in [32, 128] {
                 let mut whole = QuantAct::default();
                 whole.quantize(&x, cols, group, isa);
-                for rows in [1, 2, 3, 7, 9] {
+                for rows in [1, 2, 3, 7, 9, 17, 40] {
                     let mut apart = QuantAct::default();
                     apart.prepare(n, cols, group, isa);
                     let mut parts: Vec<_> = apart.parts(rows).collect();
-                    assert_eq!(parts.len(), n.div_ceil(rows));
+                    // whole tiles of tokens a part
+                    assert_eq!(parts.len(), n.div_ceil(rows.next_multiple_of(act_tiles::TILE_TOKENS)));
                     // in reverse: no part depends on another
                     for p in parts.iter_mut().rev() {
                         p.quantize(&x);
@@ -372,6 +373,8 @@ mod tests {
                     let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(bits(&apart.scales), bits(&whole.scales));
                     assert_eq!(bits(&apart.scaled_sums), bits(&whole.scaled_sums));
+                    assert_eq!(apart.tiles.values(), whole.tiles.values(), "{isa} group {group}, parts of {rows}");
+                    assert_eq!((apart.tiles.bias(), apart.tiles.order()), (whole.tiles.bias(), whole.tiles.order()));
                 }
             }
         }

@@ -7,7 +7,11 @@
 //! the keys and values plus `T P (nope + rope + v)`: at DeepSeek-V3's shape, with T and P in
 //! the hundreds, about half. Decode (T = 1) stays absorbed. The two forms are the same sums in
 //! another order (within f32 rounding: tests/reference_logits.rs holds prompt and decoded
-//! tokens to transformers at 2e-5, and the engine's decode to its one-pass prompt at 1e-4).
+//! tokens to transformers at 2e-5, and the engine's decode to its one-pass prompt at 1e-4),
+//! where the up-projections are float: quantized ones (a GGUF's Q8_0 `attn_v_b`) take the
+//! absorbed form's query or latent output quantized to int8, as every quantized product's
+//! input, which this form's f32 keys and values never are (0.01 logits apart on
+//! tests/deepseek.rs's file, each within its q8 bounds of transformers).
 //!
 //! A head is one task: its keys and values made a split of [`attn::SPLIT`] positions at a
 //! time (the memory bounded whatever the context), every query of the batch folded over each

@@ -299,6 +299,20 @@ pub fn check_gguf_logits(gguf: &Path, ids: &[u32], want: &[f32], bounds: Option<
     moescope::convert::convert_gguf(gguf, &pkg, ConvertOptions::new(QuantMode::File))
         .unwrap_or_else(|e| panic!("converting {}: {e}", gguf.display()));
     let name = gguf.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    // latent attention with quantized up-projections: a decode step runs the absorbed form,
+    // whose k_b / v_b products take the query and latent output quantized to int8 (every
+    // quantized product's input), a prompt's batch the expanded form, which expands keys and
+    // values in f32 (src/model/mla_expanded.rs): the step is held to transformers' row within
+    // the bounds rather than to the prompt's row (0.0102 apart on tests/deepseek.rs's file)
+    let quantized_mla = {
+        let p = moescope::package::Package::open(&pkg).expect("package");
+        let up = |n: &str| n.ends_with("self_attn.k_b_proj.weight") || n.ends_with("self_attn.v_b_proj.weight");
+        p.meta
+            .tensors
+            .iter()
+            .filter(|t| up(&t.name))
+            .any(|t| p.mat_by_index(p.require(&t.name, &t.shape, false).expect("tensor")).quant_group().is_some())
+    };
     for isa in moescope_kernels::Isa::available() {
         let tag = format!("{name} {isa}");
         let ctx = Some(ids.len().next_multiple_of(64));
@@ -308,8 +322,13 @@ pub fn check_gguf_logits(gguf: &Path, ids: &[u32], want: &[f32], bounds: Option<
         eng.reset();
         eng.eval(&ids[..ids.len() - 1], Logits::Last, &mut NoObserver).expect("prefill");
         let inc = eng.eval(&ids[ids.len() - 1..], Logits::Last, &mut NoObserver).expect("decode").to_vec();
-        let d_inc = max_abs_diff(&inc, &got[(ids.len() - 1) * v..]);
-        assert!(d_inc <= 1e-4, "{tag}: decode differs from the prompt's last row by {d_inc}");
+        let last = (ids.len() - 1) * v;
+        if quantized_mla {
+            check_logits(&format!("{tag} decode"), &inc, &want[last..], v, bounds);
+        } else {
+            let d_inc = max_abs_diff(&inc, &got[last..]);
+            assert!(d_inc <= 1e-4, "{tag}: decode differs from the prompt's last row by {d_inc}");
+        }
         check_logits(&tag, &got, want, v, bounds);
     }
 }
