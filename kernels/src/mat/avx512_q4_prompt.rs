@@ -1,5 +1,5 @@
 //! The q4 lanes kernel's prompt tiles (2 tokens or more a product) over activations laid out
-//! for them once per product ([`PromptActs`]).
+//! for them once per product input ([`PromptActs`]: as the input holds them, `act_tiles.rs`).
 //!
 //! The tile of `avx512_q4_rows.rs` reads each token's bytes, bias and scale where the quantized
 //! activations keep them (`[tokens, cols]`, `[tokens, groups]`): every token of a tile has its
