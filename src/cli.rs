@@ -56,6 +56,17 @@ pub enum Command {
         #[arg(long)]
         serve: bool,
     },
+    /// Print the tiers' multiply-adds a second (int8 VNNI, int8 AMX where granted, f32 FMA) with
+    /// every thread of each count running at once: the compute peak a prefill's rate is a share of.
+    #[command(hide = true)]
+    ComputePeak {
+        /// Thread counts, comma-separated.
+        #[arg(short = 't', long, default_value = "1")]
+        threads: String,
+        /// Milliseconds each probe runs.
+        #[arg(long, default_value_t = 300)]
+        ms: u64,
+    },
 }
 
 #[derive(Args, Debug)]

@@ -37,6 +37,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Sim(a)) => cmd::sim::run(a),
         Some(cli::Command::Perplexity(a)) => cmd::perplexity::run(a),
         Some(cli::Command::ReadBandwidth { threads, mib, serve }) => read_bandwidth(*threads, *mib, *serve),
+        Some(cli::Command::ComputePeak { threads, ms }) => cmd::bench::peak::run(threads, *ms),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

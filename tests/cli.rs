@@ -378,3 +378,26 @@ fn weight_prefetch_changes_no_logit_and_bad_settings_are_refused() {
         assert_clean_failure(&o, &["MOESCOPE_WEIGHT_PREFETCH", bad]);
     }
 }
+
+/// `compute-peak` (hidden; device_scaling.sh logs it): a line per thread count with each probed
+/// tier's rate, or on a CPU without AVX-512 a one-line error; junk counts are refused.
+#[test]
+fn compute_peak_prints_a_rate_per_thread_count() {
+    let d = tempfile::tempdir().unwrap();
+    let o = moescope(&["compute-peak", "-t", "1,2", "--ms", "20"], d.path());
+    if moescope_kernels::Isa::detect() >= moescope_kernels::Isa::Avx512 {
+        assert!(o.status.success(), "{}", stderr(&o));
+        let out = stdout(&o);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.len(), 2, "{out}");
+        for (l, t) in lines.iter().zip([1, 2]) {
+            assert!(l.starts_with(&format!("threads {t}: int8 VNNI ")), "{l}");
+            let rate: f64 = l.split_whitespace().nth(4).and_then(|v| v.parse().ok()).expect("a rate");
+            assert!(rate > 0.0 && rate.is_finite(), "{l}");
+        }
+    } else {
+        assert!(!o.status.success() && stderr(&o).contains("compute-peak"), "{}", stderr(&o));
+    }
+    let bad = moescope(&["compute-peak", "-t", "1,x"], d.path());
+    assert!(!bad.status.success() && stderr(&bad).contains("-t: 'x' is not a whole number"), "{}", stderr(&bad));
+}

@@ -26,6 +26,7 @@ pub mod lanes;
 pub mod mat;
 pub mod mxfp4;
 pub mod ops;
+pub mod peak;
 pub mod prefetch;
 pub mod quant;
 

@@ -59,6 +59,8 @@ log "start"
 xz -dc .dev/moescope.xz >"$W/moescope" && chmod +x "$W/moescope" || { log "no .dev/moescope.xz"; exit 1; }
 M=$W/moescope
 export MOESCOPE_ASSETS=$PWD/assets
+# the tiers' compute peak at each thread count (are the vCPUs cores or hyperthreads?)
+"$M" compute-peak -t "$THREADS" >>"$LOG" 2>&1
 
 # llama.cpp, two builds side by side (8 jobs each), unless carried
 # (with both binaries carried, the sources may stay behind: .dev/gguf-py.tar.xz, a tar of the

@@ -25,6 +25,7 @@ use crate::cli::BenchArgs;
 use report::Format;
 
 mod matrix;
+pub mod peak;
 mod probes;
 mod report;
 
