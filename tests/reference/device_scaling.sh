@@ -15,7 +15,9 @@
 #                          sources stay behind; GGUF_PY may name another gguf-py folder instead
 #   IK_BENCH=path          (optional) an ik_llama.cpp llama-bench built outside the project (this
 #                          script builds no fetched repository): run with -rtr 1 beside the others;
-#                          IK_WAIT=seconds waits that long for it to appear (a build still running)
+#                          IK_WAIT=seconds waits that long for it to appear (a build still running);
+#                          a path ending in .xz (a stripped static build an earlier call returned,
+#                          carried in .dev/) is unpacked first
 # With neither the llama.cpp sources nor its binaries carried, llama.cpp is left out.
 # There: llama.cpp is built twice from those sources (statically linked), natively with AMX disabled (the
 # comparison the issue's criteria name) and natively as is (AMX where the CPU has it); an
@@ -107,6 +109,10 @@ done
 log "llama.cpp ready; AMX in the native build's log: $(grep -c -i 'amx' "$W/amx.log" 2>/dev/null || echo carried)"
 
 # an ik_llama.cpp build may still be finishing beside this script: wait for it (IK_WAIT seconds)
+# a carried build (xz, as an earlier call returned it) unpacked next to the others
+if [[ $IK_BENCH == *.xz ]]; then
+    xz -dc "$IK_BENCH" >"$W/ik-llama-bench" && chmod +x "$W/ik-llama-bench" && IK_BENCH=$W/ik-llama-bench
+fi
 if [[ -n $IK_BENCH ]]; then
     for _ in $(seq 1 "${IK_WAIT:-0}"); do [[ -x $IK_BENCH ]] && break; sleep 1; done
     [[ -x $IK_BENCH ]] && log "ik_llama.cpp: $IK_BENCH" || { log "IK_BENCH=$IK_BENCH is not an executable"; IK_BENCH=""; }
