@@ -1,8 +1,10 @@
 //! One step of the gated delta rule (`kernels::delta`), one thread, per ISA tier, on
 //! Qwen3.5-35B-A3B's shape (dk = dv = 128: a 64 KiB f32 state per value head). Two cases:
-//! prefill (one head through 512 tokens: its state stays in L1/L2) and decode (32 value heads,
-//! one token each, as one linear-attention layer's step: 2 MiB of state, from L2/L3). Reports
-//! ns per (head, token) and the GB/s of state that would be read and written once.
+//! prefill (one head through 512 tokens: token by token, its state from L2 each step; and
+//! `delta::steps`, each block of the state's columns through all the tokens, as a prompt runs)
+//! and decode (32 value heads, one token each, as one linear-attention layer's step: 2 MiB of
+//! state, from L2/L3). Reports ns per (head, token) and the GB/s of state that would be read and
+//! written once a token.
 //! `cargo bench --bench delta_rule`.
 
 use std::time::Instant;
@@ -24,21 +26,27 @@ fn main() {
     let q = unit((0..dk).map(|_| r()).collect());
     let k = unit((0..dk).map(|_| r()).collect());
     let v: Vec<f32> = (0..dv).map(|_| r()).collect();
-    for (what, heads, tokens) in [("prefill", 1, 512), ("decode", 32, 1)] {
+    for (what, heads, tokens) in [("prefill", 1, 512), ("steps", 1, 512), ("decode", 32, 1)] {
         for isa in Isa::available() {
             let mut states = vec![0f32; heads * dk * dv];
             let (mut u, mut o) = (vec![0f32; dv], vec![0f32; dv]);
+            let x = |_| Step { q: &q, k: &k, v: &v, beta: 0.5, decay: 0.97 };
+            let (mut outs, mut scratch) = (vec![0f32; tokens * dv], vec![0f32; delta::steps_scratch(dk, dv)]);
             let mut times = vec![];
             for _ in 0..50 {
                 let t = Instant::now();
                 for st in states.chunks_exact_mut(dk * dv) {
+                    if what == "steps" {
+                        delta::steps(isa, st, tokens, x, &mut scratch, &mut outs);
+                        continue;
+                    }
                     for _ in 0..tokens {
                         let x = Step { q: &q, k: &k, v: &v, beta: 0.5, decay: 0.97 };
                         delta::step(isa, st, x, &mut u, &mut o);
                     }
                 }
                 times.push(t.elapsed().as_secs_f64());
-                std::hint::black_box(&o);
+                std::hint::black_box((&o, &outs));
             }
             times.sort_by(f64::total_cmp);
             let t = times[times.len() / 2];

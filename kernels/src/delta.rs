@@ -18,11 +18,14 @@
 //! ```
 //! Lane j only ever meets column j of S, so the state is taken a block of columns at a time:
 //! the block's sums stay in registers across all dk rows, and the block (128 rows x 64
-//! columns = 32 KiB at most) stays in L1 between its two passes, so S is read from L2/L3 once
-//! and written once per token. Every tier performs the same operations on each lane in the
-//! same order (the scalar reference uses `mul_add` for that), so every tier gives the same
-//! bits, and so does any split of the value heads over threads. Keep the state in f32: 8-bit
-//! or half state is known to ruin long generations.
+//! columns = 32 KiB at most) stays in L1 between its two passes. One token ([`step`], decode)
+//! then reads S from L2/L3 once and writes it once; a prompt's tokens ([`steps`]) take each
+//! block through all of them before the next, so S leaves L1 once per block and prompt, not
+//! once per token (a step's passes over a 64 KiB state in L2 ran at a third of the FMA rate).
+//! Every tier performs the same operations on each lane in the same order (the scalar
+//! reference uses `mul_add` for that), so every tier gives the same bits, and so does any split
+//! of the value heads over threads or of a prompt into steps. Keep the state in f32: 8-bit or
+//! half state is known to ruin long generations.
 
 use crate::Isa;
 
@@ -59,6 +62,57 @@ pub fn step(isa: Isa, s: &mut [f32], x: Step, u: &mut [f32], out: &mut [f32]) {
     }
     let _ = isa;
     scalar::step(s, x, u, out)
+}
+
+/// Lanes of the state's columns a block of [`steps`] takes through all the tokens.
+pub const BLOCK_LANES: usize = 64;
+
+/// Scratch [`steps`] needs for a state of `dk` rows and `dv` columns.
+pub fn steps_scratch(dk: usize, dv: usize) -> usize {
+    dk * BLOCK_LANES + dv
+}
+
+/// Advance `s` (`[dk, dv]`) through `n` tokens in order, token `t`'s inputs `x(t)` and output
+/// (`[dv]`) at `outs[t dv..]`: the bits of [`step`] token by token; `scratch` holds
+/// [`steps_scratch`] values.
+pub fn steps<'a>(
+    isa: Isa,
+    s: &mut [f32],
+    n: usize,
+    x: impl Fn(usize) -> Step<'a>,
+    scratch: &mut [f32],
+    outs: &mut [f32],
+) {
+    if n == 0 {
+        return;
+    }
+    let x0 = x(0);
+    let (dk, dv) = (x0.k.len(), x0.v.len());
+    assert!(
+        (0..n).all(|t| {
+            let xt = x(t);
+            xt.q.len() == dk && xt.k.len() == dk && xt.v.len() == dv
+        }) && s.len() == dk * dv
+            && scratch.len() >= steps_scratch(dk, dv)
+            && outs.len() == n * dv,
+        "delta steps shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        if isa >= Isa::Avx512 {
+            // SAFETY: the tier says the CPU has AVX-512 F; shapes checked above.
+            return unsafe { avx512::steps(s, n, x, scratch, outs) };
+        }
+        if isa.has_avx2() {
+            // SAFETY: the tier says the CPU has AVX2 and FMA; shapes checked above.
+            return unsafe { avx2::steps(s, n, x, scratch, outs) };
+        }
+    }
+    let _ = isa;
+    let (u, _) = scratch.split_at_mut(dv);
+    for (t, out) in outs.chunks_exact_mut(dv).enumerate() {
+        scalar::step(s, x(t), u, out);
+    }
 }
 
 pub mod scalar {
@@ -99,37 +153,83 @@ macro_rules! vector_tier {
 
             #[target_feature(enable = $feat)]
             pub unsafe fn step(s: &mut [f32], x: Step, out: &mut [f32]) {
-                let dv = x.v.len();
+                // SAFETY: the caller's (one token takes no copy of a block)
+                unsafe { steps(s, 1, |_| x, &mut [], out) }
+            }
+
+            /// `n` tokens in order, token `t`'s output at `outs[t dv..]`: each block of lanes
+            /// through all of them, then the next. Several tokens take the block's columns into
+            /// `blk` first: in place, its rows lie `dv` floats apart (512 bytes at dv = 128),
+            /// so a 64-lane block's lines fall in half the L1 sets and 128 rows of them never
+            /// stay there; contiguous, they do.
+            #[target_feature(enable = $feat)]
+            pub unsafe fn steps<'a>(
+                s: &mut [f32],
+                n: usize,
+                x: impl Fn(usize) -> Step<'a>,
+                blk: &mut [f32],
+                outs: &mut [f32],
+            ) {
+                const { assert!($nb * W == super::BLOCK_LANES) };
+                let x0 = x(0);
+                let (dk, dv, wb) = (x0.k.len(), x0.v.len(), $nb * W);
                 let mut j0 = 0;
                 // SAFETY: every block below covers lanes j0..j0 + NB * W <= dv of the rows of
-                // `s` ([dk, dv]), `v` and `out` ([dv]), shapes checked by the caller.
+                // `s` ([dk, dv]) or of its copy in `blk` ([dk, NB W]), of `v` and of the
+                // token's `outs` row ([dv]), shapes checked by the caller.
                 unsafe {
-                    while j0 + $nb * W <= dv {
-                        block::<{ $nb }, { $nb2 }>(s, x, out, j0);
-                        j0 += $nb * W;
+                    if n > 1 && wb <= dv {
+                        let blk = &mut blk[..dk * wb];
+                        while j0 + wb <= dv {
+                            for (i, r) in blk.chunks_exact_mut(wb).enumerate() {
+                                r.copy_from_slice(&s[i * dv + j0..i * dv + j0 + wb]);
+                            }
+                            for (t, out) in outs.chunks_exact_mut(dv).enumerate() {
+                                block::<{ $nb }, { $nb2 }>(blk.as_mut_ptr(), wb, x(t), out, j0);
+                            }
+                            for (i, r) in blk.chunks_exact(wb).enumerate() {
+                                s[i * dv + j0..i * dv + j0 + wb].copy_from_slice(r);
+                            }
+                            j0 += wb;
+                        }
+                    }
+                    while j0 + wb <= dv {
+                        for (t, out) in outs.chunks_exact_mut(dv).enumerate() {
+                            block::<{ $nb }, { $nb2 }>(s.as_mut_ptr().add(j0), dv, x(t), out, j0);
+                        }
+                        j0 += wb;
                     }
                     while j0 + W <= dv {
-                        block::<1, 1>(s, x, out, j0);
+                        for (t, out) in outs.chunks_exact_mut(dv).enumerate() {
+                            block::<1, 1>(s.as_mut_ptr().add(j0), dv, x(t), out, j0);
+                        }
                         j0 += W;
                     }
                 }
                 for j in j0..dv {
-                    lane(s, x, out, j);
+                    for (t, out) in outs.chunks_exact_mut(dv).enumerate() {
+                        lane(s, x(t), out, j);
+                    }
                 }
             }
 
-            /// Lanes `j0..j0 + NB * W`.
+            /// Lanes `j0..j0 + NB * W`, their columns of the state at `p` (row `i` at `p + i
+            /// stride`).
             #[target_feature(enable = $feat)]
-            unsafe fn block<const NB: usize, const NB2: usize>(s: &mut [f32], x: Step, out: &mut [f32], j0: usize) {
-                let dv = x.v.len();
-                // SAFETY: lanes j0..j0 + NB * W of rows of `s`, of `v` and of `out`, inside
-                // them (the caller's bound)
+            unsafe fn block<const NB: usize, const NB2: usize>(
+                p: *mut f32,
+                stride: usize,
+                x: Step,
+                out: &mut [f32],
+                j0: usize,
+            ) {
+                // SAFETY: NB * W lanes of dk rows from `p`, lanes j0..j0 + NB * W of `v` and
+                // of `out`, inside them (the caller's bound)
                 unsafe {
-                    let p = s.as_mut_ptr().add(j0);
                     let mut a = [$zero(); NB];
                     for (i, &ki) in x.k.iter().enumerate() {
                         let kb = $set1(ki);
-                        let row = p.add(i * dv);
+                        let row = p.add(i * stride);
                         for b in 0..NB {
                             a[b] = $fma(kb, $load(row.add(b * W)), a[b]);
                         }
@@ -145,7 +245,7 @@ macro_rules! vector_tier {
                         let mut o = [$zero(); NB2];
                         for (i, (&ki, &qi)) in x.k.iter().zip(x.q).enumerate() {
                             let (kb, qb) = ($set1(ki), $set1(qi));
-                            let row = p.add(i * dv + h * W);
+                            let row = p.add(i * stride + h * W);
                             for b in 0..NB2 {
                                 let y: $ty = $fma(kb, u[h + b], $mul(decay, $load(row.add(b * W))));
                                 $store(row.add(b * W), y);
@@ -278,6 +378,15 @@ mod tests {
                 for (a, b) in s.iter().zip(&s64) {
                     assert!((*a as f64 - b).abs() < 1e-4, "{isa} {dk}x{dv} state: {a} vs {b}");
                 }
+                // the prompt's form: each block of lanes through all the tokens
+                let (mut s2, mut outs2) = (s0.clone(), vec![0f32; steps.len() * dv]);
+                let mut scratch = vec![0f32; steps_scratch(dk, dv)];
+                let x = |t: usize| {
+                    let (q, k, v, beta, decay) = &steps[t];
+                    Step { q, k, v, beta: *beta, decay: *decay }
+                };
+                super::steps(isa, &mut s2, steps.len(), x, &mut scratch, &mut outs2);
+                assert!(outs2 == outs && s2 == s, "{isa} {dk}x{dv}: steps are not step's bits");
                 match &first {
                     None => first = Some((outs, s)),
                     Some((o0, s0)) => assert!(o0 == &outs && s0 == &s, "{isa} {dk}x{dv}: not the scalar tier's bits"),

@@ -50,14 +50,33 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
-/// `x <- silu(x)` over a row, as straight-line arithmetic the compiler vectorizes (no libm call
-/// per value): x * sigmoid(x), with sigmoid from e = exp(-|x|) <= 1 as 1 / (1 + e) or
-/// e / (1 + e). Within a few ulp of [`silu`].
+/// sigmoid(x) as straight-line arithmetic the compiler vectorizes in a loop (no libm call per
+/// value): from e = exp(-|x|) <= 1, 1 / (1 + e) or e / (1 + e). Within a few ulp of
+/// `1 / (1 + exp(-x))`.
+#[inline(always)]
+pub fn sigmoid_lanes(x: f32) -> f32 {
+    let e = crate::attn::exp_le0(-x.abs());
+    if x >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) }
+}
+
+/// `x <- silu(x)` over a row: x * [`sigmoid_lanes`]`(x)`, within a few ulp of [`silu`].
 pub fn silu_inplace(x: &mut [f32]) {
     for v in x.iter_mut() {
-        let e = crate::attn::exp_le0(-v.abs());
-        let sig = if *v >= 0.0 { 1.0 / (1.0 + e) } else { e / (1.0 + e) };
-        *v *= sig;
+        *v *= sigmoid_lanes(*v);
+    }
+}
+
+/// `y <- y * silu(g)` over a row (a gated norm's gate), as [`silu_inplace`] computes silu.
+pub fn mul_silu(y: &mut [f32], g: &[f32]) {
+    for (y, &g) in y.iter_mut().zip(g) {
+        *y *= g * sigmoid_lanes(g);
+    }
+}
+
+/// `y <- y * sigmoid(g)` over a row (gated attention's output gate).
+pub fn mul_sigmoid(y: &mut [f32], g: &[f32]) {
+    for (y, &g) in y.iter_mut().zip(g) {
+        *y *= sigmoid_lanes(g);
     }
 }
 
@@ -95,10 +114,11 @@ impl Glu {
     }
 }
 
-/// `out[i] = silu(gate[i]) * up[i]` (the SwiGLU of Qwen's MLPs and experts).
+/// `out[i] = silu(gate[i]) * up[i]` (the SwiGLU of Qwen's MLPs and experts), silu as
+/// [`silu_inplace`] computes it.
 pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *o = silu(g) * u;
+        *o = g * sigmoid_lanes(g) * u;
     }
 }
 
@@ -210,9 +230,21 @@ mod tests {
     fn the_vector_silu_follows_the_scalar_one() {
         let mut x: Vec<f32> = (-2000..2000).map(|i| i as f32 * 0.01).chain([-100.0, 100.0, 0.0, -0.0]).collect();
         let want: Vec<f32> = x.iter().map(|&v| silu(v)).collect();
+        let ones = vec![1.0; x.len()];
+        let (mut gated, mut glu) = (ones.clone(), vec![0.0; x.len()]);
+        mul_silu(&mut gated, &x);
+        swiglu(&x, &ones, &mut glu);
+        let mut sig = ones.clone();
+        mul_sigmoid(&mut sig, &x);
+        for (s, &v) in sig.iter().zip(&x) {
+            let want = 1.0 / (1.0 + (-v as f64).exp());
+            // (exp_le0 flushes what would be subnormal to zero)
+            assert!((*s as f64 - want).abs() <= 1e-6 * want + 1e-37, "sigmoid({v}) = {s}, not {want}");
+        }
         silu_inplace(&mut x);
-        for (a, b) in x.iter().zip(&want) {
+        for (i, (a, b)) in x.iter().zip(&want).enumerate() {
             assert!((a - b).abs() <= 1e-6 * b.abs().max(1.0), "{a} vs {b}");
+            assert!(gated[i] == *a && glu[i] == *a, "{i}: the gate's and the GLU's silu are silu_inplace's");
         }
     }
 

@@ -29,6 +29,7 @@ use std::sync::Mutex;
 use smallvec::SmallVec;
 
 use moescope_kernels::attn::{self, State};
+use moescope_kernels::ops::mul_sigmoid;
 
 use super::error::ModelError;
 use super::kv_cache::KvCache;
@@ -188,9 +189,7 @@ impl Attention {
         if let Some(b) = bias {
             add_bias_rows(exec, "v_bias", v, b.2);
         }
-        for t in 0..t_n {
-            pass.kv.write(l, pos0 + t, &k[t * nkv * hd..(t + 1) * nkv * hd], &v[t * nkv * hd..(t + 1) * nkv * hd]);
-        }
+        pass.kv.write_rows(exec, l, pos0, k, v);
         let attn = &mut attn[..t_n * nh * hd];
         let at = At { layer: l, heads: self.heads, pos0, window: self.window, sinks: self.sinks.map(f), scale: None };
         attend(exec, pass.kv, at, q, attn, attn_work);
@@ -198,9 +197,7 @@ impl Attention {
         if !gate.is_empty() {
             let gate = &gate[..];
             exec.rows_mut("attn_gate", attn, nh * hd, &|r, a| {
-                for (a, &g) in a.iter_mut().zip(&gate[r.start * nh * hd..r.end * nh * hd]) {
-                    *a *= 1.0 / (1.0 + (-g).exp());
-                }
+                mul_sigmoid(a, &gate[r.start * nh * hd..r.end * nh * hd]);
             });
         }
         exec.matmul("o_proj", &pkg.mat_by_index(self.o), attn, t_n, out, s);

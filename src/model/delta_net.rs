@@ -19,7 +19,7 @@
 use std::sync::Mutex;
 
 use moescope_kernels::delta::{self, Step};
-use moescope_kernels::ops::{l2_norm_inplace, rms_norm, silu, silu_inplace};
+use moescope_kernels::ops::{l2_norm_inplace, mul_silu, rms_norm, silu_inplace};
 
 use super::error::ModelError;
 use super::pass::Pass;
@@ -94,9 +94,12 @@ impl DeltaNet {
             (pkg.mat_by_index(self.qkv), pkg.mat_by_index(self.z), pkg.mat_by_index(self.b), pkg.mat_by_index(self.a));
         let Buffers { p, z, b, a, proj, c, beta, decay, y, tasks } = bufs;
         if tasks.len() < exec.threads() {
-            // what the largest task needs: a conv block's columns over a chunk, or a head's two rows
-            let most = (d.kernel - 1 + p.len() / cd.max(1)) * CONV_BLOCK.min(cd);
-            tasks.resize_with(exec.threads(), || Mutex::new(Vec::with_capacity(most.max(2 * d.dv))));
+            // what the largest task needs: a conv block's taps and columns over a chunk, or a head's
+            // outputs over a chunk and the delta rule's scratch
+            let chunk = p.len() / cd.max(1);
+            let most = (2 * d.kernel - 1 + chunk) * CONV_BLOCK.min(cd);
+            let heads = chunk * d.dv + delta::steps_scratch(d.dk, d.dv);
+            tasks.resize_with(exec.threads(), || Mutex::new(Vec::with_capacity(most.max(heads))));
         }
         let (p, z, b, a) = (&mut p[..t_n * cd], &mut z[..t_n * vd], &mut b[..t_n * nv], &mut a[..t_n * nv]);
         if t_n == 1 {
@@ -282,20 +285,29 @@ pub fn core(exec: &Exec, w: &Weights, d: Dims, st: &mut LinearState, x: Inputs, 
     // causal depthwise conv over [conv state (K - 1 rows); p (T rows)], then SiLU, a block of
     // channels per task (each channel alone: the split does not change a bit)
     conv_silu(exec, w.conv, d, &mut st.conv, (x.p, t_n), c, tasks);
-    // per token: L2-normalised q (then scaled) and k of every key head; the gates
+    // per token: L2-normalised q (then scaled) and k of every key head; the gates (runs of
+    // tokens in parallel: each token alone)
     let scale = 1.0 / (dk as f32).sqrt();
-    for t in 0..t_n {
-        let ct = &mut c[t * cd..(t + 1) * cd];
-        for (i, head) in ct[..2 * nk * dk].chunks_exact_mut(dk).enumerate() {
-            l2_norm_inplace(head, L2_EPS, if i < nk { scale } else { 1.0 });
-        }
-        for h in 0..nv {
-            let i = t * nv + h;
-            beta[i] = 1.0 / (1.0 + (-x.b[i]).exp());
-            let neg_a = if d.neg_exp_a { w.a_log[h] } else { -w.a_log[h].exp() };
-            let g = neg_a * softplus(x.a[i] + w.dt_bias[h]);
-            decay[i] = g.exp();
-        }
+    {
+        let _g = trace::span("qk_norms_gates").arg("tokens", t_n);
+        let (cs, bs, ds) = (Chunks::new(c), Chunks::new(beta), Chunks::new(decay));
+        exec.run(t_n.div_ceil(GATE_TOKENS), &|task, _| {
+            for t in task * GATE_TOKENS..((task + 1) * GATE_TOKENS).min(t_n) {
+                // SAFETY: task `task` alone touches its tokens' rows of c, beta and decay
+                let (ct, beta, decay) =
+                    unsafe { (cs.slice(t * cd, 2 * nk * dk), bs.slice(t * nv, nv), ds.slice(t * nv, nv)) };
+                for (i, head) in ct.chunks_exact_mut(dk).enumerate() {
+                    l2_norm_inplace(head, L2_EPS, if i < nk { scale } else { 1.0 });
+                }
+                for h in 0..nv {
+                    let i = t * nv + h;
+                    beta[h] = 1.0 / (1.0 + (-x.b[i]).exp());
+                    let neg_a = if d.neg_exp_a { w.a_log[h] } else { -w.a_log[h].exp() };
+                    let g = neg_a * softplus(x.a[i] + w.dt_bias[h]);
+                    decay[h] = g.exp();
+                }
+            }
+        });
     }
     // the delta rule and the gated norm, a value head per task
     let (c, beta, decay) = (&*c, &*beta, &*decay);
@@ -309,32 +321,36 @@ pub fn core(exec: &Exec, w: &Weights, d: Dims, st: &mut LinearState, x: Inputs, 
         // buffers that outlive the section
         let s = unsafe { states.slice(h * dk * dv, dk * dv) };
         let mut buf = tasks[p].lock().unwrap_or_else(|e| e.into_inner());
-        buf.resize(2 * dv, 0.0);
-        let (u, o) = buf.split_at_mut(dv);
+        buf.resize(t_n * dv + delta::steps_scratch(dk, dv), 0.0);
+        let (outs, scratch) = buf.split_at_mut(t_n * dv);
         let kh = if d.tiled { h % nk } else { h / r };
         let (qo, ko, vo) = (kh * dk, nk * dk + kh * dk, 2 * nk * dk + h * dv);
-        for t in 0..t_n {
+        let step = |t: usize| {
             let ct = &c[t * cd..(t + 1) * cd];
-            let step = Step {
+            Step {
                 q: &ct[qo..qo + dk],
                 k: &ct[ko..ko + dk],
                 v: &ct[vo..vo + dv],
                 beta: beta[t * nv + h],
                 decay: decay[t * nv + h],
-            };
-            delta::step(isa, s, step, u, o);
+            }
+        };
+        // all the tokens through the state, then each token's output normed and gated
+        delta::steps(isa, s, t_n, step, scratch, outs);
+        for (t, o) in outs.chunks_exact(dv).enumerate() {
             // SAFETY: as above
             let yh = unsafe { ys.slice(t * vd + h * dv, dv) };
             rms_norm(o, w.norm, d.eps, yh);
-            for (v, &g) in yh.iter_mut().zip(&x.z[t * vd + h * dv..t * vd + (h + 1) * dv]) {
-                *v *= silu(g);
-            }
+            mul_silu(yh, &x.z[t * vd + h * dv..t * vd + (h + 1) * dv]);
         }
     });
 }
 
 /// Channels per task of the conv.
 const CONV_BLOCK: usize = 512;
+
+/// Tokens per task of the L2 norms and gates.
+const GATE_TOKENS: usize = 16;
 
 /// `c[t] = silu(sum_j w[:, j] * x_{t-K+1+j})` over the sequence [state (K - 1 rows); p (T
 /// rows)] (`[_, conv]` each), and the state <- its last K - 1 rows; blocks of channels on the
@@ -351,13 +367,18 @@ fn conv_silu(
     let (cd, kk) = (d.conv_dim(), d.kernel);
     let past = kk - 1;
     let blocks = cd.div_ceil(CONV_BLOCK);
+    let _c = trace::span("conv_silu").arg("tokens", t_n).arg("channels", cd);
     let (cs, ss) = (Chunks::new(c), Chunks::new(state));
     exec.run(blocks, &|b, task| {
         let (c0, c1) = (b * CONV_BLOCK, ((b + 1) * CONV_BLOCK).min(cd));
         let n = c1 - c0;
-        // this block's columns of [state; p]: the state's copied out before it is rewritten
+        // this block's taps, tap-major (`[K, n]`: the products below run along the channels),
+        // then its columns of [state; p]: the state's copied out before it is rewritten
         let mut seq = tasks[task].lock().unwrap_or_else(|e| e.into_inner());
         seq.clear();
+        for j in 0..kk {
+            seq.extend((c0..c1).map(|ch| w[ch * kk + j]));
+        }
         for m in 0..past {
             // SAFETY: task b alone touches columns c0..c1 of the state and of c
             seq.extend_from_slice(unsafe { ss.slice(m * cd + c0, n) });
@@ -365,14 +386,15 @@ fn conv_silu(
         for t in 0..t_n {
             seq.extend_from_slice(&p[t * cd + c0..t * cd + c1]);
         }
+        let (taps, seq) = seq.split_at(kk * n);
         for t in 0..t_n {
             // SAFETY: as above
             let out = unsafe { cs.slice(t * cd + c0, n) };
             out.fill(0.0);
-            for j in 0..kk {
+            for (j, tap) in taps.chunks_exact(n).enumerate() {
                 let inp = &seq[(t + j) * n..(t + j + 1) * n];
-                for ((o, &x), ch) in out.iter_mut().zip(inp).zip(c0..c1) {
-                    *o += w[ch * kk + j] * x;
+                for ((o, &x), &wj) in out.iter_mut().zip(inp).zip(tap) {
+                    *o += wj * x;
                 }
             }
             silu_inplace(out);

@@ -9,6 +9,7 @@
 use moescope_kernels::attn::KEY_BLOCK;
 
 use super::delta_net::LinearState;
+use crate::exec::{Chunks, Exec};
 use crate::model_config::{LayerKind, ModelConfig};
 
 /// Per layer, V as `[n_kv_heads, capacity, head_dim]` and K as
@@ -191,6 +192,35 @@ impl KvCache {
         }
     }
 
+    /// Tokens `pos0..pos0 + T` of layer `layer` (`k`, `v`: `[T, n_kv, hd]`, as [`write`]
+    /// takes each), a task per KV head over the threads: the keys' transposed stores are
+    /// scattered, and a prompt chunk's took a millisecond a layer on the calling thread alone.
+    ///
+    /// [`write`]: Self::write
+    pub fn write_rows(&mut self, exec: &Exec, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
+        let (hd, n_kv, per) = (self.hd, self.n_kv, self.stride * self.hd);
+        let t_n = k.len() / (n_kv * hd).max(1);
+        let with_values = !self.v[layer].is_empty();
+        assert!(pos0 + t_n <= self.stride && (!with_values || v.len() == k.len()), "KV rows out of the cache");
+        let (keys, vals) = (Chunks::new(&mut self.k[layer]), Chunks::new(&mut self.v[layer]));
+        exec.run(n_kv, &|h, _| {
+            // SAFETY: task h alone touches head h's part of the layer's keys and values
+            let kh = unsafe { keys.slice(h * per, per) };
+            for t in 0..t_n {
+                let (pos, src) = (pos0 + t, (t * n_kv + h) * hd);
+                if with_values {
+                    // SAFETY: as above
+                    unsafe { vals.slice(h * per + pos * hd, hd) }.copy_from_slice(&v[src..src + hd]);
+                }
+                // column pos % KEY_BLOCK of its block's [hd, KEY_BLOCK]
+                let kb = &mut kh[pos / KEY_BLOCK * KEY_BLOCK * hd..][..hd * KEY_BLOCK];
+                for (d, &x) in k[src..src + hd].iter().enumerate() {
+                    kb[d * KEY_BLOCK + pos % KEY_BLOCK] = x;
+                }
+            }
+        });
+    }
+
     /// Keys and values of `head` for positions `0..upto`: the keys as the whole transposed
     /// blocks that hold them (`[upto / KEY_BLOCK rounded up, hd, KEY_BLOCK]`), the values as
     /// `[upto, hd]`.
@@ -206,10 +236,9 @@ impl KvCache {
 mod tests {
     use super::*;
 
-    #[test]
-    fn keys_land_transposed_in_their_block_and_values_in_rows() {
-        // 2 layers, 3 KV heads of 5 dims (what the cache reads of a config)
-        let cfg = ModelConfig {
+    /// 2 layers, 3 KV heads of 5 dims (what the cache reads of a config).
+    fn config() -> ModelConfig {
+        ModelConfig {
             arch: crate::model_config::Arch::Qwen3Moe,
             vocab_size: 10,
             hidden_size: 8,
@@ -232,7 +261,12 @@ mod tests {
             eos_token_ids: vec![],
             hybrid: None,
             features: Default::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn keys_land_transposed_in_their_block_and_values_in_rows() {
+        let cfg = config();
         let (n_kv, hd) = (cfg.num_key_value_heads, cfg.head_dim);
         let mut kv = KvCache::new(&cfg, 70);
         assert_eq!(kv.capacity(), 70);
@@ -257,6 +291,25 @@ mod tests {
             // untouched positions stay zero, and layer 0 is untouched
             assert_eq!(keys[KEY_BLOCK - 2], 0.0);
             assert!(kv.head(0, h, 70).0.iter().all(|&x| x == 0.0));
+        }
+    }
+
+    #[test]
+    fn a_prompts_rows_land_where_token_by_token_writes_put_them() {
+        let cfg = config();
+        let (n_kv, hd, t_n, pos0) = (cfg.num_key_value_heads, cfg.head_dim, KEY_BLOCK + 3, 5);
+        let k: Vec<f32> = (0..t_n * n_kv * hd).map(|i| i as f32).collect();
+        let v: Vec<f32> = (0..t_n * n_kv * hd).map(|i| -(i as f32)).collect();
+        let (mut one, mut rows) = (KvCache::new(&cfg, 70), KvCache::new(&cfg, 70));
+        for t in 0..t_n {
+            let r = t * n_kv * hd..(t + 1) * n_kv * hd;
+            one.write(1, pos0 + t, &k[r.clone()], &v[r]);
+        }
+        let exec = Exec::new(2, moescope_kernels::Isa::detect()).expect("threads");
+        rows.write_rows(&exec, 1, pos0, &k, &v);
+        for h in 0..n_kv {
+            assert!(one.head(1, h, 70) == rows.head(1, h, 70), "head {h}");
+            assert!(one.head(1, h, 70).0.iter().any(|&x| x != 0.0), "head {h} written");
         }
     }
 }
