@@ -92,7 +92,8 @@ type PieceFn<'a> = dyn Fn(Range<usize>, &mut [f32], usize) + Sync + 'a;
 pub struct Scratch {
     qa: QuantAct,
     t: Vec<f32>,
-    /// [`Exec::matmul_shared`]'s input for the matrices that take another quantization
+    /// [`Exec::matmul`]'s input, and [`Exec::matmul_shared`]'s for the matrices that take
+    /// another quantization than the first
     other: QuantAct,
     /// [`Exec::matvec_each`]'s inputs, each quantized by the first piece that needs it (and
     /// whether it has been, this section)
@@ -379,8 +380,12 @@ impl Exec {
     /// `label` names the product in the trace (on this thread and on the workers' tracks).
     pub fn matmul(&self, label: &'static str, w: &Mat<'_>, x: &[f32], n: usize, out: &mut [f32], s: &mut Scratch) {
         debug_assert_eq!(x.len(), n * w.cols);
-        let Scratch { qa, t, .. } = s;
-        let input = self.quantized(w, x, qa);
+        // `other`, not `qa`: one product of its own input (o_proj, out_proj, a shared expert's
+        // down) takes another width than the layer inputs `qa` serves, and growing a buffer
+        // back after a narrower input zeroes the difference on this thread alone (3 MiB before
+        // each o_proj of a 512-token chunk)
+        let Scratch { other, t, .. } = s;
+        let input = self.quantized(w, x, other);
         self.product(label, w, input, n, out, t);
     }
 
@@ -446,9 +451,13 @@ impl Exec {
         // major into the piece's part of `t` first, then 16 rows at a time
         // (`Mat::matmul_rows_tokens`; a serial transpose after the section would leave the
         // other threads waiting)
-        t.resize(w.rows * n, 0.0);
+        // grown, never shrunk: a resize after a smaller product zeroed the difference on this
+        // thread while the others waited (16 MiB before a 8192-row product of 512 tokens)
+        if t.len() < w.rows * n {
+            t.resize(w.rows * n, 0.0);
+        }
         let dst = Chunks::new(out);
-        self.for_pieces_mut(t, n, row_bytes(w), &|rows, buf, p| {
+        self.for_pieces_mut(&mut t[..w.rows * n], n, row_bytes(w), &|rows, buf, p| {
             let _c = trace::span(label).merge_with(key);
             trace::flow_in(flows.map(|b| b + p as u64), key);
             // SAFETY: `out` is `[n, w.rows]` and outlives the section; the pieces are disjoint

@@ -67,9 +67,9 @@ fn a_capped_exec_quantizes_with_its_own_tier() {
         let mut s = Scratch::default();
         let mut y = vec![0f32; rows];
         exec.matmul("w", &mat(rows, h, &w), &x, 1, &mut y, &mut s);
-        assert!(s.qa.tier <= isa, "{isa:?} quantized with {:?}", s.qa.tier);
+        assert!(s.other.tier <= isa, "{isa:?} quantized with {:?}", s.other.tier);
         if isa < Isa::Avx512 {
-            assert!(s.qa.permuted.is_empty(), "{isa:?} made the AVX-512 layout");
+            assert!(s.other.permuted.is_empty(), "{isa:?} made the AVX-512 layout");
         }
     }
 }

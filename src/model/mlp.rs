@@ -9,6 +9,7 @@
 //! ```
 
 use moescope_kernels::act::QuantAct;
+use moescope_kernels::dot;
 use moescope_kernels::mat::Input;
 use moescope_kernels::ops::{Glu, add_inplace};
 
@@ -102,7 +103,7 @@ pub(super) fn swiglu_mlp(
         let MlpWork { g, u, .. } = work;
         let (g, u) = (&mut g[..n * i], &mut u[..n * i]);
         exec.matmul_shared(x, n, &mut [(labels[1], &m.gate, &mut *g), (labels[2], &m.up, &mut *u)], s);
-        glu(gating, i, n, work);
+        glu(exec, gating, i, n, work);
     }
     down(exec, labels[3], (m, gating), n, work, out, s);
 }
@@ -123,22 +124,26 @@ pub(super) fn swiglu_mlp_quantized(
     let MlpWork { g, u, .. } = work;
     let (g, u) = (&mut g[..n * i], &mut u[..n * i]);
     exec.products_of(Input::Quant(xq), n, &mut [(labels[1], &m.gate, &mut *g), (labels[2], &m.up, &mut *u)], s);
-    glu(gating, i, n, work);
+    glu(exec, gating, i, n, work);
     down(exec, labels[3], (m, gating), n, work, out, s);
 }
 
-/// `a = glu(g, u)` over `n` tokens of width `i`, with the gate and up biases if any.
-fn glu(gating: Gating<'_>, i: usize, n: usize, work: &mut MlpWork) {
+/// `a = glu(g, u)` over `n` tokens of width `i`, with the gate and up biases if any; the
+/// tokens in parallel (each by itself: the split changes no bit).
+fn glu(exec: &Exec, gating: Gating<'_>, i: usize, n: usize, work: &mut MlpWork) {
     let MlpWork { g, u, a } = work;
     let (g, u, a) = (&g[..n * i], &u[..n * i], &mut a[..n * i]);
-    match gating.bias {
-        None => gating.glu.apply(g, u, None, a),
-        Some(b) => {
-            for ((g, u), a) in g.chunks_exact(i).zip(u.chunks_exact(i)).zip(a.chunks_exact_mut(i)) {
-                gating.glu.apply(g, u, Some((b.gate, b.up)), a);
+    exec.rows_mut("glu_rows", a, i, &|r, a| {
+        let (g, u) = (&g[r.start * i..r.end * i], &u[r.start * i..r.end * i]);
+        match gating.bias {
+            None => gating.glu.apply(g, u, None, a),
+            Some(b) => {
+                for ((g, u), a) in g.chunks_exact(i).zip(u.chunks_exact(i)).zip(a.chunks_exact_mut(i)) {
+                    gating.glu.apply(g, u, Some((b.gate, b.up)), a);
+                }
             }
         }
-    }
+    });
 }
 
 /// `out = down a` (and its bias) over `n` tokens.
@@ -241,13 +246,16 @@ impl SharedExpert {
         let labels = ["shared_gate_up_proj", "shared_gate_proj", "shared_up_proj", "shared_down_proj"];
         swiglu_mlp(pass.exec, labels, (&m, Gating::PLAIN), hn, mlp, y, scratch);
         let Some(gate) = self.gate else { return };
-        let wg = pkg.f32_by_index(gate);
-        for (yt, x) in y.chunks_exact_mut(h).zip(hn.chunks_exact(h)) {
-            let z: f32 = wg.iter().zip(x).map(|(&w, &v)| w * v).sum();
-            let sg = 1.0 / (1.0 + (-z).exp());
-            for v in yt.iter_mut() {
-                *v *= sg;
+        let (wg, isa) = (pkg.f32_by_index(gate), pass.exec.isa);
+        // each token's gate and scaling by itself, the tokens in parallel
+        pass.exec.rows_mut_costed("shared_gate_rows", y, h, 2 * h * 4, &|r, y| {
+            for (yt, x) in y.chunks_exact_mut(h).zip(hn[r.start * h..r.end * h].chunks_exact(h)) {
+                let z = dot::dot_f32(isa, wg, x);
+                let sg = 1.0 / (1.0 + (-z).exp());
+                for v in yt.iter_mut() {
+                    *v *= sg;
+                }
             }
-        }
+        });
     }
 }

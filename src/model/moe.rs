@@ -365,7 +365,13 @@ impl Batch<'_> {
             .arg("tokens", users.len())
             .arg("bytes", self.blob_bytes);
         let ExpertWork { s, xe, xq, ye, mlp } = w;
-        ye.resize(users.len() * m.down.rows, 0.0);
+        // grown, never shrunk (every value is written below): a resize after a smaller expert
+        // zeroed the difference first
+        let n_out = users.len() * m.down.rows;
+        if ye.len() < n_out {
+            ye.resize(n_out, 0.0);
+        }
+        let ye = &mut ye[..n_out];
         let labels = ["expert_gate_up", "expert_gate", "expert_up", "expert_down"];
         let gating = self.gating.of(e, m.gate.rows);
         let reads = |w: &Mat<'_>, q: &QuantAct| w.cols == q.cols && w.quant_group() == Some(q.group);
