@@ -51,6 +51,49 @@ pub fn dot_f32_tokens(isa: Isa, a: &[f32], x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out[i stride + t] = w[i] · x[t]` for the rows `w[i]` of `w` (`[rows, c]`) and `x[t]` of
+/// `x` (`[tokens, c]`): each the bits of [`dot_f32`]; AVX-512 register tiles of 4 rows x 4
+/// tokens where the tier has them, else [`dot_f32_tokens`] row by row.
+pub fn dot_f32_rows_tokens(isa: Isa, c: usize, w: &[f32], x: &[f32], out: &mut [f32], stride: usize) {
+    let (rows, tn) = (w.len() / c.max(1), x.len() / c.max(1));
+    assert!(
+        w.len() == rows * c && x.len() == tn * c && (rows == 0 || tn == 0 || out.len() >= (rows - 1) * stride + tn),
+        "f32 rows x tokens shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && c > 0 {
+        use avx512::{TILE_ROWS as R, TILE_TOKENS as T, tile};
+        let mut i = 0;
+        while i < rows {
+            let (r_n, w) = ((rows - i).min(R), &w[i * c..]);
+            let mut t = 0;
+            while t < tn {
+                let (t_n, x, o) = ((tn - t).min(T), &x[t * c..], &mut out[i * stride + t..]);
+                // SAFETY: the tier has AVX-512 F (and so AVX2 and FMA); the tile's rows and
+                // tokens lie inside `w`, `x`, and its products inside `out` (checked above)
+                unsafe {
+                    match (r_n, t_n) {
+                        (R, T) => tile::<R, T>(c, w, x, o, stride),
+                        (R, _) => (0..t_n).for_each(|k| tile::<R, 1>(c, w, &x[k * c..], &mut o[k..], stride)),
+                        (_, T) => (0..r_n).for_each(|k| tile::<1, T>(c, &w[k * c..], x, &mut o[k * stride..], stride)),
+                        _ => (0..r_n).for_each(|k| {
+                            (0..t_n).for_each(|j| {
+                                tile::<1, 1>(c, &w[k * c..], &x[j * c..], &mut o[k * stride + j..], stride)
+                            })
+                        }),
+                    }
+                }
+                t += t_n;
+            }
+            i += r_n;
+        }
+        return;
+    }
+    for i in 0..rows {
+        dot_f32_tokens(isa, &w[i * c..(i + 1) * c], x, &mut out[i * stride..i * stride + tn]);
+    }
+}
+
 /// `w · x` with `w` in bf16 bits.
 #[inline]
 pub fn dot_bf16(isa: Isa, w: &[u16], x: &[f32]) -> f32 {
@@ -270,6 +313,9 @@ pub mod scalar {
 /// The AVX2 + FMA forms (the AVX-512 tiles of whole matrices are in `mat/avx512.rs`).
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
+/// f32 rows x tokens in AVX-512 register tiles, each product the AVX2 dot's bits.
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 
 #[cfg(test)]
 mod tests {

@@ -417,15 +417,14 @@ impl<'a> Mat<'a> {
             }
             // f32 weights with several inputs (a prompt's router): 16 tokens at a time over
             // every row of the piece (the tokens of a long prompt outgrow the cache: row by row
-            // over all of them streamed them from memory once a row), each dot as one alone
+            // over all of them streamed them from memory once a row), in tiles of rows x
+            // tokens, each dot as one alone
             (MatData::F32(w), Input::F32(x)) if n > 1 => {
                 let c = self.cols;
+                let w = &w[rows.start * c..rows.end * c];
                 for t0 in (0..n).step_by(TOKEN_RUN) {
                     let tn = (n - t0).min(TOKEN_RUN);
-                    for (i, r) in rows.clone().enumerate() {
-                        let o = &mut out[i * n + t0..i * n + t0 + tn];
-                        dot::dot_f32_tokens(isa, &w[r * c..(r + 1) * c], &x[t0 * c..(t0 + tn) * c], o);
-                    }
+                    dot::dot_f32_rows_tokens(isa, c, w, &x[t0 * c..(t0 + tn) * c], &mut out[t0..], n);
                 }
             }
             // interleaved rows: whole blocks through the block kernel (one stream of weights);

@@ -1,0 +1,78 @@
+//! f32 weight rows against several tokens in AVX-512 register tiles (a prompt's router), each
+//! product with the bits of one dot ([`super::avx2::dot_f32`], what decode computes).
+//!
+//! That dot keeps two 8-lane accumulators over each 16-value step (values `i..i + 8` and
+//! `i + 8..i + 16`), takes a last 8-value step into the first alone, adds the two, sums the
+//! eight lanes (`hsum_ps`'s tree) and adds the last values one by one. One 16-lane register
+//! holds both accumulators side by side, so a tile of R rows x T tokens keeps one register a
+//! product: each step loads R row vectors and T token vectors for R T multiply-adds (4 x 4: 8
+//! loads for 16 FMAs), where the dot of one row and four tokens loaded 5 vectors for 4.
+
+use std::arch::x86_64::*;
+
+/// Rows and tokens of the full tile.
+pub const TILE_ROWS: usize = 4;
+pub const TILE_TOKENS: usize = 4;
+
+/// `out[i * stride + t] = w[i] · x[t]` for the `R` rows of `w` (`[R, c]`) and the `T` tokens
+/// of `x` (`[T, c]`), each the bits of `avx2::dot_f32`.
+///
+/// # Safety
+/// AVX-512 F, AVX2 and FMA; `w` holds `R c` values, `x` `T c`, `out` `(R - 1) stride + T`.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn tile<const R: usize, const T: usize>(c: usize, w: &[f32], x: &[f32], out: &mut [f32], stride: usize) {
+    debug_assert!(w.len() >= R * c && x.len() >= T * c && out.len() > (R - 1) * stride + T - 1);
+    let (pw, px) = (w.as_ptr(), x.as_ptr());
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let mut i = 0;
+    // SAFETY: every load reads values below c of a row of `w` or of `x` (the masked ones, the
+    // first 8 of the last 8 or more)
+    unsafe {
+        while i + 16 <= c {
+            let wv: [__m512; R] = std::array::from_fn(|r| _mm512_loadu_ps(pw.add(r * c + i)));
+            for t in 0..T {
+                let xv = _mm512_loadu_ps(px.add(t * c + i));
+                for r in 0..R {
+                    acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
+                }
+            }
+            i += 16;
+        }
+        if i + 8 <= c {
+            // the first accumulator's lanes alone (the second keeps its bits, -0.0 included)
+            let low = 0x00FF;
+            let wv: [__m512; R] = std::array::from_fn(|r| _mm512_maskz_loadu_ps(low, pw.add(r * c + i)));
+            for t in 0..T {
+                let xv = _mm512_maskz_loadu_ps(low, px.add(t * c + i));
+                for r in 0..R {
+                    acc[r][t] = _mm512_mask3_fmadd_ps(wv[r], xv, acc[r][t], low);
+                }
+            }
+            i += 8;
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            let v = acc[r][t];
+            let lo = _mm512_castps512_ps256(v);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            let mut s = hsum_ps(_mm256_add_ps(lo, hi));
+            for j in i..c {
+                s += w[r * c + j] * x[t * c + j];
+            }
+            out[r * stride + t] = s;
+        }
+    }
+}
+
+/// The eight lanes summed as `avx2::hsum_ps` does.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn hsum_ps(v: __m256) -> f32 {
+    let lo = _mm256_castps256_ps128(v);
+    let hi = _mm256_extractf128_ps(v, 1);
+    let s = _mm_add_ps(lo, hi);
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
