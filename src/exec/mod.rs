@@ -186,10 +186,10 @@ impl Exec {
         self.pool.run(tasks, f);
     }
 
-    /// The pieces of a parallel section over `rows` rows of `row_bytes` weight bytes each,
-    /// claimed in order: each about 1/(2 x threads) of the rows still unclaimed, in whole
-    /// superblocks of panel-major rows (`PANEL_ROWS`, whole blocks of interleaved rows too) and
-    /// of at least `min_piece_bytes`, so the pieces shrink
+    /// The pieces of a parallel section over `rows` rows of `row_bytes` weight bytes each (times
+    /// the tokens, for several), claimed in order: each about 1/(2 x threads) of the rows still
+    /// unclaimed, in whole superblocks of panel-major rows (`PANEL_ROWS`, whole blocks of
+    /// interleaved rows too) and of at least `min_piece_bytes`, so the pieces shrink
     /// as the section runs out and the threads finish within one small piece of each other
     /// (with equal pieces, one thread idled at the end of every section; measured in the commit
     /// that chose this). One thread: one piece.
@@ -457,7 +457,9 @@ impl Exec {
             t.resize(w.rows * n, 0.0);
         }
         let dst = Chunks::new(out);
-        self.for_pieces_mut(&mut t[..w.rows * n], n, row_bytes(w), &|rows, buf, p| {
+        // a row's work is its bytes times the tokens: the pieces' floor counts both (by the
+        // bytes alone, a 512-row shared expert of a 512-token chunk made 8 pieces for 16 threads)
+        self.for_pieces_mut(&mut t[..w.rows * n], n, row_bytes(w) * n, &|rows, buf, p| {
             let _c = trace::span(label).merge_with(key);
             trace::flow_in(flows.map(|b| b + p as u64), key);
             // SAFETY: `out` is `[n, w.rows]` and outlives the section; the pieces are disjoint

@@ -140,7 +140,7 @@ impl RunState {
     /// far). Those that grow with what the passes serve come on top, as temporaries would, so
     /// that the memory plan does not move with every reply: each thread's buffers for the experts
     /// it computes (up to a prompt chunk's rows of the widest expert), the linear-attention tasks'
-    /// buffers (a conv block over a chunk) and attention's states (one per KV head and split of
+    /// buffers (a value head's outputs over a chunk) and attention's states (one per KV head and split of
     /// the context).
     pub fn bytes(&self) -> u64 {
         let f = [
