@@ -59,11 +59,14 @@ pub fn fma(iters: u64) -> Option<Work> {
     None
 }
 
-/// `iters` rounds of four `tdpbssd` on this thread, where AMX is granted (signed 1 x 2 bytes:
-/// each sum grows 128 a round).
+/// `iters` rounds (at most 2^23) of four `tdpbssd` on this thread, where AMX is granted (signed
+/// 1 x 2 bytes: each sum grows 128 a round).
 pub fn amx(iters: u64) -> Option<Work> {
     #[cfg(target_arch = "x86_64")]
     if crate::amx::granted() {
+        // each int32 sum grows 128 a round: below 2^31 for up to 2^24 rounds (a calibrated
+        // count of 300 ms passed that on a fast core, and the check caught the wrapped sums)
+        let iters = iters.min(1 << 23);
         // SAFETY: granted
         let total = unsafe { amx_tiles(iters) };
         let expected = (iters * 4 * 256 * 128) as f64;
@@ -166,10 +169,12 @@ mod tests {
             assert_eq!(w.total, 1000.0 * 12.0 * 16.0 * 0.5, "fma");
             assert_eq!(w.macs, 1000 * 12 * 16);
         }
-        if let Some(w) = amx(1000) {
+        // past where the int32 sums would wrap (2^31 / 128 rounds): held to the cap
+        if let Some(w) = amx((1 << 24) + 3) {
             // 4 tiles of 16 x 16 sums, each 64 products of 1 x 2 a round
-            assert_eq!(w.total, (1000 * 4 * 256 * 64 * 2) as f64, "amx");
-            assert_eq!(w.macs, 1000 * 4 * 16 * 16 * 64);
+            let m: u64 = 1 << 23;
+            assert_eq!(w.total, (m * 4 * 256 * 64 * 2) as f64, "amx");
+            assert_eq!(w.macs, m * 4 * 16 * 16 * 64);
         }
     }
 }
