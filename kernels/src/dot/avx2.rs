@@ -6,9 +6,10 @@ use super::*;
 use crate::quant::interleaved_offset;
 use std::arch::x86_64::*;
 
+/// The eight lanes summed in the f32 dots' order (the AVX-512 tiles of `avx512.rs` keep it).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn hsum_ps(v: __m256) -> f32 {
+pub(super) fn hsum_ps(v: __m256) -> f32 {
     let lo = _mm256_castps256_ps128(v);
     let hi = _mm256_extractf128_ps(v, 1);
     let s = _mm_add_ps(lo, hi);

@@ -10,6 +10,8 @@
 
 use std::arch::x86_64::*;
 
+use super::avx2::hsum_ps;
+
 /// Rows and tokens of the full tile.
 pub const TILE_ROWS: usize = 4;
 pub const TILE_TOKENS: usize = 4;
@@ -63,16 +65,4 @@ pub unsafe fn tile<const R: usize, const T: usize>(c: usize, w: &[f32], x: &[f32
             out[r * stride + t] = s;
         }
     }
-}
-
-/// The eight lanes summed as `avx2::hsum_ps` does.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn hsum_ps(v: __m256) -> f32 {
-    let lo = _mm256_castps256_ps128(v);
-    let hi = _mm256_extractf128_ps(v, 1);
-    let s = _mm_add_ps(lo, hi);
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s)
 }
