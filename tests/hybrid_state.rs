@@ -1,6 +1,6 @@
 //! A hybrid model's recurrent state across turns. Its conv and delta-rule states cannot be cut
 //! back like a KV cache, so a new prompt reuses them only when it extends the cached tokens
-//! exactly, or from the snapshot taken at the last prompt's end (a later turn that rewrites the
+//! exactly, or from the checkpoint taken at a prompt's end (a later turn that rewrites the
 //! last reply, as Qwen templates do when they drop an old <think> block); otherwise it
 //! recomputes. Either way the logits are those of the prompt run from scratch.
 
@@ -68,13 +68,22 @@ fn turns_reuse_state_only_where_it_is_exact_and_match_a_fresh_run() {
         let d = max_abs_diff(&steps3[0], &from_scratch(&mut fresh, &p3));
         assert!(d <= 1e-4, "{name}: the snapshot's state differs from a fresh run by {d}");
 
-        // turn 4 diverges before that snapshot (inside turn 3's prompt): recomputed
+        // turn 4 diverges inside turn 3's prompt, after turn 1's: back to the checkpoint at p1's end
         let mut p4 = p3[..p1.len() + 3].to_vec();
         p4.extend(&forced[12..]);
         let (s4, steps4) = turn(&mut eng, &p4, 2);
-        assert_eq!(s4.prompt_cached, 0, "{name}: no state can go back there: recomputed");
-        assert_eq!((s4.prompt_evaluated, s4.reuse), (p4.len(), Reuse::Recomputed));
+        assert_eq!(s4.prompt_cached, p1.len(), "{name}: back to the checkpoint at turn 1's end");
+        assert_eq!((s4.prompt_evaluated, s4.reuse), (p4.len() - p1.len(), Reuse::Snapshot));
         let d = max_abs_diff(&steps4[0], &from_scratch(&mut fresh, &p4));
+        assert!(d <= 1e-4, "{name}: the checkpoint's state differs from a fresh run by {d}");
+
+        // turn 5 diverges inside turn 1's prompt: no state can go back there: recomputed
+        let mut p5 = p1[..p1.len() - 3].to_vec();
+        p5.extend(&forced[12..]);
+        let (s5, steps5) = turn(&mut eng, &p5, 2);
+        assert_eq!(s5.prompt_cached, 0, "{name}: no state can go back there: recomputed");
+        assert_eq!((s5.prompt_evaluated, s5.reuse), (p5.len(), Reuse::Recomputed));
+        let d = max_abs_diff(&steps5[0], &from_scratch(&mut fresh, &p5));
         assert!(d <= 1e-4, "{name}: the recomputed prompt differs from a fresh run by {d}");
     }
 }

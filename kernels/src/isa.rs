@@ -9,8 +9,7 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA (x86-64-v3).
     Avx2,
-    /// AVX-512 F/BW/VL + VNNI (and, where the CPU has AVX-512 BF16 too, `vdpbf16ps` for bf16
-    /// weights over several tokens: [`Isa::bf16_dot`]).
+    /// AVX-512 F/BW/VL + VNNI.
     Avx512,
     /// The AVX-512 tier plus AMX-INT8 tiles for prompts' q4 products, where the kernel grants
     /// the tile state ([`crate::amx::granted`]).
@@ -45,17 +44,6 @@ impl Isa {
             Some(c) if c < best => c,
             _ => best,
         }
-    }
-
-    /// Whether this tier may use AVX-512 BF16's `vdpbf16ps`: the AVX-512 tier on a CPU that has
-    /// it (not a tier of its own: it only adds the bf16 prefill kernel).
-    pub fn bf16_dot(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            self >= Isa::Avx512 && std::arch::is_x86_feature_detected!("avx512bf16")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
     }
 
     /// Whether this tier may use AVX-512 VBMI's byte permutes (`vpermb`, `vpermt2b`): the

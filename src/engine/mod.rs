@@ -272,7 +272,7 @@ impl Engine {
 
     /// How much of `ids` [`Engine::reuse_prefix`] would take from the cache: the common prefix,
     /// for a hybrid model only as far back as its recurrent state can go (all of the cache when
-    /// `ids` extends it, else the snapshot at the last prompt's end, else nothing).
+    /// `ids` extends it, else the latest checkpoint within the common prefix, else nothing).
     pub fn cached_prefix_len(&self, ids: &[u32]) -> usize {
         let n = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count();
         self.kv.reachable(if n == ids.len() { n.saturating_sub(1) } else { n })
@@ -291,7 +291,7 @@ impl Engine {
         let reuse = match n {
             0 if common > 0 => Reuse::Recomputed,
             0 => Reuse::None,
-            n if n < self.cached.len() && self.kv.snapshot_at() == Some(n) => Reuse::Snapshot,
+            n if n < self.cached.len() && self.kv.has_checkpoint(n) => Reuse::Snapshot,
             _ => Reuse::Prefix,
         };
         let kept = self.kv.rewind(n);
@@ -361,6 +361,10 @@ impl Engine {
                 logits.clear();
                 logits.extend_from_slice(l);
             }
+            // where a hybrid model's later prompt that shares this much can resume: every
+            // chunk's end, the prompt's end among them (a turn boundary, where a prompt that
+            // rewrites this turn's reply, an old <think> dropped by the template, goes back to)
+            self.kv.checkpoint();
             if let Some(p) = req.progress {
                 p(chunk.len());
             }
@@ -398,11 +402,6 @@ impl Engine {
             span.set("cached_tokens", cached);
             span.set("reuse", reuse.name());
             let done = self.prefill(&prompt[cached..], &req, obs, &mut logits)?;
-            if done {
-                // a turn boundary: where a later prompt that rewrites this turn's reply (an old
-                // <think> dropped by the template) can take a hybrid model's state back to
-                self.kv.snapshot();
-            }
             (cached, reuse, done)
         };
         let mut stats = GenStats {

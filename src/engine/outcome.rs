@@ -60,7 +60,7 @@ pub enum Reuse {
     /// The whole common prefix (a KV cache goes back anywhere; a hybrid's state when the prompt
     /// extends the cache exactly).
     Prefix,
-    /// A hybrid model's state went back to the snapshot at the last prompt's end.
+    /// A hybrid model's state went back to a checkpoint (a prompt chunk's or a prompt's end).
     Snapshot,
     /// The prompt shared tokens with the cache, but a hybrid model's recurrent state cannot go
     /// back that far: everything was computed again.

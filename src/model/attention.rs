@@ -125,13 +125,13 @@ impl Attention {
         })
     }
 
-    /// Layer `l`'s attention over the pass's normed rows (`st.hn`) at positions `pos0..`, their
-    /// keys and values appended to the cache; the result (before the residual add) in
-    /// `st.delta`.
-    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
-        let (exec, pkg, t_n, pos0) = (pass.exec, pass.pkg, pass.t_n, pass.pos0);
+    /// Layer `l`'s attention over the pass's normed rows (`st.hn`), each sequence's at its
+    /// positions, their keys and values appended to its cache; the result (before the residual
+    /// add) in `st.delta`.
+    pub fn forward(&self, pass: &mut Pass<'_, '_>, l: usize) {
+        let (exec, pkg, t_n) = (pass.exec, pass.pkg, pass.t_n);
         let (h, Heads { nh, nkv, hd, .. }) = (self.hidden, self.heads);
-        let _att = trace::span("attention").arg("layer", l).arg("tokens", t_n).arg("pos", pos0);
+        let _att = trace::span("attention").arg("layer", l).arg("tokens", t_n).arg("pos", pass.pos0());
         let RunState { hn, delta, q, gate, k, v, qkv, attn, cos, sin, attn_work, scratch: s, .. } = &mut *pass.st;
         let (hn, out) = (&hn[..t_n * h], &mut delta[..t_n * h]);
         let (q, k, v) = (&mut q[..t_n * nh * hd], &mut k[..t_n * nkv * hd], &mut v[..t_n * nkv * hd]);
@@ -189,10 +189,14 @@ impl Attention {
         if let Some(b) = bias {
             add_bias_rows(exec, "v_bias", v, b.2);
         }
-        pass.kv.write_rows(exec, l, pos0, k, v);
         let attn = &mut attn[..t_n * nh * hd];
-        let at = At { layer: l, heads: self.heads, pos0, window: self.window, sinks: self.sinks.map(f), scale: None };
-        attend(exec, pass.kv, at, q, attn, attn_work);
+        // each sequence over its own cache
+        for s in pass.seqs.iter_mut() {
+            s.kv.write_rows(exec, l, s.pos0, s.of(k, nkv * hd), s.of(v, nkv * hd));
+            let (window, sinks) = (self.window, self.sinks.map(f));
+            let at = At { layer: l, heads: self.heads, pos0: s.pos0, window, sinks, scale: None };
+            attend(exec, s.kv, at, s.of(q, nh * hd), s.of_mut(attn, nh * hd), attn_work);
+        }
         // gated attention: each output value times sigmoid of its gate
         if !gate.is_empty() {
             let gate = &gate[..];

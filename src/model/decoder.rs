@@ -16,6 +16,8 @@
 
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use moescope_kernels::ops::{Rope, rms_norm_inplace};
 
 use super::attention::Attention;
@@ -26,7 +28,7 @@ use super::mla::LatentAttention;
 use super::mlp::DenseMlp;
 use super::moe::Moe;
 use super::observer::Observer;
-use super::pass::{Pass, Runtime};
+use super::pass::{Pass, Runtime, SeqRows};
 use super::route_replay::RouteReplay;
 use super::router::{Router, Scoring};
 use super::rows::{add_rows, norm_rows};
@@ -47,6 +49,14 @@ pub enum Logits {
     None,
 }
 
+/// One sequence of a batched pass: its cache, its next tokens (at positions `kv.len()..`), and
+/// which of their logits it needs.
+pub struct Seq<'a> {
+    pub kv: &'a mut KvCache,
+    pub tokens: &'a [u32],
+    pub want: Logits,
+}
+
 /// What mixes information across positions.
 enum Mixer {
     Attention(Attention),
@@ -55,7 +65,7 @@ enum Mixer {
 }
 
 impl Mixer {
-    fn forward(&self, pass: &mut Pass<'_>, l: usize) -> Result<(), ModelError> {
+    fn forward(&self, pass: &mut Pass<'_, '_>, l: usize) -> Result<(), ModelError> {
         match self {
             Mixer::Attention(a) => a.forward(pass, l),
             Mixer::Latent(a) => a.forward(pass, l),
@@ -81,7 +91,7 @@ struct Layer {
 
 impl Layer {
     /// Layer `l` on the pass's residual stream `st.x`.
-    fn forward(&self, pass: &mut Pass<'_>, l: usize, eps: f32) -> Result<(), ModelError> {
+    fn forward(&self, pass: &mut Pass<'_, '_>, l: usize, eps: f32) -> Result<(), ModelError> {
         let kind = if matches!(self.ffn, Ffn::Moe(_)) { "moe" } else { "dense" };
         let _layer = trace::span("layer").arg("layer", l).arg("kind", kind);
         let (exec, pkg) = (pass.exec, pass.pkg);
@@ -276,48 +286,83 @@ impl Decoder {
         want: Logits,
         obs: &mut dyn Observer,
     ) -> Result<&'s [f32], ModelError> {
+        self.forward_batch(rt, st, &mut [Seq { kv, tokens, want }], obs)
+    }
+
+    /// Run several sequences' tokens in one pass (a server's batch: a decode token each, or a
+    /// prompt chunk), each at positions `kv.len()..` of its own cache. Each row is computed as
+    /// it would be in a pass of its sequence alone (the products give a row the same bits in
+    /// any batch; attention and the linear attention's recurrence run per sequence), while the
+    /// weights, and each routed expert, are read once for all of them. The logits asked for,
+    /// the sequences' rows in order, in `st` (`[rows, vocab]`).
+    pub fn forward_batch<'s>(
+        &self,
+        rt: Runtime<'_>,
+        st: &'s mut RunState,
+        seqs: &mut [Seq<'_>],
+        obs: &mut dyn Observer,
+    ) -> Result<&'s [f32], ModelError> {
         let c = &self.cfg;
-        let (t_n, h) = (tokens.len(), c.hidden_size);
-        let pos0 = kv.len();
-        if pos0 + t_n > kv.capacity() {
-            return Err(ModelError::ContextFull { need: pos0 + t_n, ctx: kv.capacity() });
-        }
-        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
-            return Err(ModelError::TokenOutOfRange { id: bad, vocab: c.vocab_size });
+        let h = c.hidden_size;
+        let t_n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        for s in seqs.iter() {
+            let need = s.kv.len() + s.tokens.len();
+            if need > s.kv.capacity() {
+                return Err(ModelError::ContextFull { need, ctx: s.kv.capacity() });
+            }
+            if let Some(&bad) = s.tokens.iter().find(|&&id| id as usize >= c.vocab_size) {
+                return Err(ModelError::TokenOutOfRange { id: bad, vocab: c.vocab_size });
+            }
         }
         if t_n > st.chunk {
             return Err(ModelError::BatchTooLarge { tokens: t_n, chunk: st.chunk });
         }
         let (exec, pkg) = (rt.exec, &*self.pkg);
-        let _fwd = trace::span("forward").arg("tokens", t_n).arg("pos", pos0);
+        let pos0 = seqs.first().map_or(0, |s| s.kv.len());
+        let _fwd = trace::span("forward").arg("tokens", t_n).arg("pos", pos0).arg("sequences", seqs.len());
         obs.begin_pass();
         rt.experts.begin_pass();
-        self.embed(rt, st, tokens);
+        st.ids.clear();
+        seqs.iter().for_each(|s| st.ids.extend_from_slice(s.tokens));
+        self.embed(rt, st);
         obs.hidden(0, &st.x[..t_n * h]);
-        // cos/sin of each position, shared by all layers
+        // cos/sin of each row's position, shared by all layers
         let half = c.rotary_dim() / 2;
-        for t in 0..t_n {
-            let (cs, sn) = (&mut st.cos[t * half..(t + 1) * half], &mut st.sin[t * half..(t + 1) * half]);
-            self.rope.cos_sin(pos0 + t, cs, sn);
+        let mut row = 0;
+        for s in seqs.iter() {
+            for p in s.kv.len()..s.kv.len() + s.tokens.len() {
+                let (cs, sn) = (&mut st.cos[row * half..(row + 1) * half], &mut st.sin[row * half..(row + 1) * half]);
+                self.rope.cos_sin(p, cs, sn);
+                row += 1;
+            }
         }
         let eps = c.rms_norm_eps as f32;
         {
+            let mut row0 = 0;
+            let mut rows: SmallVec<[SeqRows<'_>; 8]> = SmallVec::new();
+            for s in seqs.iter_mut() {
+                let (n, pos0) = (s.tokens.len(), s.kv.len());
+                rows.push(SeqRows { kv: &mut *s.kv, row0, n, pos0 });
+                row0 += n;
+            }
             let mut pass = Pass {
                 exec,
                 pkg,
                 experts: rt.experts,
                 obs: &mut *obs,
-                kv: &mut *kv,
+                seqs: &mut rows,
                 st: &mut *st,
                 steering: &self.steering,
                 t_n,
-                pos0,
             };
             for (l, layer) in self.layers.iter().enumerate() {
                 layer.forward(&mut pass, l, eps)?;
             }
         }
-        kv.set_len(pos0 + t_n);
+        for s in seqs.iter_mut() {
+            let len = s.kv.len() + s.tokens.len();
+            s.kv.set_len(len);
+        }
 
         let norm = pkg.f32_by_index(self.norm);
         let x = &mut st.x[..t_n * h];
@@ -330,30 +375,46 @@ impl Decoder {
             });
         }
         obs.hidden(c.num_hidden_layers + 1, x);
-        // the positions asked for are the last `n` rows of the batch
-        let n = match want {
-            Logits::All => t_n,
-            Logits::Last => 1,
+        // the rows asked for: a sequence's last `n`; where they are not the batch's last rows,
+        // gathered into `hn` (free now) in order
+        let wanted = |s: &Seq<'_>| match s.want {
+            Logits::All => s.tokens.len(),
+            Logits::Last => s.tokens.len().min(1),
             Logits::None => 0,
         };
+        let n: usize = seqs.iter().map(wanted).sum();
         st.logits_len = n * c.vocab_size;
         if n == 0 {
             return Ok(&[]);
         }
+        let tail = seqs.iter().rev().skip(1).all(|s| wanted(s) == 0)
+            && seqs.last().is_some_and(|s| wanted(s) == s.tokens.len() || wanted(s) == n);
+        let x = if tail {
+            &st.x[(t_n - n) * h..t_n * h]
+        } else {
+            let (mut at, mut end) = (0, 0);
+            for s in seqs.iter() {
+                end += s.tokens.len();
+                let w = wanted(s);
+                st.hn[at * h..(at + w) * h].copy_from_slice(&st.x[(end - w) * h..end * h]);
+                at += w;
+            }
+            &st.hn[..n * h]
+        };
         let v = c.vocab_size;
         if st.logits.len() < n * v {
             st.logits.resize(n * v, 0.0);
         }
-        let (x, logits) = (&st.x[(t_n - n) * h..t_n * h], &mut st.logits[..n * v]);
-        exec.matmul("lm_head", &pkg.mat_by_index(self.lm_head), x, n, logits, &mut st.scratch);
+        exec.matmul("lm_head", &pkg.mat_by_index(self.lm_head), x, n, &mut st.logits[..n * v], &mut st.scratch);
         Ok(st.logits())
     }
 
-    /// The embeddings of `tokens` into `st.x`, the rows in parallel.
-    fn embed(&self, rt: Runtime<'_>, st: &mut RunState, tokens: &[u32]) {
+    /// The embeddings of the batch's tokens (`st.ids`) into `st.x`, the rows in parallel.
+    fn embed(&self, rt: Runtime<'_>, st: &mut RunState) {
         let h = self.cfg.hidden_size;
         let emb = self.pkg.mat_by_index(self.embed);
         let _e = trace::span("embed");
+        let tokens = &st.ids[..];
         rt.exec.rows_mut("embed_rows", &mut st.x[..tokens.len() * h], h, &|r, x| {
             for (t, x) in r.zip(x.chunks_exact_mut(h)) {
                 emb.dequant_row(tokens[t] as usize, x);

@@ -79,15 +79,19 @@ impl DeltaNet {
 
     /// Layer `l`'s mixer over the pass's normed rows (`st.hn`), advancing the layer's state in
     /// the cache; the result (before the residual add) in `st.delta`.
-    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) -> Result<(), ModelError> {
+    pub fn forward(&self, pass: &mut Pass<'_, '_>, l: usize) -> Result<(), ModelError> {
         let (exec, pkg, t_n, d) = (pass.exec, pass.pkg, pass.t_n, self.dims);
         let _s = trace::span("linear_attention").arg("layer", l).arg("tokens", t_n);
         let RunState { hn, delta, linear, scratch: s, .. } = &mut *pass.st;
-        let (Some(state), Some(bufs)) = (pass.kv.linear_mut(l), linear.as_mut()) else {
-            return Err(ModelError::Unsupported(format!(
+        let no_state = || {
+            ModelError::Unsupported(format!(
                 "layer {l} is linear attention, but the model's cache or buffers have no linear-attention state"
-            )));
+            ))
         };
+        let bufs = linear.as_mut().ok_or_else(no_state)?;
+        if pass.seqs.iter_mut().any(|seq| seq.kv.linear_mut(l).is_none()) {
+            return Err(no_state());
+        }
         let (hn, out) = (&hn[..t_n * self.hidden], &mut delta[..t_n * self.hidden]);
         let (cd, vd, nv) = (d.conv_dim(), d.value_dim(), d.nv);
         let (wqkv, wz, wb, wa) =
@@ -126,10 +130,17 @@ impl DeltaNet {
             dt_bias: pkg.f32_by_index(self.dt_bias),
             norm: pkg.f32_by_index(self.norm),
         };
-        let inputs = Inputs { p, z, b, a };
-        let work = Work { c: &mut c[..t_n * cd], beta: &mut beta[..t_n * nv], decay: &mut decay[..t_n * nv], tasks };
-        let y = &mut y[..t_n * vd];
-        core(exec, &weights, d, state, inputs, work, y);
+        // each sequence's rows through its own state (the conv and the recurrence run along
+        // a sequence)
+        for seq in pass.seqs.iter_mut() {
+            let inputs = Inputs { p: seq.of(p, cd), z: seq.of(z, vd), b: seq.of(b, nv), a: seq.of(a, nv) };
+            let (c, beta, decay) = (seq.of_mut(c, cd), seq.of_mut(beta, nv), seq.of_mut(decay, nv));
+            let work = Work { c, beta, decay, tasks };
+            let y = seq.of_mut(y, vd);
+            let state = seq.kv.linear_mut(l).ok_or_else(no_state)?;
+            core(exec, &weights, d, state, inputs, work, y);
+        }
+        let y = &y[..t_n * vd];
         exec.matmul("out_proj", &pkg.mat_by_index(self.out), y, t_n, out, s);
         Ok(())
     }

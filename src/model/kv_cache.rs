@@ -3,8 +3,9 @@
 //! layer, all in f32.
 //!
 //! Keys and values can be cut back to any shorter prefix; a recurrent state cannot (it has
-//! folded every token in). So a hybrid model's cache goes back only to a snapshot taken at a
-//! turn boundary ([`KvCache::snapshot`]), or to the start.
+//! folded every token in). So a hybrid model's cache goes back only to a checkpoint of its
+//! recurrent and conv states ([`KvCache::checkpoint`]: taken at prompt chunk boundaries and at
+//! the end of each prompt, the latest [`CHECKPOINTS`] kept), or to the start.
 
 use moescope_kernels::attn::KEY_BLOCK;
 
@@ -31,9 +32,23 @@ pub struct KvCache {
     v: Vec<Vec<f32>>,
     /// per layer; `Some` for linear-attention layers
     linear: Vec<Option<LinearState>>,
-    /// the linear layers' states at a position, to go back to (hybrid models)
-    snapshot: Option<(usize, Vec<Option<LinearState>>)>,
+    /// the linear layers' states at positions to go back to, in position order (hybrid
+    /// models; empty otherwise)
+    checkpoints: Vec<Checkpoint>,
 }
+
+/// The linear-attention layers' states at position `at`.
+#[derive(Clone)]
+struct Checkpoint {
+    at: usize,
+    states: Vec<Option<LinearState>>,
+}
+
+/// Checkpoints a hybrid model's cache keeps: the latest ones, so that a prompt that resends a
+/// history and changes its end resumes within a prompt chunk of where it changed, over the
+/// last `CHECKPOINTS` chunks (4096 tokens at 512 a chunk). Each costs the linear layers' states
+/// once more (2 MiB a layer at Qwen3.5-35B-A3B's shape).
+pub const CHECKPOINTS: usize = 8;
 
 impl KvCache {
     pub fn new(cfg: &ModelConfig, cap: usize) -> KvCache {
@@ -54,7 +69,7 @@ impl KvCache {
             linear: (0..cfg.num_hidden_layers)
                 .map(|l| cfg.hybrid.as_ref().filter(|_| !attends(l)).map(LinearState::new))
                 .collect(),
-            snapshot: None,
+            checkpoints: Vec::new(),
         }
     }
 
@@ -69,15 +84,24 @@ impl KvCache {
         }
     }
 
-    /// Bytes when full (a hybrid's recurrent states counted twice: live and snapshot).
+    /// Bytes when full (a hybrid's recurrent states counted once live and once a checkpoint).
     pub fn bytes_at_capacity(cfg: &ModelConfig, cap: usize) -> u64 {
         let (n_kv, hd, values) = Self::shape(cfg);
         let kv = (1 + usize::from(values)) * cfg.attention_layers() * n_kv * cap.next_multiple_of(KEY_BLOCK) * hd;
-        let linear = cfg
-            .hybrid
-            .as_ref()
-            .map_or(0, |h| 2 * (cfg.num_hidden_layers - cfg.attention_layers()) * (h.state_len() + h.conv_state_len()));
-        ((kv + linear) * 4) as u64
+        (kv * 4) as u64 + (1 + CHECKPOINTS as u64) * Self::linear_bytes(cfg)
+    }
+
+    /// Bytes of one copy of a hybrid's linear-attention states (0 without).
+    pub fn linear_bytes(cfg: &ModelConfig) -> u64 {
+        let per = cfg.hybrid.as_ref().map_or(0, |h| h.state_len() + h.conv_state_len());
+        ((cfg.num_hidden_layers - cfg.attention_layers()) * per * 4) as u64
+    }
+
+    /// Bytes its first `len` positions and its checkpoints take.
+    pub fn bytes_used(&self) -> u64 {
+        let per_pos: usize = self.k.iter().chain(&self.v).filter(|b| !b.is_empty()).map(|_| self.n_kv * self.hd).sum();
+        let linear: u64 = self.linear.iter().flatten().map(LinearState::bytes).sum();
+        (self.len.next_multiple_of(KEY_BLOCK) * per_pos * 4) as u64 + linear * (1 + self.checkpoints.len() as u64)
     }
 
     /// Positions it holds.
@@ -96,71 +120,109 @@ impl KvCache {
 
     /// Forget everything from position `len` on, as far as the cache can: returns the
     /// position it now holds. Keys and values go back anywhere; a recurrent state only to the
-    /// snapshot, when that is at or before `len`, else to the start.
+    /// latest checkpoint at or before `len`, else to the start.
     pub fn rewind(&mut self, len: usize) -> usize {
         let to = self.reachable(len);
         if to == self.len {
             return to;
         }
-        if self.linear.iter().all(Option::is_none) {
+        if !self.hybrid() {
             self.len = to;
             return to;
         }
-        match &self.snapshot {
-            Some((at, states)) if *at == to => {
-                for (live, saved) in self.linear.iter_mut().zip(states) {
+        self.checkpoints.retain(|c| c.at <= to);
+        match self.checkpoints.last() {
+            Some(c) if c.at == to => {
+                for (live, saved) in self.linear.iter_mut().zip(&c.states) {
                     if let (Some(live), Some(saved)) = (live, saved) {
                         live.clone_from(saved);
                     }
                 }
-                self.len = *at;
+                self.len = to;
             }
-            _ => {
-                self.linear.iter_mut().flatten().for_each(LinearState::reset);
-                self.snapshot = None;
-                self.len = 0;
-            }
+            _ => self.clear(),
         }
         self.len
     }
 
+    fn hybrid(&self) -> bool {
+        self.linear.iter().any(Option::is_some)
+    }
+
     /// The position [`rewind`](Self::rewind)`(len)` would go back to.
     pub fn reachable(&self, len: usize) -> usize {
-        if len >= self.len || self.linear.iter().all(Option::is_none) {
+        if len >= self.len || !self.hybrid() {
             return len.min(self.len);
         }
-        match &self.snapshot {
-            Some((at, _)) if *at <= len => *at,
-            _ => 0,
-        }
+        self.checkpoints.iter().rev().find(|c| c.at <= len).map_or(0, |c| c.at)
     }
 
     /// Back to an empty sequence.
     pub fn clear(&mut self) {
-        self.snapshot = None;
+        self.checkpoints.clear();
         self.linear.iter_mut().flatten().for_each(LinearState::reset);
         self.len = 0;
     }
 
     /// Remember the recurrent states at the current position, so that a later sequence that
-    /// shares this prefix can start here (a no-op without linear-attention layers).
-    pub fn snapshot(&mut self) {
-        if self.linear.iter().any(Option::is_some) {
-            match &mut self.snapshot {
-                Some((at, states)) => {
-                    *at = self.len;
-                    for (saved, live) in states.iter_mut().zip(&self.linear) {
-                        saved.clone_from(live);
-                    }
-                }
-                None => self.snapshot = Some((self.len, self.linear.clone())),
-            }
+    /// shares this prefix can start here (a no-op without linear-attention layers). The oldest
+    /// checkpoint goes (its buffers reused) when [`CHECKPOINTS`] are kept.
+    pub fn checkpoint(&mut self) {
+        if !self.hybrid() || self.checkpoints.last().is_some_and(|c| c.at == self.len) {
+            return;
         }
+        let mut c = if self.checkpoints.len() >= CHECKPOINTS {
+            self.checkpoints.remove(0)
+        } else {
+            Checkpoint { at: 0, states: self.linear.clone() }
+        };
+        c.at = self.len;
+        for (saved, live) in c.states.iter_mut().zip(&self.linear) {
+            saved.clone_from(live);
+        }
+        self.checkpoints.push(c);
     }
 
-    /// Where the snapshot is, if any.
-    pub fn snapshot_at(&self) -> Option<usize> {
-        self.snapshot.as_ref().map(|s| s.0)
+    /// Whether a checkpoint sits at `at`.
+    pub fn has_checkpoint(&self, at: usize) -> bool {
+        self.checkpoints.iter().any(|c| c.at == at)
+    }
+
+    /// Become `src`'s first `len` positions (`len` one [`reachable`](Self::reachable) gives in
+    /// `src`, or its whole length), its checkpoints up to there included: a sequence started
+    /// from a cached prefix. False when `len` is not reachable or does not fit.
+    pub fn copy_prefix(&mut self, src: &KvCache, len: usize) -> bool {
+        if src.reachable(len) != len
+            || len > self.cap
+            || (self.n_kv, self.hd, self.k.len()) != (src.n_kv, src.hd, src.k.len())
+        {
+            return false;
+        }
+        let blocks = len.next_multiple_of(KEY_BLOCK);
+        for (dst, from) in self.k.iter_mut().zip(&src.k).chain(self.v.iter_mut().zip(&src.v)) {
+            if dst.is_empty() {
+                continue;
+            }
+            // per head: the blocks that hold positions 0..len (keys transposed in blocks, values
+            // in rows: either way the first `blocks` positions' values)
+            for h in 0..self.n_kv {
+                let (d0, s0, n) = (h * self.stride * self.hd, h * src.stride * src.hd, blocks * self.hd);
+                dst[d0..d0 + n].copy_from_slice(&from[s0..s0 + n]);
+            }
+        }
+        self.checkpoints.clear();
+        self.checkpoints.extend(src.checkpoints.iter().filter(|c| c.at <= len).cloned());
+        let states = match src.checkpoints.iter().find(|c| c.at == len) {
+            Some(c) if len < src.len => &c.states,
+            _ => &src.linear,
+        };
+        for (live, saved) in self.linear.iter_mut().zip(states) {
+            if let (Some(live), Some(saved)) = (live, saved) {
+                live.clone_from(saved);
+            }
+        }
+        self.len = len;
+        true
     }
 
     /// The conv and recurrent state of linear-attention `layer` (None for an attention layer).
@@ -311,5 +373,81 @@ mod tests {
             assert!(one.head(1, h, 70) == rows.head(1, h, 70), "head {h}");
             assert!(one.head(1, h, 70).0.iter().any(|&x| x != 0.0), "head {h} written");
         }
+    }
+
+    /// `config()` with layer 0 linear attention (one key and one value head of 2 dims).
+    fn hybrid() -> ModelConfig {
+        use crate::model_config::{HybridConfig, LayerKind};
+        let mut c = config();
+        c.hybrid = Some(HybridConfig {
+            layer_types: vec![LayerKind::LinearAttention, LayerKind::FullAttention],
+            rotary_dim: 4,
+            conv_kernel: 2,
+            key_heads: 1,
+            key_head_dim: 2,
+            value_heads: 1,
+            value_head_dim: 2,
+            shared_expert_intermediate_size: 0,
+            value_heads_tiled: false,
+            a_stored_negated_exp: false,
+        });
+        c
+    }
+
+    /// Fill positions `kv.len()..len`: layer 1's keys and values are the position, layer 0's
+    /// state is the number of positions folded in so far.
+    fn advance(kv: &mut KvCache, len: usize) {
+        let w = kv.n_kv * kv.hd;
+        for pos in kv.len()..len {
+            let row = vec![pos as f32; w];
+            kv.write(1, pos, &row, &row);
+        }
+        if let Some(st) = kv.linear_mut(0) {
+            st.s.fill(len as f32);
+            st.conv.fill(-(len as f32));
+        }
+        kv.set_len(len);
+    }
+
+    #[test]
+    fn a_hybrid_goes_back_to_its_latest_checkpoint_and_a_copy_starts_from_any_it_can_reach() {
+        let cfg = hybrid();
+        let mut kv = KvCache::new(&cfg, 200);
+        // checkpoints at 10, 20, ..., past how many are kept: the oldest go
+        for n in 1..=CHECKPOINTS + 3 {
+            advance(&mut kv, 10 * n);
+            kv.checkpoint();
+        }
+        advance(&mut kv, 10 * (CHECKPOINTS + 3) + 5);
+        let oldest = 10 * 4;
+        assert_eq!(kv.reachable(oldest - 1), 0, "dropped checkpoints are not reachable");
+        assert_eq!(kv.reachable(oldest + 7), oldest);
+        assert_eq!(kv.reachable(10 * (CHECKPOINTS + 3) + 2), 10 * (CHECKPOINTS + 3));
+        assert_eq!(kv.reachable(1000), kv.len(), "the whole sequence, live state");
+
+        // a copy of a reachable prefix: its keys, values and the checkpoint's state
+        let mut copy = KvCache::new(&cfg, 100);
+        assert!(!copy.copy_prefix(&kv, oldest + 7), "unreachable: refused");
+        assert!(copy.copy_prefix(&kv, oldest + 10));
+        assert_eq!(copy.len(), oldest + 10);
+        assert_eq!(copy.linear_mut(0).map(|s| s.s[0]), Some((oldest + 10) as f32));
+        for h in 0..cfg.num_key_value_heads {
+            let (a, b) = (kv.head(1, h, oldest + 10), copy.head(1, h, oldest + 10));
+            assert!(a.1 == b.1, "values of head {h}");
+            // keys: whole blocks, positions past the prefix are the source's too (never read)
+            assert!(a.0 == b.0, "keys of head {h}");
+        }
+        // the copy goes back to the checkpoints it took along
+        assert_eq!(copy.rewind(oldest + 3), oldest);
+        assert_eq!(copy.linear_mut(0).map(|s| (s.s[0], s.conv[0])), Some((oldest as f32, -(oldest as f32))));
+        // the live state when the whole sequence is copied
+        let mut whole = KvCache::new(&cfg, 200);
+        assert!(whole.copy_prefix(&kv, kv.len()));
+        assert_eq!(whole.linear_mut(0).map(|s| s.s[0]), Some(kv.len() as f32));
+
+        // rewinding the source past every checkpoint starts it over
+        assert_eq!(kv.rewind(5), 0);
+        assert_eq!(kv.linear_mut(0).map(|s| s.s[0]), Some(0.0));
+        assert!(!kv.has_checkpoint(oldest));
     }
 }

@@ -181,11 +181,12 @@ impl LatentAttention {
         })
     }
 
-    /// Layer `l`'s attention over the pass's normed rows (`st.hn`) at positions `pos0..`, their
-    /// compressed kv and rotary keys appended to the cache; the result in `st.delta`.
-    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
-        let (exec, pkg, t_n, pos0) = (pass.exec, pass.pkg, pass.t_n, pass.pos0);
-        let _att = trace::span("attention").arg("layer", l).arg("tokens", t_n).arg("pos", pos0);
+    /// Layer `l`'s attention over the pass's normed rows (`st.hn`), each sequence's at its
+    /// positions, their compressed kv and rotary keys appended to its cache; the result in
+    /// `st.delta`.
+    pub fn forward(&self, pass: &mut Pass<'_, '_>, l: usize) {
+        let (exec, pkg, t_n) = (pass.exec, pass.pkg, pass.t_n);
+        let _att = trace::span("attention").arg("layer", l).arg("tokens", t_n).arg("pos", pass.pos0());
         let (h, nh, m) = (self.hidden, self.heads, self.m);
         let (kvl, nope, rope, vd) = (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
         let hd = nope + rope;
@@ -213,35 +214,43 @@ impl LatentAttention {
             if m.rope_interleave { apply_rope_interleaved(x, cs, sn, rot) } else { apply_rope(x, cs, sn) }
         };
         let hk = kvl + rope;
-        for t in 0..t_n {
-            for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_exact_mut(hd) {
-                turn(&mut head[nope..], t, rot);
+        for seq in pass.seqs.iter_mut() {
+            for t in seq.row0..seq.row0 + seq.n {
+                for head in q[t * nh * hd..(t + 1) * nh * hd].chunks_exact_mut(hd) {
+                    turn(&mut head[nope..], t, rot);
+                }
+                // the cache row: the compressed kv normed, the rotary key turned
+                w.key.copy_from_slice(&ckv[t * (kvl + rope)..(t + 1) * (kvl + rope)]);
+                rms_norm_inplace(&mut w.key[..kvl], f(self.kv_norm), self.eps);
+                turn(&mut w.key[kvl..], t, rot);
+                seq.kv.write(l, seq.pos0 + t - seq.row0, &w.key, &[]);
             }
-            // the cache row: the compressed kv normed, the rotary key turned
-            w.key.copy_from_slice(&ckv[t * (kvl + rope)..(t + 1) * (kvl + rope)]);
-            rms_norm_inplace(&mut w.key[..kvl], f(self.kv_norm), self.eps);
-            turn(&mut w.key[kvl..], t, rot);
-            pass.kv.write(l, pos0 + t, &w.key, &[]);
         }
         let (k_b, v_b) = (pkg.mat_by_index(self.k_b), pkg.mat_by_index(self.v_b));
-        let out = &mut w.out[..t_n * nh * vd];
-        if mla_expanded::pays(&m, t_n, pos0) {
-            let lat = mla_expanded::Latent { kv: pass.kv, layer: l, m, heads: nh, k_b: &k_b, v_b: &v_b };
-            mla_expanded::attend(exec, &lat, q, pos0, out);
-        } else {
-            // each head's query folded through its key up-projection, its rotary part beside it
-            let qa = &mut w.qa_abs[..t_n * nh * hk];
-            heads_product(exec, "k_b_proj", &k_b, (nh, t_n), (q, hd), (qa, hk));
-            for (i, row) in qa.chunks_exact_mut(hk).enumerate() {
-                row[kvl..].copy_from_slice(&q[i * hd + nope..][..rope]);
+        // each sequence over its own cache, in the form its own rows pay for (a server's batch
+        // runs each sequence as it would alone)
+        for seq in pass.seqs.iter_mut() {
+            let (t_n, pos0, q) = (seq.n, seq.pos0, seq.of(q, nh * hd));
+            let out = seq.of_mut(&mut w.out, nh * vd);
+            if mla_expanded::pays(&m, t_n, pos0) {
+                let lat = mla_expanded::Latent { kv: seq.kv, layer: l, m, heads: nh, k_b: &k_b, v_b: &v_b };
+                mla_expanded::attend(exec, &lat, q, pos0, out);
+            } else {
+                // each head's query folded through its key up-projection, its rotary part beside it
+                let qa = &mut w.qa_abs[..t_n * nh * hk];
+                heads_product(exec, "k_b_proj", &k_b, (nh, t_n), (q, hd), (qa, hk));
+                for (i, row) in qa.chunks_exact_mut(hk).enumerate() {
+                    row[kvl..].copy_from_slice(&q[i * hd + nope..][..rope]);
+                }
+                let lat = &mut w.lat[..t_n * nh * kvl];
+                let heads = Heads { nh, nkv: 1, hd: hk, hv: kvl, keyed: true };
+                let at = At { layer: l, heads, pos0, window: None, sinks: None, scale: Some(m.softmax_scale) };
+                attend(exec, seq.kv, at, qa, lat, attn_work);
+                // each head's values through its value up-projection
+                heads_product(exec, "v_b_proj", &v_b, (nh, t_n), (lat, kvl), (out, vd));
             }
-            let lat = &mut w.lat[..t_n * nh * kvl];
-            let heads = Heads { nh, nkv: 1, hd: hk, hv: kvl, keyed: true };
-            let at = At { layer: l, heads, pos0, window: None, sinks: None, scale: Some(m.softmax_scale) };
-            attend(exec, pass.kv, at, qa, lat, attn_work);
-            // each head's values through its value up-projection
-            heads_product(exec, "v_b_proj", &v_b, (nh, t_n), (lat, kvl), (out, vd));
         }
+        let out = &w.out[..t_n * nh * vd];
         exec.matmul("o_proj", &pkg.mat_by_index(self.o), out, t_n, &mut delta[..t_n * h], s);
     }
 }

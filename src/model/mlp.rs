@@ -201,7 +201,7 @@ impl DenseMlp {
     }
 
     /// Layer `l`'s MLP of the pass's normed rows (`st.hn`) into `st.delta`.
-    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
+    pub fn forward(&self, pass: &mut Pass<'_, '_>, l: usize) {
         let _m = trace::span("mlp").arg("layer", l);
         let m = self.mats.bind(pass.pkg);
         let rows = pass.t_n * m.gate.cols;
@@ -236,7 +236,7 @@ impl SharedExpert {
 
     /// Layer `l`'s shared expert of the pass's normed rows (`st.hn`), scaled by its gate if any, into
     /// `st.shared` (`[T, H]`, to be added to the routed sum).
-    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) {
+    pub fn forward(&self, pass: &mut Pass<'_, '_>, l: usize) {
         let (pkg, t_n) = (pass.pkg, pass.t_n);
         let _s = trace::span("shared_expert").arg("layer", l).arg("tokens", t_n);
         let m = self.mats.bind(pkg);

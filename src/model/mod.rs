@@ -22,12 +22,12 @@ pub mod run_state;
 pub mod steering;
 
 pub use crate::model_config::{Arch, HybridConfig, LayerKind, ModelConfig};
-pub use decoder::{Decoder, Logits};
+pub use decoder::{Decoder, Logits, Seq};
 pub use error::ModelError;
 pub use expert_source::{Ahead, ExpertQuery, ExpertSource, ReadyFn, Resident, RouterInput};
 pub use kv_cache::KvCache;
 pub use observer::{NoObserver, Observer, Tee};
-pub use pass::{Pass, Runtime};
+pub use pass::{Pass, Runtime, SeqRows};
 pub use route_replay::RouteReplay;
 pub use router::{Pick, Router, RouterRule};
 pub use run_state::RunState;

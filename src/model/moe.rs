@@ -99,7 +99,7 @@ impl Moe {
 
     /// Layer `l`'s block over the pass's normed rows (`st.hn`; `st.x` the residual they were
     /// normed from), into `st.delta`.
-    pub fn forward(&self, pass: &mut Pass<'_>, l: usize) -> Result<(), ModelError> {
+    pub fn forward(&self, pass: &mut Pass<'_, '_>, l: usize) -> Result<(), ModelError> {
         let t_n = pass.t_n;
         let mut span = trace::span("moe").arg("layer", l).arg("tokens", t_n);
         // the shared expert first: it does not depend on the route, and a source that guesses

@@ -19,7 +19,7 @@ use moescope_kernels::ops::{softmax_inplace, top_k};
 
 use super::error::ModelError;
 use super::expert_source::ExpertSource;
-use super::pass::Pass;
+use super::pass::{Pass, SeqRows};
 use super::route_replay::ReplayAt;
 use super::run_state::RunState;
 use crate::exec::Chunks;
@@ -364,8 +364,8 @@ impl Router {
     /// layer, into `st.routing`; every token's choice goes to the observer, and `st.probs`
     /// (`[T, E]`) keeps its scores.
     /// Returns what steered the choice.
-    pub fn route<'a>(&self, pass: &mut Pass<'a>, l: usize, moe_layer: usize) -> Steer<'a> {
-        let (exec, pkg, t_n, pos0) = (pass.exec, pass.pkg, pass.t_n, pass.pos0);
+    pub fn route<'a>(&self, pass: &mut Pass<'a, '_>, l: usize, moe_layer: usize) -> Steer<'a> {
+        let (exec, pkg, t_n) = (pass.exec, pass.pkg, pass.t_n);
         let rule = self.rule;
         let (e_n, k_n) = (rule.num_experts, rule.top_k);
         let steer = pass.steering.steer(pass.experts, moe_layer, t_n);
@@ -447,7 +447,8 @@ impl Router {
                 span.set("experts", top.as_slice());
                 span.set("weights", weights.as_slice());
             }
-            pass.obs.routing(l, pos0 + t, top, weights, &probs[t * e_n..(t + 1) * e_n]);
+            let pos = SeqRows::pos_of(pass.seqs, t);
+            pass.obs.routing(l, pos, top, weights, &probs[t * e_n..(t + 1) * e_n]);
         }
         routing.group(t_n);
         if routing.substituted > 0 {

@@ -20,6 +20,8 @@ use crate::model_config::ModelConfig;
 pub struct RunState {
     /// Most tokens of one pass.
     pub(super) chunk: usize,
+    /// the batch's token ids, its sequences' one after another [chunk]
+    pub(super) ids: Vec<u32>,
     /// residual stream [chunk, H]
     pub(super) x: Vec<f32>,
     /// a block's normed input [chunk, H]
@@ -82,6 +84,7 @@ impl RunState {
         let plain = |n: usize| if c.features.mla.is_none() { n } else { 0 };
         RunState {
             chunk,
+            ids: Vec::with_capacity(chunk),
             x: buf(h),
             hn: buf(h),
             delta: buf(h),

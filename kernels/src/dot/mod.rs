@@ -55,42 +55,70 @@ pub fn dot_f32_tokens(isa: Isa, a: &[f32], x: &[f32], out: &mut [f32]) {
 /// `x` (`[tokens, c]`): each the bits of [`dot_f32`]; AVX-512 register tiles of 4 rows x 4
 /// tokens where the tier has them, else [`dot_f32_tokens`] row by row.
 pub fn dot_f32_rows_tokens(isa: Isa, c: usize, w: &[f32], x: &[f32], out: &mut [f32], stride: usize) {
-    let (rows, tn) = (w.len() / c.max(1), x.len() / c.max(1));
-    assert!(
-        w.len() == rows * c && x.len() == tn * c && (rows == 0 || tn == 0 || out.len() >= (rows - 1) * stride + tn),
-        "f32 rows x tokens shapes"
-    );
     #[cfg(target_arch = "x86_64")]
     if isa >= Isa::Avx512 && c > 0 {
-        use avx512::{TILE_ROWS as R, TILE_TOKENS as T, tile};
-        let mut i = 0;
-        while i < rows {
-            let (r_n, w) = ((rows - i).min(R), &w[i * c..]);
-            let mut t = 0;
-            while t < tn {
-                let (t_n, x, o) = ((tn - t).min(T), &x[t * c..], &mut out[i * stride + t..]);
-                // SAFETY: the tier has AVX-512 F (and so AVX2 and FMA); the tile's rows and
-                // tokens lie inside `w`, `x`, and its products inside `out` (checked above)
-                unsafe {
-                    match (r_n, t_n) {
-                        (R, T) => tile::<R, T>(c, w, x, o, stride),
-                        (R, _) => (0..t_n).for_each(|k| tile::<R, 1>(c, w, &x[k * c..], &mut o[k..], stride)),
-                        (_, T) => (0..r_n).for_each(|k| tile::<1, T>(c, &w[k * c..], x, &mut o[k * stride..], stride)),
-                        _ => (0..r_n).for_each(|k| {
-                            (0..t_n).for_each(|j| {
-                                tile::<1, 1>(c, &w[k * c..], &x[j * c..], &mut o[k * stride + j..], stride)
-                            })
-                        }),
-                    }
-                }
-                t += t_n;
-            }
-            i += r_n;
-        }
-        return;
+        return rows_tokens_avx512(c, w, x, out, stride);
     }
+    let (rows, tn) = rows_tokens_shape(c, w.len(), x.len(), out.len(), stride);
     for i in 0..rows {
         dot_f32_tokens(isa, &w[i * c..(i + 1) * c], x, &mut out[i * stride..i * stride + tn]);
+    }
+}
+
+/// [`dot_f32_rows_tokens`] for bf16 rows (bits): each product the bits of [`dot_bf16`], so a
+/// row gets the same bits whatever batch of tokens it is in.
+pub fn dot_bf16_rows_tokens(isa: Isa, c: usize, w: &[u16], x: &[f32], out: &mut [f32], stride: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx512 && c > 0 {
+        return rows_tokens_avx512(c, w, x, out, stride);
+    }
+    let (rows, tn) = rows_tokens_shape(c, w.len(), x.len(), out.len(), stride);
+    for i in 0..rows {
+        for t in 0..tn {
+            out[i * stride + t] = dot_bf16(isa, &w[i * c..(i + 1) * c], &x[t * c..(t + 1) * c]);
+        }
+    }
+}
+
+/// Rows and tokens of a rows x tokens product, checked against the output's length.
+fn rows_tokens_shape(c: usize, w: usize, x: usize, out: usize, stride: usize) -> (usize, usize) {
+    let (rows, tn) = (w / c.max(1), x / c.max(1));
+    assert!(
+        w == rows * c && x == tn * c && (rows == 0 || tn == 0 || out >= (rows - 1) * stride + tn),
+        "rows x tokens shapes"
+    );
+    (rows, tn)
+}
+
+/// The AVX-512 register tiles over every row and token (tiles of 4 x 4 and their edges).
+#[cfg(target_arch = "x86_64")]
+fn rows_tokens_avx512<W: avx512::Lanes>(c: usize, w: &[W], x: &[f32], out: &mut [f32], stride: usize) {
+    use avx512::{TILE_ROWS as R, TILE_TOKENS as T, tile};
+    let (rows, tn) = rows_tokens_shape(c, w.len(), x.len(), out.len(), stride);
+    let mut i = 0;
+    while i < rows {
+        let (r_n, w) = ((rows - i).min(R), &w[i * c..]);
+        let mut t = 0;
+        while t < tn {
+            let (t_n, x, o) = ((tn - t).min(T), &x[t * c..], &mut out[i * stride + t..]);
+            // SAFETY: the caller checked the tier has AVX-512 F (and so AVX2 and FMA); the
+            // tile's rows and tokens lie inside `w`, `x`, and its products inside `out`
+            // (checked above)
+            unsafe {
+                match (r_n, t_n) {
+                    (R, T) => tile::<W, R, T>(c, w, x, o, stride),
+                    (R, _) => (0..t_n).for_each(|k| tile::<W, R, 1>(c, w, &x[k * c..], &mut o[k..], stride)),
+                    (_, T) => (0..r_n).for_each(|k| tile::<W, 1, T>(c, &w[k * c..], x, &mut o[k * stride..], stride)),
+                    _ => (0..r_n).for_each(|k| {
+                        (0..t_n).for_each(|j| {
+                            tile::<W, 1, 1>(c, &w[k * c..], &x[j * c..], &mut o[k * stride + j..], stride)
+                        })
+                    }),
+                }
+            }
+            t += t_n;
+        }
+        i += r_n;
     }
 }
 

@@ -1,6 +1,6 @@
 //! A borrowed weight matrix in one of the storage formats, and its products with activations:
 //! the row-by-row path here (through `dot`'s scalar and AVX2 forms), the AVX-512 tiles in
-//! `avx512.rs` (q4, q6), `avx512_q8.rs` (q8) and `avx512_bf16.rs` (bf16 prefill).
+//! `avx512.rs` (q4, q6) and `avx512_q8.rs` (q8).
 
 #[cfg(target_arch = "x86_64")]
 mod amx_q4;
@@ -8,8 +8,6 @@ mod amx_q4;
 mod avx2_k23;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
-#[cfg(target_arch = "x86_64")]
-mod avx512_bf16;
 #[cfg(target_arch = "x86_64")]
 mod avx512_finish;
 #[cfg(target_arch = "x86_64")]
@@ -404,15 +402,14 @@ impl<'a> Mat<'a> {
     /// [`Mat::matmul_rows`] below the AVX-512 tier, as if the matrix had no mins.
     fn symmetric_products(&self, isa: Isa, input: Input<'_>, n: usize, rows: Range<usize>, out: &mut [f32]) {
         match (self.data, input) {
-            // float weights with several inputs: widen the row to f32 once, then reuse it
-            (MatData::Bf16(_), Input::F32(x)) if n > 1 => {
-                let mut row = vec![0f32; self.cols];
+            // bf16 weights with several inputs (a prompt, a server's batch): as f32 rows are,
+            // each product the bits of the one-token dot
+            (MatData::Bf16(w), Input::F32(x)) if n > 1 => {
                 let c = self.cols;
-                for (i, r) in rows.enumerate() {
-                    self.dequant_row(r, &mut row);
-                    for t in 0..n {
-                        out[i * n + t] = dot::dot_f32(isa, &row, &x[t * c..(t + 1) * c]);
-                    }
+                let w = &w[rows.start * c..rows.end * c];
+                for t0 in (0..n).step_by(TOKEN_RUN) {
+                    let tn = (n - t0).min(TOKEN_RUN);
+                    dot::dot_bf16_rows_tokens(isa, c, w, &x[t0 * c..(t0 + tn) * c], &mut out[t0..], n);
                 }
             }
             // f32 weights with several inputs (a prompt's router): 16 tokens at a time over
@@ -547,12 +544,6 @@ impl Mat<'_> {
                 // SAFETY: the Avx512 tier was detected (or capped down to) on this CPU; `q` is the
                 // matrix's blocks, `a` its `n` activation rows in groups of 32
                 unsafe { avx512_mxfp4::mxfp4_matmul(q, c, a, n, rows, out) };
-                Some(true)
-            }
-            // bf16 weights over several tokens (prefill): vdpbf16ps where the CPU has it
-            (MatData::Bf16(w), Input::F32(x)) if n > 1 && Isa::Avx512.bf16_dot() => {
-                // SAFETY: AVX-512 BF16 was detected; the slices are the matrix's and the tokens'
-                unsafe { avx512_bf16::bf16_matmul(w, c, x, n, rows, out) };
                 Some(true)
             }
             _ => None,
