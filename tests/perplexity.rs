@@ -1,7 +1,7 @@
 //! `moescope perplexity` on the trained demo model, against transformers.
 //!
 //! transformers' number is what `tests/reference/train_demo.py` printed for the saved (bf16)
-//! checkpoint computed in fp32 over `tests/fixtures/demo/heldout.txt` (held-out Rust docs text)
+//! checkpoint computed in fp32 over `tests/fixtures/demo/heldout.txt` (held-out Rust docs text; packed)
 //! with the same protocol (windows of 512 tokens from an empty context), recorded in
 //! `src/demo/train_log.json`.
 //!

@@ -38,11 +38,15 @@ for t in bf16 q8_0; do
 done
 log "demo converted"
 
+# the held-out text, packed in the repository
+H=$W/heldout.txt
+xz -dc tests/fixtures/demo/heldout.txt.xz >"$H"
+
 # the tiny Qwen3.5-MoE with a tokenizer of 512 tokens (its vocabulary is 1024: padded)
 Q=$W/q35
 mkdir -p "$Q"
 cp tests/fixtures/qwen35/config.json tests/fixtures/qwen35/*.safetensors tests/fixtures/qwen35/model.safetensors.index.json "$Q/"
-python3 tests/reference/make_demo_tokenizer.py tests/fixtures/demo/heldout.txt assets/tokenizers/qwen3/tokenizer_config.json "$Q" 512 >>"$LOG" 2>&1
+python3 tests/reference/make_demo_tokenizer.py "$H" assets/tokenizers/qwen3/tokenizer_config.json "$Q" 512 >>"$LOG" 2>&1
 cp assets/tokenizers/qwen3.5/chat_template.jinja "$Q/"
 for t in bf16 q8_0; do
     conv "$Q" --outtype $t --outfile "$W/g/qwen35-$t.gguf" >"$W/conv-q35-$t.log" 2>&1 || { tail -12 "$W/conv-q35-$t.log" >>"$LOG"; log "qwen35 $t failed"; }
@@ -83,7 +87,7 @@ for t in Q4_0 Q4_K_M; do
 done
 log "quantized"
 for f in bf16 q8_0 q4_0 q4_k_m; do
-    "$B/llama-perplexity" -m "$W/g/demo-$f.gguf" -f tests/fixtures/demo/heldout.txt -c 512 -b 512 -t 14 >"$W/ppl-$f.log" 2>&1
+    "$B/llama-perplexity" -m "$W/g/demo-$f.gguf" -f "$H" -c 512 -b 512 -t 14 >"$W/ppl-$f.log" 2>&1
     log "llama-perplexity demo-$f: $(grep -E 'Final estimate' "$W/ppl-$f.log") $(grep -E 'tokenizing the input|tokens' "$W/ppl-$f.log" | head -2 | tr '\n' ' ')"
 done
 for b in llama-quantize llama-perplexity llama-tokenize llama-gguf-split; do strip "$B/$b"; done

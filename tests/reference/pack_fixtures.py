@@ -112,7 +112,9 @@ def pack():
             if os.path.islink(p) or p.endswith(".xz") or os.path.basename(p) == "MANIFEST":
                 continue
             # what a harness or a person reads as text beside the data stays plain
-            if p.endswith((".md", ".txt", ".jinja", ".py", ".sh")) or "/corpus/" in p or "LICENSE" in p:
+            # (a held-out text is data the tests read through the unpacked folder)
+            text = p.endswith((".md", ".txt", ".jinja", ".py", ".sh")) and not p.endswith("heldout.txt")
+            if text or "/corpus/" in p or "LICENSE" in p:
                 continue
             if os.path.getsize(p) < MIN_BYTES_OF.get(root, MIN_BYTES):
                 continue
