@@ -217,6 +217,7 @@ fn server() -> Option<std::net::SocketAddr> {
             api_key: None,
             alias: None,
             queue: 4,
+            slots: crate::serve::slots::SlotOptions { parallel: 2, cache_ram: 16 << 20 },
             metrics: true,
             body_limit: 1 << 20,
             // a fixed seed, and replies of at most 64 tokens unless a request asks otherwise

@@ -200,7 +200,8 @@ fn an_engine_error_mid_stream_ends_with_done() {
 #[test]
 fn a_full_queue_answers_503() {
     let d = tempfile::tempdir().unwrap();
-    let s = Server::start(&["-t", "1", "--queue", "1", "--metrics"], d.path());
+    // one request at a time: the second waits for the first's slot
+    let s = Server::start(&["-t", "1", "--queue", "1", "--parallel", "1", "--metrics"], d.path());
     let long = json!({"prompt": "fn main", "max_tokens": 3000, "ignore_eos": true, "stream": true});
     let mut first = s.stream("/v1/completions", &long);
     assert!(first.next_data().is_some());
@@ -326,14 +327,15 @@ fn ctrl_c_ends_streams_with_done_and_writes_the_trace() {
     assert!(rest.len() < 3000, "{} chunks", rest.len());
     let doc: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
     let sum = common::trace_check::check(&doc);
-    // a request slice per request on the engine's track (its prefill and decode inside) and on
-    // the requests' own track
-    for track in ["engine", "requests"] {
-        let tid = sum.thread_names.iter().find(|(_, n)| n.as_str() == track).map(|(t, _)| *t);
-        let tid = tid.unwrap_or_else(|| panic!("no {track} track: {:?}", sum.thread_names));
-        let n = sum.x_events.iter().filter(|(t, name, _)| *t == tid && name == "request").count();
-        assert_eq!(n, 2, "request slices on {track}");
-    }
+    // a slice per request on the requests' own track, and the engine's steps (each a forward
+    // pass over every running request) on its thread's
+    let track = |name: &str| {
+        let tid = sum.thread_names.iter().find(|(_, n)| n.as_str() == name).map(|(t, _)| *t);
+        tid.unwrap_or_else(|| panic!("no {name} track: {:?}", sum.thread_names))
+    };
+    let count = |tid, slice: &str| sum.x_events.iter().filter(|(t, name, _)| *t == tid && name == slice).count();
+    assert_eq!(count(track("requests"), "request"), 2, "request slices");
+    assert!(count(track("engine"), "step") >= 4, "the engine's steps");
 }
 
 #[test]

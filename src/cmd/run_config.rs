@@ -221,7 +221,8 @@ pub fn stats_line(s: &GenStats, seed: u64) -> String {
         match s.reuse {
             Reuse::None => String::new(),
             Reuse::Prefix => format!(", {} cached", s.prompt_cached),
-            Reuse::Snapshot => format!(", {} cached from the last turn's state", s.prompt_cached),
+            Reuse::Snapshot => format!(", {} cached from a checkpoint of the state", s.prompt_cached),
+            Reuse::PrefixCache => format!(", {} from the prefix cache", s.prompt_cached),
             Reuse::Recomputed => ", recomputed: the model's recurrent state cannot go back to the common prefix".into(),
         },
         s.generated.len(),

@@ -37,6 +37,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     if a.queue == 0 {
         bail!("--queue must be at least 1");
     }
+    if a.parallel == 0 {
+        bail!("--parallel must be at least 1");
+    }
     if a.workbench && (!std::io::stdin().is_terminal() || !std::io::stdout().is_terminal()) {
         bail!("serve --workbench needs a terminal (stdin and stdout)");
     }
@@ -94,6 +97,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         api_key: a.api_key.clone(),
         alias: a.alias.clone(),
         queue: a.queue,
+        slots: serve::slots::SlotOptions { parallel: a.parallel, cache_ram: a.cache_ram << 20 },
         metrics: a.metrics,
         body_limit: a.max_body_bytes,
         defaults: Defaults {

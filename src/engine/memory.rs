@@ -30,7 +30,8 @@ impl Engine {
         let ex = self.experts.as_ref()?;
         let plan = self.memory_plan();
         let fixed = |_: usize| plan.total - plan.experts;
-        let pool = sizing::largest_pool(&fixed, self.kv.capacity(), &sizing::allowance(), self.package().sizes().blob);
+        let pool =
+            sizing::largest_pool(&fixed, self.seq.kv.capacity(), &sizing::allowance(), self.package().sizes().blob);
         Some(pool.min(ex.total_bytes))
     }
 
@@ -40,7 +41,7 @@ impl Engine {
         let plan = self.memory_plan();
         let fixed = |_: usize| plan.total - plan.experts;
         let blob = self.package().sizes().blob;
-        sizing::check_explicit(&fixed, self.kv.capacity(), bytes, &sizing::allowance(), blob, force)
+        sizing::check_explicit(&fixed, self.seq.kv.capacity(), bytes, &sizing::allowance(), blob, force)
     }
 
     /// Between replies: size an `auto` pool again from the memory the process may use now
@@ -66,7 +67,7 @@ impl Engine {
         let sizes = self.package().sizes();
         let (dense, all_experts) = (sizes.dense, sizes.experts);
         let experts = self.experts.as_ref().map_or(all_experts, |e| e.cache.budget_bytes());
-        let kv = KvCache::bytes_at_capacity(c, self.kv.capacity());
+        let kv = KvCache::bytes_at_capacity(c, self.seq.kv.capacity());
         // the run state as allocated (the last position's logits among them)
         let buffers = self.state.bytes();
         let runtime = self.runtime_bytes;

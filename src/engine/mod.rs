@@ -2,14 +2,17 @@
 //! and the generation loop. It knows nothing of terminals or files; callers get tokens and
 //! logits through a callback.
 
+pub mod batch;
 pub mod chat_template;
 mod counters;
 pub mod harmony;
 mod memory;
 pub mod outcome;
+pub mod prefix_cache;
 pub mod sampler;
 pub mod session;
 pub mod sizing;
+mod slot;
 pub mod tokenizer;
 mod view;
 
@@ -22,7 +25,7 @@ use moescope_kernels::Isa;
 
 use crate::exec::Exec;
 use crate::experts::{Experts, StreamConfig};
-use crate::model::{Decoder, ExpertSource, KvCache, Logits, ModelError, Observer, Resident, RunState, Runtime};
+use crate::model::{Decoder, ExpertSource, Logits, ModelError, Observer, Resident, RunState, Runtime};
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
@@ -31,6 +34,7 @@ use tokenizer::Tok;
 
 pub use memory::MemoryPlan;
 pub use outcome::{GenStats, Reuse, Stop};
+pub use slot::Slot;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -85,11 +89,10 @@ pub struct Engine {
     /// Resident bytes of everything but weights and buffers, measured at load.
     runtime_bytes: u64,
     exec: Exec,
-    kv: KvCache,
+    /// The sequence `run`, `chat` and the workbench extend (a server runs its own slots).
+    seq: Slot,
     /// The forward pass's buffers, sized at load for a prompt chunk.
     state: RunState,
-    /// The ids whose keys and values are in `kv`, in order.
-    cached: Vec<u32>,
     /// Every position's logits of an evaluation of several chunks (tests, perplexity).
     all_logits: Vec<f32>,
     tok: Option<Arc<Tok>>,
@@ -198,7 +201,7 @@ impl Engine {
             None => None,
         };
         let exec = Exec::new(opts.threads, opts.isa).map_err(EngineError::Setup)?;
-        let kv = KvCache::new(cfg, ctx);
+        let seq = Slot::new(cfg, ctx);
         let experts = match (opts.stream, pkg.meta.experts.is_some()) {
             (Some(sc), true) => {
                 let (ex, w) = Experts::start(pkg.clone(), model.routers(), sc, opts.isa)?;
@@ -242,9 +245,8 @@ impl Engine {
             auto_pool,
             runtime_bytes,
             exec,
-            kv,
+            seq,
             state,
-            cached: Vec::new(),
             all_logits: Vec::new(),
             tok,
             template,
@@ -266,45 +268,25 @@ impl Engine {
 
     /// Forget the cache.
     pub fn reset(&mut self) {
-        self.kv.clear();
-        self.cached.clear();
+        self.seq.clear();
     }
 
-    /// How much of `ids` [`Engine::reuse_prefix`] would take from the cache: the common prefix,
-    /// for a hybrid model only as far back as its recurrent state can go (all of the cache when
-    /// `ids` extends it, else the latest checkpoint within the common prefix, else nothing).
+    /// How much of `ids` [`Engine::reuse_prefix`] would take from the cache ([`Slot::reusable`]).
     pub fn cached_prefix_len(&self, ids: &[u32]) -> usize {
-        let n = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count();
-        self.kv.reachable(if n == ids.len() { n.saturating_sub(1) } else { n })
+        self.seq.reusable(ids)
     }
 
     /// Keep the longest cached prefix of `ids` that can be kept (leaving at least one token of
     /// `ids` to evaluate, whose logits are needed); returns its length.
     pub fn reuse_prefix(&mut self, ids: &[u32]) -> usize {
-        self.reuse_prefix_how(ids).0
-    }
-
-    /// [`reuse_prefix`](Self::reuse_prefix), and how.
-    fn reuse_prefix_how(&mut self, ids: &[u32]) -> (usize, Reuse) {
-        let common = self.cached.iter().zip(ids).take_while(|(a, b)| a == b).count().min(ids.len().saturating_sub(1));
-        let n = self.cached_prefix_len(ids);
-        let reuse = match n {
-            0 if common > 0 => Reuse::Recomputed,
-            0 => Reuse::None,
-            n if n < self.cached.len() && self.kv.has_checkpoint(n) => Reuse::Snapshot,
-            _ => Reuse::Prefix,
-        };
-        let kept = self.kv.rewind(n);
-        debug_assert_eq!(kept, n);
-        self.cached.truncate(kept);
-        (kept, reuse)
+        self.seq.reuse(ids).0
     }
 
     /// Evaluate `ids` after what is cached: the logits asked for (`Logits::All`: every
     /// position's, `[n, vocab]`; else the last chunk's), valid until the next evaluation.
     pub fn eval(&mut self, ids: &[u32], want: Logits, obs: &mut dyn Observer) -> Result<&[f32], EngineError> {
-        if self.kv.len() + ids.len() > self.kv.capacity() {
-            return Err(EngineError::PromptTooLong { n: self.kv.len() + ids.len(), ctx: self.kv.capacity() });
+        if self.seq.kv.len() + ids.len() > self.seq.kv.capacity() {
+            return Err(EngineError::PromptTooLong { n: self.seq.kv.len() + ids.len(), ctx: self.seq.kv.capacity() });
         }
         self.all_logits.clear();
         let chunks = ids.chunks(PREFILL_CHUNK).count();
@@ -320,21 +302,21 @@ impl Engine {
                 None => &resident,
             };
             let rt = Runtime { exec: &self.exec, experts };
-            let l = self.model.forward(rt, &mut self.state, &mut self.kv, chunk, w, obs)?;
+            let l = self.model.forward(rt, &mut self.state, &mut self.seq.kv, chunk, w, obs)?;
             // a NaN or infinity anywhere in the weights ends here; sampling would pick a token
             // from it silently. The cache holds the same poison: cleared, so the next request
             // starts clean. (A scan of the vocabulary per token: small beside the token's pass.)
             if let Some(i) = l.iter().position(|x| !x.is_finite()) {
                 // the rows are the chunk's last ones (one for Logits::Last)
                 let vocab = self.model.cfg.vocab_size.max(1);
-                let pos = self.kv.len() - l.len() / vocab + i / vocab;
+                let pos = self.seq.kv.len() - l.len() / vocab + i / vocab;
                 self.reset();
                 return Err(EngineError::NonFinite { pos });
             }
             if want == Logits::All && chunks > 1 {
                 self.all_logits.extend_from_slice(l);
             }
-            self.cached.extend_from_slice(chunk);
+            self.seq.cached.extend_from_slice(chunk);
         }
         // one chunk (every decode step): its logits where the pass left them, not copied (the
         // vocabulary's 600 KB a token for Qwen3)
@@ -364,7 +346,7 @@ impl Engine {
             // where a hybrid model's later prompt that shares this much can resume: every
             // chunk's end, the prompt's end among them (a turn boundary, where a prompt that
             // rewrites this turn's reply, an old <think> dropped by the template, goes back to)
-            self.kv.checkpoint();
+            self.seq.kv.checkpoint();
             if let Some(p) = req.progress {
                 p(chunk.len());
             }
@@ -390,15 +372,15 @@ impl Engine {
         if prompt.is_empty() {
             return Err(EngineError::Setup("empty prompt".into()));
         }
-        if prompt.len() >= self.kv.capacity() {
-            return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.kv.capacity() });
+        if prompt.len() >= self.seq.kv.capacity() {
+            return Err(EngineError::PromptTooLong { n: prompt.len(), ctx: self.seq.kv.capacity() });
         }
         let t0 = Instant::now();
         // the logits that chose the latest token, one row of the vocabulary
         let mut logits = Vec::with_capacity(self.model.cfg.vocab_size);
         let (cached, reuse, done) = {
             let mut span = trace::span("prefill").arg("prompt_tokens", prompt.len());
-            let (cached, reuse) = self.reuse_prefix_how(prompt);
+            let (cached, reuse) = self.seq.reuse(prompt);
             span.set("cached_tokens", cached);
             span.set("reuse", reuse.name());
             let done = self.prefill(&prompt[cached..], &req, obs, &mut logits)?;
@@ -446,13 +428,13 @@ impl Engine {
                 stats.stop = Stop::Cancelled;
                 break;
             }
-            if self.kv.len() + 1 > self.kv.capacity() {
+            if self.seq.kv.len() + 1 > self.seq.kv.capacity() {
                 stats.stop = Stop::ContextFull;
                 break;
             }
             let step = Instant::now();
             {
-                let _d = trace::span("decode").arg("token", stats.generated.len()).arg("pos", self.kv.len());
+                let _d = trace::span("decode").arg("token", stats.generated.len()).arg("pos", self.seq.kv.len());
                 let l = self.eval(&[id], Logits::Last, obs)?;
                 logits.clear();
                 logits.extend_from_slice(l);

@@ -65,6 +65,8 @@ pub enum Reuse {
     /// The prompt shared tokens with the cache, but a hybrid model's recurrent state cannot go
     /// back that far: everything was computed again.
     Recomputed,
+    /// A server's prefix cache held it (copied into the request's slot).
+    PrefixCache,
 }
 
 impl Reuse {
@@ -74,6 +76,7 @@ impl Reuse {
             Reuse::Prefix => "prefix",
             Reuse::Snapshot => "snapshot",
             Reuse::Recomputed => "recomputed",
+            Reuse::PrefixCache => "prefix_cache",
         }
     }
 }

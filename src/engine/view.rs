@@ -69,12 +69,12 @@ impl Engine {
 
     /// Positions the KV cache holds.
     pub fn ctx_size(&self) -> usize {
-        self.kv.capacity()
+        self.seq.kv.capacity()
     }
 
     /// Positions cached now.
     pub fn cached_len(&self) -> usize {
-        self.kv.len()
+        self.seq.kv.len()
     }
 
     pub fn tokenizer(&self) -> Option<&Arc<Tok>> {

@@ -14,8 +14,10 @@ pub struct Metrics {
     pub prompt_us: AtomicU64,
     pub predicted_tokens: AtomicU64,
     pub predicted_us: AtomicU64,
-    /// Forward passes (prompt chunks and decode steps).
+    /// Forward passes (steps: each holds every running request's prompt chunk or token).
     pub decodes: AtomicU64,
+    /// Requests over all forward passes (each pass counts those it held).
+    pub busy_slots: AtomicU64,
     pub processing: AtomicU64,
     pub queued: AtomicU64,
     pub requests: AtomicU64,
@@ -49,7 +51,7 @@ impl Metrics {
             "llamacpp:n_busy_slots_per_decode",
             "counter",
             "Average number of busy slots per forward pass.",
-            1.0,
+            rate(g(&self.busy_slots), g(&self.decodes)),
         );
         line(&mut o, "llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", rate(pt, ps));
         line(

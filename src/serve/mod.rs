@@ -12,6 +12,7 @@ pub mod api;
 pub mod http;
 pub mod metrics;
 pub mod reply;
+pub mod slots;
 pub mod text;
 pub mod think;
 pub mod tools;
@@ -19,10 +20,9 @@ pub mod worker;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
 use serde_json::Value;
 
 use crate::engine::chat_template::ChatTemplate;
@@ -58,8 +58,7 @@ pub struct Server {
     /// Start time (unix seconds): response ids are unique across restarts.
     pub started: u64,
     jobs: Sender<Job>,
-    /// The running request's cancel flag (a shutdown sets it).
-    current: Mutex<Option<Arc<AtomicBool>>>,
+    /// Set on shutdown: the engine thread drops the running requests and returns.
     stopping: AtomicBool,
     on_queue: Option<QueueHook>,
 }
@@ -92,12 +91,9 @@ impl Server {
         }
     }
 
-    /// Stop taking requests and cancel the running one.
+    /// Stop taking requests and end the running ones.
     fn stop(&self) {
         self.stopping.store(true, Ordering::Relaxed);
-        if let Ok(Some(c)) = self.current.lock().map(|c| c.clone()) {
-            c.store(true, Ordering::Relaxed);
-        }
     }
 
     pub fn queue_depth(&self) -> usize {
@@ -131,8 +127,10 @@ pub struct ServeOptions {
     pub port: u16,
     pub api_key: Option<String>,
     pub alias: Option<String>,
-    /// Requests that may wait behind the running one.
+    /// Requests that may wait behind the running ones.
     pub queue: usize,
+    /// Requests run at once, and the prefix cache's bytes.
+    pub slots: slots::SlotOptions,
     pub metrics: bool,
     pub body_limit: usize,
     pub defaults: Defaults,
@@ -166,7 +164,6 @@ pub fn run(mut opts: ServeOptions, load: Loader, on_listen: impl FnOnce(SocketAd
         next_id: AtomicU64::new(0),
         started: http::unix_now(),
         jobs: tx,
-        current: Mutex::new(None),
         stopping: AtomicBool::new(false),
         on_queue: opts.on_queue.clone(),
     });
@@ -174,10 +171,10 @@ pub fn run(mut opts: ServeOptions, load: Loader, on_listen: impl FnOnce(SocketAd
     let (fail_tx, fail_rx) = tokio::sync::oneshot::channel::<String>();
     let outside = opts.shutdown.take();
     let engine = {
-        let (s, alias, watch) = (server.clone(), opts.alias.clone(), opts.watch.take());
+        let (s, alias, watch, slots) = (server.clone(), opts.alias.clone(), opts.watch.take(), opts.slots);
         std::thread::Builder::new()
             .name("moescope-engine".into())
-            .spawn(move || engine_thread(s, load, alias, watch, rx, fail_tx))
+            .spawn(move || engine_thread(s, load, (alias, slots), watch, rx, fail_tx))
             .map_err(|e| format!("starting the engine thread: {e}"))?
     };
     let app = http::router(server.clone(), opts.body_limit);
@@ -237,7 +234,7 @@ async fn shutdown_signal() {
 fn engine_thread(
     s: Arc<Server>,
     load: Loader,
-    alias: Option<String>,
+    (alias, opts): (Option<String>, slots::SlotOptions),
     watch: Option<WatchStart>,
     rx: Receiver<Job>,
     fail: tokio::sync::oneshot::Sender<String>,
@@ -267,35 +264,12 @@ fn engine_thread(
         experts: engine.streamed().cloned(),
     });
     let mut watch = watch.map(|w| w(&engine));
-    while !s.stopping.load(Ordering::Relaxed) {
-        if let Some(w) = watch.as_mut() {
-            w.between(&mut engine);
-        }
-        let job = match rx.recv_timeout(Duration::from_millis(if watch.is_some() { 50 } else { 200 })) {
-            Ok(j) => j,
-            Err(RecvTimeoutError::Timeout) => continue,
-            Err(RecvTimeoutError::Disconnected) => break,
-        };
-        s.metrics.queued.store(rx.len() as u64, Ordering::Relaxed);
-        if let Ok(mut c) = s.current.lock() {
-            *c = Some(job.cancel.clone());
-        }
-        if s.stopping.load(Ordering::Relaxed) {
-            job.cancel.store(true, Ordering::Relaxed);
-        }
-        s.metrics.processing.store(1, Ordering::Relaxed);
-        let mut quiet = Quiet { obs: NoObserver, token: |_| {} };
-        let w: &mut dyn Watch = match watch.as_mut() {
-            Some(w) => w.as_mut(),
-            None => &mut quiet,
-        };
-        worker::run_job(&mut engine, job, &s.metrics, w, &|| rx.len());
-        s.metrics.processing.store(0, Ordering::Relaxed);
-        if let Ok(mut c) = s.current.lock() {
-            *c = None;
-        }
-        engine.resize_auto_pool();
-    }
+    let mut quiet = Quiet { obs: NoObserver, token: |_| {} };
+    let w: &mut dyn Watch = match watch.as_mut() {
+        Some(w) => w.as_mut(),
+        None => &mut quiet,
+    };
+    slots::serve(&s, &mut engine, &rx, w, opts);
 }
 
 /// `/v1/models`' entry (llama-server's `meta`, plus the experts and the package's format).
