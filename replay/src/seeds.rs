@@ -426,6 +426,14 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
                     "reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low",
                     "model_identity": "x", "builtin_tools": ["python"], "enable_thinking": false}}),
                 ),
+                // an XML function call (Qwen3.5, Qwen3-Coder) as the reply's start, typed by the
+                // tools' schemas, streamed
+                (
+                    0,
+                    serde_json::json!({"messages": [{"role": "user", "content": "a"}, {"role": "assistant",
+                    "content": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"}],
+                    "tools": tools(), "max_tokens": 2, "stream": true}),
+                ),
                 (1, serde_json::json!({"prompt": "fn main", "max_tokens": 4, "echo": true})),
                 (1, serde_json::json!({"prompt": [1, 2, 3], "max_tokens": 2, "stream": true})),
                 (2, serde_json::json!({"content": "hello world"})),

@@ -299,6 +299,38 @@ mod tests {
         }
     }
 
+    /// `text` streamed in three pieces cut at every pair of byte offsets (char boundaries: the
+    /// engine's text comes as whole characters), merged.
+    fn cut_everywhere(text: &str, each: &mut dyn FnMut(&[&str])) {
+        let at: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+        for (k, &i) in at.iter().enumerate() {
+            for &j in &at[k..] {
+                each(&[&text[..i], &text[i..j], &text[j..]]);
+            }
+        }
+    }
+
+    #[test]
+    fn a_call_cut_at_every_byte_offset_gives_the_same_parts() {
+        let text = "<|channel|>analysis<|message|>Wetter é?<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Zürich\"}<|call|>";
+        let want = streamed(text, 1000);
+        assert_eq!(want.len(), 2, "{want:?}");
+        cut_everywhere(text, &mut |pieces| {
+            let mut s = HarmonySplitter::default();
+            let mut parts: Vec<Part> = pieces.iter().flat_map(|p| s.push(p)).collect();
+            parts.extend(s.finish());
+            let mut merged: Vec<Part> = Vec::new();
+            for p in parts {
+                match (merged.last_mut(), p) {
+                    (Some(Part::Reasoning(a)), Part::Reasoning(b)) => a.push_str(&b),
+                    (Some(Part::Content(a)), Part::Content(b)) => a.push_str(&b),
+                    (_, p) => merged.push(p),
+                }
+            }
+            assert_eq!(merged, want, "{pieces:?}");
+        });
+    }
+
     #[test]
     fn a_preamble_is_content_and_plain_text_stays_whole() {
         let pre = "<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant<|channel|>final<|message|>Done.<|return|>";

@@ -202,22 +202,24 @@ async fn generate(s: &Arc<Server>, body: Result<Bytes, BytesRejection>, kind: Ki
     Ok(axum::Json(whole.response(&shape, want_logprobs)).into_response())
 }
 
-/// The prompt's ids; for chat also the prefill and whether tools were given.
-fn prompt_ids(m: &Loaded, p: &Prompt) -> Result<(Vec<u32>, Option<String>, bool), ApiError> {
+/// A prompt's ids; for chat also the prefill and the tools given.
+type PromptIds = (Vec<u32>, Option<String>, Option<Arc<Value>>);
+
+fn prompt_ids(m: &Loaded, p: &Prompt) -> Result<PromptIds, ApiError> {
     match p {
         Prompt::Ids(ids) => {
             if let Some(&id) = ids.iter().find(|&&id| id as usize >= m.vocab) {
                 return Err(ApiError::invalid("prompt", format!("token {id} is past the vocabulary ({})", m.vocab)));
             }
-            Ok((ids.clone(), None, false))
+            Ok((ids.clone(), None, None))
         }
-        Prompt::Text(t) => Ok((encode(m, t)?, None, false)),
+        Prompt::Text(t) => Ok((encode(m, t)?, None, None)),
         Prompt::Chat { prefill, tools, .. } => {
             let text = render(m, p)?;
             // a generation prompt that opens the reasoning block itself (DeepSeek-V3.1 thinking,
             // Qwen3's thinking-only models): the reply starts inside it
             let state = prefill.clone().or_else(|| super::think::opened_by(&text).map(String::from));
-            Ok((encode(m, &text)?, state, tools.is_some()))
+            Ok((encode(m, &text)?, state, tools.clone().map(Arc::new)))
         }
     }
 }

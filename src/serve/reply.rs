@@ -3,6 +3,8 @@
 //! content (or tool call) deltas, a chunk with `finish_reason` and an empty delta, the usage
 //! chunk when asked, and `[DONE]` after everything, errors included.
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 
 use super::think::{Part, ThinkSplitter, split_reasoning};
@@ -23,8 +25,9 @@ pub struct Shape {
     pub id: String,
     pub created: u64,
     pub model: String,
-    /// Parse `<tool_call>` blocks out of the reply.
-    pub tools: bool,
+    /// Parse `<tool_call>` blocks out of the reply: the request's `tools` (their parameters'
+    /// types type an XML call's values); None: no tools given.
+    pub tools: Option<Arc<Value>>,
     /// Send a leading `<think>` block as `reasoning_content` (chat only).
     pub think: bool,
     /// The model answers in gpt-oss's harmony channels: with `think`, `analysis` is
@@ -44,6 +47,9 @@ pub const DONE: &str = "[DONE]";
 pub struct Chunks {
     shape: Shape,
     think: Option<ThinkSplitter>,
+    /// The reasoning so far, where tools were given: calls in a block the reply never closed
+    /// are returned at its end (the model meant to call; a closed block's are its drafts).
+    reasoning: String,
     split: Option<ToolSplitter>,
     harmony: Option<HarmonySplitter>,
     calls: usize,
@@ -54,9 +60,9 @@ impl Chunks {
     pub fn new(shape: Shape) -> Chunks {
         let chat_think = shape.think && shape.kind == Kind::Chat;
         let harmony = (chat_think && shape.harmony).then(HarmonySplitter::default);
-        let split = (shape.tools && harmony.is_none()).then(ToolSplitter::default);
+        let split = (shape.tools.is_some() && harmony.is_none()).then(|| ToolSplitter::new(shape.tools.clone()));
         let think = (chat_think && harmony.is_none()).then(ThinkSplitter::default);
-        Chunks { shape, think, split, harmony, calls: 0, ended: false }
+        Chunks { shape, think, reasoning: String::new(), split, harmony, calls: 0, ended: false }
     }
 
     /// True once `[DONE]` has been given.
@@ -89,6 +95,10 @@ impl Chunks {
             Event::Done { finish, usage } => {
                 let rest = self.split_text("", true);
                 self.pieces(rest, Vec::new(), &mut out);
+                if self.calls == 0 && self.think.as_ref().is_some_and(ThinkSplitter::unclosed) {
+                    let calls = split_reply(None, &self.reasoning, self.shape.tools.clone()).1;
+                    self.pieces(calls.into_iter().map(Piece::Call).collect(), Vec::new(), &mut out);
+                }
                 let reason = finish_reason(finish, self.calls);
                 out.push(match self.shape.kind {
                     Kind::Chat => self.chunk(json!({}), None, Some(reason)),
@@ -140,7 +150,11 @@ impl Chunks {
         let mut out = Vec::new();
         for p in parts {
             match (p, self.split.as_mut()) {
-                (Part::Reasoning(r), _) => out.push(Piece::Reasoning(r)),
+                (Part::Reasoning(r), Some(_)) => {
+                    self.reasoning.push_str(&r);
+                    out.push(Piece::Reasoning(r));
+                }
+                (Part::Reasoning(r), None) => out.push(Piece::Reasoning(r)),
                 (Part::Content(c), Some(sp)) => out.extend(sp.push(&c)),
                 (Part::Content(c), None) if !c.is_empty() => out.push(Piece::Text(c)),
                 (Part::Content(_), None) => {}
@@ -351,17 +365,78 @@ impl Whole {
             let content = (!content.is_empty() || calls.is_empty()).then_some(content);
             return ((!reasoning.is_empty()).then_some(reasoning), content, calls);
         }
-        let (reasoning, prefill, text) = match shape.think {
+        let (reasoning, prefill, text, unclosed) = match shape.think {
             true => {
                 let s = split_reasoning(shape.prefill.as_deref(), &self.text);
-                (s.reasoning, Some(s.prefill), s.content)
+                (s.reasoning, Some(s.prefill), s.content, s.unclosed)
             }
-            false => (None, shape.prefill.clone(), self.text.clone()),
+            false => (None, shape.prefill.clone(), self.text.clone(), false),
         };
-        if !shape.tools {
+        if shape.tools.is_none() {
             return (reasoning, Some(text), Vec::new());
         }
-        let (content, calls) = split_reply(prefill.as_deref(), &text);
+        let (content, mut calls) = split_reply(prefill.as_deref(), &text, shape.tools.clone());
+        // a reply that ended inside its reasoning: the calls written there are returned (the
+        // reasoning keeps their text, as the stream sent it)
+        if unclosed && calls.is_empty() {
+            calls = split_reply(None, reasoning.as_deref().unwrap_or(""), shape.tools.clone()).1;
+        }
         (reasoning, content, calls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chat reply's stream, and the same reply whole: its reasoning, content and calls.
+    fn both(text: &str) -> (Vec<Value>, Value) {
+        let tools = Some(Arc::new(json!([{"type": "function", "function": {"name": "f"}}])));
+        let shape = Shape {
+            kind: Kind::Chat,
+            id: "chatcmpl-1-0".into(),
+            created: 0,
+            model: "m".into(),
+            tools,
+            think: true,
+            harmony: false,
+            include_usage: false,
+            prefill: None,
+        };
+        let (done, text) = (Event::Done { finish: Finish::Stop, usage: Usage::default() }, text.to_string());
+        let mut c = Chunks::new(shape.clone());
+        let mut whole = Whole::default();
+        let mut out = Vec::new();
+        for ev in [Event::Started { prompt_tokens: 1, cached_tokens: 0 }, Event::Text { text, logprobs: vec![] }, done]
+        {
+            out.extend(c.on(ev.clone()).into_iter().filter(|s| s != DONE));
+            whole.add(ev).unwrap();
+        }
+        (out.iter().map(|s| serde_json::from_str(s).unwrap()).collect(), whole.response(&shape, false))
+    }
+
+    #[test]
+    fn a_call_in_reasoning_that_never_closed_is_returned_a_closed_ones_is_not() {
+        let call = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>";
+        for (closed, text) in
+            [(false, format!("<think>\nI will call.\n{call}")), (true, format!("<think>\n{call}\n</think>\n\nNo."))]
+        {
+            let (chunks, whole) = both(&text);
+            let streamed: Vec<&Value> =
+                chunks.iter().filter_map(|c| c["choices"][0]["delta"].get("tool_calls")).collect();
+            let msg = &whole["choices"][0]["message"];
+            let finish = &whole["choices"][0]["finish_reason"];
+            if closed {
+                assert!(streamed.is_empty() && msg.get("tool_calls").is_none(), "{chunks:?} {whole}");
+                assert_eq!((msg["content"].as_str(), finish.as_str()), (Some("No."), Some("stop")));
+            } else {
+                assert_eq!(streamed.len(), 1, "{chunks:?}");
+                assert_eq!(streamed[0][0]["function"]["arguments"], r#"{"a": 1}"#);
+                assert_eq!(msg["tool_calls"][0]["function"]["arguments"], r#"{"a": 1}"#, "{whole}");
+                assert_eq!(finish, "tool_calls");
+                // the reasoning keeps the call's text, as the stream sent it
+                assert!(msg["reasoning_content"].as_str().is_some_and(|r| r.contains("<function=f>")), "{whole}");
+            }
+        }
     }
 }

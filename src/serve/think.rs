@@ -92,6 +92,11 @@ impl ThinkSplitter {
         out
     }
 
+    /// Inside a block that has not closed (at the end: the reply ended in its reasoning).
+    pub fn unclosed(&self) -> bool {
+        self.state == State::Thinking
+    }
+
     /// At the end: what was held back (an unclosed block is all reasoning).
     pub fn finish(&mut self) -> Vec<Part> {
         let rest = std::mem::take(&mut self.buf);
@@ -112,6 +117,8 @@ pub struct Split {
     pub reasoning: Option<String>,
     pub prefill: String,
     pub content: String,
+    /// The reply ended inside its reasoning block.
+    pub unclosed: bool,
 }
 
 pub fn split_reasoning(prefill: Option<&str>, text: &str) -> Split {
@@ -132,7 +139,7 @@ pub fn split_reasoning(prefill: Option<&str>, text: &str) -> Split {
     let mut reasoning = String::new();
     let content = join(parts, &mut reasoning);
     let r = reasoning.trim();
-    Split { reasoning: (!r.is_empty()).then(|| r.to_string()), prefill, content }
+    Split { reasoning: (!r.is_empty()).then(|| r.to_string()), prefill, content, unclosed: sp.unclosed() }
 }
 
 #[cfg(test)]

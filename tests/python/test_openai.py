@@ -59,6 +59,14 @@ WEATHER = {
     },
 }
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+ALARM = {
+    "type": "function",
+    "function": {
+        "name": "set_alarm",
+        "parameters": {"type": "object", "properties": {"hour": {"type": "integer"}, "label": {"type": "string"}}},
+    },
+}
+XML_CALL = "<tool_call>\n<function=set_alarm>\n<parameter=hour>\n7\n</parameter>\n<parameter=label>\nwake up\nnow\n</parameter>\n</function>\n</tool_call>"
 
 
 def checks(client, base):
@@ -126,6 +134,20 @@ def checks(client, base):
     deltas = [tcd for c in chunks if c.choices for tcd in (c.choices[0].delta.tool_calls or [])]
     assert deltas and deltas[0].function.name == "get_weather" and json.loads(deltas[0].function.arguments) == {"city": "Paris"}
     yield f"tools: tool_calls {calls[0].function.name}({calls[0].function.arguments}), streamed too"
+
+    # Qwen3.5's and Qwen3-Coder's XML function calls, each value typed by the tool's schema
+    msgs = [{"role": "user", "content": "Wake me at 7."}, {"role": "assistant", "content": XML_CALL}]
+    want = {"hour": 7, "label": "wake up\nnow"}
+    tc = client.chat.completions.create(model="demo", messages=msgs, tools=[ALARM], max_tokens=4)
+    calls = tc.choices[0].message.tool_calls
+    assert calls and calls[0].function.name == "set_alarm", tc
+    assert json.loads(calls[0].function.arguments) == want, calls[0].function.arguments
+    assert "<function=" not in (tc.choices[0].message.content or ""), tc.choices[0].message.content
+    chunks = list(client.chat.completions.create(model="demo", messages=msgs, tools=[ALARM], max_tokens=4, stream=True))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas and deltas[0].function.name == "set_alarm" and json.loads(deltas[0].function.arguments) == want, deltas
+    assert not any("<function=" in (c.choices[0].delta.content or "") for c in chunks if c.choices)
+    yield f"XML tools: tool_calls {calls[0].function.name}({calls[0].function.arguments}), streamed too"
 
     c = client.completions.create(model="demo", prompt="A trait is", max_tokens=12, seed=5)
     assert c.object == "text_completion" and c.choices[0].text, c
