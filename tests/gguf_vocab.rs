@@ -1,7 +1,9 @@
 //! Tokenizers rebuilt from GGUF metadata (`tokenizer.ggml.*`) against the tokenizer.json they
 //! came from. The GGUFs are vocabulary-only files llama.cpp's convert_hf_to_gguf.py --vocab-only
 //! wrote from the real Qwen3 and Qwen3.5 tokenizers (assets/tokenizers; fixture:
-//! tests/reference/make_gguf_fixtures.sh), so neither side of the comparison is moescope's.
+//! tests/reference/make_gguf_fixtures.sh), so neither side of the comparison is moescope's. The
+//! Qwen3.5 file is kept without its token strings and merges, which its tokenizer.json gives
+//! back; the rebuilt file is checked to be the one llama.cpp wrote, byte for byte.
 
 mod common;
 
@@ -13,10 +15,80 @@ use serde_json::Value;
 
 /// The rebuilt tokenizer and what the GGUF says beside it.
 fn from_gguf(name: &str) -> (Tok, moescope::package::TokenizerInfo) {
-    let m = GgufModel::open(&fixture("gguf").join(format!("{name}.gguf"))).expect("open");
+    let path = match name {
+        "qwen35-vocab" => qwen35_vocab(),
+        _ => fixture("gguf").join(format!("{name}.gguf")),
+    };
+    let m = GgufModel::open(&path).expect("open");
     let info = gguf_vocab::tokenizer(&m).expect("rebuild").expect("a tokenizer");
     let tok = Tok::from_json(info.tokenizer_json.as_deref().expect("json")).expect("load");
     (tok, info)
+}
+
+/// llama.cpp's qwen35-vocab.gguf: the kept file with its `tokenizer.ggml.tokens` and `merges`
+/// put back from the Qwen3.5 tokenizer.json (tokens by id, holes as `[PAD{id}]`, merges as
+/// "a b"; tests/reference/strip_vocab_gguf.py took them out), checked against the CRC-32 and
+/// size of the file llama.cpp wrote.
+fn qwen35_vocab() -> std::path::PathBuf {
+    static PATH: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let b = std::fs::read(fixture("gguf/qwen35-vocab-stripped.gguf")).expect("fixture");
+        let t: Value = serde_json::from_slice(&std::fs::read(asset("qwen3.5/tokenizer.json")).expect("asset")).unwrap();
+        let mut by_id: std::collections::HashMap<u64, &str> =
+            t["model"]["vocab"].as_object().unwrap().iter().map(|(k, v)| (v.as_u64().unwrap(), k.as_str())).collect();
+        by_id.extend(
+            t["added_tokens"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| (a["id"].as_u64().unwrap(), a["content"].as_str().unwrap())),
+        );
+        let merges = t["model"]["merges"].as_array().unwrap();
+        let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+        let string = |out: &mut Vec<u8>, s: &str| {
+            out.extend((s.len() as u64).to_le_bytes());
+            out.extend(s.as_bytes());
+        };
+        let (mut out, mut o) = (b[..24].to_vec(), 24);
+        let fixed = |t: u32| [1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8][t as usize];
+        for _ in 0..u64_at(16) {
+            let key_end = o + 8 + u64_at(o) as usize;
+            let key = std::str::from_utf8(&b[o + 8..key_end]).unwrap().to_string();
+            let kind = u32::from_le_bytes(b[key_end..key_end + 4].try_into().unwrap());
+            let mut end = key_end + 4;
+            match kind {
+                8 => end += 8 + u64_at(end) as usize,
+                9 => {
+                    let et = u32::from_le_bytes(b[end..end + 4].try_into().unwrap());
+                    let n = u64_at(end + 4);
+                    end += 12;
+                    out.extend(&b[o..end]);
+                    o = end;
+                    match key.as_str() {
+                        "tokenizer.ggml.tokens" => (0..n).for_each(|i| match by_id.get(&i) {
+                            Some(t) => string(&mut out, t),
+                            None => string(&mut out, &format!("[PAD{i}]")),
+                        }),
+                        "tokenizer.ggml.merges" => merges[..n as usize].iter().for_each(|m| match m {
+                            Value::String(m) => string(&mut out, m),
+                            m => string(&mut out, &format!("{} {}", m[0].as_str().unwrap(), m[1].as_str().unwrap())),
+                        }),
+                        _ if et == 8 => (0..n).for_each(|_| end += 8 + u64_at(end) as usize),
+                        _ => end += fixed(et) * n as usize,
+                    }
+                }
+                k => end += fixed(k),
+            }
+            out.extend(&b[o..end]);
+            o = end;
+        }
+        out.extend(&b[o..]);
+        assert_eq!((out.len(), moescope::packed::crc32(&out)), (16102517, 0xb5c7867a), "llama.cpp's file, rebuilt");
+        let path = std::env::temp_dir().join(format!("moescope-qwen35-vocab-{}.gguf", std::process::id()));
+        std::fs::write(&path, out).expect("writing the rebuilt GGUF");
+        path
+    })
+    .clone()
 }
 
 fn original(name: &str) -> Tok {

@@ -77,6 +77,8 @@ mkq "$W/v35" 248320
 cp assets/tokenizers/qwen3.5/tokenizer.json "$W/v35/tokenizer.json"
 cp assets/tokenizers/qwen3.5/chat_template.jinja "$W/v35/"
 conv "$W/v35" --vocab-only --outfile "$W/qwen35-vocab.gguf" >"$W/conv-v35.log" 2>&1 || { tail -20 "$W/conv-v35.log" >>"$LOG"; log "qwen35 vocab failed"; }
+# kept without what its tokenizer.json gives back
+python3 tests/reference/strip_vocab_gguf.py "$W/qwen35-vocab.gguf" "$W/v35/tokenizer.json" "$W/qwen35-vocab-stripped.gguf" >>"$LOG" 2>&1
 grep -h "tokenizer.ggml.pre\|pre-tokenizer" "$W"/conv-v3*.log | head >>"$LOG"
 for v in qwen3 qwen35; do [[ -f $W/$v-vocab.gguf ]] && gzip -9 -c "$W/$v-vocab.gguf" >"$OUT/$v-vocab.gguf.gz"; done
 log "vocab done"
