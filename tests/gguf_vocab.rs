@@ -84,8 +84,11 @@ fn qwen35_vocab() -> std::path::PathBuf {
         }
         out.extend(&b[o..]);
         assert_eq!((out.len(), moescope::packed::crc32(&out)), (16102517, 0xb5c7867a), "llama.cpp's file, rebuilt");
-        let path = std::env::temp_dir().join(format!("moescope-qwen35-vocab-{}.gguf", std::process::id()));
-        std::fs::write(&path, out).expect("writing the rebuilt GGUF");
+        // beside the build, once per run (renamed into place: other test processes may read it)
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+        let (tmp, path) = (dir.join(format!("qwen35-vocab.{}", std::process::id())), dir.join("qwen35-vocab.gguf"));
+        std::fs::write(&tmp, out).expect("writing the rebuilt GGUF");
+        std::fs::rename(&tmp, &path).expect("renaming the rebuilt GGUF");
         path
     })
     .clone()
