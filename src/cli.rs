@@ -153,14 +153,16 @@ pub struct ServeArgs {
     /// Requests that may wait behind the running ones; more get 503 with Retry-After.
     #[arg(long, default_value_t = 16, value_name = "N")]
     pub queue: usize,
-    /// Requests run at once (llama-server's `-np`): each in a slot with its own KV cache, all
-    /// of them in one forward pass a step (each routed expert read once for all).
-    #[arg(long, visible_alias = "np", default_value_t = 4, value_name = "N")]
-    pub parallel: usize,
+    /// Requests run at once (llama-server's `-np`): each in a slot with its own KV cache at the
+    /// full context, all of them in one forward pass a step (each routed expert read once for
+    /// all). Default: 4, or as many as the memory plan allows.
+    #[arg(long, visible_alias = "np", value_name = "N")]
+    pub parallel: Option<usize>,
     /// MiB of RAM for finished sequences' caches (KV, and a hybrid's checkpointed states), which
     /// later requests that share a prefix start from (llama-server's `--cache-ram`; 0: none).
-    #[arg(long, default_value_t = 1024, value_name = "MIB")]
-    pub cache_ram: u64,
+    /// Default: an eighth of the memory the process may use, at most 1024, or what fits.
+    #[arg(long, value_name = "MIB")]
+    pub cache_ram: Option<u64>,
     /// Serve Prometheus metrics at /metrics.
     #[arg(long)]
     pub metrics: bool,

@@ -220,7 +220,7 @@ pub fn forecast(
     let c = &s.cfg;
     let all = s.experts_bytes();
     let default_ctx = c.max_position_embeddings.min(8192);
-    let fixed = sizing::fixed_before_load(c, s.dense_bytes, s.meta_bytes);
+    let fixed = sizing::fixed_before_load(c, s.dense_bytes, s.meta_bytes, sizing::Sequences::default());
     // as Engine::load: no pool when the model fits in half the allowance
     let fits = s.dense_bytes + all <= a.bytes / 2;
     let (pool, ctx) = if fits {

@@ -217,7 +217,6 @@ fn server() -> Option<std::net::SocketAddr> {
             api_key: None,
             alias: None,
             queue: 4,
-            slots: crate::serve::slots::SlotOptions { parallel: 2, cache_ram: 16 << 20 },
             metrics: true,
             body_limit: 1 << 20,
             // a fixed seed, and replies of at most 64 tokens unless a request asks otherwise
@@ -239,7 +238,7 @@ fn server() -> Option<std::net::SocketAddr> {
                 stream: None,
                 panels: true,
             };
-            Engine::load(&pkg, o).map_err(|e| e.to_string())
+            Engine::load_serving(&pkg, o, Some((Some(2), Some(16 << 20)))).map_err(|e| e.to_string())
         });
         std::thread::Builder::new()
             .name("fuzz-server".into())

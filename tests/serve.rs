@@ -357,6 +357,15 @@ fn bad_serve_arguments_are_one_line_errors() {
         &run(&["serve", "--port", "0", "-m", junk.to_str().unwrap()]),
         &["not a moescope package"],
     );
+    // slots and a prefix cache past the memory the process may use: refused with what fits
+    common::assert_clean_failure(
+        &run(&["serve", "--port", "0", "--parallel", "0"]),
+        &["--parallel must be at least 1"],
+    );
+    let e = run(&["serve", "--port", "0", "--parallel", "100000"]);
+    common::assert_clean_failure(&e, &["--parallel 100000", "the memory plan", "the most that fit: --parallel "]);
+    let e = run(&["serve", "--port", "0", "--cache-ram", "100000000"]);
+    common::assert_clean_failure(&e, &["--cache-ram 100000000", "the most that fit: --cache-ram "]);
 }
 
 #[test]

@@ -37,7 +37,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     if a.queue == 0 {
         bail!("--queue must be at least 1");
     }
-    if a.parallel == 0 {
+    if a.parallel == Some(0) {
         bail!("--parallel must be at least 1");
     }
     if a.workbench && (!std::io::stdin().is_terminal() || !std::io::stdout().is_terminal()) {
@@ -56,8 +56,10 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let (route_from, aware) = (r.experts.route_from.clone(), r.experts.aware.cache_aware_routing);
     // under the workbench, the terminal is the workbench's: the loader says nothing
     let quiet = a.workbench;
+    let serving = Some((a.parallel, a.cache_ram.map(|mib| mib << 20)));
     let load: serve::Loader = Box::new(move || {
-        let mut engine = Engine::load(&model, engine_opts).map_err(|e| format!("{}: {e}", model.display()))?;
+        let mut engine =
+            Engine::load_serving(&model, engine_opts, serving).map_err(|e| format!("{}: {e}", model.display()))?;
         if quiet {
             experts_report::start_route_replay(&mut engine, route_from.as_deref()).map_err(|e| format!("{e:#}"))?;
             experts_report::start_cache_aware(&mut engine, aware).map_err(|e| format!("{e:#}"))?;
@@ -88,6 +90,13 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         );
         eprintln!("moescope: {}", experts_report::describe(&engine));
         eprintln!("moescope: {}", experts_report::memory_line(&engine));
+        let seqs = engine.sequences();
+        eprintln!(
+            "moescope: {} slots (requests at once), each with a KV cache of {} positions; prefix cache {} MiB",
+            seqs.slots,
+            engine.ctx_size(),
+            seqs.cache_bytes >> 20
+        );
         eprintln!("moescope: ready");
         Ok(engine)
     });
@@ -97,7 +106,6 @@ pub fn run(a: &ServeArgs) -> Result<()> {
         api_key: a.api_key.clone(),
         alias: a.alias.clone(),
         queue: a.queue,
-        slots: serve::slots::SlotOptions { parallel: a.parallel, cache_ram: a.cache_ram << 20 },
         metrics: a.metrics,
         body_limit: a.max_body_bytes,
         defaults: Defaults {

@@ -11,7 +11,7 @@ pub struct MemoryPlan {
     pub dense: u64,
     /// The expert pool, or all experts when they are read through the mapping.
     pub experts: u64,
-    /// The KV cache at full context.
+    /// The KV cache at full context (a server's: each slot's, and its prefix cache).
     pub kv: u64,
     /// The forward pass's buffers as allocated for a prompt chunk, and one position's logits
     /// (each thread's expert buffers and attention's states, which grow with the batches and
@@ -67,7 +67,9 @@ impl Engine {
         let sizes = self.package().sizes();
         let (dense, all_experts) = (sizes.dense, sizes.experts);
         let experts = self.experts.as_ref().map_or(all_experts, |e| e.cache.budget_bytes());
-        let kv = KvCache::bytes_at_capacity(c, self.seq.kv.capacity());
+        // a server's slots at full context and its prefix cache
+        let kv = self.seqs.slots.max(1) as u64 * KvCache::bytes_at_capacity(c, self.seq.kv.capacity())
+            + self.seqs.cache_bytes;
         // the run state as allocated (the last position's logits among them)
         let buffers = self.state.bytes();
         let runtime = self.runtime_bytes;

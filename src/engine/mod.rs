@@ -91,6 +91,9 @@ pub struct Engine {
     exec: Exec,
     /// The sequence `run`, `chat` and the workbench extend (a server runs its own slots).
     seq: Slot,
+    /// A server's slots and prefix cache as the memory plan fitted them (one slot, no cache
+    /// otherwise).
+    seqs: sizing::Sequences,
     /// The forward pass's buffers, sized at load for a prompt chunk.
     state: RunState,
     /// Every position's logits of an evaluation of several chunks (tests, perplexity).
@@ -139,6 +142,17 @@ pub struct GenRequest<'a> {
 
 impl Engine {
     pub fn load(path: &Path, opts: EngineOptions) -> Result<Engine, EngineError> {
+        Engine::load_serving(path, opts, None)
+    }
+
+    /// [`Engine::load`] for a server: `serving` gives its slots and prefix cache (as asked, or
+    /// its defaults: `Sequences::server`), which the memory plan counts, refusing what does not
+    /// fit; the fitted ones are [`Engine::sequences`].
+    pub fn load_serving(
+        path: &Path,
+        opts: EngineOptions,
+        serving: Option<(Option<usize>, Option<u64>)>,
+    ) -> Result<Engine, EngineError> {
         let _load = trace::span("load").arg("package", path.display().to_string());
         crate::aligned_buf::reset_peak();
         // verified after the resident copy is made, so the file's pages are never mapped (they
@@ -164,7 +178,12 @@ impl Engine {
         let allowance = sizing::allowance();
         let fits = pkg.file_size() <= allowance.bytes / 2;
         let mut opts = opts;
-        let (sizing_line, auto_pool) = sizing::plan_memory(&pkg, &mut opts, &allowance, fits, &mut warnings)?;
+        let mut seqs = match serving {
+            Some((slots, cache)) => sizing::Sequences::server(slots, cache, &allowance),
+            None => sizing::Sequences::default(),
+        };
+        let (sizing_line, auto_pool) =
+            sizing::plan_memory(&pkg, &mut opts, &mut seqs, &allowance, fits, &mut warnings)?;
         // the experts served from memory, copied with the dense weights (not with --no-stream,
         // which reads them through the mapping)
         let mut experts_in_memory = false;
@@ -246,6 +265,7 @@ impl Engine {
             runtime_bytes,
             exec,
             seq,
+            seqs,
             state,
             all_logits: Vec::new(),
             tok,

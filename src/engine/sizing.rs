@@ -162,15 +162,133 @@ pub fn check_explicit(
     }
 }
 
+/// What a server adds to the plan: a KV cache (and recurrent state) per slot, each at the full
+/// context, one step's rows for a prompt chunk beside the other slots' tokens, and the prefix
+/// cache's budget. One slot and no cache: `run`, `chat`, the workbench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sequences {
+    pub slots: usize,
+    pub cache_bytes: u64,
+    /// Defaults rather than asked for: where they do not fit, the prefix cache and then the
+    /// slots shrink to what does (with a warning) instead of being refused.
+    pub shrink_slots: bool,
+    pub shrink_cache: bool,
+}
+
+impl Default for Sequences {
+    fn default() -> Sequences {
+        Sequences { slots: 1, cache_bytes: 0, shrink_slots: false, shrink_cache: false }
+    }
+}
+
+impl Sequences {
+    /// A server's: `slots` and `cache_bytes` as asked, or by default 4 slots and a prefix cache
+    /// of an eighth of what the process may use, at most 1 GiB, which shrink to fit.
+    pub fn server(slots: Option<usize>, cache_bytes: Option<u64>, a: &Allowance) -> Sequences {
+        Sequences {
+            slots: slots.unwrap_or(4),
+            cache_bytes: cache_bytes.unwrap_or((a.bytes / 8).min(1 << 30)),
+            shrink_slots: slots.is_none(),
+            shrink_cache: cache_bytes.is_none(),
+        }
+    }
+}
+
 /// The plan's parts that do not depend on the pool, before loading, as a function of the
-/// context: `dense` bytes of dense weights, the KV cache (and recurrent state), the forward pass's
-/// buffers and the runtime: code, tokenizer and metadata, ~10x the metadata's `meta_len` bytes of
-/// JSON (measured: 179 MiB for the Qwen3 tokenizer's 12 MB; measured again after load for the
-/// plan `Engine::memory_plan` reports).
-pub fn fixed_before_load(cfg: &ModelConfig, dense: u64, meta_len: u64) -> impl Fn(usize) -> u64 + '_ {
+/// context: `dense` bytes of dense weights, the KV caches (and recurrent states) of `seqs`'
+/// slots and its prefix cache, the forward pass's buffers and the runtime: code, tokenizer and
+/// metadata, ~10x the metadata's `meta_len` bytes of JSON (measured: 179 MiB for the Qwen3
+/// tokenizer's 12 MB; measured again after load for the plan `Engine::memory_plan` reports).
+pub fn fixed_before_load(cfg: &ModelConfig, dense: u64, meta_len: u64, seqs: Sequences) -> impl Fn(usize) -> u64 + '_ {
     let runtime = (64 << 20) + 10 * meta_len;
-    let buffers = RunState::new(cfg, PREFILL_CHUNK).bytes() + 4 * cfg.vocab_size as u64;
-    move |ctx| dense + KvCache::bytes_at_capacity(cfg, ctx) + buffers + runtime
+    // a step holds a prompt chunk and the other slots' tokens: the chunk's buffers, scaled
+    let rows = (PREFILL_CHUNK + seqs.slots.saturating_sub(1)) as u64;
+    let buffers = chunk_buffers(cfg) * rows / PREFILL_CHUNK as u64 + 4 * cfg.vocab_size as u64;
+    move |ctx| {
+        dense + seqs.slots.max(1) as u64 * KvCache::bytes_at_capacity(cfg, ctx) + seqs.cache_bytes + buffers + runtime
+    }
+}
+
+/// The most slots below `asked` for which `fits` holds (it holds for all fewer than one that
+/// fits: the plan grows with the slots).
+fn most_slots(fits: &dyn Fn(usize) -> bool, asked: usize) -> Option<usize> {
+    let (mut lo, mut hi) = (0, asked);
+    // fits(lo) (lo 0: none yet), !fits(hi)
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid) { lo = mid } else { hi = mid }
+    }
+    (lo > 0).then_some(lo)
+}
+
+/// The forward pass's buffers for a prompt chunk (made once per model: a server's plan asks for
+/// them at many slot counts).
+fn chunk_buffers(cfg: &ModelConfig) -> u64 {
+    static MADE: std::sync::Mutex<Option<(String, u64)>> = std::sync::Mutex::new(None);
+    let key = serde_json::to_string(cfg).unwrap_or_default();
+    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
+    match &*made {
+        Some((k, b)) if *k == key => *b,
+        _ => {
+            let b = RunState::new(cfg, PREFILL_CHUNK).bytes();
+            *made = Some((key, b));
+            b
+        }
+    }
+}
+
+/// `seqs` where it fits beside `rest` bytes (the pool, or the experts held in memory) at `ctx`;
+/// flexible defaults shrunk to what does (the prefix cache first, then the slots); otherwise the
+/// refusal, naming the most slots that fit with the prefix cache asked for and the largest
+/// prefix cache that fits beside the slots asked for.
+pub fn fit_sequences(
+    need: &dyn Fn(Sequences) -> u64,
+    seqs: Sequences,
+    rest: u64,
+    a: &Allowance,
+) -> Result<Sequences, String> {
+    let fits = |s: Sequences| need(s) + rest + headroom(a) <= a.bytes;
+    if fits(seqs) {
+        return Ok(seqs);
+    }
+    let without_cache = Sequences { cache_bytes: 0, ..seqs };
+    let base = need(without_cache) + rest + headroom(a);
+    let cache = a.bytes.saturating_sub(base) >> 20 << 20;
+    if seqs.shrink_cache && fits(without_cache) {
+        return Ok(Sequences { cache_bytes: cache, ..seqs });
+    }
+    if seqs.shrink_slots {
+        let keep = if seqs.shrink_cache { without_cache } else { seqs };
+        if let Some(n) = most_slots(&|n| fits(Sequences { slots: n, ..keep }), seqs.slots) {
+            return Ok(Sequences { slots: n, ..keep });
+        }
+    }
+    let most = most_slots(&|n| fits(Sequences { slots: n, ..seqs }), seqs.slots);
+    let plan = need(seqs) + rest + headroom(a);
+    Err(format!(
+        "--parallel {} --cache-ram {}: the memory plan ({} for dense weights, {} KV caches at full context, the prefix cache, buffers and runtime + {} pool or experts + {} headroom = {}) exceeds the {} that {} allows; {}",
+        seqs.slots,
+        seqs.cache_bytes >> 20,
+        mib(need(seqs)),
+        seqs.slots,
+        mib(rest),
+        mib(headroom(a)),
+        mib(plan),
+        mib(a.bytes),
+        a.source,
+        match (most, base <= a.bytes) {
+            (Some(n), true) => format!(
+                "the most that fit: --parallel {n} with --cache-ram {}, or --cache-ram {} with --parallel {}",
+                seqs.cache_bytes >> 20,
+                cache >> 20,
+                seqs.slots
+            ),
+            (Some(n), false) =>
+                format!("the most that fit: --parallel {n} with --cache-ram {}", seqs.cache_bytes >> 20),
+            (None, true) => format!("the most that fit: --cache-ram {} with --parallel {}", cache >> 20, seqs.slots),
+            (None, false) => "not even one slot fits: lower --ctx-size or --cache-mb".to_string(),
+        }
+    ))
 }
 
 /// Before anything is loaded: check an explicit pool against the memory the process may use
@@ -180,33 +298,69 @@ pub fn fixed_before_load(cfg: &ModelConfig, dense: u64, meta_len: u64) -> impl F
 pub(super) fn plan_memory(
     pkg: &Package,
     opts: &mut EngineOptions,
+    seqs: &mut Sequences,
     a: &Allowance,
     fits: bool,
     warnings: &mut Vec<String>,
 ) -> Result<(Option<String>, bool), EngineError> {
-    let Some(sc) = opts.stream.as_mut() else { return Ok((None, false)) };
-    let Some(ex) = pkg.meta.experts.as_ref() else { return Ok((None, false)) };
     let cfg = &pkg.meta.model;
     let sizes = pkg.sizes();
-    let fixed = fixed_before_load(cfg, sizes.dense, pkg.header.meta_len);
     let default_ctx = cfg.max_position_embeddings.min(8192);
-    let ctx = opts.ctx_size.unwrap_or(default_ctx);
+    let serving = *seqs != Sequences::default();
+    // a server's slots and prefix cache at `ctx`, beside `rest` bytes of pool or experts
+    let mut fit = |ctx: usize, rest: u64, warnings: &mut Vec<String>| -> Result<(), EngineError> {
+        if !serving {
+            return Ok(());
+        }
+        let need = |s: Sequences| fixed_before_load(cfg, sizes.dense, pkg.header.meta_len, s)(ctx);
+        let got = fit_sequences(&need, *seqs, rest, a).map_err(EngineError::Setup)?;
+        if got != *seqs {
+            warnings.push(format!(
+                "{} slots and a prefix cache of {} MiB fit in the memory {} allows at context {ctx} (asked: {} and {} MiB)",
+                got.slots,
+                got.cache_bytes >> 20,
+                a.source,
+                seqs.slots,
+                seqs.cache_bytes >> 20
+            ));
+            *seqs = got;
+        }
+        Ok(())
+    };
+    let Some(ex) = pkg.meta.experts.as_ref().filter(|_| opts.stream.is_some()) else {
+        // experts held in memory when the package fits (read through the mapping otherwise)
+        return fit(opts.ctx_size.unwrap_or(default_ctx), if fits { sizes.experts } else { 0 }, warnings)
+            .map(|()| (None, false));
+    };
     let useful = (ex.layers.len() * cfg.num_experts_per_tok) as u64;
+    let least_pool = sizes.blob * useful.clamp(1, 8);
+    let Some(sc) = opts.stream.as_mut() else { return Ok((None, false)) };
     match sc.budget_bytes {
         Some(b) => {
+            let ctx = opts.ctx_size.unwrap_or(default_ctx);
+            fit(ctx, b, warnings)?;
+            let fixed = fixed_before_load(cfg, sizes.dense, pkg.header.meta_len, *seqs);
             if let Some(w) = check_explicit(&fixed, ctx, b, a, sizes.blob, sc.force).map_err(EngineError::Setup)? {
                 warnings.push(w);
             }
             Ok((None, false))
         }
         None if sc.auto || (!fits && pkg.meta.default_pool_fraction.is_none()) => {
+            // at the shortest context auto would choose, then auto over the rest
+            fit(opts.ctx_size.unwrap_or(MIN_AUTO_CTX.min(default_ctx)), least_pool, warnings)?;
+            let fixed = fixed_before_load(cfg, sizes.dense, pkg.header.meta_len, *seqs);
             let s = auto(&fixed, opts.ctx_size, default_ctx, a, sizes.blob, useful, sizes.experts)
                 .map_err(EngineError::Setup)?;
             sc.budget_bytes = Some(s.pool_bytes);
             opts.ctx_size = Some(s.ctx);
             Ok((Some(s.line), true))
         }
-        None => Ok((None, false)),
+        // the package's own share of its experts (the demo's), or every expert through the pool
+        None => {
+            let share = pkg.meta.default_pool_fraction.map_or(sizes.experts, |f| (sizes.experts as f64 * f) as u64);
+            fit(opts.ctx_size.unwrap_or(default_ctx), share.max(least_pool), warnings)?;
+            Ok((None, false))
+        }
     }
 }
 
@@ -257,6 +411,35 @@ mod tests {
         assert!(e.contains("largest pool that fits is 2816 MiB") && e.contains("--force"), "{e}");
         let w = check_explicit(&fixed, 4096, 3000 << 20, &a, blob, true).unwrap();
         assert!(w.is_some_and(|w| w.contains("running anyway")));
+    }
+
+    #[test]
+    fn a_servers_slots_and_prefix_cache_fit_or_are_refused_with_the_most_that_fit() {
+        // 1 GiB fixed + 256 MiB a slot + the cache; 4 GiB - 256 MiB headroom, 1 GiB of pool
+        let need = |s: Sequences| GIB + s.slots as u64 * (256 << 20) + s.cache_bytes;
+        let (a, pool) = (cap(4 * GIB), GIB);
+        let asked = |slots, cache_mib: u64| Sequences::server(Some(slots), Some(cache_mib << 20), &a);
+        // slots x 256 MiB + the cache may take 4096 - 256 - 2048 = 1792 MiB
+        assert_eq!(fit_sequences(&need, asked(4, 512), pool, &a), Ok(asked(4, 512)));
+        assert_eq!(fit_sequences(&need, asked(5, 512), pool, &a), Ok(asked(5, 512)));
+        // 8 slots alone take 2048: only fewer slots fit
+        let e = fit_sequences(&need, asked(8, 512), pool, &a).unwrap_err();
+        assert!(
+            e.contains("the most that fit: --parallel 5 with --cache-ram 512") && !e.contains(", or --cache-ram"),
+            "{e}"
+        );
+        let e = fit_sequences(&need, asked(5, 600), pool, &a).unwrap_err();
+        assert!(e.contains("--parallel 4 with --cache-ram 600, or --cache-ram 512 with --parallel 5"), "{e}");
+        // defaults shrink instead: the cache first, then the slots
+        let d = Sequences::server(None, None, &a);
+        assert_eq!((d.slots, d.cache_bytes), (4, 512 << 20));
+        assert_eq!(fit_sequences(&need, d, pool, &a).map(|s| (s.slots, s.cache_bytes)), Ok((4, 512 << 20)));
+        let tight = |s: Sequences| need(s) + GIB;
+        // 768 MiB left: 4 slots do not fit even without the cache; 3 do
+        assert_eq!(fit_sequences(&tight, d, pool, &a).map(|s| (s.slots, s.cache_bytes)), Ok((3, 0)));
+        let small = |s: Sequences| need(s) + 3 * GIB / 4;
+        assert_eq!(fit_sequences(&small, d, pool, &a).map(|s| (s.slots, s.cache_bytes)), Ok((4, 0)));
+        assert!(fit_sequences(&|_| 5 * GIB, d, pool, &a).unwrap_err().contains("not even one slot"));
     }
 
     #[test]

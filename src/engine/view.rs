@@ -67,6 +67,11 @@ impl Engine {
         self.exec.isa
     }
 
+    /// A server's slots and prefix cache as the memory plan fitted them.
+    pub fn sequences(&self) -> super::sizing::Sequences {
+        self.seqs
+    }
+
     /// Positions the KV cache holds.
     pub fn ctx_size(&self) -> usize {
         self.seq.kv.capacity()

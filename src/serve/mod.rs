@@ -129,8 +129,6 @@ pub struct ServeOptions {
     pub alias: Option<String>,
     /// Requests that may wait behind the running ones.
     pub queue: usize,
-    /// Requests run at once, and the prefix cache's bytes.
-    pub slots: slots::SlotOptions,
     pub metrics: bool,
     pub body_limit: usize,
     pub defaults: Defaults,
@@ -171,10 +169,10 @@ pub fn run(mut opts: ServeOptions, load: Loader, on_listen: impl FnOnce(SocketAd
     let (fail_tx, fail_rx) = tokio::sync::oneshot::channel::<String>();
     let outside = opts.shutdown.take();
     let engine = {
-        let (s, alias, watch, slots) = (server.clone(), opts.alias.clone(), opts.watch.take(), opts.slots);
+        let (s, alias, watch) = (server.clone(), opts.alias.clone(), opts.watch.take());
         std::thread::Builder::new()
             .name("moescope-engine".into())
-            .spawn(move || engine_thread(s, load, (alias, slots), watch, rx, fail_tx))
+            .spawn(move || engine_thread(s, load, alias, watch, rx, fail_tx))
             .map_err(|e| format!("starting the engine thread: {e}"))?
     };
     let app = http::router(server.clone(), opts.body_limit);
@@ -234,7 +232,7 @@ async fn shutdown_signal() {
 fn engine_thread(
     s: Arc<Server>,
     load: Loader,
-    (alias, opts): (Option<String>, slots::SlotOptions),
+    alias: Option<String>,
     watch: Option<WatchStart>,
     rx: Receiver<Job>,
     fail: tokio::sync::oneshot::Sender<String>,
@@ -269,7 +267,9 @@ fn engine_thread(
         Some(w) => w.as_mut(),
         None => &mut quiet,
     };
-    slots::serve(&s, &mut engine, &rx, w, opts);
+    // the slots and prefix cache the memory plan fitted (`Engine::load_serving`)
+    let seqs = engine.sequences();
+    slots::serve(&s, &mut engine, &rx, w, slots::SlotOptions { parallel: seqs.slots, cache_ram: seqs.cache_bytes });
 }
 
 /// `/v1/models`' entry (llama-server's `meta`, plus the experts and the package's format).
