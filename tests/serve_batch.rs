@@ -83,6 +83,12 @@ fn concurrent_requests_get_their_alone_replies_bit_for_bit() {
         }
         let m = s.metrics();
         assert!(m["llamacpp:n_busy_slots_per_decode"] > 1.5, "{name}: the requests shared passes: {m:?}");
+        // the slots' caches hold every prompt and reply; each expert read served several tokens
+        let held: usize = prompts.iter().map(|p| p.len() + 23).sum();
+        assert_eq!(m["llamacpp:kv_cache_tokens"], held as f64, "{name}: tokens the slots hold");
+        assert!(m["llamacpp:kv_cache_usage_ratio"] > 0.0 && m["llamacpp:kv_cache_usage_ratio"] < 1.0);
+        assert!(m["moescope_sequences_per_expert_read"] > 1.0, "{name}: {m:?}");
+        assert!(m["moescope_expert_reads_total"] < m["moescope_expert_choices_total"]);
         drop(s);
 
         // one replying, the others joining while it streams: its reply keeps every bit
@@ -135,7 +141,7 @@ fn a_prompt_from_the_prefix_cache_gets_a_fresh_prefills_numbers() {
         let mut p3 = p1[..580].to_vec();
         p3.extend(ids(3, 30, vocab));
         // one slot: `other` takes p1's slot, which goes to the prefix cache first
-        let s = start(&args, &["--parallel", "1", "--cache-ram", "64"], d.path());
+        let s = start(&args, &["--parallel", "1", "--cache-ram", "64", "--metrics"], d.path());
         for p in [&p1, &other] {
             assert_eq!(s.post("/v1/completions", &req(p)).status, 200);
         }
@@ -145,6 +151,10 @@ fn a_prompt_from_the_prefix_cache_gets_a_fresh_prefills_numbers() {
         // first prompt chunk
         let expect = if name == "qwen35" { 512 } else { 580 };
         assert_eq!(cached, expect, "{name}: tokens from the prefix cache");
+        let m = s.metrics();
+        assert_eq!(m["moescope_prefix_cache_hits_total"], 1.0, "{name}");
+        assert_eq!(m["moescope_prefix_cache_hit_tokens_total"], expect as f64, "{name}");
+        assert!(m["moescope_prefix_cache_bytes"] > 0.0, "{name}");
         drop(s);
         let fresh = start(&args, &["--parallel", "1", "--cache-ram", "0"], d.path());
         let want = fresh.post("/v1/completions", &req(&p3)).json();

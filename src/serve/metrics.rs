@@ -28,6 +28,17 @@ pub struct Metrics {
     pub cached_tokens: AtomicU64,
     /// Most tokens one request has held (prompt and reply).
     pub tokens_max: AtomicU64,
+    /// Tokens the slots' caches hold now, and what they could hold (slots x context).
+    pub kv_tokens: AtomicU64,
+    pub kv_capacity: AtomicU64,
+    /// Routed experts the steps read (distinct per layer and step), and the tokens' choices of
+    /// them (tokens x top-k): choices / reads is how many sequences share a read.
+    pub expert_reads: AtomicU64,
+    pub expert_choices: AtomicU64,
+    /// Requests the prefix cache started, the tokens it gave them, and its bytes now.
+    pub prefix_hits: AtomicU64,
+    pub prefix_hit_tokens: AtomicU64,
+    pub prefix_bytes: AtomicU64,
 }
 
 fn line(out: &mut String, name: &str, kind: &str, help: &str, v: f64) {
@@ -64,6 +75,15 @@ impl Metrics {
         line(&mut o, "llamacpp:requests_processing", "gauge", "Number of requests processing.", g(&self.processing));
         line(&mut o, "llamacpp:requests_deferred", "gauge", "Number of requests deferred.", g(&self.queued));
         line(&mut o, "llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", g(&self.tokens_max));
+        let (kv, cap) = (g(&self.kv_tokens), g(&self.kv_capacity));
+        line(
+            &mut o,
+            "llamacpp:kv_cache_usage_ratio",
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            rate(kv, cap),
+        );
+        line(&mut o, "llamacpp:kv_cache_tokens", "gauge", "KV-cache tokens.", kv);
         let m = |o: &mut String, name: &str, kind: &str, help: &str, v: f64| {
             line(o, &format!("moescope_{name}"), kind, help, v)
         };
@@ -84,6 +104,44 @@ impl Metrics {
         );
         m(&mut o, "requests_failed_total", "counter", "Requests that ended in an engine error.", g(&self.errors));
         m(&mut o, "queue_depth", "gauge", "Requests waiting for the engine.", g(&self.queued));
+        let (reads, choices) = (g(&self.expert_reads), g(&self.expert_choices));
+        m(
+            &mut o,
+            "expert_reads_total",
+            "counter",
+            "Routed experts read by the forward passes (once per layer and pass).",
+            reads,
+        );
+        m(&mut o, "expert_choices_total", "counter", "Tokens' choices of routed experts (tokens x top-k).", choices);
+        m(
+            &mut o,
+            "experts_read_per_step",
+            "gauge",
+            "Routed experts read per forward pass, on average.",
+            rate(reads, g(&self.decodes)),
+        );
+        m(
+            &mut o,
+            "sequences_per_expert_read",
+            "gauge",
+            "Tokens served per routed expert read, on average.",
+            rate(choices, reads),
+        );
+        m(
+            &mut o,
+            "prefix_cache_hits_total",
+            "counter",
+            "Requests started from the prefix cache.",
+            g(&self.prefix_hits),
+        );
+        m(
+            &mut o,
+            "prefix_cache_hit_tokens_total",
+            "counter",
+            "Prompt tokens the prefix cache gave.",
+            g(&self.prefix_hit_tokens),
+        );
+        m(&mut o, "prefix_cache_bytes", "gauge", "Bytes the prefix cache holds.", g(&self.prefix_bytes));
         m(
             &mut o,
             "prompt_cached_tokens_total",

@@ -9,6 +9,7 @@
 //! ```
 
 pub mod api;
+pub mod expert_reads;
 pub mod http;
 pub mod metrics;
 pub mod reply;

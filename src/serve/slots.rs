@@ -12,10 +12,12 @@
 //!                 -> Engine::step -> sample, reply, stop rules -> Done / Error
 //! ```
 
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 
+use super::expert_reads::ExpertReads;
 use super::metrics::Metrics;
 use super::worker::{Event, Finish, Job, Reply, Usage};
 use super::{Server, Watch};
@@ -24,6 +26,7 @@ use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::sampler::Sampler;
 use crate::engine::tokenizer::Tok;
 use crate::engine::{Engine, GenStats, PREFILL_CHUNK, Reuse, Slot, Stop};
+use crate::model::Tee;
 use crate::trace;
 
 /// How many requests run at once, and the prefix cache's budget.
@@ -63,6 +66,10 @@ struct Slots {
     used: Vec<u64>,
     clock: u64,
     cache: PrefixCache,
+    /// The steps' routed-expert reads, and the pool's counters at the last step (for the
+    /// trace's counter tracks).
+    reads: ExpertReads,
+    pool: Option<crate::experts::stats::LayerStats>,
 }
 
 /// Serve until the server stops or the queue closes.
@@ -75,10 +82,13 @@ pub fn serve(s: &Server, engine: &mut Engine, rx: &Receiver<Job>, watch: &mut dy
         used: vec![0; parallel],
         clock: 0,
         cache: PrefixCache::new(opts.cache_ram),
+        reads: ExpertReads::new(engine.config().num_experts),
+        pool: engine.expert_counters(),
     };
+    s.metrics.kv_capacity.store((parallel * engine.ctx_size()) as u64, Relaxed);
     let mut active: Vec<Active<'_>> = Vec::new();
     loop {
-        let stopping = s.stopping.load(std::sync::atomic::Ordering::Relaxed);
+        let stopping = s.stopping.load(Relaxed);
         if stopping {
             // the running requests end here: their event channels close with them
             for a in active.drain(..) {
@@ -105,12 +115,12 @@ pub fn serve(s: &Server, engine: &mut Engine, rx: &Receiver<Job>, watch: &mut dy
                     Err(TryRecvError::Disconnected) => return,
                 }
             };
-            s.metrics.queued.store(rx.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            s.metrics.queued.store(rx.len() as u64, Relaxed);
             if let Some(a) = admit(job, &tok, engine, &mut st, &active, s, watch, rx.len()) {
                 active.push(a);
             }
         }
-        s.metrics.processing.store(active.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        s.metrics.processing.store(active.len() as u64, Relaxed);
         if active.is_empty() {
             continue;
         }
@@ -267,11 +277,10 @@ fn step(
             steps.push(Step { slot, tokens, logits });
         }
         let (obs, _) = watch.passes();
-        engine.step(&mut steps, obs).map(|l| l.to_vec())
+        engine.step(&mut steps, &mut Tee(obs, &mut st.reads)).map(|l| l.to_vec())
     };
-    Metrics::add(&s.metrics.decodes, 1);
-    Metrics::add(&s.metrics.busy_slots, n_seqs as u64);
     let step_ms = t.elapsed().as_secs_f64() * 1000.0;
+    step_metrics(s, engine, st, (n_seqs, rows, step_ms));
     let logits = match result {
         Ok(l) => l,
         Err(e) => {
@@ -330,7 +339,7 @@ fn step(
         Metrics::add(&s.metrics.predicted_tokens, 1);
         watch.passes().1(id);
         let go_on = a.reply.token(id, l);
-        let cancelled = a.job.cancel.load(std::sync::atomic::Ordering::Relaxed);
+        let cancelled = a.job.cancel.load(Relaxed);
         let stop = if !a.job.params.ignore_eos && eos.contains(&id) {
             Some(Stop::Eos)
         } else if a.stats.generated.len() >= a.max_tokens {
@@ -352,7 +361,7 @@ fn step(
     }
     // prompts still in their chunks: a client gone stops them between chunks
     for (i, a) in active.iter_mut().enumerate() {
-        if a.stats.generated.is_empty() && a.job.cancel.load(std::sync::atomic::Ordering::Relaxed) {
+        if a.stats.generated.is_empty() && a.job.cancel.load(Relaxed) {
             a.stats.stop = Stop::Cancelled;
             done[i] = true;
         }
@@ -368,13 +377,35 @@ fn step(
     });
 }
 
+/// After a step of `n_seqs` sequences and `rows` tokens: the metrics' slots, KV, expert reads
+/// and prefix cache, and (when tracing) the step's counter tracks: the experts it read, the
+/// sequences each read served, and their bytes a token.
+fn step_metrics(s: &Server, engine: &Engine, st: &mut Slots, (n_seqs, rows, step_ms): (usize, usize, f64)) {
+    let m = &s.metrics;
+    Metrics::add(&m.decodes, 1);
+    Metrics::add(&m.busy_slots, n_seqs as u64);
+    Metrics::add(&m.expert_reads, st.reads.distinct);
+    Metrics::add(&m.expert_choices, st.reads.choices);
+    m.kv_tokens.store(st.slots.iter().map(|s| s.cached().len() as u64).sum(), Relaxed);
+    m.prefix_hits.store(st.cache.hits, Relaxed);
+    m.prefix_hit_tokens.store(st.cache.hit_tokens, Relaxed);
+    m.prefix_bytes.store(st.cache.bytes(), Relaxed);
+    if trace::enabled() && st.reads.distinct > 0 {
+        let (d, c) = (st.reads.distinct as f64, st.reads.choices as f64);
+        let mb = d * engine.package().sizes().blob as f64 / 1e6;
+        trace::counter("experts read", &[("per_step", d), ("sequences_per_read", c / d)]);
+        trace::counter("expert MB per token", &[("read", mb / rows.max(1) as f64)]);
+    }
+    engine.trace_step_counters("step", rows, step_ms, &mut st.pool);
+}
+
 /// A request's end: its last text, `Done`, the metrics and the trace's slice.
 fn finish(s: &Server, a: &mut Active<'_>, watch: &mut dyn Watch, waiting: usize) {
     let m = &s.metrics;
     Metrics::add(&m.prompt_us, (a.stats.prefill_ms * 1e3) as u64);
     Metrics::add(&m.predicted_us, (a.stats.decode_ms * 1e3) as u64);
     let held = (a.job.prompt.len() + a.stats.generated.len()) as u64;
-    m.tokens_max.fetch_max(held, std::sync::atomic::Ordering::Relaxed);
+    m.tokens_max.fetch_max(held, Relaxed);
     // a stop string ends a reply as its client asked; anything else that stopped it early is
     // the client going away
     if a.stats.stop == Stop::Cancelled && !a.reply.stopped {
