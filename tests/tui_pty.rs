@@ -78,7 +78,9 @@ fn a_person_chats_stops_toggles_prefetch_and_exports_a_trace() {
 fn serve_workbench_shows_requests_and_exports_them() {
     use common::server::Client;
     let dir = tempfile::tempdir().unwrap();
-    let mut p = spawn(&["serve", "--workbench", "--port", "0", "-t", "1", "--queue", "4"], dir.path());
+    // one slot: the second request waits in the queue while the first replies
+    let mut p =
+        spawn(&["serve", "--workbench", "--port", "0", "-t", "1", "--queue", "4", "--parallel", "1"], dir.path());
     let s = p.wait_for("the requests pane", 60, |s| s.contains("Requests") && s.contains("idle"));
     let port: u16 = s
         .split("listening on 127.0.0.1:")
@@ -96,13 +98,15 @@ fn serve_workbench_shows_requests_and_exports_them() {
     let waiting = std::thread::spawn(move || Client { port }.post("/v1/completions", &short).status);
     let s = p.wait_for("the running request and the queue", 30, |s| {
         s.contains("queue 1 waiting")
-            && s.contains("active cmpl-")
+            && s.contains("slot 0 cmpl-")
+            && s.contains("step: 1 seq · 1 tok · experts read")
             && s.contains("tok/s")
             && decoded(s).is_some_and(|n| n > 20)
     });
     let rate: f64 = s
-        .split(" tok · ")
+        .split("slot 0 cmpl-")
         .nth(1)
+        .and_then(|r| r.split(" tok · ").nth(1))
         .and_then(|r| r.split(" tok/s").next())
         .and_then(|x| x.trim().parse().ok())
         .unwrap_or_else(|| panic!("no tok/s on the screen:\n{s}"));
@@ -123,7 +127,12 @@ fn serve_workbench_shows_requests_and_exports_them() {
     let on_track: Vec<_> = sum.x_events.iter().filter(|(tid, name, _)| *tid == track && name == "request").collect();
     assert_eq!(on_track.len(), 1, "the finished request (the running one ends later): {on_track:?}");
     assert_eq!(on_track[0].2["outcome"], "length");
-    assert!(sum.slices.keys().any(|k| k == "decode"), "engine slices: {:?}", sum.slices.keys());
+    // the engine's steps (a forward pass over the running requests), with the layers inside
+    assert!(
+        sum.slices.keys().any(|k| k == "step") && sum.slices.keys().any(|k| k == "moe"),
+        "engine slices: {:?}",
+        sum.slices.keys()
+    );
     p.send("q");
     let status = p.exit();
     assert!(status.success(), "exit status {status:?}");

@@ -106,15 +106,32 @@ impl Server {
 /// the model is loaded, told about each request as it runs, and given the engine between
 /// requests (to apply what the user changed).
 pub trait Watch {
-    /// What sees every forward pass (routing for the heatmap) and what is told each sampled
-    /// token, while a request runs.
-    fn passes(&mut self) -> (&mut dyn Observer, &mut dyn FnMut(u32));
-    /// A request begins: its prompt, how much of it the cache holds, and how many still wait.
-    fn started(&mut self, id: &str, prompt_tokens: usize, cached: usize, waiting: usize);
+    /// What sees every forward pass (routing for the heatmap).
+    fn passes(&mut self) -> &mut dyn Observer;
+    /// A request begins in `slot`: its prompt, how much of it the cache holds, and how many
+    /// still wait.
+    fn started(&mut self, id: &str, slot: usize, prompt_tokens: usize, cached: usize, waiting: usize);
+    /// The request in `slot` sampled `token`.
+    fn token(&mut self, slot: usize, token: u32);
+    /// A step (one forward pass over the running requests) ended.
+    fn step(&mut self, report: &StepReport);
     /// The request ended: `outcome` is stop, length, cancelled or an error's text.
-    fn finished(&mut self, id: &str, outcome: &str, stats: Option<&GenStats>, waiting: usize);
+    fn finished(&mut self, id: &str, slot: usize, outcome: &str, stats: Option<&GenStats>, waiting: usize);
     /// Between requests, and while the engine waits for one.
     fn between(&mut self, engine: &mut Engine);
+}
+
+/// What one step did: the sequences and tokens it held, the routed experts it read and the
+/// tokens' choices of them, and the prefix cache so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepReport {
+    pub sequences: usize,
+    pub tokens: usize,
+    pub experts_read: u64,
+    pub expert_choices: u64,
+    pub step_ms: f64,
+    pub prefix_hits: u64,
+    pub prefix_tokens: u64,
 }
 
 /// Builds the watch on the engine thread.
@@ -263,7 +280,7 @@ fn engine_thread(
         experts: engine.streamed().cloned(),
     });
     let mut watch = watch.map(|w| w(&engine));
-    let mut quiet = Quiet { obs: NoObserver, token: |_| {} };
+    let mut quiet = Quiet { obs: NoObserver };
     let w: &mut dyn Watch = match watch.as_mut() {
         Some(w) => w.as_mut(),
         None => &mut quiet,
@@ -291,14 +308,15 @@ fn model_card(e: &Engine) -> Value {
 /// No one watching: a server without the workbench.
 struct Quiet {
     obs: NoObserver,
-    token: fn(u32),
 }
 
 impl Watch for Quiet {
-    fn passes(&mut self) -> (&mut dyn Observer, &mut dyn FnMut(u32)) {
-        (&mut self.obs, &mut self.token)
+    fn passes(&mut self) -> &mut dyn Observer {
+        &mut self.obs
     }
-    fn started(&mut self, _: &str, _: usize, _: usize, _: usize) {}
-    fn finished(&mut self, _: &str, _: &str, _: Option<&GenStats>, _: usize) {}
+    fn started(&mut self, _: &str, _: usize, _: usize, _: usize, _: usize) {}
+    fn token(&mut self, _: usize, _: u32) {}
+    fn step(&mut self, _: &StepReport) {}
+    fn finished(&mut self, _: &str, _: usize, _: &str, _: Option<&GenStats>, _: usize) {}
     fn between(&mut self, _: &mut Engine) {}
 }

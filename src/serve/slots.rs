@@ -20,7 +20,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, TryRecvError};
 use super::expert_reads::ExpertReads;
 use super::metrics::Metrics;
 use super::worker::{Event, Finish, Job, Reply, Usage};
-use super::{Server, Watch};
+use super::{Server, StepReport, Watch};
 use crate::engine::batch::Step;
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::sampler::Sampler;
@@ -94,7 +94,7 @@ pub fn serve(s: &Server, engine: &mut Engine, rx: &Receiver<Job>, watch: &mut dy
             for a in active.drain(..) {
                 Metrics::add(&s.metrics.cancelled, 1);
                 end_slice(&a, "cancelled", true);
-                watch.finished(&a.job.id, "cancelled", Some(&a.stats), rx.len());
+                watch.finished(&a.job.id, a.slot, "cancelled", Some(&a.stats), rx.len());
             }
             return;
         }
@@ -173,10 +173,10 @@ fn admit<'t>(
     if from_cache && cached > 0 {
         reuse = Reuse::PrefixCache;
     }
-    watch.started(&job.id, prompt.len(), cached, waiting);
+    watch.started(&job.id, slot, prompt.len(), cached, waiting);
     if job.events.send(Event::Started { prompt_tokens: prompt.len(), cached_tokens: cached }).is_err() {
         Metrics::add(&s.metrics.cancelled, 1);
-        watch.finished(&job.id, "cancelled", None, waiting);
+        watch.finished(&job.id, slot, "cancelled", None, waiting);
         return None;
     }
     Metrics::add(&s.metrics.cached_tokens, cached as u64);
@@ -276,11 +276,19 @@ fn step(
             };
             steps.push(Step { slot, tokens, logits });
         }
-        let (obs, _) = watch.passes();
-        engine.step(&mut steps, &mut Tee(obs, &mut st.reads)).map(|l| l.to_vec())
+        engine.step(&mut steps, &mut Tee(watch.passes(), &mut st.reads)).map(|l| l.to_vec())
     };
     let step_ms = t.elapsed().as_secs_f64() * 1000.0;
     step_metrics(s, engine, st, (n_seqs, rows, step_ms));
+    watch.step(&StepReport {
+        sequences: n_seqs,
+        tokens: rows,
+        experts_read: st.reads.distinct,
+        expert_choices: st.reads.choices,
+        step_ms,
+        prefix_hits: st.cache.hits,
+        prefix_tokens: st.cache.hit_tokens,
+    });
     let logits = match result {
         Ok(l) => l,
         Err(e) => {
@@ -295,7 +303,7 @@ fn step(
                     Metrics::add(&s.metrics.errors, 1);
                     let _ = a.job.events.send(Event::Error { message: message.clone() });
                     end_slice(a, &message, false);
-                    watch.finished(&a.job.id, &message, None, waiting);
+                    watch.finished(&a.job.id, a.slot, &message, None, waiting);
                 }
                 !planned
             });
@@ -337,7 +345,7 @@ fn step(
         a.stats.generated.push(id);
         a.history.push(id);
         Metrics::add(&s.metrics.predicted_tokens, 1);
-        watch.passes().1(id);
+        watch.token(a.slot, id);
         let go_on = a.reply.token(id, l);
         let cancelled = a.job.cancel.load(Relaxed);
         let stop = if !a.job.params.ignore_eos && eos.contains(&id) {
@@ -379,7 +387,7 @@ fn step(
 
 /// After a step of `n_seqs` sequences and `rows` tokens: the metrics' slots, KV, expert reads
 /// and prefix cache, and (when tracing) the step's counter tracks: the experts it read, the
-/// sequences each read served, and their bytes a token.
+/// sequences each read served, and the weights' bytes a token (experts, and all).
 fn step_metrics(s: &Server, engine: &Engine, st: &mut Slots, (n_seqs, rows, step_ms): (usize, usize, f64)) {
     let m = &s.metrics;
     Metrics::add(&m.decodes, 1);
@@ -392,9 +400,18 @@ fn step_metrics(s: &Server, engine: &Engine, st: &mut Slots, (n_seqs, rows, step
     m.prefix_bytes.store(st.cache.bytes(), Relaxed);
     if trace::enabled() && st.reads.distinct > 0 {
         let (d, c) = (st.reads.distinct as f64, st.reads.choices as f64);
-        let mb = d * engine.package().sizes().blob as f64 / 1e6;
+        // the weights a pass reads: the dense ones once (one token's count less its experts'),
+        // and each distinct expert once
+        let blob = engine.package().sizes().blob as f64;
+        let moe_layers = engine.package().meta.experts.as_ref().map_or(0, |e| e.layers.len()) as f64;
+        let dense = engine.model().decode_weight_bytes() as f64
+            - moe_layers * engine.config().num_experts_per_tok as f64 * blob;
+        let per_token = |b: f64| b / 1e6 / rows.max(1) as f64;
         trace::counter("experts read", &[("per_step", d), ("sequences_per_read", c / d)]);
-        trace::counter("expert MB per token", &[("read", mb / rows.max(1) as f64)]);
+        trace::counter(
+            "weight MB per token",
+            &[("experts", per_token(d * blob)), ("all", per_token(dense.max(0.0) + d * blob))],
+        );
     }
     engine.trace_step_counters("step", rows, step_ms, &mut st.pool);
 }
@@ -411,7 +428,7 @@ fn finish(s: &Server, a: &mut Active<'_>, watch: &mut dyn Watch, waiting: usize)
     if a.stats.stop == Stop::Cancelled && !a.reply.stopped {
         Metrics::add(&m.cancelled, 1);
         end_slice(a, "cancelled", true);
-        watch.finished(&a.job.id, "cancelled", Some(&a.stats), waiting);
+        watch.finished(&a.job.id, a.slot, "cancelled", Some(&a.stats), waiting);
         return;
     }
     let finish = if a.reply.stopped || a.stats.stop == Stop::Eos { Finish::Stop } else { Finish::Length };
@@ -427,7 +444,7 @@ fn finish(s: &Server, a: &mut Active<'_>, watch: &mut dyn Watch, waiting: usize)
     };
     let _ = a.job.events.send(Event::Done { finish, usage });
     end_slice(a, finish.name(), true);
-    watch.finished(&a.job.id, finish.name(), Some(&a.stats), waiting);
+    watch.finished(&a.job.id, a.slot, finish.name(), Some(&a.stats), waiting);
 }
 
 /// The request's slice on the trace's `requests` track, from its admission to now.

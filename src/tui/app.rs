@@ -226,9 +226,6 @@ impl App {
             EngineEvent::Prefill { done, total } => self.phase = Phase::Prefill { done, total },
             EngineEvent::Request(r) => self.on_request(r),
             EngineEvent::Token { piece, .. } => {
-                if let Some(sv) = &mut self.serving {
-                    sv.token();
-                }
                 if let Phase::Decoding { tokens } = &mut self.phase {
                     *tokens += 1;
                 } else {
@@ -289,12 +286,15 @@ impl App {
             RequestEvent::Started { .. } => self.phase = Phase::Prefill { done: 0, total: 0 },
             RequestEvent::Finished { outcome, id, .. } => {
                 self.store.reply_done();
-                self.phase = Phase::Idle;
+                // idle once no slot runs a request (this one was still counted)
+                if sv.active.len() <= 1 {
+                    self.phase = Phase::Idle;
+                }
                 if !matches!(outcome.as_str(), "stop" | "length" | "cancelled") {
                     self.messages.push(Msg::new(Role::Error, format!("{id}: {outcome}")));
                 }
             }
-            RequestEvent::Queued { .. } => {}
+            RequestEvent::Queued { .. } | RequestEvent::Token { .. } | RequestEvent::Step(_) => {}
         }
         sv.on(r);
     }

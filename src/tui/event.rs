@@ -84,13 +84,21 @@ pub enum RequestEvent {
     },
     Started {
         id: String,
+        slot: usize,
         prompt_tokens: usize,
         cached: usize,
         waiting: usize,
     },
+    /// The request in `slot` sampled a token.
+    Token {
+        slot: usize,
+    },
+    /// A step: one forward pass over the running requests.
+    Step(crate::serve::StepReport),
     /// `outcome`: stop, length, cancelled, or an error's text.
     Finished {
         id: String,
+        slot: usize,
         outcome: String,
         tokens: usize,
         ttft_ms: f64,

@@ -195,7 +195,12 @@ unsafe fn token_tiles<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, 
         // rows at a time (decode: one stream of weights either way), else one row
         // (an expert's few tokens leave 2 or 3 at the end more often than not: a tile of them
         // reads the weights once, not once per token)
-        if n - t0 >= 4 {
+        if n == 4 && IL == ROW_BLOCK {
+            // a server's batch of 4 decode tokens over interleaved rows (the output layer): a
+            // whole 4-row block a tile, so each row's values are unpacked once for all 4
+            unsafe { tiles::<ROW_BLOCK, 4, SIX, IL>(m, rows.clone(), t0, n, out) };
+            t0 += 4;
+        } else if n - t0 >= 4 {
             unsafe { tiles::<2, 4, SIX, IL>(m, rows.clone(), t0, n, out) };
             t0 += 4;
         } else if n - t0 == 3 {
