@@ -349,8 +349,17 @@ pub(super) fn plan_memory(
             // at the shortest context auto would choose, then auto over the rest
             fit(opts.ctx_size.unwrap_or(MIN_AUTO_CTX.min(default_ctx)), least_pool, warnings)?;
             let fixed = fixed_before_load(cfg, sizes.dense, pkg.header.meta_len, *seqs);
-            let s = auto(&fixed, opts.ctx_size, default_ctx, a, sizes.blob, useful, sizes.experts)
+            let mut s = auto(&fixed, opts.ctx_size, default_ctx, a, sizes.blob, useful, sizes.experts)
                 .map_err(EngineError::Setup)?;
+            // a default prefix cache gives way to a pool that holds a token's experts: streamed
+            // experts read again cost every token, a prompt computed again only its turn
+            let want = useful * sizes.blob;
+            if seqs.shrink_cache && seqs.cache_bytes > 0 && s.pool_bytes < want {
+                seqs.cache_bytes = seqs.cache_bytes.saturating_sub(want - s.pool_bytes) >> 20 << 20;
+                let fixed = fixed_before_load(cfg, sizes.dense, pkg.header.meta_len, *seqs);
+                s = auto(&fixed, opts.ctx_size, default_ctx, a, sizes.blob, useful, sizes.experts)
+                    .map_err(EngineError::Setup)?;
+            }
             sc.budget_bytes = Some(s.pool_bytes);
             opts.ctx_size = Some(s.ctx);
             Ok((Some(s.line), true))
