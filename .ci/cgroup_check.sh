@@ -36,4 +36,14 @@ fi
 largest=$(grep -o "largest pool that fits is [0-9]*" <<<"$out" | grep -o "[0-9]*$")
 in_cg "${args[@]}" --cache-mb "$largest" > /dev/null
 in_cg "${args[@]}" --cache-mb auto 2>&1 | grep "memory: pool"
-echo "cgroup check: ok (refused 4000 MiB, ran the named largest $largest MiB and auto)"
+# a server's slots: refused past the limit, with the most that fit
+set +e
+out=$(in_cg serve --port 0 --parallel 1000 --cache-ram 0 2>&1)
+rc=$?
+set -e
+most=$(grep -o "the most that fit: --parallel [0-9]*" <<<"$out" | grep -o "[0-9]*$")
+if [[ $rc == 0 || -z "$most" ]] || ! grep -q "exceeds the 768 MiB that the memory cgroup's limit" <<<"$out"; then
+  echo "cgroup check: 1000 slots under a 768 MiB cgroup were not refused with the most that fit: $out" >&2
+  exit 1
+fi
+echo "cgroup check: ok (refused 4000 MiB, ran the named largest $largest MiB and auto; refused 1000 slots, $most fit)"

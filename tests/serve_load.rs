@@ -86,7 +86,9 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 #[test]
 fn thirty_two_clients_lose_and_mix_up_nothing() {
     let d = tempfile::tempdir().unwrap();
-    let s = Arc::new(Server::start(&["-t", "2", "--cache-mb", "1", "--queue", "64", "--metrics"], d.path()));
+    // 4 slots: the concurrent rounds run in batches of up to 4 requests a step
+    let args = ["-t", "2", "--cache-mb", "1", "--queue", "64", "--parallel", "4", "--metrics"];
+    let s = Arc::new(Server::start(&args, d.path()));
     // every request alone first: the replies the concurrent rounds must reproduce
     let alone: Vec<Vec<Option<(String, u64)>>> = (0..CLIENTS)
         .map(|c| {

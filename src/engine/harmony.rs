@@ -261,6 +261,11 @@ mod tests {
             at = end;
         }
         parts.extend(s.finish());
+        merged(parts)
+    }
+
+    /// Parts with adjacent reasoning, and adjacent content, joined.
+    fn merged(parts: Vec<Part>) -> Vec<Part> {
         let mut merged: Vec<Part> = Vec::new();
         for p in parts {
             match (merged.last_mut(), p) {
@@ -319,15 +324,7 @@ mod tests {
             let mut s = HarmonySplitter::default();
             let mut parts: Vec<Part> = pieces.iter().flat_map(|p| s.push(p)).collect();
             parts.extend(s.finish());
-            let mut merged: Vec<Part> = Vec::new();
-            for p in parts {
-                match (merged.last_mut(), p) {
-                    (Some(Part::Reasoning(a)), Part::Reasoning(b)) => a.push_str(&b),
-                    (Some(Part::Content(a)), Part::Content(b)) => a.push_str(&b),
-                    (_, p) => merged.push(p),
-                }
-            }
-            assert_eq!(merged, want, "{pieces:?}");
+            assert_eq!(merged(parts), want, "{pieces:?}");
         });
     }
 
