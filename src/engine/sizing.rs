@@ -194,19 +194,38 @@ impl Sequences {
     }
 }
 
-/// The plan's parts that do not depend on the pool, before loading, as a function of the
-/// context: `dense` bytes of dense weights, the KV caches (and recurrent states) of `seqs`'
-/// slots and its prefix cache, the forward pass's buffers and the runtime: code, tokenizer and
-/// metadata, ~10x the metadata's `meta_len` bytes of JSON (measured: 179 MiB for the Qwen3
-/// tokenizer's 12 MB; measured again after load for the plan `Engine::memory_plan` reports).
-pub fn fixed_before_load(cfg: &ModelConfig, dense: u64, meta_len: u64, seqs: Sequences) -> impl Fn(usize) -> u64 + '_ {
-    let runtime = (64 << 20) + 10 * meta_len;
-    // a step holds a prompt chunk and the other slots' tokens: the chunk's buffers, scaled
-    let rows = (PREFILL_CHUNK + seqs.slots.saturating_sub(1)) as u64;
-    let buffers = chunk_buffers(cfg) * rows / PREFILL_CHUNK as u64 + 4 * cfg.vocab_size as u64;
-    move |ctx| {
-        dense + seqs.slots.max(1) as u64 * KvCache::bytes_at_capacity(cfg, ctx) + seqs.cache_bytes + buffers + runtime
+/// The plan's parts that do not depend on the pool, before loading: `dense` bytes of dense
+/// weights, the runtime (code, tokenizer and metadata, ~10x the metadata's `meta_len` bytes of
+/// JSON: measured 179 MiB for the Qwen3 tokenizer's 12 MB; measured again after load for the
+/// plan `Engine::memory_plan` reports), one position's logits, and a prompt chunk's buffers
+/// (made once: a server's plan asks at many slot counts).
+pub struct Fixed<'c> {
+    cfg: &'c ModelConfig,
+    base: u64,
+    chunk_buffers: u64,
+}
+
+impl Fixed<'_> {
+    pub fn new(cfg: &ModelConfig, dense: u64, meta_len: u64) -> Fixed<'_> {
+        let runtime = (64 << 20) + 10 * meta_len;
+        let base = dense + runtime + 4 * cfg.vocab_size as u64;
+        Fixed { cfg, base, chunk_buffers: RunState::new(cfg, PREFILL_CHUNK).bytes() }
     }
+
+    /// At a context of `ctx` positions, with `seqs`' slots (each a KV cache and recurrent state
+    /// at the full context) and prefix cache; a step holds a prompt chunk beside the other slots'
+    /// tokens (the chunk's buffers, scaled).
+    pub fn at(&self, ctx: usize, seqs: Sequences) -> u64 {
+        let rows = (PREFILL_CHUNK + seqs.slots.saturating_sub(1)) as u64;
+        let kv = seqs.slots.max(1) as u64 * KvCache::bytes_at_capacity(self.cfg, ctx);
+        self.base + kv + seqs.cache_bytes + self.chunk_buffers * rows / PREFILL_CHUNK as u64
+    }
+}
+
+/// [`Fixed`] for `seqs`, as a function of the context.
+pub fn fixed_before_load(cfg: &ModelConfig, dense: u64, meta_len: u64, seqs: Sequences) -> impl Fn(usize) -> u64 + '_ {
+    let f = Fixed::new(cfg, dense, meta_len);
+    move |ctx| f.at(ctx, seqs)
 }
 
 /// The most slots below `asked` for which `fits` holds (it holds for all fewer than one that
@@ -219,22 +238,6 @@ fn most_slots(fits: &dyn Fn(usize) -> bool, asked: usize) -> Option<usize> {
         if fits(mid) { lo = mid } else { hi = mid }
     }
     (lo > 0).then_some(lo)
-}
-
-/// The forward pass's buffers for a prompt chunk (made once per model: a server's plan asks for
-/// them at many slot counts).
-fn chunk_buffers(cfg: &ModelConfig) -> u64 {
-    static MADE: std::sync::Mutex<Option<(String, u64)>> = std::sync::Mutex::new(None);
-    let key = serde_json::to_string(cfg).unwrap_or_default();
-    let mut made = MADE.lock().unwrap_or_else(|e| e.into_inner());
-    match &*made {
-        Some((k, b)) if *k == key => *b,
-        _ => {
-            let b = RunState::new(cfg, PREFILL_CHUNK).bytes();
-            *made = Some((key, b));
-            b
-        }
-    }
 }
 
 /// `seqs` where it fits beside `rest` bytes (the pool, or the experts held in memory) at `ctx`;
@@ -307,12 +310,13 @@ pub(super) fn plan_memory(
     let sizes = pkg.sizes();
     let default_ctx = cfg.max_position_embeddings.min(8192);
     let serving = *seqs != Sequences::default();
+    let parts = Fixed::new(cfg, sizes.dense, pkg.header.meta_len);
     // a server's slots and prefix cache at `ctx`, beside `rest` bytes of pool or experts
     let mut fit = |ctx: usize, rest: u64, warnings: &mut Vec<String>| -> Result<(), EngineError> {
         if !serving {
             return Ok(());
         }
-        let need = |s: Sequences| fixed_before_load(cfg, sizes.dense, pkg.header.meta_len, s)(ctx);
+        let need = |s: Sequences| parts.at(ctx, s);
         let got = fit_sequences(&need, *seqs, rest, a).map_err(EngineError::Setup)?;
         if got != *seqs {
             warnings.push(format!(
@@ -339,7 +343,7 @@ pub(super) fn plan_memory(
         Some(b) => {
             let ctx = opts.ctx_size.unwrap_or(default_ctx);
             fit(ctx, b, warnings)?;
-            let fixed = fixed_before_load(cfg, sizes.dense, pkg.header.meta_len, *seqs);
+            let fixed = |ctx: usize| parts.at(ctx, *seqs);
             if let Some(w) = check_explicit(&fixed, ctx, b, a, sizes.blob, sc.force).map_err(EngineError::Setup)? {
                 warnings.push(w);
             }
@@ -348,7 +352,7 @@ pub(super) fn plan_memory(
         None if sc.auto || (!fits && pkg.meta.default_pool_fraction.is_none()) => {
             // at the shortest context auto would choose, then auto over the rest
             fit(opts.ctx_size.unwrap_or(MIN_AUTO_CTX.min(default_ctx)), least_pool, warnings)?;
-            let fixed = fixed_before_load(cfg, sizes.dense, pkg.header.meta_len, *seqs);
+            let fixed = |ctx: usize| parts.at(ctx, *seqs);
             let mut s = auto(&fixed, opts.ctx_size, default_ctx, a, sizes.blob, useful, sizes.experts)
                 .map_err(EngineError::Setup)?;
             // a default prefix cache gives way to a pool that holds a token's experts: streamed
@@ -356,7 +360,7 @@ pub(super) fn plan_memory(
             let want = useful * sizes.blob;
             if seqs.shrink_cache && seqs.cache_bytes > 0 && s.pool_bytes < want {
                 seqs.cache_bytes = seqs.cache_bytes.saturating_sub(want - s.pool_bytes) >> 20 << 20;
-                let fixed = fixed_before_load(cfg, sizes.dense, pkg.header.meta_len, *seqs);
+                let fixed = |ctx: usize| parts.at(ctx, *seqs);
                 s = auto(&fixed, opts.ctx_size, default_ctx, a, sizes.blob, useful, sizes.experts)
                     .map_err(EngineError::Setup)?;
             }

@@ -387,8 +387,8 @@ impl Decoder {
         if n == 0 {
             return Ok(&[]);
         }
-        let tail = seqs.iter().rev().skip(1).all(|s| wanted(s) == 0)
-            && seqs.last().is_some_and(|s| wanted(s) == s.tokens.len() || wanted(s) == n);
+        // (a sequence's wanted rows are its last ones: when no other wants any, they end the batch)
+        let tail = seqs.iter().rev().skip(1).all(|s| wanted(s) == 0);
         let x = if tail {
             &st.x[(t_n - n) * h..t_n * h]
         } else {

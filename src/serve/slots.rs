@@ -145,7 +145,7 @@ fn admit<'t>(
     let t0 = Instant::now();
     let queued_ms = job.queued_at.elapsed().as_secs_f64() * 1000.0;
     let prompt = &job.prompt;
-    let cfg = &engine.config().clone();
+    let cfg = engine.config();
     // the free slot that keeps most of the prompt (ties: the least recently used)
     let free: Vec<usize> = (0..st.slots.len()).filter(|i| active.iter().all(|a| a.slot != *i)).collect();
     let best = free.iter().copied().max_by_key(|&i| (st.slots[i].reusable(prompt), std::cmp::Reverse(st.used[i])))?;
