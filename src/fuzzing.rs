@@ -21,13 +21,14 @@ use crate::model::{Logits, NoObserver};
 pub type Target = fn(&[u8]) -> u8;
 
 /// The targets, by name (the replay harness's and the fuzz/ binaries' names).
-pub const TARGETS: [(&str, Target); 6] = [
+pub const TARGETS: [(&str, Target); 7] = [
     ("gguf", gguf),
     ("package", package),
     ("checkpoint", checkpoint),
     ("chat_template", chat_template),
     ("request", request),
     ("routing_trace", routing_trace),
+    ("tool_calls", tool_calls),
 ];
 
 /// The target called `name`.
@@ -202,6 +203,35 @@ pub fn chat_template(data: &[u8]) -> u8 {
         rendered += u8::from(t.render_json(&messages, tools.as_ref(), gen_prompt, &args).is_ok());
     }
     1 + rendered
+}
+
+/// A reply's text through the tool-call splitter of one syntax (the first byte: `<tool_call>`
+/// blocks, DeepSeek's or Kimi's markers; the second: the streamed pieces' length in
+/// characters): streamed, it must give what the whole text gives.
+pub fn tool_calls(data: &[u8]) -> u8 {
+    use crate::engine::call_syntax::CallSyntax;
+    use crate::serve::tools::{Piece, ToolSplitter, split_reply};
+    let [which, step, rest @ ..] = data else { return 0 };
+    let syntax = [CallSyntax::Tagged, CallSyntax::DeepSeek, CallSyntax::Kimi][*which as usize % 3];
+    let text = String::from_utf8_lossy(rest);
+    let props =
+        serde_json::json!({"city": {"type": "string"}, "days": {"type": "integer"}, "hourly": {"type": "boolean"}});
+    let tools = std::sync::Arc::new(serde_json::json!([{"type": "function",
+        "function": {"name": "get_weather", "parameters": {"properties": props}}}]));
+    let whole = split_reply(syntax, None, &text, Some(tools.clone()));
+    let mut sp = ToolSplitter::new(syntax, Some(tools));
+    let chars: Vec<char> = text.chars().collect();
+    let mut got: Vec<Piece> =
+        chars.chunks(*step as usize % 16 + 1).flat_map(|c| sp.push(&c.iter().collect::<String>())).collect();
+    got.extend(sp.finish());
+    let content: String =
+        got.iter().filter_map(|p| if let Piece::Text(t) = p { Some(t.as_str()) } else { None }).collect();
+    let calls: Vec<_> = got.into_iter().filter_map(|p| if let Piece::Call(c) = p { Some(c) } else { None }).collect();
+    assert_eq!(calls, whole.1, "streamed calls differ from the whole reply's");
+    if !calls.is_empty() {
+        assert_eq!(Some(content.trim()), whole.0.as_deref().or(Some("")), "streamed content differs");
+    }
+    1 + u8::from(!calls.is_empty())
 }
 
 /// The address of this process's server: `moescope serve` on the built-in demo model, started

@@ -46,3 +46,32 @@ fn glm_deepseek_and_kimi_templates_render_as_transformers_does() {
     }
     assert_eq!(n, 21, "cases");
 }
+
+/// GLM's template raises on a call whose arguments are not a mapping, while OpenAI's clients send
+/// them as JSON text: given as text, they render as transformers renders the mapping.
+#[test]
+fn glms_calls_with_json_text_arguments_render_as_with_a_mapping() {
+    let r = reference();
+    let case = r["renders"]
+        .as_array()
+        .expect("renders")
+        .iter()
+        .find(|c| c["template"] == "GLM-4.6.jinja" && c["name"] == "tools-call-result")
+        .expect("GLM's tool call case");
+    let source = std::fs::read_to_string(common::fixture("templates").join("GLM-4.6.jinja")).expect("template");
+    let t = ChatTemplate::new(&source, None, None).expect("GLM");
+    t.pin_clock(r["clock"].as_i64());
+    let mut messages = case["messages"].clone();
+    let mut n = 0;
+    for m in messages.as_array_mut().expect("messages") {
+        for c in m["tool_calls"].as_array_mut().into_iter().flatten() {
+            let a = &mut c["function"]["arguments"];
+            assert!(a.is_object(), "the reference passes a mapping");
+            *a = a.to_string().into();
+            n += 1;
+        }
+    }
+    assert_eq!(n, 1);
+    let got = t.render_json(&messages, Some(&case["tools"]), true, &args(&case["kwargs"])).expect("renders");
+    assert_eq!(got, case["text"].as_str().expect("text"));
+}

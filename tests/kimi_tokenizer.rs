@@ -70,3 +70,35 @@ fn a_tiktoken_model_of_another_tokenizer_class_is_refused() {
     let e = read_tokenizer(dir.path()).unwrap_err().to_string();
     assert!(e.contains("tiktoken.model") && e.contains("line 2"), "{e}");
 }
+
+/// A Kimi-K2 reply's tool-call markers are special tokens: the reply's decoder keeps them (and
+/// skips the other special tokens), token by token, so the server's splitter finds the calls.
+#[test]
+fn a_replys_call_markers_survive_streamed_decoding_and_split_into_calls() {
+    use moescope::engine::call_syntax::CallSyntax;
+    use moescope::engine::tokenizer::StreamDecoder;
+    use moescope::serve::tools::split_reply;
+    let (r, config) = reference();
+    let dir = tempfile::tempdir().unwrap();
+    kimi_dir(dir.path(), r["n_ranks"].as_u64().unwrap() as usize, &config);
+    let info = read_tokenizer(dir.path()).expect("read").expect("a tokenizer");
+    let tok = Tok::from_json(info.tokenizer_json.as_deref().unwrap()).expect("load");
+    let reply = "Checking é.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Zürich\"}<|tool_call_end|><|tool_calls_section_end|>";
+    let mut ids = tok.encode(reply).unwrap();
+    let marker = tok.token_id("<|tool_call_begin|>").expect("a marker token");
+    assert!(ids.contains(&marker), "the markers are single tokens");
+    let plain_decode = tok.decode(&ids, true).unwrap();
+    assert!(!plain_decode.contains("<|tool_call_begin|>"), "they are special: skipped by a plain decode");
+    ids.push(tok.token_id("<|im_end|>").unwrap());
+    let kept = CallSyntax::Kimi.kept_tokens(|t| tok.token_id(t)).expect("kept");
+    let mut dec = StreamDecoder::keeping(&tok, kept);
+    let mut text = String::new();
+    for &id in &ids {
+        text.extend(dec.push(id).unwrap());
+    }
+    text.extend(dec.flush().unwrap());
+    assert_eq!(text, reply, "kept markers, the other special tokens skipped");
+    let (content, calls) = split_reply(CallSyntax::Kimi, None, &text, None);
+    assert_eq!(content.as_deref(), Some("Checking é."));
+    assert_eq!((calls[0].name.as_str(), calls[0].arguments.as_str()), ("get_weather", "{\"city\": \"Zürich\"}"));
+}

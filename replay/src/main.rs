@@ -30,13 +30,14 @@ use std::time::{Duration, Instant};
 use mutate::{Rng, Shape};
 
 /// Each target's share of the cases (its inputs cost more or less to run) and its inputs' shape.
-const PLAN: [(&str, usize, Shape); 7] = [
+const PLAN: [(&str, usize, Shape); 8] = [
     ("gguf", 3, Shape::Whole),
     ("routing_trace", 1, Shape::Whole),
     ("package", 3, Shape::Package),
     ("checkpoint", 2, Shape::Bundle),
     ("chat_template", 3, Shape::Bundle),
     ("request", 1, Shape::Tagged),
+    ("tool_calls", 1, Shape::Tagged),
     // a process per case (~30 ms each): its share is small
     ("args", 1, Shape::Args),
 ];

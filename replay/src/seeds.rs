@@ -362,6 +362,40 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
             }
             out.extend(low_bit_ggufs(root));
         }
+        "tool_calls" => {
+            // each syntax's calls as its template prints them (serve/tools.rs's tests render
+            // them), with text around them, as one whole and cut in 3-character pieces
+            let replies = [
+                (
+                    0u8,
+                    "Checking é.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Zürich</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+                ),
+                (
+                    0,
+                    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=hourly>\nTrue\n</parameter>\n</function>\n</tool_call>\nok",
+                ),
+                (0, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"),
+                (
+                    1,
+                    "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Zürich\", \"days\": 3}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                ),
+                (
+                    1,
+                    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Oslo\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                ),
+                (
+                    2,
+                    "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Zürich\"}<|tool_call_end|><|tool_calls_section_end|>",
+                ),
+            ];
+            for (i, (syntax, text)) in replies.into_iter().enumerate() {
+                for step in [255u8, 2] {
+                    let mut b = vec![syntax, step];
+                    b.extend_from_slice(text.as_bytes());
+                    out.push((format!("tool calls {i}, pieces of {}", step as usize % 16 + 1), b));
+                }
+            }
+        }
         "routing_trace" => {
             // the demo's trace (its first 300 records), plain, gzipped and in xz
             let trace = std::fs::read(root.join("traces/demo-routing-500.jsonl.xz"))

@@ -5,6 +5,8 @@
 use minijinja::value::{Kwargs, Value};
 use minijinja::{Environment, Error, ErrorKind};
 use serde::Serialize;
+
+use super::call_syntax::CallSyntax;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -85,7 +87,7 @@ pub struct ChatTemplate {
     /// are a string (gpt-oss's): OpenAI's JSON-text arguments are given to it parsed, as
     /// transformers' callers pass them (llama.cpp does the same for such templates).
     object_arguments: bool,
-    harmony: bool,
+    calls: CallSyntax,
 }
 
 impl ChatTemplate {
@@ -117,13 +119,34 @@ impl ChatTemplate {
         env.add_template_owned("chat", source.to_string()).map_err(|e| format!("chat template: {e}"))?;
         let reads_effort = source.contains("reasoning_effort");
         let object_arguments = source.contains("arguments|tojson") && !source.contains("arguments is string");
-        let harmony = source.contains("<|channel|>");
-        Ok(ChatTemplate { env, bos_token, eos_token, now, reads_effort, object_arguments, harmony })
+        let calls = CallSyntax::of(source);
+        let mut t = ChatTemplate { env, bos_token, eos_token, now, reads_effort, object_arguments, calls };
+        t.object_arguments |= t.needs_object_arguments();
+        Ok(t)
+    }
+
+    /// The template fails on a call whose arguments are JSON text (GLM-4.5's raises unless they
+    /// are a mapping, Qwen3-Coder's iterates their items) and renders them as an object: it is
+    /// given OpenAI's JSON-text arguments parsed (llama.cpp probes templates the same way).
+    fn needs_object_arguments(&self) -> bool {
+        let probe = |arguments: serde_json::Value| {
+            let call = serde_json::json!({"type": "function", "function": {"name": "probe", "arguments": arguments}});
+            let messages = serde_json::json!([{"role": "user", "content": "x"},
+                {"role": "assistant", "content": "", "tool_calls": [call]}]);
+            let tools = serde_json::json!([{"type": "function", "function": {"name": "probe", "parameters": {}}}]);
+            self.render_json(&messages, Some(&tools), false, &TemplateArgs::default())
+        };
+        probe(r#"{"a": 1}"#.into()).is_err() && probe(serde_json::json!({"a": 1})).is_ok()
     }
 
     /// A harmony template (gpt-oss): the model answers in channels (`engine::harmony`).
     pub fn harmony(&self) -> bool {
-        self.harmony
+        self.calls == CallSyntax::Harmony
+    }
+
+    /// How the model writes tool calls.
+    pub fn call_syntax(&self) -> CallSyntax {
+        self.calls
     }
 
     /// Pin the clock `strftime_now` reads to `secs` since the epoch (None: the system's).

@@ -3,6 +3,7 @@
 //! logits through a callback.
 
 pub mod batch;
+pub mod call_syntax;
 pub mod chat_template;
 mod counters;
 pub mod harmony;

@@ -57,18 +57,44 @@ pub struct StreamDecoder<'a> {
     /// Tokens of the window already released as text.
     cur: usize,
     skip_special: bool,
+    /// Special tokens shown although `skip_special` (a tool call's markers).
+    kept: Vec<u32>,
 }
 
 impl<'a> StreamDecoder<'a> {
     pub fn new(tok: &'a Tok, skip_special: bool) -> StreamDecoder<'a> {
-        StreamDecoder { tok, ids: Vec::new(), prev: 0, cur: 0, skip_special }
+        StreamDecoder { tok, ids: Vec::new(), prev: 0, cur: 0, skip_special, kept: Vec::new() }
+    }
+
+    /// Special tokens skipped except `kept`.
+    pub fn keeping(tok: &'a Tok, kept: Vec<u32>) -> StreamDecoder<'a> {
+        StreamDecoder { kept, ..StreamDecoder::new(tok, true) }
+    }
+
+    /// The text of `ids`: the runs between kept tokens decoded as the tokenizer does, each kept
+    /// token as its own text (byte-level decoders join runs that way too).
+    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        if !self.skip_special || self.kept.is_empty() {
+            return self.tok.decode(ids, self.skip_special);
+        }
+        let mut out = String::new();
+        for run in ids.split_inclusive(|i| self.kept.contains(i)) {
+            match run.split_last() {
+                Some((last, rest)) if self.kept.contains(last) => {
+                    out.push_str(&self.tok.decode(rest, true)?);
+                    out.push_str(&self.tok.decode(&[*last], false)?);
+                }
+                _ => out.push_str(&self.tok.decode(run, true)?),
+            }
+        }
+        Ok(out)
     }
 
     /// Add one token; returns the new text, if any can be shown yet.
     pub fn push(&mut self, id: u32) -> Result<Option<String>, String> {
         self.ids.push(id);
-        let before = self.tok.decode(&self.ids[self.prev..self.cur], self.skip_special)?;
-        let now = self.tok.decode(&self.ids[self.prev..], self.skip_special)?;
+        let before = self.decode(&self.ids[self.prev..self.cur])?;
+        let now = self.decode(&self.ids[self.prev..])?;
         if now.len() > before.len() && !now.ends_with('\u{FFFD}') && now.is_char_boundary(before.len()) {
             let piece = now[before.len()..].to_string();
             self.prev = self.cur;
@@ -82,8 +108,8 @@ impl<'a> StreamDecoder<'a> {
     /// Whatever is still held back (an incomplete character at the very end is shown as
     /// U+FFFD, as a full decode would).
     pub fn flush(&mut self) -> Result<Option<String>, String> {
-        let before = self.tok.decode(&self.ids[self.prev..self.cur], self.skip_special)?;
-        let now = self.tok.decode(&self.ids[self.prev..], self.skip_special)?;
+        let before = self.decode(&self.ids[self.prev..self.cur])?;
+        let now = self.decode(&self.ids[self.prev..])?;
         self.prev = self.ids.len();
         self.cur = self.ids.len();
         if now.len() > before.len() && now.is_char_boundary(before.len()) {

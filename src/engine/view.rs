@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use moescope_kernels::Isa;
 
+use super::call_syntax::CallSyntax;
 use super::chat_template::ChatTemplate;
 use super::tokenizer::Tok;
 use super::{Engine, EngineError};
@@ -94,6 +95,18 @@ impl Engine {
     /// special tokens kept, and split by `harmony.rs`.
     pub fn harmony(&self) -> bool {
         self.template.as_ref().is_some_and(|t| t.harmony())
+    }
+
+    /// How its replies write tool calls (its template says; `<tool_call>` blocks without one).
+    pub fn call_syntax(&self) -> CallSyntax {
+        self.template.as_ref().map_or(CallSyntax::default(), |t| t.call_syntax())
+    }
+
+    /// The special tokens a reply's text keeps: the call syntax's markers and the reasoning
+    /// tags that are special tokens in its tokenizer; None: all of them (harmony's channels).
+    pub fn kept_specials(&self) -> Option<Vec<u32>> {
+        let tok = self.tok.as_ref();
+        self.call_syntax().kept_tokens(|t| tok.and_then(|k| k.token_id(t)))
     }
 
     /// Run without a tokenizer (ids in, ids out) or with another one.

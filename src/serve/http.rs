@@ -28,6 +28,7 @@ use super::api::{self, ApiError, Prompt};
 use super::reply::{Chunks, Kind, Shape, Whole};
 use super::worker::{Event, Job};
 use super::{Loaded, Server};
+use crate::engine::call_syntax::CallSyntax;
 
 pub fn router(server: Arc<Server>, body_limit: usize) -> Router {
     let open = Router::new().route("/health", get(health)).route("/v1/health", get(health));
@@ -168,7 +169,7 @@ async fn generate(s: &Arc<Server>, body: Result<Bytes, BytesRejection>, kind: Ki
         model: m.id.clone(),
         tools,
         think: req.reasoning,
-        harmony: m.template.as_ref().is_some_and(|t| t.harmony()),
+        calls: m.template.as_ref().map_or(CallSyntax::default(), |t| t.call_syntax()),
         include_usage: req.include_usage,
         prefill,
     };

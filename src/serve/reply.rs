@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 use super::think::{Part, ThinkSplitter, split_reasoning};
 use super::tools::{Piece, ToolCall, ToolSplitter, split_reply};
 use super::worker::{Event, Finish, TokenLogprob, Usage};
+use crate::engine::call_syntax::CallSyntax;
 use crate::engine::harmony::{self, HarmonySplitter};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,10 +31,10 @@ pub struct Shape {
     pub tools: Option<Arc<Value>>,
     /// Send a leading `<think>` block as `reasoning_content` (chat only).
     pub think: bool,
-    /// The model answers in gpt-oss's harmony channels: with `think`, `analysis` is
-    /// `reasoning_content`, `final` the content and calls `tool_calls` (engine/harmony.rs),
-    /// instead of the `<think>` and `<tool_call>` splitters.
-    pub harmony: bool,
+    /// How the model writes tool calls. Harmony (gpt-oss's channels): with `think`, `analysis`
+    /// is `reasoning_content`, `final` the content and calls `tool_calls` (engine/harmony.rs),
+    /// instead of the `<think>` and tool splitters.
+    pub calls: CallSyntax,
     pub include_usage: bool,
     /// A trailing assistant message the reply continues: tool calls in it count, its text is
     /// not sent again.
@@ -59,8 +60,9 @@ pub struct Chunks {
 impl Chunks {
     pub fn new(shape: Shape) -> Chunks {
         let chat_think = shape.think && shape.kind == Kind::Chat;
-        let harmony = (chat_think && shape.harmony).then(HarmonySplitter::default);
-        let split = (shape.tools.is_some() && harmony.is_none()).then(|| ToolSplitter::new(shape.tools.clone()));
+        let harmony = (chat_think && shape.calls == CallSyntax::Harmony).then(HarmonySplitter::default);
+        let split =
+            (shape.tools.is_some() && harmony.is_none()).then(|| ToolSplitter::new(shape.calls, shape.tools.clone()));
         let think = (chat_think && harmony.is_none()).then(ThinkSplitter::default);
         Chunks { shape, think, reasoning: String::new(), split, harmony, calls: 0, ended: false }
     }
@@ -96,7 +98,7 @@ impl Chunks {
                 let rest = self.split_text("", true);
                 self.pieces(rest, Vec::new(), &mut out);
                 if self.calls == 0 && self.think.as_ref().is_some_and(ThinkSplitter::unclosed) {
-                    let calls = split_reply(None, &self.reasoning, self.shape.tools.clone()).1;
+                    let calls = split_reply(self.shape.calls, None, &self.reasoning, self.shape.tools.clone()).1;
                     self.pieces(calls.into_iter().map(Piece::Call).collect(), Vec::new(), &mut out);
                 }
                 let reason = finish_reason(finish, self.calls);
@@ -341,7 +343,7 @@ impl Whole {
 
     /// The reply's reasoning, content and tool calls.
     fn chat_content(&self, shape: &Shape) -> (Option<String>, Option<String>, Vec<ToolCall>) {
-        if shape.think && shape.harmony {
+        if shape.think && shape.calls == CallSyntax::Harmony {
             // the prefill is the client's: only the calls in it count
             let mut h = HarmonySplitter::default();
             let mut calls: Vec<ToolCall> = h
@@ -375,11 +377,11 @@ impl Whole {
         if shape.tools.is_none() {
             return (reasoning, Some(text), Vec::new());
         }
-        let (content, mut calls) = split_reply(prefill.as_deref(), &text, shape.tools.clone());
+        let (content, mut calls) = split_reply(shape.calls, prefill.as_deref(), &text, shape.tools.clone());
         // a reply that ended inside its reasoning: the calls written there are returned (the
         // reasoning keeps their text, as the stream sent it)
         if unclosed && calls.is_empty() {
-            calls = split_reply(None, reasoning.as_deref().unwrap_or(""), shape.tools.clone()).1;
+            calls = split_reply(shape.calls, None, reasoning.as_deref().unwrap_or(""), shape.tools.clone()).1;
         }
         (reasoning, content, calls)
     }
@@ -399,7 +401,7 @@ mod tests {
             model: "m".into(),
             tools,
             think: true,
-            harmony: false,
+            calls: CallSyntax::Tagged,
             include_usage: false,
             prefill: None,
         };

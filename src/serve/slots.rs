@@ -182,7 +182,7 @@ fn admit<'t>(
     Metrics::add(&s.metrics.cached_tokens, cached as u64);
     let left = engine.ctx_size().saturating_sub(prompt.len());
     let sampler = Sampler::new(job.params.sampler).with_adjustments(job.params.adjust.clone());
-    let reply = Reply::new(tok, &job, engine.eos_ids().to_vec(), engine.harmony());
+    let reply = Reply::new(tok, &job, engine.eos_ids().to_vec(), engine.kept_specials());
     Some(Active {
         slot,
         done: cached,

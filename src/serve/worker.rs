@@ -100,12 +100,15 @@ pub struct Reply<'a> {
 }
 
 impl<'a> Reply<'a> {
-    /// `harmony`: the model answers in gpt-oss's channels, whose markup is special tokens the
-    /// text keeps (reply.rs splits it).
-    pub fn new(tok: &'a Tok, job: &Job, eos: Vec<u32>, harmony: bool) -> Reply<'a> {
+    /// `kept`: the special tokens the text keeps, a tool call's markers (None: all of them, as
+    /// gpt-oss's channels need); reply.rs splits them out.
+    pub fn new(tok: &'a Tok, job: &Job, eos: Vec<u32>, kept: Option<Vec<u32>>) -> Reply<'a> {
         Reply {
             tok,
-            dec: StreamDecoder::new(tok, !harmony),
+            dec: match kept {
+                Some(ids) => StreamDecoder::keeping(tok, ids),
+                None => StreamDecoder::new(tok, false),
+            },
             stops: StopText::new(job.params.stop.clone()),
             eos,
             stop_at_eos: !job.params.ignore_eos,
