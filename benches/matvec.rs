@@ -6,7 +6,10 @@
 //!
 //! Then each matrix times 64 tokens (prefill's batched products), in GFLOP/s.
 //!
-//! `cargo bench --bench matvec [-- FORMAT ... TIER ...]` (only those formats, e.g. `mxfp4 q8`, at
+//! With `batch` among the arguments, instead: each matrix times 1, 2, 4 and 8 tokens from memory
+//! (a server's decode batch, one token per sequence), time per product against one token's.
+//!
+//! `cargo bench --bench matvec [-- FORMAT ... TIER ... batch]` (only those formats, e.g. `mxfp4 q8`, at
 //! those tiers, e.g. `avx512`; the decode
 //! and prefill macro numbers come from `moescope bench`).
 
@@ -117,6 +120,35 @@ fn run(
     (bytes * mats.len() * passes) as f64 / median(times) / 1e9
 }
 
+/// A server's decode batch: every copy of the matrix times 1, 2, 4 and 8 tokens (from memory,
+/// as decode reads it), milliseconds per product and the ratio to one token's.
+fn decode_batches(rows: usize, cols: usize, isa: Isa, fmt: &str, mats: &[Mat<'_>], group: usize) {
+    let mut one = 0.0;
+    for n in [1usize, 2, 4, 8] {
+        let xs = rnd(n * cols, 3);
+        let mut qn = QuantAct::default();
+        qn.quantize(&xs, cols, group, Isa::detect());
+        let input = if fmt == "bf16" { Input::F32(&xs) } else { Input::Quant(&qn) };
+        let mut out = vec![0f32; rows * n];
+        let mut times = vec![];
+        for _ in 0..9 {
+            let t = Instant::now();
+            for m in mats {
+                m.matmul_rows(isa, input, n, 0..rows, &mut out);
+            }
+            times.push(t.elapsed().as_secs_f64() / mats.len() as f64);
+        }
+        let ms = median(times) * 1e3;
+        if n == 1 {
+            one = ms;
+        }
+        println!(
+            "batch  [{rows:>6}, {cols:>4}] {fmt:<8} {isa:<7} {n} tokens {ms:8.3} ms  x{:.2} of one token  (1 thread)",
+            ms / one
+        );
+    }
+}
+
 fn main() {
     // the decode kernels' software prefetch as the engine sets it (`MOESCOPE_WEIGHT_PREFETCH`)
     match moescope_kernels::prefetch::setting_from_env() {
@@ -143,7 +175,7 @@ fn main() {
         // x4l: lane order (what the engine makes of x4 q4 where AVX-512 runs)
         (768, 2048, &["bf16", "q8", "q4", "q4x4", "q4x4l", "q4g32x4l", "q6", "q6x4", "mxfp4"]),
         (2048, 768, &["bf16", "q8", "q4", "q4x4", "mxfp4"]),
-        (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q4g32x4", "q4g32x4p", "q6", "q6x4"]),
+        (4096, 2048, &["bf16", "q8", "q4", "q4x4", "q4x4l", "q4g32x4", "q4g32x4p", "q6", "q6x4"]),
         // DeepSeek-V3's o_proj: 512 groups of 32 a row, 2 KiB of scales beside 8 KiB of values
         // and x4p: the panel-major order the engine gives resident rows this long
         (7168, 16384, &["q4x4", "q4g32x4", "q4g32x4p", "q4g32"]),
@@ -218,6 +250,10 @@ fn main() {
             // tiers named among the arguments (`avx512`, ...), else every tier
             let named: Vec<Isa> = Isa::available().into_iter().filter(|i| only.iter().any(|o| o == i.name())).collect();
             for isa in if named.is_empty() { Isa::available() } else { named } {
+                if only.iter().any(|o| o == "batch") {
+                    decode_batches(rows, cols, isa, fmt, &mats, format.group().unwrap_or(g));
+                    continue;
+                }
                 let mem = run(rows, cols, isa, fmt, &mats, &x, &qa, 1);
                 // (a matrix past the L3 cache has no hot number)
                 let hot = if bytes <= 16 << 20 {

@@ -195,11 +195,15 @@ unsafe fn token_tiles<const SIX: bool, const IL: usize>(m: &QMat<'_>, n: usize, 
         // rows at a time (decode: one stream of weights either way), else one row
         // (an expert's few tokens leave 2 or 3 at the end more often than not: a tile of them
         // reads the weights once, not once per token)
-        if n == 4 && IL == ROW_BLOCK {
-            // a server's batch of 4 decode tokens over interleaved rows (the output layer): a
-            // whole 4-row block a tile, so each row's values are unpacked once for all 4
-            unsafe { tiles::<ROW_BLOCK, 4, SIX, IL>(m, rows.clone(), t0, n, out) };
-            t0 += 4;
+        if IL == ROW_BLOCK && (2..=8).contains(&n) && n - t0 >= 2 {
+            // a server's batch of decode tokens over interleaved rows (the output layer): a whole
+            // 4-row block a tile, so each row's values are unpacked once for up to 4 tokens
+            match n - t0 {
+                2 => unsafe { tiles::<ROW_BLOCK, 2, SIX, IL>(m, rows.clone(), t0, n, out) },
+                3 => unsafe { tiles::<ROW_BLOCK, 3, SIX, IL>(m, rows.clone(), t0, n, out) },
+                _ => unsafe { tiles::<ROW_BLOCK, 4, SIX, IL>(m, rows.clone(), t0, n, out) },
+            }
+            t0 += (n - t0).min(4);
         } else if n - t0 >= 4 {
             unsafe { tiles::<2, 4, SIX, IL>(m, rows.clone(), t0, n, out) };
             t0 += 4;
@@ -353,7 +357,12 @@ unsafe fn q_tile<const R: usize, const T: usize, const G128: bool, const SIX: bo
         // SAFETY: the caller's guarantees
         unsafe { scale_products(m, r0, t0, gb, &mut sc) };
         for gi in gb..gb + k {
-            group(gi, &sc, &mut f);
+            if G128 && R * T >= 8 {
+                // SAFETY: the caller's guarantees; a group is chunk gi
+                unsafe { chunk_fused::<R, T, SIX, IL>(m, r0, t0, gi, &sc, &mut f) };
+            } else {
+                group(gi, &sc, &mut f);
+            }
         }
     }
     // SAFETY: the caller's guarantees
@@ -450,22 +459,8 @@ pub(super) unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool,
     lo: &mut [[__m512i; T]; R],
     hi: &mut [[__m512i; T]; R],
 ) {
-    let (mut wl, mut wh) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
-    if IL == PANEL_ROWS {
-        // panel-major: the tile's rows lie in one 4-row block (R is 1, 2 from an even row, or 4
-        // from a multiple of 4), their chunks one after another: one offset for them all
-        let cb = if SIX { 96 } else { 64 };
-        let at = panel_offset(r0, ci, m.row_bytes, cb);
-        for i in 0..R {
-            // SAFETY: row r0 + i exists and chunk ci is inside it
-            (wl[i], wh[i]) = unsafe { nibbles_at::<SIX>(m, at + i * cb) };
-        }
-    } else {
-        for i in 0..R {
-            // SAFETY: as above
-            (wl[i], wh[i]) = unsafe { chunk_nibbles::<SIX, IL>(m, r0 + i, ci) };
-        }
-    }
+    // SAFETY: the caller's guarantees
+    let (wl, wh) = unsafe { row_nibbles::<R, SIX, IL>(m, r0, ci) };
     for t in 0..T {
         let base = (t0 + t) * m.cols + ci * 128;
         // SAFETY: token t0 + t's permuted row holds cols bytes
@@ -483,6 +478,43 @@ pub(super) unsafe fn chunk_dots<const R: usize, const T: usize, const SIX: bool,
                 lo[i][t] = _mm512_dpbusd_epi32(lo[i][t], wl[i], al);
                 hi[i][t] = _mm512_dpbusd_epi32(hi[i][t], wh[i], ah);
             }
+        }
+    }
+}
+
+/// [`q_tile`]'s group `gi` where a group is one chunk, token by token: each product's integer
+/// sum is converted and scaled as soon as it is made, so only a token's R sums are live beside
+/// the R x T float accumulators (made all at once, as [`chunk_dots`] makes them, a 4 x 4 tile's
+/// 16 sums and 16 accumulators spilled). The same integer sums and float steps: the same bits.
+///
+/// # Safety
+/// As [`q_tile`]'s; chunk `gi` exists and groups are whole chunks.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn chunk_fused<const R: usize, const T: usize, const SIX: bool, const IL: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    t0: usize,
+    gi: usize,
+    sc: &[[[f32; 16]; T]; R],
+    f: &mut [[__m512; T]; R],
+) {
+    // a row at a time, the activations loaded at each use (from L1, folded into the
+    // `vpdpbusd`s): a row's two vectors and the accumulators are all that stay in registers
+    // SAFETY: the caller's guarantees
+    let (wl, wh) = unsafe { row_nibbles::<R, SIX, IL>(m, r0, gi) };
+    for i in 0..R {
+        for t in 0..T {
+            let base = (t0 + t) * m.cols + gi * 128;
+            // SAFETY: token t0 + t's permuted row holds cols bytes
+            let (al, ah) = unsafe {
+                (
+                    _mm512_loadu_si512(m.ap.as_ptr().add(base) as *const _),
+                    _mm512_loadu_si512(m.ap.as_ptr().add(base + 64) as *const _),
+                )
+            };
+            let sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wl[i], al), wh[i], ah);
+            f[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(sc[i][t][gi % 16]), f[i][t]);
         }
     }
 }
@@ -514,6 +546,36 @@ pub(super) unsafe fn scale_products<const R: usize, const T: usize>(
             unsafe { _mm512_storeu_ps(sc.as_mut_ptr(), _mm512_mul_ps(w, a)) };
         }
     }
+}
+
+/// Chunk `ci`'s values of rows `r0..r0 + R`: low and high nibbles (q6: with their high bits).
+///
+/// # Safety
+/// As [`q_tile`]'s; chunk `ci` exists.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn row_nibbles<const R: usize, const SIX: bool, const IL: usize>(
+    m: &QMat<'_>,
+    r0: usize,
+    ci: usize,
+) -> ([__m512i; R], [__m512i; R]) {
+    let (mut wl, mut wh) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+    if IL == PANEL_ROWS {
+        // panel-major: the tile's rows lie in one 4-row block (R is 1, 2 from an even row, or 4
+        // from a multiple of 4), their chunks one after another: one offset for them all
+        let cb = if SIX { 96 } else { 64 };
+        let at = panel_offset(r0, ci, m.row_bytes, cb);
+        for i in 0..R {
+            // SAFETY: row r0 + i exists and chunk ci is inside it
+            (wl[i], wh[i]) = unsafe { nibbles_at::<SIX>(m, at + i * cb) };
+        }
+    } else {
+        for i in 0..R {
+            // SAFETY: as above
+            (wl[i], wh[i]) = unsafe { chunk_nibbles::<SIX, IL>(m, r0 + i, ci) };
+        }
+    }
+    (wl, wh)
 }
 
 /// Row `r`'s 128-value chunk `ci` as unsigned bytes for `vpdpbusd`: the low-nibble lanes and the

@@ -253,11 +253,24 @@ fn interleaved_rows_give_the_row_major_products_bit_for_bit() {
                 };
                 let (plain, x4) = (mk(&q, false), mk(&qx, true));
                 assert_same_rows(&plain, &x4, &format!("{f:?}"));
-                for n in [1, 3, 4, 9] {
+                for n in [1, 2, 3, 4, 8, 9] {
                     let x: Vec<f32> = (0..n * cols).map(|_| 4.0 * r()).collect();
                     let mut qa = QuantAct::default();
                     qa.quantize(&x, cols, group, Isa::detect());
                     for isa in Isa::available() {
+                        // each token's products are its own alone (a server's batch of decode
+                        // tokens gives each sequence the bits it gets alone)
+                        let mut batch = vec![0f32; rows * n];
+                        x4.matmul_rows(isa, Input::Quant(&qa), n, 0..rows, &mut batch);
+                        for t in 0..n {
+                            let mut one = QuantAct::default();
+                            one.quantize(&x[t * cols..(t + 1) * cols], cols, group, Isa::detect());
+                            let mut alone = vec![0f32; rows];
+                            x4.matmul_rows(isa, Input::Quant(&one), 1, 0..rows, &mut alone);
+                            let got: Vec<u32> = (0..rows).map(|i| batch[i * n + t].to_bits()).collect();
+                            let want: Vec<u32> = alone.iter().map(|v| v.to_bits()).collect();
+                            assert_eq!(got, want, "{f:?} {isa} rows={rows} cols={cols} token {t} of {n}");
+                        }
                         for range in [0..rows, 1..rows, 2..rows - 1, 3..4] {
                             let (mut want, mut got) = (vec![0f32; range.len() * n], vec![0f32; range.len() * n]);
                             plain.matmul_rows(isa, Input::Quant(&qa), n, range.clone(), &mut want);
