@@ -66,4 +66,10 @@ impl Engine {
         }
         Ok(self.state.logits())
     }
+
+    /// The last step's logits, as [`Engine::step`] returned them (one row per step that
+    /// wanted them, in the steps' order), through a shared borrow.
+    pub fn step_logits(&self) -> &[f32] {
+        self.state.logits()
+    }
 }

@@ -276,7 +276,8 @@ fn step(
             };
             steps.push(Step { slot, tokens, logits });
         }
-        engine.step(&mut steps, &mut Tee(watch.passes(), &mut st.reads)).map(|l| l.to_vec())
+        // the logits stay in the engine (read below through a shared borrow, not copied)
+        engine.step(&mut steps, &mut Tee(watch.passes(), &mut st.reads)).map(|_| ())
     };
     let step_ms = t.elapsed().as_secs_f64() * 1000.0;
     step_metrics(s, engine, st, (n_seqs, rows, step_ms));
@@ -290,7 +291,7 @@ fn step(
         prefix_tokens: st.cache.hit_tokens,
     });
     let logits = match result {
-        Ok(l) => l,
+        Ok(()) => engine.step_logits(),
         Err(e) => {
             // every request of the pass fails; their slots' caches are in an unknown state
             let message = e.to_string();
