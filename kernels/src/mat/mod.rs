@@ -19,6 +19,8 @@ mod avx512_model;
 #[cfg(target_arch = "x86_64")]
 mod avx512_mxfp4;
 #[cfg(target_arch = "x86_64")]
+mod avx512_nibbles;
+#[cfg(target_arch = "x86_64")]
 mod avx512_panels;
 #[cfg(target_arch = "x86_64")]
 mod avx512_q4_decode;
