@@ -202,8 +202,14 @@ unsafe fn rows_blocks<const IL: usize>(
     BLOCK.with(|b| {
         let mut b = b.borrow_mut();
         let (bq, bs) = &mut *b;
-        bq.resize(m.cols / 2 * LANES, 0);
-        bs.resize(m.ng * LANES, 0.0);
+        // (grown only where used: a thread's buffers grow once per size it meets, and a matrix
+        // in lane order reads its own words, and its own scales unless they are f16)
+        if !m.lanes {
+            bq.resize(m.cols / 2 * LANES, 0);
+        }
+        if !m.lanes || matches!(m.ws, WeightScales::F16 { .. }) {
+            bs.resize(m.ng * LANES, 0.0);
+        }
         if m.lanes {
             // the matrix is in lane order already: each block is its own gathered block
             let block_bytes = m.cols / 2 * LANES;
