@@ -27,13 +27,20 @@ fn reference() -> (Value, Value) {
     (read("kimi_reference.json"), read("kimi/tokenizer_config.json"))
 }
 
-#[test]
-fn kimi_tiktoken_model_encodes_as_tiktoken() {
+/// The reference's Kimi tokenizer, read from a checkpoint folder as `convert` reads it.
+fn kimi_tok() -> (Tok, moescope::package::TokenizerInfo) {
     let (r, config) = reference();
     let dir = tempfile::tempdir().unwrap();
     kimi_dir(dir.path(), r["n_ranks"].as_u64().unwrap() as usize, &config);
     let info = read_tokenizer(dir.path()).expect("read").expect("a tokenizer");
     let tok = Tok::from_json(info.tokenizer_json.as_deref().unwrap()).expect("load");
+    (tok, info)
+}
+
+#[test]
+fn kimi_tiktoken_model_encodes_as_tiktoken() {
+    let (r, _) = reference();
+    let (tok, info) = kimi_tok();
     assert_eq!(tok.vocab_size(), 163_840);
     assert_eq!((info.bos_token.as_deref(), info.eos_token.as_deref()), (Some("[BOS]"), Some("[EOS]")));
     assert!(info.chat_template.as_deref().is_some_and(|t| t.contains("<|im_middle|>")));
@@ -78,11 +85,7 @@ fn a_replys_call_markers_survive_streamed_decoding_and_split_into_calls() {
     use moescope::engine::call_syntax::CallSyntax;
     use moescope::engine::tokenizer::StreamDecoder;
     use moescope::serve::tools::split_reply;
-    let (r, config) = reference();
-    let dir = tempfile::tempdir().unwrap();
-    kimi_dir(dir.path(), r["n_ranks"].as_u64().unwrap() as usize, &config);
-    let info = read_tokenizer(dir.path()).expect("read").expect("a tokenizer");
-    let tok = Tok::from_json(info.tokenizer_json.as_deref().unwrap()).expect("load");
+    let (tok, _) = kimi_tok();
     let reply = "Checking é.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Zürich\"}<|tool_call_end|><|tool_calls_section_end|>";
     let mut ids = tok.encode(reply).unwrap();
     let marker = tok.token_id("<|tool_call_begin|>").expect("a marker token");

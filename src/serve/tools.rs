@@ -51,6 +51,8 @@ pub enum Piece {
 pub struct ToolSplitter {
     syntax: CallSyntax,
     markers: Markers,
+    /// What text may be the start of: the call's opening and the section markers.
+    starts: Vec<&'static str>,
     /// The request's `tools` (their parameters' types).
     tools: Option<Arc<Value>>,
     buf: String,
@@ -66,8 +68,9 @@ impl ToolSplitter {
     /// here), whose XML and GLM values take their types from `tools` (a request's array).
     pub fn new(syntax: CallSyntax, tools: Option<Arc<Value>>) -> ToolSplitter {
         let markers = syntax.markers().unwrap_or(TAGGED);
+        let starts = std::iter::once(markers.open).chain(markers.section.iter().copied()).collect();
         let (buf, inside, space, calls) = (String::new(), false, String::new(), 0);
-        ToolSplitter { syntax, markers, tools, buf, inside, space, calls }
+        ToolSplitter { syntax, markers, starts, tools, buf, inside, space, calls }
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
@@ -94,10 +97,7 @@ impl ToolSplitter {
             // text up to the next call (or up to what may start a marker), its section
             // markers dropped; a marker inside a call's body is the body's
             let at = self.buf.find(open);
-            let end = at.unwrap_or_else(|| {
-                let starts: Vec<&str> = std::iter::once(open).chain(section.iter().copied()).collect();
-                self.buf.len() - held_back(&self.buf, &starts)
-            });
+            let end = at.unwrap_or_else(|| self.buf.len() - held_back(&self.buf, &self.starts));
             let mut before: String = self.buf.drain(..end).collect();
             for m in section {
                 before = before.replace(m, "");
