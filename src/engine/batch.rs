@@ -56,7 +56,7 @@ impl Engine {
         let l = self.model.forward_batch(rt, &mut self.state, &mut seqs, obs)?;
         drop(seqs);
         // a NaN or infinity anywhere in the weights ends here (as `eval` does)
-        if let Some(i) = l.iter().position(|x| !x.is_finite()) {
+        if let Some(i) = super::first_non_finite(l) {
             let vocab = self.model.cfg.vocab_size.max(1);
             let s = steps.iter().filter(|s| s.logits).nth(i / vocab);
             return Err(EngineError::NonFinite { pos: s.map_or(0, |s| s.slot.kv.len().saturating_sub(1)) });

@@ -327,7 +327,7 @@ impl Engine {
             // a NaN or infinity anywhere in the weights ends here; sampling would pick a token
             // from it silently. The cache holds the same poison: cleared, so the next request
             // starts clean. (A scan of the vocabulary per token: small beside the token's pass.)
-            if let Some(i) = l.iter().position(|x| !x.is_finite()) {
+            if let Some(i) = first_non_finite(l) {
                 // the rows are the chunk's last ones (one for Logits::Last)
                 let vocab = self.model.cfg.vocab_size.max(1);
                 let pos = self.seq.kv.len() - l.len() / vocab + i / vocab;
@@ -474,4 +474,33 @@ impl Engine {
 
 fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// The first NaN or infinity in `xs`: blocks checked whole (vector code), the one that has it
+/// scanned.
+fn first_non_finite(xs: &[f32]) -> Option<usize> {
+    const BLOCK: usize = 1024;
+    let b = xs.chunks(BLOCK).position(|c| c.iter().fold(false, |bad, x| bad | !x.is_finite()))?;
+    xs[b * BLOCK..].iter().position(|x| !x.is_finite()).map(|i| b * BLOCK + i)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_first_non_finite_value_is_found_in_any_block() {
+        for len in [0, 1, 1023, 1024, 1025, 5000] {
+            assert_eq!(super::first_non_finite(&vec![1.0; len]), None);
+            for at in [0, 1, 1022, 1023, 1024, 2047, 4999].into_iter().filter(|&i| i < len) {
+                for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                    let mut xs = vec![1.0f32; len];
+                    xs[at] = bad;
+                    // a later one too: the first is the answer
+                    if at + 3 < len {
+                        xs[at + 3] = f32::NAN;
+                    }
+                    assert_eq!(super::first_non_finite(&xs), Some(at), "len {len}, at {at}");
+                }
+            }
+        }
+    }
 }

@@ -71,11 +71,22 @@ pub struct Sampler {
     rng: Rng,
     /// (id, logit) scratch, reused across tokens.
     cand: Vec<(u32, f32)>,
+    /// the ids bias and penalties change, and their adjusted logits ([`Sampler::adjust`])
+    touched: Vec<(u32, f32)>,
+    /// the penalties' window of recent tokens, sorted
+    recent: Vec<u32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplerParams) -> Sampler {
-        Sampler { params, adjust: Adjustments::default(), rng: Rng::new(params.seed), cand: Vec::new() }
+        Sampler {
+            params,
+            adjust: Adjustments::default(),
+            rng: Rng::new(params.seed),
+            cand: Vec::new(),
+            touched: Vec::new(),
+            recent: Vec::new(),
+        }
     }
 
     pub fn with_adjustments(mut self, adjust: Adjustments) -> Sampler {
@@ -86,22 +97,16 @@ impl Sampler {
     /// The next token, given the raw logits and the tokens so far (for the penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let p = self.params;
+        self.adjust(logits, history);
+        if p.temperature == 0.0 {
+            // greedy reads the row in place: a copy of 150k (id, logit) pairs a token cost more
+            // than the scan (a server samples several rows a step)
+            return argmax(logits, &self.touched);
+        }
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        self.apply_adjustments(history);
-        if p.repeat_penalty != 1.0 && p.repeat_last_n > 0 {
-            let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
-            let mut seen: Vec<u32> = recent.to_vec();
-            seen.sort_unstable();
-            seen.dedup();
-            for id in seen {
-                if let Some(c) = self.cand.get_mut(id as usize) {
-                    c.1 = if c.1 > 0.0 { c.1 / p.repeat_penalty } else { c.1 * p.repeat_penalty };
-                }
-            }
-        }
-        if p.temperature == 0.0 {
-            return argmax(&self.cand);
+        for &(id, l) in &self.touched {
+            self.cand[id as usize].1 = l;
         }
         // highest first; ties to the lower id, so the order never depends on the sort
         self.cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -140,35 +145,78 @@ impl Sampler {
 }
 
 impl Sampler {
-    /// Logit bias, then presence and frequency penalties, on the raw logits in `cand`.
-    fn apply_adjustments(&mut self, history: &[u32]) {
-        let a = &self.adjust;
-        for &(id, b) in &a.logit_bias {
-            if let Some(c) = self.cand.get_mut(id as usize) {
-                c.1 += b;
+    /// Into `touched`: the ids that logit bias and the penalties change (within the row, each
+    /// once, by id) and their adjusted logits: the bias, then presence and frequency, then the
+    /// repetition penalty, the steps each logit takes in llama.cpp's chain.
+    fn adjust(&mut self, logits: &[f32], history: &[u32]) {
+        let (a, p) = (&self.adjust, self.params);
+        self.touched.clear();
+        let window = if p.repeat_last_n > 0 { &history[history.len().saturating_sub(p.repeat_last_n)..] } else { &[] };
+        let penalties = a.presence != 0.0 || a.frequency != 0.0;
+        let repeat = p.repeat_penalty != 1.0;
+        // the window sorted: a token's count is the length of its run
+        self.recent.clear();
+        if penalties || repeat {
+            self.recent.extend_from_slice(window);
+            self.recent.sort_unstable();
+        }
+        let ids = a.logit_bias.iter().map(|&(id, _)| id).chain(self.recent.iter().copied());
+        self.touched.extend(ids.filter(|&id| (id as usize) < logits.len()).map(|id| (id, logits[id as usize])));
+        self.touched.sort_unstable_by_key(|&(id, _)| id);
+        self.touched.dedup_by_key(|&mut (id, _)| id);
+        for (id, l) in self.touched.iter_mut() {
+            for &(_, b) in a.logit_bias.iter().filter(|(b_id, _)| b_id == id) {
+                *l += b;
             }
-        }
-        if (a.presence == 0.0 && a.frequency == 0.0) || self.params.repeat_last_n == 0 {
-            return;
-        }
-        let mut recent: Vec<u32> = history[history.len().saturating_sub(self.params.repeat_last_n)..].to_vec();
-        recent.sort_unstable();
-        for run in recent.chunk_by(|x, y| x == y) {
-            if let Some(c) = self.cand.get_mut(run[0] as usize) {
-                c.1 -= a.presence + a.frequency * run.len() as f32;
+            let seen = self.recent.partition_point(|r| r <= id) - self.recent.partition_point(|r| r < id);
+            if seen == 0 {
+                continue;
+            }
+            if penalties {
+                *l -= a.presence + a.frequency * seen as f32;
+            }
+            if repeat {
+                *l = if *l > 0.0 { *l / p.repeat_penalty } else { *l * p.repeat_penalty };
             }
         }
     }
 }
 
-fn argmax(c: &[(u32, f32)]) -> u32 {
-    let mut best = 0;
-    for i in 1..c.len() {
-        if c[i].1 > c[best].1 {
-            best = i;
+/// The first of the highest logits, `touched`'s (sorted by id) replacing the row's own.
+fn argmax(logits: &[f32], touched: &[(u32, f32)]) -> u32 {
+    let Some(&first) = logits.first() else { return 0 };
+    let at0 = touched.first().filter(|t| t.0 == 0).map_or(first, |t| t.1);
+    let (mut best, mut best_l) = (0, at0);
+    // the row between the touched ids as it is, each touched id's value in its place
+    let mut from = 1;
+    for &(id, l) in touched.iter().filter(|&&(id, _)| id >= 1).chain(std::iter::once(&(logits.len() as u32, f32::NAN)))
+    {
+        if let Some((i, x)) = first_max(&logits[from.min(id as usize)..id as usize])
+            && x > best_l
+        {
+            (best, best_l) = (from + i, x);
+        }
+        if l > best_l {
+            (best, best_l) = (id as usize, l);
+        }
+        from = id as usize + 1;
+    }
+    best as u32
+}
+
+/// The first index of a slice's maximum and the maximum (NaN never wins): the maximum over 16
+/// lanes (vector code), then a scan for it.
+fn first_max(xs: &[f32]) -> Option<(usize, f32)> {
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let chunks = xs.chunks_exact(16);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
         }
     }
-    c[best].0
+    let m = lanes.iter().chain(rest).fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    xs.iter().position(|&x| x == m).map(|i| (i, m))
 }
 
 #[cfg(test)]
@@ -259,5 +307,57 @@ mod tests {
         let mut s =
             Sampler::new(SamplerParams { repeat_last_n: 1, ..params(0.0) }).with_adjustments(adj(vec![], 0.4, 0.2));
         assert_eq!(s.sample(&[2.0, 1.5], &[0, 1]), 0);
+    }
+
+    /// The whole row adjusted one logit at a time, llama.cpp's chain written out (the oracle).
+    fn adjusted_row(logits: &[f32], history: &[u32], p: &SamplerParams, a: &Adjustments) -> Vec<f32> {
+        let window = &history[history.len().saturating_sub(p.repeat_last_n)..];
+        let window = if p.repeat_last_n == 0 { &[][..] } else { window };
+        let mut row = logits.to_vec();
+        for &(id, b) in &a.logit_bias {
+            if let Some(l) = row.get_mut(id as usize) {
+                *l += b;
+            }
+        }
+        for (id, l) in row.iter_mut().enumerate() {
+            let n = window.iter().filter(|&&t| t as usize == id).count();
+            if n > 0 && (a.presence != 0.0 || a.frequency != 0.0) {
+                *l -= a.presence + a.frequency * n as f32;
+            }
+            if n > 0 && p.repeat_penalty != 1.0 {
+                *l = if *l > 0.0 { *l / p.repeat_penalty } else { *l * p.repeat_penalty };
+            }
+        }
+        row
+    }
+
+    #[test]
+    fn greedy_is_the_first_highest_of_the_adjusted_row() {
+        let mut rng = Rng::new(11);
+        let mut pick = |n: usize| (rng.next_f64() * n as f64) as usize;
+        for case in 0..400 {
+            let vocab = 1 + pick(60);
+            // few distinct values: ties everywhere, and a bias or penalty often makes one; now and then
+            // a NaN (never chosen past the first id) or an infinity
+            let special = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+            let logits: Vec<f32> =
+                (0..vocab).map(|_| if pick(40) == 0 { special[pick(3)] } else { pick(5) as f32 * 0.5 - 1.0 }).collect();
+            let history: Vec<u32> = (0..pick(20)).map(|_| pick(vocab + 3) as u32).collect();
+            let bias: Vec<(u32, f32)> =
+                (0..pick(4)).map(|_| (pick(vocab + 2) as u32, pick(5) as f32 * 0.5 - 1.0)).collect();
+            let a = Adjustments { logit_bias: bias, presence: pick(3) as f32 * 0.5, frequency: pick(3) as f32 * 0.25 };
+            let p = SamplerParams { repeat_penalty: [1.0, 2.0][case % 2], repeat_last_n: pick(12), ..params(0.0) };
+            let row = adjusted_row(&logits, &history, &p, &a);
+            let want = (1..vocab).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32;
+            let mut s = Sampler::new(p).with_adjustments(a.clone());
+            assert_eq!(s.sample(&logits, &history), want, "case {case}: {row:?}");
+            // the sampling path's row: top-k 1 at a temperature takes its first highest too (its
+            // sort puts a NaN first: rows without one)
+            if row.iter().any(|l| l.is_nan()) {
+                continue;
+            }
+            let mut s = Sampler::new(SamplerParams { temperature: 1.0, top_k: 1, ..p }).with_adjustments(a);
+            assert_eq!(s.sample(&logits, &history), want, "case {case}, top-k 1");
+        }
     }
 }
