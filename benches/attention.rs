@@ -87,7 +87,7 @@ fn latent(r: &mut impl FnMut() -> f32) {
                 for _ in 0..(200_000_000 / (pairs * hk)).clamp(3, 50) {
                     let t = Instant::now();
                     let sc = attn::Scoring::full(0.07);
-                    let (kp, vals) = (&packed[..], attn::Values::KeyPrefix);
+                    let (kp, vals) = (&packed[..], attn::Values::<f32>::KeyPrefix);
                     attn::attend_keyed(isa, (&q, hk), &ends, kp, vals, sc, &[], (&mut acc, &mut part), &mut out);
                     times.push(t.elapsed().as_secs_f64());
                     std::hint::black_box(&out);

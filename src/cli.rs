@@ -118,6 +118,8 @@ pub struct PerplexityArgs {
     pub prefetch: String,
     #[command(flatten)]
     pub aware: CacheAwareArgs,
+    #[command(flatten)]
+    pub kv: KvArgs,
 }
 
 #[derive(Args, Debug)]
@@ -261,6 +263,26 @@ pub struct RunArgs {
     pub experts: ExpertArgs,
     #[command(flatten)]
     pub trace: TraceArgs,
+    #[command(flatten)]
+    pub kv: KvArgs,
+}
+
+/// The KV cache's element types (llama.cpp's `-ctk` / `-ctv`, also accepted).
+#[derive(Args, Debug, Clone, Copy)]
+pub struct KvArgs {
+    /// Element type of the cached keys: bf16 (half of f32's bytes, 8 significant bits), f16
+    /// (11 bits, llama.cpp's default) or f32 (exact).
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "bf16", value_name = "TYPE")]
+    pub k: moescope::model::KvType,
+    /// Element type of the cached values: bf16, f16 or f32.
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "bf16", value_name = "TYPE")]
+    pub v: moescope::model::KvType,
+}
+
+impl KvArgs {
+    pub fn types(&self) -> moescope::model::KvTypes {
+        moescope::model::KvTypes { k: self.k, v: self.v }
+    }
 }
 
 /// How routed experts are streamed from the package.
@@ -411,6 +433,8 @@ pub struct PlanArgs {
     /// Context length (default: as `run` chooses it).
     #[arg(short = 'c', long)]
     pub ctx_size: Option<usize>,
+    #[command(flatten)]
+    pub kv: KvArgs,
     /// A routing trace (`--routing-out`, traces/*.jsonl.gz) for the cache's hit rate (default:
     /// uniform random routing, the worst case).
     #[arg(long, value_name = "TRACE")]
@@ -483,6 +507,8 @@ pub struct BenchArgs {
     pub experts: ExpertArgs,
     #[command(flatten)]
     pub trace: TraceArgs,
+    #[command(flatten)]
+    pub kv: KvArgs,
 }
 
 fn default_threads() -> String {

@@ -26,6 +26,7 @@ use crate::engine::sizing::{self, Allowance};
 use crate::experts::PolicyKind;
 use crate::experts::routing_log::{Header, Record};
 use crate::experts::sim::{self, SimPolicy};
+use crate::model::KvTypes;
 use crate::model_config::ModelConfig;
 use crate::package::Package;
 use crate::package::layout::{DENSE_ALIGN, EXPERT_ALIGN, align_up};
@@ -214,13 +215,13 @@ pub fn forecast(
     s: &ModelSizes,
     p: &Probes,
     a: &Allowance,
-    ctx: Option<usize>,
+    (ctx, kv): (Option<usize>, KvTypes),
     trace: Option<(&Header, &[Record])>,
 ) -> Result<Forecast, String> {
     let c = &s.cfg;
     let all = s.experts_bytes();
     let default_ctx = c.max_position_embeddings.min(8192);
-    let fixed = sizing::fixed_before_load(c, s.dense_bytes, s.meta_bytes, sizing::Sequences::default());
+    let fixed = sizing::fixed_before_load(c, (s.dense_bytes, s.meta_bytes), kv, sizing::Sequences::default());
     // as Engine::load: no pool when the model fits in half the allowance
     let fits = s.dense_bytes + all <= a.bytes / 2;
     let (pool, ctx) = if fits {

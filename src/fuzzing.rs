@@ -81,6 +81,7 @@ fn run_package(path: &Path) -> bool {
         isa: moescope_kernels::Isa::detect(),
         stream: None,
         panels: true,
+        kv: crate::model::KvTypes::default(),
     };
     let Ok(mut e) = Engine::load(path, opts) else { return false };
     let vocab = e.package().meta.model.vocab_size as u32;
@@ -267,6 +268,7 @@ fn server() -> Option<std::net::SocketAddr> {
                 isa: moescope_kernels::Isa::detect(),
                 stream: None,
                 panels: true,
+                kv: crate::model::KvTypes::default(),
             };
             Engine::load_serving(&pkg, o, Some((Some(2), Some(16 << 20)))).map_err(|e| e.to_string())
         });

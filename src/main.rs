@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = cli::Cli::parse_from(llama_flags(std::env::args_os()));
     // before any thread starts: every thread inherits it
     moescope::sysinfo::batch_scheduling();
     // a package truncated while mapped: one line and exit 1, not a bare "Bus error"
@@ -73,4 +73,14 @@ fn read_bandwidth(threads: usize, mib: usize, serve: bool) -> anyhow::Result<()>
         one(t)?;
     }
     Ok(())
+}
+
+/// llama.cpp's multi-letter short flags spelled as it spells them (`-ctk q8_0`): clap takes one
+/// letter after a single dash, so these become their long names.
+fn llama_flags(args: impl Iterator<Item = std::ffi::OsString>) -> impl Iterator<Item = std::ffi::OsString> {
+    args.map(|a| match a.to_str() {
+        Some("-ctk") => "--cache-type-k".into(),
+        Some("-ctv") => "--cache-type-v".into(),
+        _ => a,
+    })
 }

@@ -26,7 +26,14 @@ fn a_long_prompt_in_one_pass_matches_its_tokens_decoded_one_by_one() {
     for isa in Isa::available() {
         let mut per_threads = Vec::new();
         for threads in [1, 3] {
-            let opts = EngineOptions { threads, ctx_size: Some(n + 8), isa, stream: None, panels: true };
+            let opts = EngineOptions {
+                threads,
+                ctx_size: Some(n + 8),
+                isa,
+                stream: None,
+                panels: true,
+                kv: moescope::model::KvTypes::F32,
+            };
             let mut eng = Engine::load(&pkg, opts).expect("load");
             let v = eng.config().vocab_size;
             let one = eng.eval(&ids, Logits::All, &mut NoObserver).expect("one pass").to_vec();

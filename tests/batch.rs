@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use moescope::exec::Exec;
-use moescope::model::{Decoder, KvCache, Logits, NoObserver, Resident, RunState, Runtime, Seq};
+use moescope::model::{Decoder, KvCache, KvType, KvTypes, Logits, NoObserver, Resident, RunState, Runtime, Seq};
 use moescope::package::Package;
 use moescope_kernels::Isa;
 
@@ -26,11 +26,11 @@ fn prompts(ids: &[u32]) -> Vec<Vec<u32>> {
 
 /// Each prompt alone: its prompt in one pass, then `STEPS` greedy decode steps; the logits of
 /// every step (as bits).
-fn alone(model: &Decoder, exec: &Exec, prompt: &[u32]) -> Vec<Vec<u32>> {
+fn alone(model: &Decoder, exec: &Exec, prompt: &[u32], types: KvTypes) -> Vec<Vec<u32>> {
     let experts = Resident(model.package());
     let rt = Runtime { exec, experts: &experts };
     let mut st = RunState::new(&model.cfg, 1024);
-    let mut kv = KvCache::new(&model.cfg, model.cfg.max_position_embeddings.min(1024));
+    let mut kv = KvCache::typed(&model.cfg, model.cfg.max_position_embeddings.min(1024), types);
     let mut out = Vec::new();
     let mut l = model.forward(rt, &mut st, &mut kv, prompt, Logits::Last, &mut NoObserver).unwrap().to_vec();
     for _ in 0..STEPS {
@@ -44,13 +44,15 @@ fn alone(model: &Decoder, exec: &Exec, prompt: &[u32]) -> Vec<Vec<u32>> {
 
 /// All prompts in one batch, sequence `i` joining at step `join[i]` (its prompt in the pass of
 /// the others' decode tokens); every pass holds every running sequence's next tokens.
-fn batched(model: &Decoder, exec: &Exec, prompts: &[Vec<u32>], join: &[usize]) -> Vec<Vec<Vec<u32>>> {
+fn batched(model: &Decoder, exec: &Exec, prompts: &[Vec<u32>], join: &[usize], types: KvTypes) -> Vec<Vec<Vec<u32>>> {
     let experts = Resident(model.package());
     let rt = Runtime { exec, experts: &experts };
     let v = model.cfg.vocab_size;
     let mut st = RunState::new(&model.cfg, 1024);
-    let mut kvs: Vec<KvCache> =
-        prompts.iter().map(|_| KvCache::new(&model.cfg, model.cfg.max_position_embeddings.min(1024))).collect();
+    let mut kvs: Vec<KvCache> = prompts
+        .iter()
+        .map(|_| KvCache::typed(&model.cfg, model.cfg.max_position_embeddings.min(1024), types))
+        .collect();
     let mut out: Vec<Vec<Vec<u32>>> = vec![Vec::new(); prompts.len()];
     let mut next: Vec<Option<u32>> = vec![None; prompts.len()];
     let mut step = 0;
@@ -105,17 +107,19 @@ fn a_batch_gives_each_sequence_its_logits_alone_bit_for_bit() {
         let ps = prompts(&ids);
         let (_d, path) = convert(name, quant);
         let model = Decoder::load(Arc::new(Package::open(&path).unwrap())).unwrap();
-        for isa in Isa::available() {
+        // f32 KV, and two-byte keys and values (attention widens what it reads)
+        let typed = KvTypes { k: KvType::Bf16, v: KvType::F16 };
+        for (isa, types) in Isa::available().into_iter().flat_map(|i| [(i, KvTypes::F32), (i, typed)]) {
             let exec = Exec::new(2, isa).unwrap();
-            let want: Vec<_> = ps.iter().map(|p| alone(&model, &exec, p)).collect();
+            let want: Vec<_> = ps.iter().map(|p| alone(&model, &exec, p, types)).collect();
             // all at once; then joining mid-run, one of them in the pass of another's prompt
             for join in [[0, 0, 0, 0], [0, 2, 1, 4], [3, 0, 2, 2]] {
-                let got = batched(&model, &exec, &ps, &join);
+                let got = batched(&model, &exec, &ps, &join, types);
                 for (i, (w, g)) in want.iter().zip(&got).enumerate() {
                     let first = w.iter().zip(g).position(|(a, b)| a != b);
                     assert!(
                         first.is_none(),
-                        "{name} {quant} {isa}: sequence {i} (prompt {} tokens, joins at {join:?}): step {first:?} differs from alone",
+                        "{name} {quant} {isa} KV {types}: sequence {i} (prompt {} tokens, joins at {join:?}): step {first:?} differs from alone",
                         ps[i].len()
                     );
                 }

@@ -23,7 +23,14 @@ impl Observer for Seen {
 }
 
 fn engine(pkg: &Path, slots: u64, tol: Option<f32>) -> Engine {
-    let o = |stream| EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream, panels: true };
+    let o = |stream| EngineOptions {
+        threads: 2,
+        ctx_size: Some(320),
+        isa: Isa::detect(),
+        stream,
+        panels: true,
+        kv: moescope::model::KvTypes::F32,
+    };
     let blob = slot_bytes(pkg);
     let stream = StreamConfig {
         budget_bytes: Some(slots * blob),
@@ -66,7 +73,14 @@ fn substitutes_come_from_the_next_candidates_within_the_tolerance() {
         let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
         let cfg = Engine::load(
             &pkg,
-            EngineOptions { threads: 1, ctx_size: Some(320), isa: Isa::detect(), stream: None, panels: true },
+            EngineOptions {
+                threads: 1,
+                ctx_size: Some(320),
+                isa: Isa::detect(),
+                stream: None,
+                panels: true,
+                kv: moescope::model::KvTypes::F32,
+            },
         )
         .unwrap()
         .config()
@@ -134,8 +148,9 @@ fn perplexity_reports_what_cache_aware_routing_costs_against_exact_routing() {
     assert!(n > 0, "{v}");
     let (agree, kl) = (v["against"]["top1_agreement"].as_f64().unwrap(), v["against"]["kl_mean"].as_f64().unwrap());
     assert!(kl > 0.0 && agree <= 1.0, "{v}");
-    // exact routing against itself: no substitution, no divergence
-    let o = moescope(&[&args[..], &["--against", p, "--json"]].concat(), dir.path());
+    // exact routing against itself (the KV cache exact too, as the base keeps it): no
+    // substitution, no divergence
+    let o = moescope(&[&args[..], &["--against", p, "-ctk", "f32", "-ctv", "f32", "--json"]].concat(), dir.path());
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert!(v["cache_aware_routing"].is_null());
     assert_eq!(v["against"]["top1_agreement"].as_f64(), Some(1.0), "{v}");

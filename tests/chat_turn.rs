@@ -14,7 +14,14 @@ fn demo_engine(dir: &std::path::Path, ctx: usize) -> Engine {
     let (pkg, _) = moescope::demo::ensure_package(dir).expect("demo package");
     Engine::load(
         &pkg,
-        EngineOptions { threads: 1, ctx_size: Some(ctx), isa: Isa::detect(), stream: None, panels: true },
+        EngineOptions {
+            threads: 1,
+            ctx_size: Some(ctx),
+            isa: Isa::detect(),
+            stream: None,
+            panels: true,
+            kv: moescope::model::KvTypes::F32,
+        },
     )
     .expect("engine")
 }

@@ -55,11 +55,17 @@ fn run_json_and_logits_match_transformers() {
             "--json",
             "--logits-out",
             npy.to_str().unwrap(),
+            // transformers' cache is f32
+            "-ctk",
+            "f32",
+            "-ctv",
+            "f32",
         ],
         d.path(),
     );
     let v = json_out(&o);
     assert_eq!(as_ids(&v["prompt_ids"]), prompt);
+    assert_eq!((&v["kv_cache"]["type_k"], &v["kv_cache"]["type_v"]), (&"f32".into(), &"f32".into()));
     // every greedy step of this fixture has a margin >= 2.8e-3: all ids must match
     assert_eq!(as_ids(&v["generated_ids"]), r.ids("generated_ids"));
     assert!(v["text"].is_null(), "no tokenizer, no text");

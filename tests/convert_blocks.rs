@@ -104,6 +104,7 @@ fn a_checkpoint_quantized_into_ggml_blocks_holds_the_quantizers_blocks() {
             isa: moescope_kernels::Isa::detect(),
             stream: None,
             panels: true,
+            kv: moescope::model::KvTypes::F32,
         };
         let mut eng = Engine::load(&pkg, opts).expect("load");
         let got = eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill").to_vec();

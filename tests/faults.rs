@@ -11,12 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use moescope::engine::{Engine, EngineError, EngineOptions};
+use moescope::engine::{Engine, EngineError};
 use moescope::experts::faults::{Fault, Faults, inject};
 use moescope::experts::pool::{Cell, QueueDepth};
 use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::{Logits, NoObserver};
-use moescope_kernels::Isa;
 
 /// The "single" fixture at q4 streamed through a pool a third of its experts' size (prefetch
 /// off: every read is a demand read), reading through an injected fault plan; and the logits
@@ -41,8 +40,7 @@ fn setup_with(io: IoMode, prefetch: bool) -> (tempfile::TempDir, Engine, Arc<Fau
 }
 
 fn load(pkg: &Path, stream: Option<StreamConfig>) -> Engine {
-    Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream, panels: true })
-        .expect("load")
+    Engine::load(pkg, common::options(stream)).expect("load")
 }
 
 fn stream(budget: u64, io: IoMode) -> StreamConfig {

@@ -51,7 +51,14 @@ fn every_quant_type_gives_llama_cpp_logits_on_the_same_file() {
         let pkg = dir.path().join(format!("tiny-{name}.moe"));
         convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).unwrap_or_else(|e| panic!("{name}: {e}"));
         for isa in moescope_kernels::Isa::available() {
-            let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa, stream: None, panels: true };
+            let opts = EngineOptions {
+                threads: 2,
+                ctx_size: Some(64),
+                isa,
+                stream: None,
+                panels: true,
+                kv: moescope::model::KvTypes::F32,
+            };
             let mut eng = Engine::load(&pkg, opts).expect("load");
             let all = eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill");
             let got: Vec<f32> = rows.iter().flat_map(|&r| all[r * v..(r + 1) * v].to_vec()).collect();

@@ -77,7 +77,14 @@ fn mix_converts_exactly_and_runs(types: &[BlockType], runs_as: &[(&str, &str)]) 
 
     let ids: Vec<u32> = Reference::load("gguf/tiny").ids("ids");
     let run = |stream: Option<StreamConfig>, isa: Isa| {
-        let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa, stream, panels: true };
+        let opts = EngineOptions {
+            threads: 2,
+            ctx_size: Some(64),
+            isa,
+            stream,
+            panels: true,
+            kv: moescope::model::KvTypes::F32,
+        };
         let mut eng = Engine::load(&pkg, opts).expect("load");
         let all = eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill").to_vec();
         eng.reset();
@@ -156,7 +163,14 @@ fn each_layers_experts_are_read_at_their_own_length() {
         prefetch: false,
         ..StreamConfig::default()
     };
-    let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa: Isa::detect(), stream: Some(stream), panels: true };
+    let opts = EngineOptions {
+        threads: 2,
+        ctx_size: Some(64),
+        isa: Isa::detect(),
+        stream: Some(stream),
+        panels: true,
+        kv: moescope::model::KvTypes::F32,
+    };
     // counts what the store's reads return from the file
     let reads = moescope::experts::faults::inject(&pkg);
     let mut eng = Engine::load(&pkg, opts).expect("load");

@@ -79,7 +79,14 @@ fn q4_k_m_experts_keep_each_layers_format() {
 
     let ids = Reference::load("gguf/tiny").ids("ids");
     let run = |stream: Option<StreamConfig>| {
-        let opts = EngineOptions { threads: 2, ctx_size: Some(64), isa: Isa::detect(), stream, panels: true };
+        let opts = EngineOptions {
+            threads: 2,
+            ctx_size: Some(64),
+            isa: Isa::detect(),
+            stream,
+            panels: true,
+            kv: moescope::model::KvTypes::F32,
+        };
         let mut eng = Engine::load(&pkg, opts).expect("load");
         eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill").to_vec()
     };

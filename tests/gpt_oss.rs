@@ -89,7 +89,14 @@ fn llama_cpps_gguf_of_the_mxfp4_release_runs_as_transformers_does() {
     moescope::convert::convert_hf(&common::fixture("gpt-oss-mxfp4"), &hf, ConvertOptions::new(QuantMode::File))
         .expect("convert");
     let logits = |p: &std::path::Path| {
-        let opts = EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream: None, panels: true };
+        let opts = EngineOptions {
+            threads: 2,
+            ctx_size: Some(320),
+            isa: Isa::detect(),
+            stream: None,
+            panels: true,
+            kv: moescope::model::KvTypes::F32,
+        };
         let mut eng = Engine::load(p, opts).expect("load");
         eng.eval(&r.ids("input_ids"), Logits::All, &mut NoObserver).expect("prefill").to_vec()
     };

@@ -41,7 +41,14 @@ fn turns_reuse_state_only_where_it_is_exact_and_match_a_fresh_run() {
         let (_d, pkg) = convert(name, "bf16");
         let r = Reference::load(name);
         let (p1, forced) = (r.ids("input_ids")[..40].to_vec(), r.ids("forced_ids"));
-        let opts = EngineOptions { threads: 2, ctx_size: Some(256), isa: Isa::detect(), stream: None, panels: true };
+        let opts = EngineOptions {
+            threads: 2,
+            ctx_size: Some(256),
+            isa: Isa::detect(),
+            stream: None,
+            panels: true,
+            kv: moescope::model::KvTypes::F32,
+        };
         let mut eng = Engine::load(&pkg, opts).expect("load");
         let mut fresh = Engine::load(&pkg, opts).expect("load");
 
@@ -94,7 +101,14 @@ fn a_qwen3_moe_cache_goes_back_to_any_common_prefix() {
     let (_d, pkg) = convert("single", "bf16");
     let r = Reference::load("single");
     let (prompt, forced) = (r.ids("input_ids"), r.ids("forced_ids"));
-    let opts = EngineOptions { threads: 2, ctx_size: Some(128), isa: Isa::detect(), stream: None, panels: true };
+    let opts = EngineOptions {
+        threads: 2,
+        ctx_size: Some(128),
+        isa: Isa::detect(),
+        stream: None,
+        panels: true,
+        kv: moescope::model::KvTypes::F32,
+    };
     let mut eng = Engine::load(&pkg, opts).expect("load");
     turn(&mut eng, &prompt, 3);
     let mut p2 = prompt[..prompt.len() - 4].to_vec();

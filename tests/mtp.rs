@@ -41,8 +41,14 @@ fn values(pkg: &Package, name: &str) -> Vec<f32> {
 
 fn logits(pkg: &std::path::Path, ids: &[u32]) -> Vec<f32> {
     let isa = moescope_kernels::Isa::detect();
-    let opts =
-        EngineOptions { threads: 2, ctx_size: Some(ids.len().next_multiple_of(64)), isa, stream: None, panels: true };
+    let opts = EngineOptions {
+        threads: 2,
+        ctx_size: Some(ids.len().next_multiple_of(64)),
+        isa,
+        stream: None,
+        panels: true,
+        kv: moescope::model::KvTypes::F32,
+    };
     let mut eng = Engine::load(pkg, opts).expect("load");
     eng.eval(ids, Logits::All, &mut NoObserver).expect("prefill").to_vec()
 }

@@ -43,7 +43,8 @@ fn perplexity(pkg: &Path, cache: &Path) -> Value {
 fn perplexity_with(pkg: &Path, cache: &Path, extra: &[&str]) -> Value {
     let mut args = vec!["perplexity", "-m"];
     let (p, h) = (pkg.to_string_lossy().into_owned(), heldout());
-    args.extend([p.as_str(), h.as_str(), "--json", "-t", "2"]);
+    // an exact KV cache: the figures are transformers' (and the base's, which keeps f32)
+    args.extend([p.as_str(), h.as_str(), "--json", "-t", "2", "-ctk", "f32", "-ctv", "f32"]);
     args.extend_from_slice(extra);
     let o = moescope(&args, cache);
     assert!(o.status.success(), "perplexity failed: {}", stderr(&o));
@@ -225,8 +226,18 @@ fn second_half_scores_whole_windows_from_their_middle() {
     // the tier the command runs at (CI runs the tests again with MOESCOPE_ISA capped)
     let cap = std::env::var("MOESCOPE_ISA").ok().filter(|v| !v.is_empty()).map(|v| v.parse().expect("MOESCOPE_ISA"));
     let isa = moescope_kernels::Isa::detect_capped(cap);
-    let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(w), isa, stream: None, panels: true })
-        .expect("load");
+    let mut eng = Engine::load(
+        &pkg,
+        EngineOptions {
+            threads: 2,
+            ctx_size: Some(w),
+            isa,
+            stream: None,
+            panels: true,
+            kv: moescope::model::KvTypes::F32,
+        },
+    )
+    .expect("load");
     let v = eng.config().vocab_size;
     let (mut sum, mut n) = (0f64, 0usize);
     for win in ids.chunks_exact(w) {

@@ -11,16 +11,14 @@ mod common;
 use std::path::Path;
 
 use common::*;
-use moescope::engine::{Engine, EngineOptions};
+use moescope::engine::Engine;
 use moescope::experts::StreamConfig;
 use moescope::model::{Logits, NoObserver};
-use moescope_kernels::Isa;
 
 const MIB: u64 = 1 << 20;
 
 fn engine(pkg: &Path, stream: Option<StreamConfig>) -> Engine {
-    Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream, panels: true })
-        .expect("load")
+    Engine::load(pkg, common::options(stream)).expect("load")
 }
 
 /// Prompt logits (all positions) then 12 cached decode steps on the reference's forced ids.

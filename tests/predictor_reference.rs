@@ -59,7 +59,14 @@ fn the_predictor_scores_as_transformers_one_and_two_layers_ahead() {
     };
     let mut eng = Engine::load(
         &pkg,
-        EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream: Some(stream), panels: true },
+        EngineOptions {
+            threads: 2,
+            ctx_size: Some(320),
+            isa: Isa::detect(),
+            stream: Some(stream),
+            panels: true,
+            kv: moescope::model::KvTypes::F32,
+        },
     )
     .expect("load");
     eng.streamed().unwrap().predictor.set_lossless(true);

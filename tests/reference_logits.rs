@@ -135,9 +135,18 @@ fn check_fixture_in(name: &str, quants: &[&str]) {
         let (_dir, pkg) = convert(name, quant);
         for isa in Isa::available() {
             let tag = format!("{name} {quant} {isa}");
-            let mut eng =
-                Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: Some(ctx), isa, stream: None, panels: true })
-                    .expect("load");
+            let mut eng = Engine::load(
+                &pkg,
+                EngineOptions {
+                    threads: 2,
+                    ctx_size: Some(ctx),
+                    isa,
+                    stream: None,
+                    panels: true,
+                    kv: moescope::model::KvTypes::F32,
+                },
+            )
+            .expect("load");
             let moe_layers = eng.config().moe_layers();
             let mut m = Measured::new();
             let bounds = quant_bounds(name, quant);

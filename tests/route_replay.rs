@@ -10,11 +10,10 @@ use std::io::Write;
 use std::path::Path;
 
 use common::*;
-use moescope::engine::{Engine, EngineOptions};
+use moescope::engine::Engine;
 use moescope::experts::routing_log;
 use moescope::experts::{IoMode, PolicyKind, StreamConfig};
 use moescope::model::{Logits, Observer};
-use moescope_kernels::Isa;
 
 /// Routes `[token][layer]` of `tokens` tokens over `layers` layers: `k` distinct experts of `e`
 /// with weights summing to 1, and 2k candidates.
@@ -88,9 +87,7 @@ impl Observer for Seen {
 }
 
 fn engine(pkg: &Path, stream: Option<StreamConfig>, trace: Option<&Path>) -> Engine {
-    let mut eng =
-        Engine::load(pkg, EngineOptions { threads: 2, ctx_size: Some(320), isa: Isa::detect(), stream, panels: true })
-            .expect("load");
+    let mut eng = Engine::load(pkg, common::options(stream)).expect("load");
     if let Some(t) = trace {
         let (h, recs) = routing_log::read(t).expect("trace");
         let r = routing_log::replay(&t.display().to_string(), &h, recs).expect("replay");

@@ -37,6 +37,7 @@ fn sim_matches_the_engine(name: &str, quant: &str, ids: &[u32], slot_counts: &[u
                 isa: Isa::detect(),
                 stream: Some(stream),
                 panels: true,
+                kv: moescope::model::KvTypes::F32,
             };
             let mut eng = Engine::load(&pkg, opts).expect("load");
             let cfg = eng.config().clone();

@@ -50,6 +50,7 @@ fn full_depth_synthetic_model_gives_finite_logits_over_512_tokens() {
             isa: Isa::detect(),
             stream: Some(StreamConfig::default()),
             panels: true,
+            kv: moescope::model::KvTypes::F32,
         },
     )
     .expect("load");
@@ -155,7 +156,14 @@ fn gpt_oss_shape_has_mxfp4_experts_of_the_releases_size() {
     assert!(mean.abs() < 0.001 && (std - 0.02).abs() < 0.003, "expert gate: mean {mean} std {std}");
     let mut eng = Engine::load(
         &path,
-        EngineOptions { threads: 2, ctx_size: Some(256), isa: Isa::detect(), stream: None, panels: true },
+        EngineOptions {
+            threads: 2,
+            ctx_size: Some(256),
+            isa: Isa::detect(),
+            stream: None,
+            panels: true,
+            kv: moescope::model::KvTypes::F32,
+        },
     )
     .expect("load");
     let ids: Vec<u32> = (0..200).map(|i| (i * 37 % 512) as u32).collect();

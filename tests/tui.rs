@@ -43,6 +43,7 @@ fn recorded() -> &'static Vec<Event> {
                     isa: Isa::detect(),
                     stream: Some(Default::default()),
                     panels: true,
+                    kv: moescope::model::KvTypes::F32,
                 },
             )
             .map(Loaded::from)
@@ -267,6 +268,7 @@ fn big_info(expected_memory: u64) -> ModelInfo {
         expected_memory,
         threads: 2,
         ctx: 4096,
+        kv: "KV bf16 384 MiB at 4096".into(),
         isa: "avx2".into(),
         io: "direct".into(),
         has_template: true,

@@ -7,7 +7,7 @@ use std::fmt;
 pub enum Isa {
     #[default]
     Scalar,
-    /// AVX2 + FMA (x86-64-v3).
+    /// AVX2 + FMA + F16C (x86-64-v3).
     Avx2,
     /// AVX-512 F/BW/VL + VNNI.
     Avx512,
@@ -27,10 +27,14 @@ impl Isa {
                 && std::arch::is_x86_feature_detected!("avx512vnni")
                 && std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
             {
                 return if crate::amx::granted() { Isa::Amx } else { Isa::Avx512 };
             }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+                && std::arch::is_x86_feature_detected!("f16c")
+            {
                 return Isa::Avx2;
             }
         }

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use moescope::engine::{Engine, EngineOptions};
-use moescope::model::{Logits, NoObserver};
+use moescope::model::{KvTypes, Logits, NoObserver};
 use serde_json::json;
 
 use moescope::experts::{PolicyKind, StreamConfig};
@@ -87,16 +87,18 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
     let text = String::from_utf8(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not UTF-8 text (byte {})", a.file.display(), e.utf8_error().valid_up_to()))?;
     let path = model_arg::resolve(a.model.as_deref(), a.quant.as_deref())?;
-    let opts = |stream: Option<StreamConfig>| -> Result<EngineOptions> {
+    let opts = |stream: Option<StreamConfig>, kv: KvTypes| -> Result<EngineOptions> {
         Ok(EngineOptions {
             threads,
             ctx_size: Some(a.window),
             isa: isa_from_env()?,
             stream,
             panels: panels_from_env()?,
+            kv,
         })
     };
-    // the model streams as `run` would (pool options given or not); the base is always exact
+    // the model streams as `run` would (pool options given or not) and keeps the KV cache's
+    // types as asked; the base is always exact (resident, f32 KV)
     let stream = StreamConfig {
         budget_bytes: None,
         policy: PolicyKind::parse(&a.policy).map_err(anyhow::Error::msg)?,
@@ -113,7 +115,8 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
         force: a.force,
         ..stream
     };
-    let mut eng = Engine::load(&path, opts(Some(stream))?).with_context(|| format!("loading {}", path.display()))?;
+    let mut eng = Engine::load(&path, opts(Some(stream), a.kv.types())?)
+        .with_context(|| format!("loading {}", path.display()))?;
     if let Some(s) = eng.sizing() {
         eprintln!("moescope perplexity: memory: {s}");
     }
@@ -125,7 +128,8 @@ pub fn run(a: &PerplexityArgs) -> Result<()> {
             // a base GGUF keeps its own values; a HuggingFace base becomes bf16
             let quant = (!moescope::convert::gguf::is_gguf(b)).then_some("bf16");
             let bp = model_arg::resolve(Some(b), quant)?;
-            let be = Engine::load(&bp, opts(None)?).with_context(|| format!("loading {}", bp.display()))?;
+            let be =
+                Engine::load(&bp, opts(None, KvTypes::F32)?).with_context(|| format!("loading {}", bp.display()))?;
             if be.config().vocab_size != eng.config().vocab_size {
                 bail!(
                     "{}: vocabulary of {} tokens, {} has {}: not the same model",

@@ -73,12 +73,23 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     };
     let trace = a.trace.as_deref().map(moescope::experts::routing_log::read).transpose().map_err(anyhow::Error::msg)?;
     let probes = probes(a, pkg.as_ref(), &sizes, threads)?;
-    let f = forecast(&sizes, &probes, &allowance, a.ctx_size, trace.as_ref().map(|(h, r)| (h, r.as_slice())))
-        .map_err(anyhow::Error::msg)?;
+    let f = forecast(
+        &sizes,
+        &probes,
+        &allowance,
+        (a.ctx_size, a.kv.types()),
+        trace.as_ref().map(|(h, r)| (h, r.as_slice())),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let kv_types = a.kv.types();
+    let kv = moescope::model::KvCache::bytes_at_capacity(&sizes.cfg, f.ctx, kv_types);
+    let kv_token = moescope::model::KvCache::bytes_per_token(&sizes.cfg, kv_types);
     if a.json {
+        let kv = json!({"type_k": kv_types.k.name(), "type_v": kv_types.v.name(), "bytes_per_token": kv_token,
+                        "bytes": kv});
         println!(
             "{}",
-            json!({"model": label, "sizes": sizes, "probes": probes, "forecast": f,
+            json!({"model": label, "sizes": sizes, "probes": probes, "forecast": f, "kv": kv,
                    "threads": threads, "allowance_source": allowance.source})
         );
         return Ok(());
@@ -100,16 +111,15 @@ pub fn run(a: &PlanArgs) -> Result<()> {
         gb(probes.mem_bps),
         probes.flops / 1e9
     );
-    let kv = moescope::model::KvCache::bytes_at_capacity(&sizes.cfg, f.ctx);
     println!(
-        "  memory       {:.2} GiB from {}: pool {:.2} GiB ({:.0}% of the experts), context {} (KV {:.2} GiB, {} KiB a token)",
+        "  memory       {:.2} GiB from {}: pool {:.2} GiB ({:.0}% of the experts), context {} (KV {kv_types} {:.2} GiB, {} KiB a token)",
         allowance.bytes as f64 / (1u64 << 30) as f64,
         allowance.source,
         f.pool_bytes as f64 / (1u64 << 30) as f64,
         100.0 * f.pool_fraction,
         f.ctx,
         kv as f64 / (1u64 << 30) as f64,
-        kv / f.ctx.next_multiple_of(moescope_kernels::attn::KEY_BLOCK).max(1) as u64 / 1024
+        kv_token / 1024
     );
     println!("  routing      {}: {:.1}% hits at that pool", f.routing, 100.0 * f.hit_rate);
     println!(

@@ -35,9 +35,10 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     let mut log =
         a.experts.routing_out.as_deref().map(|p| experts_report::start_routing_log(&engine, p)).transpose()?;
-    let kv_mb = KvCache::bytes_at_capacity(engine.config(), engine.ctx_size()) as f64 / 1e6;
+    let kv = engine.kv_types();
+    let kv_mb = KvCache::bytes_at_capacity(engine.config(), engine.ctx_size(), kv) as f64 / 1e6;
     eprintln!(
-        "moescope: {} ({}), {} threads, {} kernels, {}, context {} tokens (KV cache up to {kv_mb:.1} MB)",
+        "moescope: {} ({}), {} threads, {} kernels, {}, context {} tokens (KV cache {kv} up to {kv_mb:.1} MB)",
         engine.package().meta.display_name(),
         engine.package().meta.quant.mode,
         engine.threads(),
@@ -62,6 +63,14 @@ pub fn run(a: &RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// The KV cache's types and bytes: a position's, and the whole context's.
+fn kv_json(engine: &Engine) -> serde_json::Value {
+    let (cfg, kv) = (engine.config(), engine.kv_types());
+    json!({"type_k": kv.k.name(), "type_v": kv.v.name(),
+           "bytes_per_token": KvCache::bytes_per_token(cfg, kv),
+           "bytes_at_ctx": KvCache::bytes_at_capacity(cfg, engine.ctx_size(), kv)})
+}
+
 /// What a trace of `run` records about the model and the settings.
 pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::Value {
     let m = &engine.package().meta;
@@ -75,6 +84,7 @@ pub fn trace_meta(engine: &Engine, cfg: &RunConfig, a: &RunArgs) -> serde_json::
         "isa": engine.isa().name(),
         "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
         "ctx_size": engine.ctx_size(),
+        "kv_cache": kv_json(engine),
         "route_from": engine.model().route_replay().map(|r| r.name()),
         "cache_aware_routing": engine.model().cache_aware_routing(),
         "settings": {
@@ -190,6 +200,8 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
             "isa": engine.isa().name(),
             "weight_prefetch_bytes": moescope_kernels::prefetch::distance(),
             "seed": cfg.sampler.seed,
+            "ctx_size": engine.ctx_size(),
+            "kv_cache": kv_json(&engine),
             "route_from": engine.model().route_replay().map(|r| r.name()),
             "cache_aware_routing": experts_report::cache_aware_json(&engine, ids.len() + stats.generated.len()),
             "prompt_ids": ids,

@@ -181,6 +181,7 @@ impl RunConfig {
                 ctx_size: a.ctx_size,
                 isa: isa_from_env()?,
                 panels: panels_from_env()?,
+                kv: a.kv.types(),
                 stream: if a.experts.no_stream {
                     None
                 } else {

@@ -19,7 +19,7 @@ pub struct Step<'a> {
 impl Engine {
     /// An empty sequence of the engine's context size.
     pub fn new_slot(&self) -> Slot {
-        Slot::new(&self.model.cfg, self.ctx_size())
+        Slot::new(&self.model.cfg, self.ctx_size(), self.seq.kv.types())
     }
 
     /// Most tokens one [`Engine::step`] may hold.

@@ -68,7 +68,8 @@ impl Engine {
         let (dense, all_experts) = (sizes.dense, sizes.experts);
         let experts = self.experts.as_ref().map_or(all_experts, |e| e.cache.budget_bytes());
         // a server's slots at full context and its prefix cache
-        let kv = self.seqs.slots.max(1) as u64 * KvCache::bytes_at_capacity(c, self.seq.kv.capacity())
+        let kv = self.seqs.slots.max(1) as u64
+            * KvCache::bytes_at_capacity(c, self.seq.kv.capacity(), self.seq.kv.types())
             + self.seqs.cache_bytes;
         // the run state as allocated (the last position's logits among them)
         let buffers = self.state.bytes();

@@ -26,7 +26,7 @@ use moescope_kernels::Isa;
 
 use crate::exec::Exec;
 use crate::experts::{Experts, StreamConfig};
-use crate::model::{Decoder, ExpertSource, Logits, ModelError, Observer, Resident, RunState, Runtime};
+use crate::model::{Decoder, ExpertSource, KvTypes, Logits, ModelError, Observer, Resident, RunState, Runtime};
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
@@ -69,6 +69,9 @@ pub struct EngineOptions {
     /// Put the resident matrices with long rows in panel-major order when the AVX-512 kernels
     /// run (`package::resident`; the same results either way, faster decode).
     pub panels: bool,
+    /// The KV cache's element types (`-ctk` / `-ctv`; bf16 by default, f32 in the tests that
+    /// compare against transformers).
+    pub kv: KvTypes,
 }
 
 /// Prompts are evaluated in chunks of this many tokens (bounds the activation buffers). 512, as
@@ -221,7 +224,7 @@ impl Engine {
             None => None,
         };
         let exec = Exec::new(opts.threads, opts.isa).map_err(EngineError::Setup)?;
-        let seq = Slot::new(cfg, ctx);
+        let seq = Slot::new(cfg, ctx, opts.kv);
         let experts = match (opts.stream, pkg.meta.experts.is_some()) {
             (Some(sc), true) => {
                 let (ex, w) = Experts::start(pkg.clone(), model.routers(), sc, opts.isa)?;

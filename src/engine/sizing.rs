@@ -6,7 +6,7 @@
 //! shorter context when the default one would leave no useful pool.
 
 use super::{EngineError, EngineOptions, PREFILL_CHUNK};
-use crate::model::{KvCache, RunState};
+use crate::model::{KvCache, KvTypes, RunState};
 use crate::model_config::ModelConfig;
 use crate::package::Package;
 
@@ -201,15 +201,17 @@ impl Sequences {
 /// (made once: a server's plan asks at many slot counts).
 pub struct Fixed<'c> {
     cfg: &'c ModelConfig,
+    kv: KvTypes,
     base: u64,
     chunk_buffers: u64,
 }
 
 impl Fixed<'_> {
-    pub fn new(cfg: &ModelConfig, dense: u64, meta_len: u64) -> Fixed<'_> {
+    /// `kv`: the KV cache's element types.
+    pub fn new(cfg: &ModelConfig, dense: u64, meta_len: u64, kv: KvTypes) -> Fixed<'_> {
         let runtime = (64 << 20) + 10 * meta_len;
         let base = dense + runtime + 4 * cfg.vocab_size as u64;
-        Fixed { cfg, base, chunk_buffers: RunState::new(cfg, PREFILL_CHUNK).bytes() }
+        Fixed { cfg, kv, base, chunk_buffers: RunState::new(cfg, PREFILL_CHUNK).bytes() }
     }
 
     /// At a context of `ctx` positions, with `seqs`' slots (each a KV cache and recurrent state
@@ -217,14 +219,19 @@ impl Fixed<'_> {
     /// tokens (the chunk's buffers, scaled).
     pub fn at(&self, ctx: usize, seqs: Sequences) -> u64 {
         let rows = (PREFILL_CHUNK + seqs.slots.saturating_sub(1)) as u64;
-        let kv = seqs.slots.max(1) as u64 * KvCache::bytes_at_capacity(self.cfg, ctx);
+        let kv = seqs.slots.max(1) as u64 * KvCache::bytes_at_capacity(self.cfg, ctx, self.kv);
         self.base + kv + seqs.cache_bytes + self.chunk_buffers * rows / PREFILL_CHUNK as u64
     }
 }
 
 /// [`Fixed`] for `seqs`, as a function of the context.
-pub fn fixed_before_load(cfg: &ModelConfig, dense: u64, meta_len: u64, seqs: Sequences) -> impl Fn(usize) -> u64 + '_ {
-    let f = Fixed::new(cfg, dense, meta_len);
+pub fn fixed_before_load(
+    cfg: &ModelConfig,
+    (dense, meta_len): (u64, u64),
+    kv: KvTypes,
+    seqs: Sequences,
+) -> impl Fn(usize) -> u64 + '_ {
+    let f = Fixed::new(cfg, dense, meta_len, kv);
     move |ctx| f.at(ctx, seqs)
 }
 
@@ -310,7 +317,7 @@ pub(super) fn plan_memory(
     let sizes = pkg.sizes();
     let default_ctx = cfg.max_position_embeddings.min(8192);
     let serving = *seqs != Sequences::default();
-    let parts = Fixed::new(cfg, sizes.dense, pkg.header.meta_len);
+    let parts = Fixed::new(cfg, sizes.dense, pkg.header.meta_len, opts.kv);
     // a server's slots and prefix cache at `ctx`, beside `rest` bytes of pool or experts
     let mut fit = |ctx: usize, rest: u64, warnings: &mut Vec<String>| -> Result<(), EngineError> {
         if !serving {

@@ -3,7 +3,7 @@
 //! keeps one per parallel slot, and its prefix cache holds finished ones.
 
 use super::outcome::Reuse;
-use crate::model::{KvCache, ModelConfig};
+use crate::model::{KvCache, KvTypes, ModelConfig};
 
 pub struct Slot {
     pub(super) kv: KvCache,
@@ -12,9 +12,9 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// An empty sequence of up to `ctx` positions.
-    pub fn new(cfg: &ModelConfig, ctx: usize) -> Slot {
-        Slot { kv: KvCache::new(cfg, ctx), cached: Vec::new() }
+    /// An empty sequence of up to `ctx` positions, its keys and values in `types`.
+    pub fn new(cfg: &ModelConfig, ctx: usize, types: KvTypes) -> Slot {
+        Slot { kv: KvCache::typed(cfg, ctx, types), cached: Vec::new() }
     }
 
     /// The ids it holds.
@@ -85,7 +85,7 @@ impl Slot {
 
     /// A copy of its whole sequence in a cache of just that length (what a prefix cache keeps).
     pub fn compact(&self, cfg: &ModelConfig) -> Option<Slot> {
-        let mut s = Slot::new(cfg, self.cached.len().max(1));
+        let mut s = Slot::new(cfg, self.cached.len().max(1), self.kv.types());
         s.copy_prefix(self, self.cached.len()).then_some(s)
     }
 }

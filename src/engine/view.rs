@@ -73,6 +73,11 @@ impl Engine {
         self.seqs
     }
 
+    /// The KV cache's element types.
+    pub fn kv_types(&self) -> crate::model::KvTypes {
+        self.seq.kv.types()
+    }
+
     /// Positions the KV cache holds.
     pub fn ctx_size(&self) -> usize {
         self.seq.kv.capacity()

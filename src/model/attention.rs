@@ -365,9 +365,9 @@ pub fn attend(exec: &Exec, kv: &KvCache, at: At<'_>, q: &[f32], attn: &mut [f32]
             }
         }
         let (keys, vals) = kv.head(l, h, pos0 + t1);
-        let values = if keyed { attn::Values::KeyPrefix } else { attn::Values::Rows(vals) };
+        let values = if keyed { None } else { vals };
         o.resize(rows * hv, 0.0);
-        attn::attend_keyed(isa, (qt, hd), ends, keys, values, sc, row_sinks, (acc, part), o);
+        attn::attend_cached(isa, (qt, hd), ends, keys, values, sc, row_sinks, (acc, part), o);
         for (i, t) in (t0..t1).enumerate() {
             let at = (t * nh + h * group) * hv;
             // SAFETY: this task alone writes token t's heads of KV head h, inside `attn`,
@@ -402,13 +402,13 @@ fn decode(
         let _c = task_span(p);
         let (h, s) = (task / splits, task % splits);
         let (keys, vals) = kv.head(l, h, n);
-        let values = if keyed { attn::Values::KeyPrefix } else { attn::Values::Rows(vals) };
+        let values = if keyed { None } else { vals };
         let mut st = parts[task].lock().unwrap_or_else(|e| e.into_inner());
         st.reset(group);
         // a split wholly before the window leaves the state empty, as prefill skips it
         if split(s).end > sc.first(n) {
             let qh = &q[h * group * hd..(h + 1) * group * hd];
-            attn::fold_keyed(isa, (qh, hd), &ends, keys, values, split(s), sc, &mut st);
+            attn::fold_cached(isa, (qh, hd), &ends, keys, values, split(s), sc, &mut st);
         }
     });
     for h in 0..nkv {

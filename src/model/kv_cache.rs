@@ -1,16 +1,17 @@
 //! What a sequence leaves behind for the tokens after it: the keys and values of every
-//! attention layer, and in hybrid models the conv and recurrent state of every linear-attention
-//! layer, all in f32.
+//! attention layer (in the element types [`KvTypes`] names: f32, bf16 or f16), and in hybrid
+//! models the conv and recurrent state of every linear-attention layer, in f32.
 //!
 //! Keys and values can be cut back to any shorter prefix; a recurrent state cannot (it has
 //! folded every token in). So a hybrid model's cache goes back only to a checkpoint of its
 //! recurrent and conv states ([`KvCache::checkpoint`]: taken at prompt chunk boundaries and at
 //! the end of each prompt, the latest [`CHECKPOINTS`] kept), or to the start.
 
-use moescope_kernels::attn::KEY_BLOCK;
+use moescope_kernels::attn::{Cached, KEY_BLOCK};
 
 use super::delta_net::LinearState;
-use crate::exec::{Chunks, Exec};
+use super::kv_buf::{Buf, KvTypes};
+use crate::exec::Exec;
 use crate::model_config::{LayerKind, ModelConfig};
 
 /// Per layer, V as `[n_kv_heads, capacity, head_dim]` and K as
@@ -27,9 +28,10 @@ pub struct KvCache {
     /// positions stored per head: `cap` rounded up to whole key blocks
     stride: usize,
     len: usize,
+    types: KvTypes,
     /// per layer; empty for linear-attention layers
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Buf>,
+    v: Vec<Buf>,
     /// per layer; `Some` for linear-attention layers
     linear: Vec<Option<LinearState>>,
     /// the linear layers' states at positions to go back to, in position order (hybrid
@@ -51,21 +53,30 @@ struct Checkpoint {
 pub const CHECKPOINTS: usize = 8;
 
 impl KvCache {
+    /// A cache of `cap` positions in f32 (what the references compute: tests that compare
+    /// against transformers keep it).
     pub fn new(cfg: &ModelConfig, cap: usize) -> KvCache {
+        KvCache::typed(cfg, cap, KvTypes::F32)
+    }
+
+    /// A cache of `cap` positions, its keys and values in `types`.
+    pub fn typed(cfg: &ModelConfig, cap: usize, types: KvTypes) -> KvCache {
         let (n_kv, hd, values) = Self::shape(cfg);
         let stride = cap.next_multiple_of(KEY_BLOCK);
         let per = n_kv * stride * hd;
         let attends = |l: usize| cfg.layer_kind(l) == LayerKind::FullAttention;
-        let kv =
-            |on: bool| (0..cfg.num_hidden_layers).map(|l| vec![0f32; if attends(l) && on { per } else { 0 }]).collect();
+        let kv = |on: bool, t| {
+            (0..cfg.num_hidden_layers).map(|l| Buf::new(t, if attends(l) && on { per } else { 0 })).collect()
+        };
         KvCache {
             n_kv,
             hd,
             cap,
             stride,
             len: 0,
-            k: kv(true),
-            v: kv(values),
+            types,
+            k: kv(true, types.k),
+            v: kv(values, types.v),
             linear: (0..cfg.num_hidden_layers)
                 .map(|l| cfg.hybrid.as_ref().filter(|_| !attends(l)).map(LinearState::new))
                 .collect(),
@@ -84,11 +95,23 @@ impl KvCache {
         }
     }
 
-    /// Bytes when full (a hybrid's recurrent states counted once live and once a checkpoint).
-    pub fn bytes_at_capacity(cfg: &ModelConfig, cap: usize) -> u64 {
+    /// Bytes when full (a hybrid's recurrent states counted once live and once for each
+    /// checkpoint).
+    pub fn bytes_at_capacity(cfg: &ModelConfig, cap: usize, types: KvTypes) -> u64 {
+        cap.next_multiple_of(KEY_BLOCK) as u64 * Self::bytes_per_token(cfg, types)
+            + (1 + CHECKPOINTS as u64) * Self::linear_bytes(cfg)
+    }
+
+    /// Bytes of keys and values one position takes over all layers.
+    pub fn bytes_per_token(cfg: &ModelConfig, types: KvTypes) -> u64 {
         let (n_kv, hd, values) = Self::shape(cfg);
-        let kv = (1 + usize::from(values)) * cfg.attention_layers() * n_kv * cap.next_multiple_of(KEY_BLOCK) * hd;
-        (kv * 4) as u64 + (1 + CHECKPOINTS as u64) * Self::linear_bytes(cfg)
+        let per = cfg.attention_layers() * n_kv * hd;
+        (per * (types.k.bytes() + if values { types.v.bytes() } else { 0 })) as u64
+    }
+
+    /// The element types of its keys and values.
+    pub fn types(&self) -> KvTypes {
+        self.types
     }
 
     /// Bytes of one copy of a hybrid's linear-attention states (0 without).
@@ -99,9 +122,15 @@ impl KvCache {
 
     /// Bytes its first `len` positions and its checkpoints take.
     pub fn bytes_used(&self) -> u64 {
-        let per_pos: usize = self.k.iter().chain(&self.v).filter(|b| !b.is_empty()).map(|_| self.n_kv * self.hd).sum();
+        let per_pos: usize = self
+            .k
+            .iter()
+            .chain(&self.v)
+            .filter(|b| !b.is_empty())
+            .map(|b| self.n_kv * self.hd * b.kind().bytes())
+            .sum();
         let linear: u64 = self.linear.iter().flatten().map(LinearState::bytes).sum();
-        (self.len.next_multiple_of(KEY_BLOCK) * per_pos * 4) as u64 + linear * (1 + self.checkpoints.len() as u64)
+        (self.len.next_multiple_of(KEY_BLOCK) * per_pos) as u64 + linear * (1 + self.checkpoints.len() as u64)
     }
 
     /// Positions it holds.
@@ -194,7 +223,7 @@ impl KvCache {
     pub fn copy_prefix(&mut self, src: &KvCache, len: usize) -> bool {
         if src.reachable(len) != len
             || len > self.cap
-            || (self.n_kv, self.hd, self.k.len()) != (src.n_kv, src.hd, src.k.len())
+            || (self.n_kv, self.hd, self.k.len(), self.types) != (src.n_kv, src.hd, src.k.len(), src.types)
         {
             return false;
         }
@@ -207,7 +236,7 @@ impl KvCache {
             // in rows: either way the first `blocks` positions' values)
             for h in 0..self.n_kv {
                 let (d0, s0, n) = (h * self.stride * self.hd, h * src.stride * src.hd, blocks * self.hd);
-                dst[d0..d0 + n].copy_from_slice(&from[s0..s0 + n]);
+                dst.copy_from(d0, from, s0, n);
             }
         }
         self.checkpoints.clear();
@@ -237,20 +266,18 @@ impl KvCache {
     }
 
     /// Store `k` and `v` (`[n_kv * hd]` each; `v` empty where the cache keeps no values) of
-    /// position `pos` for `layer`.
+    /// position `pos` for `layer`, rounded to the cache's element types.
     pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) {
-        let hd = self.hd;
-        for h in 0..self.n_kv {
-            let dst = (h * self.stride + pos) * hd;
-            if !self.v[layer].is_empty() {
-                self.v[layer][dst..dst + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+        let (hd, n_kv) = (self.hd, self.n_kv);
+        let with_values = !self.v[layer].is_empty();
+        let (keys, vals) = (self.k[layer].heads(n_kv), self.v[layer].heads(n_kv));
+        for h in 0..n_kv {
+            if with_values {
+                // SAFETY: one run at a time
+                unsafe { vals.head(h) }.store_row(pos * hd, &v[h * hd..(h + 1) * hd]);
             }
-            // column pos % KEY_BLOCK of its block's [hd, KEY_BLOCK]
-            let block = (h * self.stride + pos / KEY_BLOCK * KEY_BLOCK) * hd;
-            let kb = &mut self.k[layer][block..block + hd * KEY_BLOCK];
-            for (d, &x) in k[h * hd..(h + 1) * hd].iter().enumerate() {
-                kb[d * KEY_BLOCK + pos % KEY_BLOCK] = x;
-            }
+            // SAFETY: as above
+            unsafe { keys.head(h) }.store_key(pos, &k[h * hd..(h + 1) * hd]);
         }
     }
 
@@ -260,43 +287,49 @@ impl KvCache {
     ///
     /// [`write`]: Self::write
     pub fn write_rows(&mut self, exec: &Exec, layer: usize, pos0: usize, k: &[f32], v: &[f32]) {
-        let (hd, n_kv, per) = (self.hd, self.n_kv, self.stride * self.hd);
+        let (hd, n_kv) = (self.hd, self.n_kv);
         let t_n = k.len() / (n_kv * hd).max(1);
         let with_values = !self.v[layer].is_empty();
         assert!(pos0 + t_n <= self.stride && (!with_values || v.len() == k.len()), "KV rows out of the cache");
-        let (keys, vals) = (Chunks::new(&mut self.k[layer]), Chunks::new(&mut self.v[layer]));
+        let (keys, vals) = (self.k[layer].heads(n_kv), self.v[layer].heads(n_kv));
         exec.run(n_kv, &|h, _| {
-            // SAFETY: task h alone touches head h's part of the layer's keys and values
-            let kh = unsafe { keys.slice(h * per, per) };
+            // SAFETY: task h alone touches head h's runs of the layer's keys and values
+            let (mut kh, mut vh) = unsafe { (keys.head(h), vals.head(h)) };
             for t in 0..t_n {
                 let (pos, src) = (pos0 + t, (t * n_kv + h) * hd);
                 if with_values {
-                    // SAFETY: as above
-                    unsafe { vals.slice(h * per + pos * hd, hd) }.copy_from_slice(&v[src..src + hd]);
+                    vh.store_row(pos * hd, &v[src..src + hd]);
                 }
-                // column pos % KEY_BLOCK of its block's [hd, KEY_BLOCK]
-                let kb = &mut kh[pos / KEY_BLOCK * KEY_BLOCK * hd..][..hd * KEY_BLOCK];
-                for (d, &x) in k[src..src + hd].iter().enumerate() {
-                    kb[d * KEY_BLOCK + pos % KEY_BLOCK] = x;
-                }
+                kh.store_key(pos, &k[src..src + hd]);
             }
         });
     }
 
     /// Keys and values of `head` for positions `0..upto`: the keys as the whole transposed
     /// blocks that hold them (`[upto / KEY_BLOCK rounded up, hd, KEY_BLOCK]`), the values as
-    /// `[upto, hd]`.
-    pub fn head(&self, layer: usize, head: usize, upto: usize) -> (&[f32], &[f32]) {
+    /// `[upto, hd]` (None where the cache keeps no values).
+    pub fn head(&self, layer: usize, head: usize, upto: usize) -> (Cached<'_>, Option<Cached<'_>>) {
         let s = head * self.stride * self.hd;
         let kn = upto.next_multiple_of(KEY_BLOCK) * self.hd;
         let v = &self.v[layer];
-        (&self.k[layer][s..s + kn], if v.is_empty() { v } else { &v[s..s + upto * self.hd] })
+        (self.k[layer].part(s, kn), if v.is_empty() { None } else { Some(v.part(s, upto * self.hd)) })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A head's keys and values (none: empty) widened to f32.
+    fn wide(kv: &KvCache, layer: usize, h: usize, upto: usize) -> (Vec<f32>, Vec<f32>) {
+        let (k, v) = kv.head(layer, h, upto);
+        let mut out = (Vec::new(), Vec::new());
+        k.widen_into(0..k.len(), &mut out.0);
+        if let Some(v) = v {
+            v.widen_into(0..v.len(), &mut out.1);
+        }
+        out
+    }
 
     /// 2 layers, 3 KV heads of 5 dims (what the cache reads of a config).
     fn config() -> ModelConfig {
@@ -340,7 +373,7 @@ mod tests {
             kv.write(1, pos, &k, &v);
         }
         for h in 0..n_kv {
-            let (keys, vals) = kv.head(1, h, 70);
+            let (keys, vals) = wide(&kv, 1, h, 70);
             assert_eq!(keys.len(), 2 * KEY_BLOCK * hd);
             assert_eq!(vals.len(), 70 * hd);
             for pos in [0, 5, KEY_BLOCK - 1, KEY_BLOCK, 69] {
@@ -352,7 +385,7 @@ mod tests {
             }
             // untouched positions stay zero, and layer 0 is untouched
             assert_eq!(keys[KEY_BLOCK - 2], 0.0);
-            assert!(kv.head(0, h, 70).0.iter().all(|&x| x == 0.0));
+            assert!(wide(&kv, 0, h, 70).0.iter().all(|&x| x == 0.0));
         }
     }
 
@@ -370,8 +403,57 @@ mod tests {
         let exec = Exec::new(2, moescope_kernels::Isa::detect()).expect("threads");
         rows.write_rows(&exec, 1, pos0, &k, &v);
         for h in 0..n_kv {
-            assert!(one.head(1, h, 70) == rows.head(1, h, 70), "head {h}");
-            assert!(one.head(1, h, 70).0.iter().any(|&x| x != 0.0), "head {h} written");
+            assert!(wide(&one, 1, h, 70) == wide(&rows, 1, h, 70), "head {h}");
+            assert!(wide(&one, 1, h, 70).0.iter().any(|&x| x != 0.0), "head {h} written");
+        }
+    }
+
+    /// A bf16, f16 or mixed cache holds each key and value as its type rounds it, written one
+    /// position at a time or as a prompt's rows; its bytes are the types' (the formula written
+    /// out: 2 attention layers x 3 heads x 5 dims, keys and values).
+    #[test]
+    fn a_typed_cache_holds_each_value_rounded_to_its_type() {
+        use super::super::kv_buf::KvType::{self, Bf16, F16, F32};
+        use moescope_kernels::attn::{self, stored};
+        let cfg = config();
+        let (n_kv, hd, t_n) = (cfg.num_key_value_heads, cfg.head_dim, KEY_BLOCK + 3);
+        // values no two-byte type holds exactly
+        let k: Vec<f32> = (0..t_n * n_kv * hd).map(|i| 1.0 + i as f32 / 3000.0).collect();
+        let v: Vec<f32> = (0..t_n * n_kv * hd).map(|i| -0.1 - i as f32 / 7000.0).collect();
+        let exec = Exec::new(2, moescope_kernels::Isa::detect()).expect("threads");
+        let round = |t: KvType, x: f32| match t {
+            F32 => x,
+            Bf16 => stored::<attn::Bf16>(x),
+            F16 => stored::<attn::F16>(x),
+        };
+        for types in [KvTypes { k: Bf16, v: Bf16 }, KvTypes { k: F16, v: F16 }, KvTypes { k: Bf16, v: F32 }] {
+            let (mut one, mut rows) = (KvCache::typed(&cfg, 70, types), KvCache::typed(&cfg, 70, types));
+            for t in 0..t_n {
+                let r = t * n_kv * hd..(t + 1) * n_kv * hd;
+                one.write(1, t, &k[r.clone()], &v[r]);
+            }
+            rows.write_rows(&exec, 1, 0, &k, &v);
+            for h in 0..n_kv {
+                let (keys, vals) = wide(&one, 1, h, t_n);
+                assert!((keys.clone(), vals.clone()) == wide(&rows, 1, h, t_n), "{types}: rows vs one at a time");
+                for t in 0..t_n {
+                    for d in 0..hd {
+                        let (kb, src) = (t / KEY_BLOCK * hd * KEY_BLOCK, (t * n_kv + h) * hd + d);
+                        assert_eq!(keys[kb + d * KEY_BLOCK + t % KEY_BLOCK], round(types.k, k[src]), "{types} key");
+                        assert_eq!(vals[t * hd + d], round(types.v, v[src]), "{types} value");
+                    }
+                }
+            }
+            let per = (2 * 3 * 5 * (types.k.bytes() + types.v.bytes())) as u64;
+            assert_eq!(KvCache::bytes_per_token(&cfg, types), per);
+            assert_eq!(KvCache::bytes_at_capacity(&cfg, 70, types), 2 * KEY_BLOCK as u64 * per);
+            // a cache of other types cannot take its prefix
+            let mut f32s = KvCache::new(&cfg, 70);
+            rows.set_len(t_n);
+            assert!(!f32s.copy_prefix(&rows, 10), "{types} copied into f32");
+            let mut same = KvCache::typed(&cfg, 70, types);
+            assert!(same.copy_prefix(&rows, 10));
+            assert!(wide(&same, 1, 0, 10) == wide(&rows, 1, 0, 10));
         }
     }
 
@@ -432,7 +514,7 @@ mod tests {
         assert_eq!(copy.len(), oldest + 10);
         assert_eq!(copy.linear_mut(0).map(|s| s.s[0]), Some((oldest + 10) as f32));
         for h in 0..cfg.num_key_value_heads {
-            let (a, b) = (kv.head(1, h, oldest + 10), copy.head(1, h, oldest + 10));
+            let (a, b) = (wide(&kv, 1, h, oldest + 10), wide(&copy, 1, h, oldest + 10));
             assert!(a.1 == b.1, "values of head {h}");
             // keys: whole blocks, positions past the prefix are the source's too (never read)
             assert!(a.0 == b.0, "keys of head {h}");

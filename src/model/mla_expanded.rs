@@ -51,6 +51,9 @@ struct HeadWork {
     keys: Vec<f32>,
     vt: Vec<f32>,
     vals: Vec<f32>,
+    /// a split's compressed kv (`[blocks, r + rope, KEY_BLOCK]`) widened from the cache's
+    /// two-byte elements (an f32 cache is read in place)
+    wide: Vec<f32>,
     /// the head's queries `[T, nope + rope]` and their ends within a split
     q: Vec<f32>,
     split_ends: Vec<usize>,
@@ -102,7 +105,7 @@ fn head<'w>(isa: Isa, lat: &Latent<'_>, h: usize, (q, pos0): (&[f32], usize), w:
     let (r, nope, rope, vd) = (m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim);
     let (hd, ck) = (nope + rope, r + rope);
     let t_n = q.len() / (nh * hd);
-    let HeadWork { kx, vx, row, keys, vt, vals, q: qh, split_ends, acc, part } = w;
+    let HeadWork { kx, vx, row, keys, vt, vals, wide, q: qh, split_ends, acc, part } = w;
     // k_b's rows h r .. are W_UK_h transposed (`[r, nope]`), v_b's rows h v .. W_UV_h (`[v, r]`)
     kx.set_rows((r, nope), row, |i, out| lat.k_b.dequant_row(h * r + i, out));
     vx.set_cols((r, vd), row, |j, out| lat.v_b.dequant_row(h * vd + j, out));
@@ -118,7 +121,14 @@ fn head<'w>(isa: Isa, lat: &Latent<'_>, h: usize, (q, pos0): (&[f32], usize), w:
     let (cache, _) = lat.kv.head(lat.layer, 0, pos0 + t_n);
     for s in attn::splits(pos0 + t_n) {
         let (b0, blocks) = (s.start / KEY_BLOCK, s.len().div_ceil(KEY_BLOCK));
-        let c = &cache[b0 * ck * KEY_BLOCK..(b0 + blocks) * ck * KEY_BLOCK];
+        let span = b0 * ck * KEY_BLOCK..(b0 + blocks) * ck * KEY_BLOCK;
+        let c: &[f32] = match cache {
+            attn::Cached::F32(x) => &x[span],
+            other => {
+                other.widen_into(span, wide);
+                wide
+            }
+        };
         keys.resize(blocks * hd * KEY_BLOCK, 0.0);
         vt.resize(blocks * vd * KEY_BLOCK, 0.0);
         kx.apply(isa, (c, ck), (keys, hd));

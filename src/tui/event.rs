@@ -126,6 +126,8 @@ pub struct ModelInfo {
     pub expected_memory: u64,
     pub threads: usize,
     pub ctx: usize,
+    /// The KV cache's types and its bytes at `ctx` (`bf16, 12.6 MB at 4096`).
+    pub kv: String,
     pub isa: String,
     pub io: String,
     pub has_template: bool,

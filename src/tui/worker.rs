@@ -163,6 +163,11 @@ pub fn model_info(engine: &Engine) -> ModelInfo {
         expected_memory: engine.memory_plan().total,
         threads: engine.threads(),
         ctx: engine.ctx_size(),
+        kv: {
+            let kv = engine.kv_types();
+            let bytes = crate::model::KvCache::bytes_at_capacity(&m.model, engine.ctx_size(), kv);
+            format!("KV {kv} {} at {}", crate::tui::panes::bytes(bytes), engine.ctx_size())
+        },
         isa: engine.isa().name().into(),
         io: engine.streamed().map_or("mapped".into(), |e| e.io.name().into()),
         has_template: engine.template().is_some(),

@@ -159,6 +159,7 @@ pub fn slot_bytes(pkg: &Path) -> u64 {
         isa: moescope_kernels::Isa::detect(),
         stream: Some(probe),
         panels: true,
+        kv: moescope::model::KvTypes::F32,
     };
     Engine::load(pkg, opts).expect("load").pool().expect("streamed").blob_len() as u64
 }
@@ -316,8 +317,18 @@ pub fn check_gguf_logits(gguf: &Path, ids: &[u32], want: &[f32], bounds: Option<
     for isa in moescope_kernels::Isa::available() {
         let tag = format!("{name} {isa}");
         let ctx = Some(ids.len().next_multiple_of(64));
-        let mut eng = Engine::load(&pkg, EngineOptions { threads: 2, ctx_size: ctx, isa, stream: None, panels: true })
-            .expect("load");
+        let mut eng = Engine::load(
+            &pkg,
+            EngineOptions {
+                threads: 2,
+                ctx_size: ctx,
+                isa,
+                stream: None,
+                panels: true,
+                kv: moescope::model::KvTypes::F32,
+            },
+        )
+        .expect("load");
         let got = eng.eval(ids, Logits::All, &mut NoObserver).expect("prefill").to_vec();
         eng.reset();
         eng.eval(&ids[..ids.len() - 1], Logits::Last, &mut NoObserver).expect("prefill");
@@ -370,5 +381,18 @@ pub fn assert_package_holds_gguf_values(gguf: &Path, pkg: &Path) {
                 check(name, m);
             }
         }
+    }
+}
+
+/// The options the streaming tests load with: 2 threads at the best tier, 320 positions of f32
+/// KV (what the references compute), experts as `stream` says.
+pub fn options(stream: Option<moescope::experts::StreamConfig>) -> moescope::engine::EngineOptions {
+    moescope::engine::EngineOptions {
+        threads: 2,
+        ctx_size: Some(320),
+        isa: moescope_kernels::Isa::detect(),
+        stream,
+        panels: true,
+        kv: moescope::model::KvTypes::F32,
     }
 }

@@ -4,17 +4,17 @@
 
 use std::arch::x86_64::*;
 
-use super::{KEY_BLOCK, VCHUNK};
+use super::{KEY_BLOCK, KvElem, VCHUNK};
 
 /// The first `V` vectors of 8 lanes of [`super::scores`].
 ///
 /// # Safety
-/// AVX2 and FMA present.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn scores<const Q: usize, const V: usize>(
+/// AVX2, FMA and F16C present.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn scores<const Q: usize, const V: usize, K: KvElem>(
     idx: &[usize; Q],
     q: &[f32],
-    kt: &[f32],
+    kt: &[K],
     hd: usize,
 ) -> [[f32; KEY_BLOCK]; Q] {
     assert!(V <= 8 && kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
@@ -26,7 +26,7 @@ pub unsafe fn scores<const Q: usize, const V: usize>(
             let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
             let qd = _mm256_set1_ps(unsafe { *q.get_unchecked(i * hd + d) });
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(qd, unsafe { _mm256_loadu_ps(col.add(8 * r)) }, *a);
+                *a = _mm256_fmadd_ps(qd, unsafe { K::load8(col.add(8 * r)) }, *a);
             }
         }
         for (r, a) in acc.iter().enumerate() {
@@ -38,9 +38,9 @@ pub unsafe fn scores<const Q: usize, const V: usize>(
 }
 
 /// # Safety
-/// AVX2 and FMA present.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn weighted<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
+/// AVX2, FMA and F16C present.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn weighted<const C: usize, V: KvElem>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[V], hd: usize) -> usize {
     let n = C * VCHUNK;
     assert!(o.len() >= n && (p.is_empty() || vb.len() >= (p.len() - 1) * hd + n));
     let al = _mm256_set1_ps(alpha);
@@ -58,7 +58,7 @@ pub unsafe fn weighted<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb:
             // SAFETY: row j's first n values are inside `vb`, as asserted
             let v = unsafe { vb.as_ptr().add(j * hd + d0) };
             for (c, a) in acc.iter_mut().enumerate().take(w) {
-                *a = _mm256_fmadd_ps(pv, unsafe { _mm256_loadu_ps(v.add(8 * c)) }, *a);
+                *a = _mm256_fmadd_ps(pv, unsafe { V::load8(v.add(8 * c)) }, *a);
             }
         }
         for (c, a) in acc.iter().enumerate().take(w) {

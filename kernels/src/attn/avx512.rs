@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{KEY_BLOCK, VCHUNK};
+use super::{KEY_BLOCK, KvElem, VCHUNK};
 
 const _: () = assert!(KEY_BLOCK == 4 * 16 && VCHUNK == 16);
 
@@ -13,10 +13,10 @@ const _: () = assert!(KEY_BLOCK == 4 * 16 && VCHUNK == 16);
 /// # Safety
 /// AVX-512 F present.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn scores<const Q: usize, const V: usize>(
+pub unsafe fn scores<const Q: usize, const V: usize, K: KvElem>(
     idx: &[usize; Q],
     q: &[f32],
-    kt: &[f32],
+    kt: &[K],
     hd: usize,
 ) -> [[f32; KEY_BLOCK]; Q] {
     assert!(V <= 4 && kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
@@ -24,7 +24,7 @@ pub unsafe fn scores<const Q: usize, const V: usize>(
     for d in 0..hd {
         // SAFETY (the loads): inside `kt` and `q`, as asserted
         let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
-        let k: [__m512; V] = std::array::from_fn(|r| unsafe { _mm512_loadu_ps(col.add(16 * r)) });
+        let k: [__m512; V] = std::array::from_fn(|r| unsafe { K::load16(col.add(16 * r)) });
         for (a, &i) in acc.iter_mut().zip(idx) {
             let qd = _mm512_set1_ps(unsafe { *q.get_unchecked(i * hd + d) });
             for (a, &k) in a.iter_mut().zip(&k) {
@@ -45,7 +45,7 @@ pub unsafe fn scores<const Q: usize, const V: usize>(
 /// # Safety
 /// AVX-512 F present.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn weighted<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
+pub unsafe fn weighted<const C: usize, V: KvElem>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[V], hd: usize) -> usize {
     let n = C * VCHUNK;
     assert!(o.len() >= n && (p.is_empty() || vb.len() >= (p.len() - 1) * hd + n));
     let al = _mm512_set1_ps(alpha);
@@ -59,7 +59,7 @@ pub unsafe fn weighted<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb:
         // SAFETY: row j's first n values are inside `vb`, as asserted
         let v = unsafe { vb.as_ptr().add(j * hd) };
         for (c, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_fmadd_ps(pv, unsafe { _mm512_loadu_ps(v.add(16 * c)) }, *a);
+            *a = _mm512_fmadd_ps(pv, unsafe { V::load16(v.add(16 * c)) }, *a);
         }
     }
     for (c, a) in acc.iter().enumerate() {
@@ -78,12 +78,12 @@ pub unsafe fn weighted<const C: usize>(o: &mut [f32], alpha: f32, p: &[f32], vb:
 /// # Safety
 /// AVX-512 F present.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn weighted_shared<const Q: usize, const C: usize>(
+pub unsafe fn weighted_shared<const Q: usize, const C: usize, V: KvElem>(
     o: &mut [f32],
     at: [usize; Q],
     alpha: [f32; Q],
     p: [&[f32]; Q],
-    vb: &[f32],
+    vb: &[V],
     hd: usize,
 ) -> usize {
     let (n, len) = (C * VCHUNK, p[0].len());
@@ -102,7 +102,7 @@ pub unsafe fn weighted_shared<const Q: usize, const C: usize>(
         let v = unsafe { vb.as_ptr().add(j * hd) };
         let pv: [__m512; Q] = std::array::from_fn(|k| _mm512_set1_ps(unsafe { *p[k].get_unchecked(j) }));
         for c in 0..C {
-            let x = unsafe { _mm512_loadu_ps(v.add(16 * c)) };
+            let x = unsafe { V::load16(v.add(16 * c)) };
             for k in 0..Q {
                 acc[k][c] = _mm512_fmadd_ps(pv[k], x, acc[k][c]);
             }

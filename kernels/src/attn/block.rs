@@ -2,7 +2,7 @@
 //! (`KEY_BLOCK` lanes, each summed over the head dimension in order), the online softmax's
 //! step, and the weighted values (alone, or four queries that see the same keys at once).
 
-use super::{KEY_BLOCK, Scoring, State, VCHUNK, exp_le0};
+use super::{KEY_BLOCK, KvElem, Scoring, State, VCHUNK, exp_le0};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 use crate::Isa;
@@ -12,20 +12,20 @@ use crate::Isa;
 pub(super) const QUERIES: usize = 4;
 
 /// One block of keys (positions `b0..b1`, transposed keys `kt`, `hk` rows) and the values
-/// (`hv` wide, row 0 at position `vbase`).
-pub(super) struct Block<'a> {
+/// (`hv` wide, row 0 at position `vbase`), in the cache's elements.
+pub(super) struct Block<'a, K, V> {
     pub(super) isa: Isa,
     pub(super) b0: usize,
     pub(super) b1: usize,
-    pub(super) kt: &'a [f32],
-    pub(super) vals: &'a [f32],
+    pub(super) kt: &'a [K],
+    pub(super) vals: &'a [V],
     pub(super) vbase: usize,
     pub(super) hk: usize,
     pub(super) hv: usize,
     pub(super) sc: Scoring,
 }
 
-impl Block<'_> {
+impl<K: KvElem, V: KvElem> Block<'_, K, V> {
     /// Fold this block into the states of the queries `idx` (each sees part of it).
     #[inline(always)]
     pub(super) fn queries<const Q: usize>(&self, idx: &[usize; Q], q: &[f32], ends: &[usize], st: &mut State) {
@@ -35,7 +35,7 @@ impl Block<'_> {
         let lane0 = self.b0 / KEY_BLOCK * KEY_BLOCK;
         // only the lanes up to the block's last position (a short context's one block is
         // mostly past the cache's end: its keys are neither read nor multiplied)
-        let mut sc = scores::<Q>(self.isa, idx, q, self.kt, hk, self.b1 - lane0);
+        let mut sc = scores::<Q, K>(self.isa, idx, q, self.kt, hk, self.b1 - lane0);
         #[cfg(target_arch = "x86_64")]
         if Q == 4 && self.isa >= Isa::Avx512 && hd % (4 * VCHUNK) == 0 && idx.iter().all(|&i| ends[i] == ends[idx[0]]) {
             return self.weigh_together(idx, &mut sc, lane0, ends[idx[0]], st);
@@ -52,10 +52,10 @@ impl Block<'_> {
                 let left = (hd - c) / VCHUNK;
                 let (isa, o, vb) = (self.isa, &mut o[c..], &vb[c..]);
                 c += match left {
-                    8.. => weighted::<8>(isa, o, alpha, s, vb, hd),
-                    4.. => weighted::<4>(isa, o, alpha, s, vb, hd),
-                    2.. => weighted::<2>(isa, o, alpha, s, vb, hd),
-                    1 => weighted::<1>(isa, o, alpha, s, vb, hd),
+                    8.. => weighted::<8, V>(isa, o, alpha, s, vb, hd),
+                    4.. => weighted::<4, V>(isa, o, alpha, s, vb, hd),
+                    2.. => weighted::<2, V>(isa, o, alpha, s, vb, hd),
+                    1 => weighted::<1, V>(isa, o, alpha, s, vb, hd),
                     _ => weighted_rest(o, alpha, s, vb, hd),
                 };
             }
@@ -90,7 +90,7 @@ impl Block<'_> {
         while c < hd {
             let at = idx.map(|i| i * hd + c);
             // SAFETY: the caller checked the tier for AVX-512 F
-            c += unsafe { avx512::weighted_shared::<Q, 4>(&mut st.o, at, alpha, p, &vb[c..], hd) };
+            c += unsafe { avx512::weighted_shared::<Q, 4, V>(&mut st.o, at, alpha, p, &vb[c..], hd) };
         }
         for (&i, (m, alpha, sum)) in idx.iter().zip(steps) {
             st.l[i] = st.l[i] * alpha + sum;
@@ -124,15 +124,15 @@ impl Block<'_> {
 }
 
 /// The scores of the queries `idx` (rows of `q`, `[.., hd]`) over one block of transposed keys
-/// `kt` (`[hd, KEY_BLOCK]`), unscaled: each lane a sum over `d` in order. Lanes from `lanes` on
+/// `kt` (`[hd, KEY_BLOCK]`, widened as they are read), unscaled: each lane a sum over `d` in order. Lanes from `lanes` on
 /// (`1..=KEY_BLOCK`) may be left unset: the vectors that hold none of the first `lanes` are
 /// skipped.
 #[inline(always)]
-fn scores<const Q: usize>(
+fn scores<const Q: usize, K: KvElem>(
     isa: Isa,
     idx: &[usize; Q],
     q: &[f32],
-    kt: &[f32],
+    kt: &[K],
     hd: usize,
     lanes: usize,
 ) -> [[f32; KEY_BLOCK]; Q] {
@@ -142,19 +142,19 @@ fn scores<const Q: usize>(
         if isa >= Isa::Avx512 {
             // SAFETY (each arm): the tier says AVX-512 F is present
             return match lanes.div_ceil(16) {
-                1 => unsafe { avx512::scores::<Q, 1>(idx, q, kt, hd) },
-                2 => unsafe { avx512::scores::<Q, 2>(idx, q, kt, hd) },
-                3 => unsafe { avx512::scores::<Q, 3>(idx, q, kt, hd) },
-                _ => unsafe { avx512::scores::<Q, 4>(idx, q, kt, hd) },
+                1 => unsafe { avx512::scores::<Q, 1, K>(idx, q, kt, hd) },
+                2 => unsafe { avx512::scores::<Q, 2, K>(idx, q, kt, hd) },
+                3 => unsafe { avx512::scores::<Q, 3, K>(idx, q, kt, hd) },
+                _ => unsafe { avx512::scores::<Q, 4, K>(idx, q, kt, hd) },
             };
         }
         if isa.has_avx2() {
             // SAFETY (each arm): the tier says AVX2 and FMA are present
             return match lanes.div_ceil(8) {
-                1 => unsafe { avx2::scores::<Q, 1>(idx, q, kt, hd) },
-                2 => unsafe { avx2::scores::<Q, 2>(idx, q, kt, hd) },
-                3 | 4 => unsafe { avx2::scores::<Q, 4>(idx, q, kt, hd) },
-                _ => unsafe { avx2::scores::<Q, 8>(idx, q, kt, hd) },
+                1 => unsafe { avx2::scores::<Q, 1, K>(idx, q, kt, hd) },
+                2 => unsafe { avx2::scores::<Q, 2, K>(idx, q, kt, hd) },
+                3 | 4 => unsafe { avx2::scores::<Q, 4, K>(idx, q, kt, hd) },
+                _ => unsafe { avx2::scores::<Q, 8, K>(idx, q, kt, hd) },
             };
         }
     }
@@ -164,7 +164,7 @@ fn scores<const Q: usize>(
         for (s, &i) in sc.iter_mut().zip(idx) {
             let qd = q[i * hd + d];
             for (a, &k) in s[..lanes].iter_mut().zip(col) {
-                *a += qd * k;
+                *a += qd * k.to_f32();
             }
         }
     }
@@ -174,16 +174,16 @@ fn scores<const Q: usize>(
 /// `o[..C * VCHUNK] = o * alpha + Σ_j p[j] v[j]` with `v[j]` at `vb[j * hd..]`, in registers;
 /// returns the dimensions done. Each dimension: the rescale, then the keys in order.
 #[inline(always)]
-fn weighted<const C: usize>(isa: Isa, o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
+fn weighted<const C: usize, V: KvElem>(isa: Isa, o: &mut [f32], alpha: f32, p: &[f32], vb: &[V], hd: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 {
             // SAFETY: the tier says AVX-512 F is present
-            return unsafe { avx512::weighted::<C>(o, alpha, p, vb, hd) };
+            return unsafe { avx512::weighted::<C, V>(o, alpha, p, vb, hd) };
         }
         if isa.has_avx2() {
             // SAFETY: the tier says AVX2 and FMA are present
-            return unsafe { avx2::weighted::<C>(o, alpha, p, vb, hd) };
+            return unsafe { avx2::weighted::<C, V>(o, alpha, p, vb, hd) };
         }
     }
     let _ = isa;
@@ -195,7 +195,7 @@ fn weighted<const C: usize>(isa: Isa, o: &mut [f32], alpha: f32, p: &[f32], vb: 
         for (j, &pj) in p.iter().enumerate() {
             let v = &vb[j * hd + c * VCHUNK..j * hd + (c + 1) * VCHUNK];
             for (a, &x) in acc.iter_mut().zip(v) {
-                *a += pj * x;
+                *a += pj * x.to_f32();
             }
         }
         o[c * VCHUNK..(c + 1) * VCHUNK].copy_from_slice(&acc);
@@ -205,14 +205,14 @@ fn weighted<const C: usize>(isa: Isa, o: &mut [f32], alpha: f32, p: &[f32], vb: 
 
 /// [`weighted`] for the last `o.len() < VCHUNK` dimensions.
 #[inline(always)]
-fn weighted_rest(o: &mut [f32], alpha: f32, p: &[f32], vb: &[f32], hd: usize) -> usize {
+fn weighted_rest<V: KvElem>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[V], hd: usize) -> usize {
     let n = o.len();
     for x in o.iter_mut() {
         *x *= alpha;
     }
     for (j, &pj) in p.iter().enumerate() {
         for (x, &v) in o.iter_mut().zip(&vb[j * hd..j * hd + n]) {
-            *x += pj * v;
+            *x += pj * v.to_f32();
         }
     }
     n

@@ -23,6 +23,8 @@ use std::ops::Range;
 
 use crate::Isa;
 use block::{Block, QUERIES};
+pub use cached::{Cached, attend_cached, fold_cached};
+pub use elem::{Bf16, F16, KvElem, as_elems, stored};
 pub use latent::Expansion;
 
 /// Keys per step of the online softmax: its scores stay on the stack, its keys and values
@@ -156,12 +158,12 @@ pub fn splits(end: usize) -> impl Iterator<Item = Range<usize>> {
 /// a query's keys are grouped. The element-wise loops (rescaling, exponentials, the weighted
 /// sum of values) are compiled for the tier `isa` names.
 #[allow(clippy::too_many_arguments)]
-pub fn fold(
+pub fn fold<K: KvElem, V: KvElem>(
     isa: Isa,
     q: &[f32],
     ends: &[usize],
-    keys: &[f32],
-    vals: &[f32],
+    keys: &[K],
+    vals: &[V],
     range: Range<usize>,
     sc: Scoring,
     st: &mut State,
@@ -171,9 +173,9 @@ pub fn fold(
 
 /// Where a fold reads the values: rows of their own, or the keys' first `st.hd` dims.
 #[derive(Debug, Clone, Copy)]
-pub enum Values<'a> {
+pub enum Values<'a, V> {
     /// `[positions, st.hd]`, row `j` at position `j`
-    Rows(&'a [f32]),
+    Rows(&'a [V]),
     /// Each key's first `st.hd` dims (DeepSeek-V3's absorbed latent attention: the compressed
     /// kv is both the keys' first part and the values). A block's value rows are copied out of
     /// its transposed keys once for every query of the fold, into a buffer of this thread, so
@@ -184,12 +186,12 @@ pub enum Values<'a> {
 /// [`fold`] with queries and keys `hk` wide (`q`: `[nq, hk]`), values as `vals` says, the state
 /// `st.hd` wide (`st.hd <= hk` for [`Values::KeyPrefix`]).
 #[allow(clippy::too_many_arguments)]
-pub fn fold_keyed(
+pub fn fold_keyed<K: KvElem, V: KvElem>(
     isa: Isa,
     (q, hk): (&[f32], usize),
     ends: &[usize],
-    keys: &[f32],
-    vals: Values<'_>,
+    keys: &[K],
+    vals: Values<'_, V>,
     range: Range<usize>,
     sc: Scoring,
     st: &mut State,
@@ -212,13 +214,13 @@ pub fn fold_keyed(
 }
 
 /// [`fold`]'s inputs, handed to the body compiled for each tier.
-struct FoldArgs<'a> {
+struct FoldArgs<'a, K, V> {
     isa: Isa,
     q: &'a [f32],
     hk: usize,
     ends: &'a [usize],
-    keys: &'a [f32],
-    vals: Values<'a>,
+    keys: &'a [K],
+    vals: Values<'a, V>,
     range: Range<usize>,
     sc: Scoring,
 }
@@ -234,33 +236,71 @@ thread_local! {
 // was measured with
 #[cfg_attr(not(fuzzing), target_feature(enable = "avx512f,avx2,fma"))]
 #[cfg_attr(fuzzing, target_feature(enable = "avx512f,avx512vl,avx512bw,avx2,fma"))]
-unsafe fn fold_avx512(a: FoldArgs<'_>, st: &mut State) {
+unsafe fn fold_avx512<K: KvElem, V: KvElem>(a: FoldArgs<'_, K, V>, st: &mut State) {
     fold_body(a, st)
 }
 
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fold_avx2(a: FoldArgs<'_>, st: &mut State) {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fold_avx2<K: KvElem, V: KvElem>(a: FoldArgs<'_, K, V>, st: &mut State) {
     fold_body(a, st)
 }
 
 #[inline(always)]
-fn fold_body(a: FoldArgs<'_>, st: &mut State) {
+fn fold_body<K: KvElem, V: KvElem>(a: FoldArgs<'_, K, V>, st: &mut State) {
     match a.vals {
-        Values::Rows(_) => fold_blocks(&a, None, st),
+        Values::Rows(v) => fold_blocks(&a, &mut Rows(v), st),
         Values::KeyPrefix => KEY_VALUES.with_borrow_mut(|buf| {
             buf.resize(KEY_BLOCK * st.hd, 0.0);
-            fold_blocks(&a, Some(buf), st)
+            fold_blocks(&a, &mut KeyRows { buf, hv: st.hd }, st)
         }),
     }
 }
 
-/// The blocks of `a.range` folded into `st`; with `key_rows`, each block's values are first
-/// copied there out of its keys (their first `st.hd` dims, transposed back to rows: only the
-/// lanes up to the block's last position, the rest never being weighted).
+/// Where [`fold_blocks`] finds a block's values.
+trait BlockValues<K> {
+    type W: KvElem;
+    /// Given the block's keys `kt` and (its first position, its lanes up to the range's
+    /// end): the value rows and the position of the first.
+    fn block(&mut self, kt: &[K], lanes: (usize, usize)) -> (&[Self::W], usize);
+}
+
+/// Values as rows of their own, from position 0.
+struct Rows<'a, V>(&'a [V]);
+
+impl<K, V: KvElem> BlockValues<K> for Rows<'_, V> {
+    type W = V;
+    #[inline(always)]
+    fn block(&mut self, _: &[K], _: (usize, usize)) -> (&[V], usize) {
+        (self.0, 0)
+    }
+}
+
+/// [`Values::KeyPrefix`]: each block's values copied out of its keys (their first `hv` dims,
+/// transposed back to rows and widened: only the lanes up to the block's last position, the
+/// rest never being weighted).
+struct KeyRows<'b> {
+    buf: &'b mut Vec<f32>,
+    hv: usize,
+}
+
+impl<K: KvElem> BlockValues<K> for KeyRows<'_> {
+    type W = f32;
+    #[inline(always)]
+    fn block(&mut self, kt: &[K], (lane0, lanes): (usize, usize)) -> (&[f32], usize) {
+        for (d, col) in kt.chunks_exact(KEY_BLOCK).take(self.hv).enumerate() {
+            for (j, &x) in col[..lanes].iter().enumerate() {
+                self.buf[j * self.hv + d] = x.to_f32();
+            }
+        }
+        (&self.buf[..], lane0)
+    }
+}
+
+/// The blocks of `a.range` folded into `st`, each block's values where `values` finds them.
 #[inline(always)]
-fn fold_blocks(a: &FoldArgs<'_>, mut key_rows: Option<&mut Vec<f32>>, st: &mut State) {
-    let FoldArgs { isa, q, hk, ends, keys, vals, ref range, sc } = *a;
+fn fold_blocks<K: KvElem, B: BlockValues<K>>(a: &FoldArgs<'_, K, impl KvElem>, values: &mut B, st: &mut State) {
+    let FoldArgs { isa, q, hk, ends, keys, ref range, sc, .. } = *a;
     let hv = st.hd;
     let mut b0 = range.start;
     while b0 < range.end {
@@ -268,19 +308,7 @@ fn fold_blocks(a: &FoldArgs<'_>, mut key_rows: Option<&mut Vec<f32>>, st: &mut S
         let b1 = ((blk + 1) * KEY_BLOCK).min(range.end);
         // this block's keys, [hk, KEY_BLOCK]
         let kt = &keys[blk * hk * KEY_BLOCK..(blk + 1) * hk * KEY_BLOCK];
-        let (vals, vbase): (&[f32], usize) = match (key_rows.as_deref_mut(), vals) {
-            (Some(buf), _) => {
-                let (lane0, lanes) = (blk * KEY_BLOCK, b1 - blk * KEY_BLOCK);
-                for (d, col) in kt.chunks_exact(KEY_BLOCK).take(hv).enumerate() {
-                    for (j, &x) in col[..lanes].iter().enumerate() {
-                        buf[j * hv + d] = x;
-                    }
-                }
-                (&buf[..], lane0)
-            }
-            (None, Values::Rows(v)) => (v, 0),
-            (None, Values::KeyPrefix) => (&[], 0),
-        };
+        let (vals, vbase) = values.block(kt, (blk * KEY_BLOCK, b1 - blk * KEY_BLOCK));
         let blk_ = Block { isa, b0, b1, kt, vals, vbase, hk, hv, sc };
         // the queries that see part of this block, QUERIES at a time (the scores of each are
         // the same whatever it is grouped with)
@@ -342,12 +370,12 @@ pub fn exp_le0(x: f32) -> f32 {
 /// queries; decode runs the splits in parallel and merges the same states in the same order
 /// (a split no query reaches leaves nothing to merge, so it is skipped).
 #[allow(clippy::too_many_arguments)]
-pub fn attend(
+pub fn attend<K: KvElem, V: KvElem>(
     isa: Isa,
     q: &[f32],
     ends: &[usize],
-    keys: &[f32],
-    vals: &[f32],
+    keys: &[K],
+    vals: &[V],
     sc: Scoring,
     sinks: &[f32],
     acc: &mut State,
@@ -360,12 +388,12 @@ pub fn attend(
 /// [`attend`] with queries and keys `hk` wide and the values as `vals` says (see
 /// [`fold_keyed`]); `out` is `[nq, acc.hd]`.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_keyed(
+pub fn attend_keyed<K: KvElem, V: KvElem>(
     isa: Isa,
     (q, hk): (&[f32], usize),
     ends: &[usize],
-    keys: &[f32],
-    vals: Values<'_>,
+    keys: &[K],
+    vals: Values<'_, V>,
     sc: Scoring,
     sinks: &[f32],
     (acc, part): (&mut State, &mut State),
@@ -391,6 +419,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 mod block;
+mod cached;
+mod elem;
 mod latent;
 #[cfg(test)]
 mod tests;

@@ -193,7 +193,7 @@ fn values_from_the_keys_prefix_are_the_rows_bits() {
             let packed = pack_keys(&keys, hk);
             for window in [None, Some(33)] {
                 let sc = Scoring { scale: 0.3, window };
-                let run = |v: Values<'_>| {
+                let run = |v: Values<'_, f32>| {
                     let (mut acc, mut part) = (State::new(nq, hv), State::new(nq, hv));
                     let mut out = vec![0f32; nq * hv];
                     attend_keyed(isa, (&q, hk), &ends, &packed, v, sc, &[], (&mut acc, &mut part), &mut out);
@@ -223,4 +223,109 @@ fn values_from_the_keys_prefix_are_the_rows_bits() {
             }
         }
     }
+}
+
+/// Unit roundoff of a KV element (`|x - stored(x)| <= u |x| + tiny`): bf16 keeps 8 significant
+/// bits, f16 11 (and below 2^-14 steps of 2^-24: the `tiny`), f32 is the reference's own.
+fn roundoff<E: KvElem>() -> (f64, f64) {
+    match E::BYTES {
+        4 => (0.0, 0.0),
+        _ if stored::<E>(1.0 + 1.0 / 512.0) == 1.0 => (2f64.powi(-8), 2f64.powi(-133)),
+        _ => (2f64.powi(-11), 2f64.powi(-25)),
+    }
+}
+
+/// Attention over a cache of `K` keys and `V` values, past 4 key blocks and past a split, as a
+/// prompt's tile and as decode's merged splits: (1) the textbook formula in f64 over the values
+/// the cache holds, within f32 rounding, (2) the same formula over the unrounded values, within
+/// the bound the rounding gives: a score moves by at most `D = scale sum_d |q_d| max_j |k_jd| u_K`,
+/// so each weight by a factor within `e^(+-2D)`, and the output by at most
+/// `max|v| (e^(2D) - 1 + u_V)`.
+fn typed_attention<K: KvElem, V: KvElem>() {
+    let (uk, tk) = roundoff::<K>();
+    let (uv, tv) = roundoff::<V>();
+    for isa in Isa::available() {
+        for (hd, n) in [(64, 1), (64, 5), (128, 4 * KEY_BLOCK + 37), (64, SPLIT + 300)] {
+            let mut r = uniform(hd as u64 * 7 + n as u64 + K::BYTES as u64 * 3 + V::BYTES as u64);
+            let keys: Vec<f32> = (0..n * hd).map(|_| r() * 4.0).collect();
+            let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
+            let nq = 6;
+            let q: Vec<f32> = (0..nq * hd).map(|_| r()).collect();
+            // four heads of the last token (weighed together), then earlier tokens
+            let ends: Vec<usize> =
+                (0..nq).map(|i| if i < 4 { n } else { n.saturating_sub(70 * (i - 3)).max(1) }).collect();
+            let kc: Vec<K> = pack_keys(&keys, hd).iter().map(|&x| K::from_f32(x)).collect();
+            let vc: Vec<V> = vals.iter().map(|&x| V::from_f32(x)).collect();
+            let (ks, vs): (Vec<f32>, Vec<f32>) =
+                (keys.iter().map(|&x| stored::<K>(x)).collect(), vals.iter().map(|&x| stored::<V>(x)).collect());
+            let scale = 1.0 / (hd as f32).sqrt();
+            let sc = Scoring::full(scale);
+            let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
+            let mut out = vec![0f32; nq * hd];
+            attend(isa, &q, &ends, &kc, &vc, sc, &[], &mut acc, &mut part, &mut out);
+            let vmax = vals.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
+            let tag = format!("{isa} {}/{} hd {hd} n {n}", K::BYTES, V::BYTES);
+            for i in 0..nq {
+                let qi = &q[i * hd..(i + 1) * hd];
+                let held = reference(qi, &ks, &vs, ends[i], scale, hd);
+                let exact = reference(qi, &keys, &vals, ends[i], scale, hd);
+                let kmax: Vec<f64> =
+                    (0..hd).map(|d| (0..ends[i]).fold(0f64, |m, j| m.max(keys[j * hd + d].abs() as f64))).collect();
+                let dscore: f64 =
+                    qi.iter().zip(&kmax).map(|(&x, &k)| (x.abs() as f64) * (k * uk + tk)).sum::<f64>() * scale as f64;
+                let bound = vmax * ((2.0 * dscore).exp() - 1.0 + uv) + tv;
+                for d in 0..hd {
+                    let a = out[i * hd + d] as f64;
+                    assert!(
+                        (a - held[d]).abs() <= 2e-5 * (1.0 + held[d].abs()),
+                        "{tag} query {i} dim {d}: {a} vs {}",
+                        held[d]
+                    );
+                    let e = exact[d];
+                    assert!(
+                        (a - e).abs() <= bound + 2e-5 * (1.0 + e.abs()),
+                        "{tag} query {i} dim {d}: {a} vs {e} (bound {bound})"
+                    );
+                }
+                // decode: the splits folded apart and merged, the tile's bits
+                let mut merged = State::new(1, hd);
+                for rg in splits(ends[i]) {
+                    let mut p = State::new(1, hd);
+                    fold(isa, qi, &ends[i..=i], &kc, &vc, rg, sc, &mut p);
+                    merged.merge(&p);
+                }
+                let mut dec = vec![0f32; hd];
+                merged.finish(0, None, &mut dec);
+                assert!(
+                    dec.iter().zip(&out[i * hd..]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{tag} query {i}: decode"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn each_kv_type_attends_within_its_rounding_bound() {
+    typed_attention::<f32, f32>();
+    typed_attention::<Bf16, Bf16>();
+    typed_attention::<F16, F16>();
+    typed_attention::<Bf16, F16>();
+    typed_attention::<F16, f32>();
+}
+
+/// Each type's rounding is torch's: to nearest, ties to even (bf16: the bits above 16 with the
+/// carry of round-half-even; f16: IEEE, subnormals included).
+#[test]
+fn kv_elements_round_to_nearest_even() {
+    // bf16: 1 + 2^-8 is halfway between 1 and 1 + 2^-7 and goes to the even one, 1
+    assert_eq!(Bf16::from_f32(1.0 + 2f32.powi(-8)).0, 0x3f80);
+    assert_eq!(Bf16::from_f32(1.0 + 3.0 * 2f32.powi(-8)).0, 0x3f82);
+    assert_eq!(Bf16::from_f32(-2.5).to_f32(), -2.5);
+    // f16: 1 + 2^-11 halfway to 1 + 2^-10: even, 1; 65520 overflows to infinity; 2^-24 the
+    // smallest subnormal
+    assert_eq!(F16::from_f32(1.0 + 2f32.powi(-11)).0, 0x3c00);
+    assert_eq!(F16::from_f32(1.0 + 3.0 * 2f32.powi(-11)).0, 0x3c02);
+    assert_eq!(F16::from_f32(65520.0).0, 0x7c00);
+    assert_eq!(F16::from_f32(2f32.powi(-24)).0, 1);
 }

@@ -238,6 +238,7 @@ fn load(plan: &Plan, a: &BenchArgs, path: &Path) -> Result<(Engine, Option<Routi
         isa: isa_from_env()?,
         stream,
         panels: panels_from_env()?,
+        kv: a.kv.types(),
     };
     let mut engine = Engine::load(path, opts)?;
     for w in engine.warnings() {

@@ -80,6 +80,7 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
             tail.push(format!("RSS {} / plan {}{trace}", super::bytes(app.rss), super::bytes(i.expected_memory)));
         }
         tail.push(format!("{} ({}) {}", i.name, i.arch, i.quant));
+        tail.push(i.kv.clone());
         if let Some(st) = &i.steering {
             tail.push(st.clone());
         }
