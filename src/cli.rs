@@ -503,12 +503,16 @@ pub struct BenchArgs {
     /// Keep the pool (and page cache) between repetitions (the default).
     #[arg(long)]
     pub warm: bool,
+    /// KV cache key types to measure (comma list of bf16, f16, f32): llama-bench's `-ctk`.
+    #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "bf16", value_name = "TYPE,...")]
+    pub cache_type_k: String,
+    /// KV cache value types to measure (comma list): llama-bench's `-ctv`.
+    #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "bf16", value_name = "TYPE,...")]
+    pub cache_type_v: String,
     #[command(flatten)]
     pub experts: ExpertArgs,
     #[command(flatten)]
     pub trace: TraceArgs,
-    #[command(flatten)]
-    pub kv: KvArgs,
 }
 
 fn default_threads() -> String {

@@ -94,6 +94,22 @@ fn markdown_and_csv_tables() {
     assert!(lines[1..].iter().all(|l| l.split(',').count() == cols), "{out}");
 }
 
+/// `-ctk` and `-ctv` lists make a row for every key type x value type, each run on a cache of
+/// those types (llama-bench's `type_k` and `type_v`), and a type that is none is refused.
+#[test]
+fn kv_cache_types_are_a_dimension_of_the_matrix() {
+    let (d, p) = convert("single", "q8");
+    let args = ["bench", "-m", p.to_str().unwrap(), "-p", "0", "-n", "2", "-r", "1", "--warmup", "0", "-t", "1"];
+    let o = moescope(&[&args[..], &["-ctk", "f32,bf16", "-ctv", "f16", "-o", "json"]].concat(), d.path());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows: Vec<Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let types: Vec<(&str, &str)> =
+        rows.iter().map(|r| (r["type_k"].as_str().unwrap(), r["type_v"].as_str().unwrap())).collect();
+    assert_eq!(types, [("f32", "f16"), ("bf16", "f16")]);
+    let o = moescope(&[&args[..], &["--cache-type-v", "q9"]].concat(), d.path());
+    assert_clean_failure(&o, &["-ctv", "q9"]);
+}
+
 /// `bench -p 8 -n 4 -r 2 -t 2 EXTRA --trace T` on fixture `name` (q4); the trace, parsed.
 fn bench_trace(name: &str, extra: &[&str]) -> Value {
     let (d, p) = convert(name, "q4");

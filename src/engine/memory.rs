@@ -60,6 +60,14 @@ impl Engine {
         Some(format!("expert pool {} -> {} MiB (auto, re-checked after the reply)", now >> 20, pool >> 20))
     }
 
+    /// Keys and values in `types` from now on: the sequence starts empty in a cache of the same
+    /// length (a no-op when they are the types already).
+    pub fn set_kv_types(&mut self, types: crate::model::KvTypes) {
+        if types != self.seq.kv.types() {
+            self.seq = super::Slot::new(&self.model.cfg, self.seq.capacity(), types);
+        }
+    }
+
     /// What the engine expects to use: dense weights, the expert pool, the KV cache at full
     /// context and the activations of a prompt chunk.
     pub fn memory_plan(&self) -> MemoryPlan {

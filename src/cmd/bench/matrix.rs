@@ -1,4 +1,4 @@
-//! The tests of `moescope bench`, for every thread count x pool budget x prefetch x depth:
+//! The tests of `moescope bench`, for every thread count x pool budget x prefetch x KV cache types x depth:
 //! each test's warmup and timed repetitions, and the probes around them (the memory's read
 //! bandwidth beside each decode repetition, the disk's before and after a thread count's tests).
 
@@ -93,11 +93,12 @@ pub(super) fn run(
             {
                 eprintln!("warning: {w}");
             }
-            for &prefetch in &plan.prefetches {
+            for (&prefetch, &kv) in plan.prefetches.iter().flat_map(|p| plan.kv.iter().map(move |k| (p, k))) {
                 if let Some(pool) = bench.engine.pool() {
                     pool.set_budget(budget_bytes);
                     pool.set_prefetch(prefetch);
                 }
+                bench.engine.set_kv_types(kv);
                 for (&depth, test) in plan.depths.iter().flat_map(|d| plan.tests.iter().map(move |t| (d, t))) {
                     let row = bench.test(test, depth, t)?;
                     let row = with_model(row, model);
@@ -298,6 +299,8 @@ impl Bench<'_> {
             quant: String::new(),
             n_threads: threads,
             isa: engine.isa().name().into(),
+            type_k: engine.kv_types().k.name().into(),
+            type_v: engine.kv_types().v.name().into(),
             weight_prefetch_bytes: moescope_kernels::prefetch::distance(),
             n_prompt: if is_gen { 0 } else { n_tokens },
             n_gen: if is_gen { n_tokens } else { 0 },

@@ -17,6 +17,7 @@ use std::path::Path;
 use anyhow::{Result, bail};
 use moescope::engine::{Engine, EngineOptions};
 use moescope::experts::routing_log::RoutingLog;
+use moescope::model::{KvType, KvTypes};
 use serde_json::json;
 
 use super::run_config::{self as run, isa_from_env, panels_from_env};
@@ -73,6 +74,8 @@ struct Plan {
     ctx: usize,
     budgets: Vec<Option<run::CacheMb>>,
     prefetches: Vec<bool>,
+    /// every key type x every value type
+    kv: Vec<KvTypes>,
     format: Format,
 }
 
@@ -110,7 +113,12 @@ impl Plan {
         };
         let prefetches: Vec<bool> =
             a.prefetch.split(',').map(|x| run::parse_on_off("--prefetch", x.trim())).collect::<Result<_>>()?;
-        Ok(Plan { prompts, gens, depths, threads, tests, ctx, budgets, prefetches, format })
+        let types = |flag: &str, l: &str| -> Result<Vec<KvType>> {
+            l.split(',').map(|x| x.parse().map_err(|e| anyhow::anyhow!("{flag}: {e}"))).collect()
+        };
+        let (ks, vs) = (types("-ctk", &a.cache_type_k)?, types("-ctv", &a.cache_type_v)?);
+        let kv = ks.iter().flat_map(|&k| vs.iter().map(move |&v| KvTypes { k, v })).collect();
+        Ok(Plan { prompts, gens, depths, threads, tests, ctx, budgets, prefetches, kv, format })
     }
 
     /// The pool's first budget: the smallest number in the list (which also decides O_DIRECT
@@ -220,6 +228,7 @@ pub fn run(a: &BenchArgs) -> Result<()> {
             "threads": plan.threads,
             "isa": engine.isa().name(),
             "settings": {"n_prompt": plan.prompts, "n_gen": plan.gens, "n_depth": plan.depths, "repetitions": a.repetitions, "warmup": a.warmup,
+                         "type_k": a.cache_type_k, "type_v": a.cache_type_v,
                          "cache_mib": a.cache_mb, "prefetch": plan.prefetches, "cold": a.cold},
         }))?;
     }
@@ -238,7 +247,7 @@ fn load(plan: &Plan, a: &BenchArgs, path: &Path) -> Result<(Engine, Option<Routi
         isa: isa_from_env()?,
         stream,
         panels: panels_from_env()?,
-        kv: a.kv.types(),
+        kv: plan.kv[0],
     };
     let mut engine = Engine::load(path, opts)?;
     for w in engine.warnings() {

@@ -24,6 +24,9 @@ pub struct Row {
     pub quant: String,
     pub n_threads: usize,
     pub isa: String,
+    /// The KV cache's key and value types (llama-bench's `type_k`, `type_v`).
+    pub type_k: String,
+    pub type_v: String,
     /// How far ahead the decode kernels prefetched weights in software (0: not at all).
     pub weight_prefetch_bytes: usize,
     pub n_prompt: usize,
@@ -102,8 +105,8 @@ fn params(n: u64) -> String {
     if n >= 1_000_000_000 { format!("{:.2} B", n as f64 / 1e9) } else { format!("{:.2} M", n as f64 / 1e6) }
 }
 
-pub const MD_HEADER: &str = "| model | size | params | quant | threads | isa | pool MiB | prefetch | cache | test | t/s | p50 ms | p99 ms | GB/s | roof % | hit % | SSD MB/t | disk % | I/O busy % | stall ms/t | peak RSS |\n\
-| ----- | ---: | -----: | ----- | ------: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
+pub const MD_HEADER: &str = "| model | size | params | quant | threads | isa | type_k | type_v | pool MiB | prefetch | cache | test | t/s | p50 ms | p99 ms | GB/s | roof % | hit % | SSD MB/t | disk % | I/O busy % | stall ms/t | peak RSS |\n\
+| ----- | ---: | -----: | ----- | ------: | --- | --- | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |";
 
 /// The expert columns: pool, prefetch, cold/warm, hit %, SSD MB per token, share of the disk
 /// roofline (with --roofline), share of decode time with a read in flight, stall ms per token.
@@ -128,13 +131,15 @@ pub fn md_row(r: &Row) -> String {
         |f: fn(&LatencySummary) -> f64| r.decode_latency.as_ref().map_or(String::new(), |l| format!("{:.2}", f(l)));
     let [pool, pf, mode, hit, ssd, disk, busy, stall] = expert_cols(r);
     format!(
-        "| {} | {} | {} | {} | {} | {} | {pool} | {pf} | {mode} | {} | {:.2} ± {:.2} | {} | {} | {} | {} | {hit} | {ssd} | {disk} | {busy} | {stall} | {} |",
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {pool} | {pf} | {mode} | {} | {:.2} ± {:.2} | {} | {} | {} | {} | {hit} | {ssd} | {disk} | {busy} | {stall} | {} |",
         r.model_type,
         gib(r.model_size),
         params(r.model_n_params),
         r.quant,
         r.n_threads,
         r.isa,
+        r.type_k,
+        r.type_v,
         r.test,
         r.avg_ts,
         r.stddev_ts,
@@ -146,7 +151,7 @@ pub fn md_row(r: &Row) -> String {
     )
 }
 
-pub const CSV_HEADER: &str = "build_commit,cpu_info,model_filename,model_type,model_size,model_n_params,quant,n_threads,isa,n_prompt,n_gen,n_depth,test,test_time,n_reps,avg_ns,stddev_ns,avg_ts,stddev_ts,decode_p50_ms,decode_p90_ms,decode_p99_ms,decode_max_ms,weight_bytes_per_token,weight_gbps,read_gbps,roofline_pct,peak_rss_bytes,pool_mib,prefetch,cache_mode,hit_pct,ssd_mb_per_token,disk_roofline_pct,io_busy_pct,stall_ms_per_token";
+pub const CSV_HEADER: &str = "build_commit,cpu_info,model_filename,model_type,model_size,model_n_params,quant,n_threads,isa,type_k,type_v,n_prompt,n_gen,n_depth,test,test_time,n_reps,avg_ns,stddev_ns,avg_ts,stddev_ts,decode_p50_ms,decode_p90_ms,decode_p99_ms,decode_max_ms,weight_bytes_per_token,weight_gbps,read_gbps,roofline_pct,peak_rss_bytes,pool_mib,prefetch,cache_mode,hit_pct,ssd_mb_per_token,disk_roofline_pct,io_busy_pct,stall_ms_per_token";
 
 fn csv_field(s: &str) -> String {
     if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
@@ -165,6 +170,8 @@ pub fn csv_row(r: &Row) -> String {
         r.quant.clone(),
         r.n_threads.to_string(),
         r.isa.clone(),
+        r.type_k.clone(),
+        r.type_v.clone(),
         r.n_prompt.to_string(),
         r.n_gen.to_string(),
         r.n_depth.to_string(),
