@@ -472,3 +472,39 @@ fn reasoning_comes_back_as_reasoning_content() {
     }
     assert!(reasoned && closed, "the cases should cover reasoning and a closed block");
 }
+
+/// `return_progress` (llama-server's): a streamed long prompt sends a `prompt_progress` chunk at
+/// its start and after each 512-token chunk of its evaluation, `processed` growing to `total`
+/// (the prompt's tokens, as `usage` counts them), each chunk's choice empty; without it, none.
+#[test]
+fn prompt_progress_comes_with_each_chunk_of_a_long_prompt() {
+    let d = tempfile::tempdir().unwrap();
+    let s = Server::start(&["-t", "2"], d.path());
+    let prompt = "fn main() { let v: Vec<u32> = (0..10).collect(); }\n".repeat(60);
+    let body = |progress: bool| {
+        json!({"model": "any", "prompt": prompt, "max_tokens": 2, "stream": true, "return_progress": progress,
+               "stream_options": {"include_usage": true}})
+    };
+    let chunks = parse(&s.stream("/v1/completions", &body(true)).all());
+    let usage = &chunks[chunks.len() - 1]["usage"];
+    let total = usage["prompt_tokens"].as_u64().unwrap();
+    assert!(total > 1024, "a prompt of three chunks or more: {total} tokens");
+    let progress: Vec<&Value> = chunks.iter().filter_map(|c| c.get("prompt_progress")).collect();
+    let chunked = total.div_ceil(512) as usize;
+    assert_eq!(progress.len(), 1 + chunked, "the start and every chunk: {progress:?}");
+    assert_eq!((progress[0]["processed"].as_u64(), progress[0]["cache"].as_u64()), (Some(0), Some(0)));
+    for (i, p) in progress.iter().enumerate().skip(1) {
+        assert_eq!(p["total"].as_u64(), Some(total));
+        assert_eq!(p["processed"].as_u64(), Some((512 * i as u64).min(total)), "{p}");
+        assert!(p["time_ms"].as_u64() >= progress[i - 1]["time_ms"].as_u64());
+    }
+    for c in chunks.iter().filter(|c| c.get("prompt_progress").is_some()) {
+        assert_eq!(c["choices"][0]["text"], "", "{c}");
+    }
+    // the same prompt again: found in the cache, and no progress asked, none sent
+    let chunks = parse(&s.stream("/v1/completions", &body(false)).all());
+    assert!(chunks.iter().all(|c| c.get("prompt_progress").is_none()));
+    let chunks = parse(&s.stream("/v1/completions", &body(true)).all());
+    let first = chunks.iter().find_map(|c| c.get("prompt_progress")).expect("progress");
+    assert_eq!(first["cache"].as_u64(), Some(total - 1), "the cached prompt: {first}");
+}

@@ -448,6 +448,12 @@ pub fn seeds(target: &str, root: &Path) -> Vec<(String, Vec<u8>)> {
                     serde_json::json!({"messages": m, "tools": tools(), "max_tokens": 4, "stream": true,
                     "stream_options": {"include_usage": true}}),
                 ),
+                // the prompt's evaluation streamed as it goes (llama-server's `return_progress`)
+                (
+                    1,
+                    serde_json::json!({"prompt": "fn main() {} ".repeat(40), "max_tokens": 2, "stream": true,
+                    "return_progress": true}),
+                ),
                 (
                     0,
                     serde_json::json!({"messages": [{"role": "user", "content": "a"}], "max_tokens": 3, "logprobs": true,

@@ -165,10 +165,15 @@ impl Engine {
         let mut warnings = Vec::new();
         // before any size is planned or allocated from it (a context of 2^32 tokens sized a
         // 2 TiB KV cache and aborted); positions past the trained ones have no meaning anyway
-        let max_pos = pkg.meta.model.max_position_embeddings;
+        let (max_pos, limit) = (pkg.meta.model.max_position_embeddings, sizing::context_limit(&pkg.meta.model));
         match opts.ctx_size {
             Some(0) => return Err(EngineError::Setup("--ctx-size must be positive".into())),
-            Some(c) if c > max_pos => {
+            Some(c) if c > limit && limit > max_pos => {
+                return Err(EngineError::Setup(format!(
+                    "a context of {c} positions: the model reaches {limit} (YaRN: rope_scaling's original_max_position_embeddings x factor)"
+                )));
+            }
+            Some(c) if c > limit => {
                 return Err(EngineError::Setup(format!(
                     "a context of {c} positions: the model has {max_pos} (max_position_embeddings)"
                 )));

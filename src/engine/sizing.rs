@@ -224,6 +224,14 @@ impl Fixed<'_> {
     }
 }
 
+/// The longest context a model's positions cover: `max_position_embeddings`, or YaRN's reach
+/// (`original_max_position_embeddings x factor`) where the config scales RoPE further (Qwen3's
+/// 32k x 4 with `rope_scaling` added, as its model card says to).
+pub fn context_limit(cfg: &ModelConfig) -> usize {
+    let yarn = cfg.features.rope_yarn.as_ref().map_or(0.0, |y| y.original_max_position_embeddings as f64 * y.factor);
+    cfg.max_position_embeddings.max(yarn.min(u32::MAX as f64) as usize)
+}
+
 /// [`Fixed`] for `seqs`, as a function of the context.
 pub fn fixed_before_load(
     cfg: &ModelConfig,
@@ -392,6 +400,50 @@ mod tests {
 
     fn cap(bytes: u64) -> Allowance {
         Allowance { bytes, source: "test".into(), cgroup: true }
+    }
+
+    /// Qwen3-30B-A3B's positions (40960), and with the `rope_scaling` its model card adds
+    /// (YaRN, 32768 x 4); a YaRN that reaches less than the config's maximum does not shorten it.
+    #[test]
+    fn the_context_reaches_yarns_scaled_positions() {
+        use crate::model_config::{Arch, Yarn};
+        let mut cfg = ModelConfig {
+            arch: Arch::Qwen3Moe,
+            vocab_size: 10,
+            hidden_size: 8,
+            num_hidden_layers: 1,
+            num_attention_heads: 2,
+            num_key_value_heads: 1,
+            head_dim: 4,
+            intermediate_size: 8,
+            moe_intermediate_size: 8,
+            num_experts: 2,
+            num_experts_per_tok: 1,
+            norm_topk_prob: true,
+            decoder_sparse_step: 1,
+            mlp_only_layers: vec![],
+            rms_norm_eps: 1e-6,
+            rope_theta: 1e6,
+            max_position_embeddings: 40960,
+            tie_word_embeddings: false,
+            bos_token_id: None,
+            eos_token_ids: vec![],
+            hybrid: None,
+            features: Default::default(),
+        };
+        assert_eq!(context_limit(&cfg), 40960);
+        let yarn = |original, factor| Yarn {
+            factor,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            original_max_position_embeddings: original,
+            truncate: true,
+            attention_factor: 1.0,
+        };
+        cfg.features.rope_yarn = Some(yarn(32768, 4.0));
+        assert_eq!(context_limit(&cfg), 131072);
+        cfg.features.rope_yarn = Some(yarn(4096, 4.0));
+        assert_eq!(context_limit(&cfg), 40960);
     }
 
     #[test]

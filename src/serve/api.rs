@@ -67,6 +67,9 @@ pub struct GenParams {
     /// Some(n): log-probabilities of each token and its n most likely alternatives.
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
+    /// Stream `prompt_progress` chunks while the prompt is evaluated (llama-server's
+    /// `return_progress`).
+    pub return_progress: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -202,6 +205,7 @@ fn gen_params(f: &Fields, d: &Defaults, chat: bool) -> Res<GenParams> {
         stop: stop(f)?,
         logprobs,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+        return_progress: f.bool("return_progress")?.unwrap_or(false),
     })
 }
 

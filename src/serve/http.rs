@@ -171,6 +171,7 @@ async fn generate(s: &Arc<Server>, body: Result<Bytes, BytesRejection>, kind: Ki
         think: req.reasoning,
         calls: m.template.as_ref().map_or(CallSyntax::default(), |t| t.call_syntax()),
         include_usage: req.include_usage,
+        progress: req.params.return_progress,
         prefill,
     };
     let want_logprobs = req.params.logprobs.is_some();

@@ -36,6 +36,8 @@ pub struct Shape {
     /// instead of the `<think>` and tool splitters.
     pub calls: CallSyntax,
     pub include_usage: bool,
+    /// Send the `Progress` events as chunks with a `prompt_progress` object (and nothing else).
+    pub progress: bool,
     /// A trailing assistant message the reply continues: tool calls in it count, its text is
     /// not sent again.
     pub prefill: Option<String>,
@@ -90,6 +92,18 @@ impl Chunks {
                     self.pieces(calls, Vec::new(), &mut out);
                 }
             }
+            Event::Progress { total, cache, processed, time_ms } if self.shape.progress => {
+                // llama-server's: a chunk with nothing in its choice and the progress beside it
+                let mut c = self.base();
+                c["choices"] = match self.shape.kind {
+                    Kind::Chat => json!([{"index": 0, "delta": {}, "logprobs": null, "finish_reason": null}]),
+                    Kind::Completion => json!([{"index": 0, "text": "", "logprobs": null, "finish_reason": null}]),
+                };
+                c["prompt_progress"] =
+                    json!({"total": total, "cache": cache, "processed": processed, "time_ms": time_ms});
+                out.push(c.to_string());
+            }
+            Event::Progress { .. } => {}
             Event::Text { text, logprobs } => {
                 let pieces = self.split_text(&text, false);
                 self.pieces(pieces, logprobs, &mut out);
@@ -300,7 +314,7 @@ impl Whole {
     /// Add an event; Err with the engine's message for an error.
     pub fn add(&mut self, ev: Event) -> Result<(), String> {
         match ev {
-            Event::Started { .. } => {}
+            Event::Started { .. } | Event::Progress { .. } => {}
             Event::Text { text, logprobs } => {
                 self.text.push_str(&text);
                 self.logprobs.extend(logprobs);
@@ -403,6 +417,7 @@ mod tests {
             think: true,
             calls: CallSyntax::Tagged,
             include_usage: false,
+            progress: false,
             prefill: None,
         };
         let (done, text) = (Event::Done { finish: Finish::Stop, usage: Usage::default() }, text.to_string());

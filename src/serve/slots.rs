@@ -180,6 +180,11 @@ fn admit<'t>(
         return None;
     }
     Metrics::add(&s.metrics.cached_tokens, cached as u64);
+    if job.params.return_progress {
+        // the start, as llama-server sends it: what the cache already held
+        let (total, cache) = (prompt.len(), cached);
+        let _ = job.events.send(Event::Progress { total, cache, processed: cached, time_ms: 0 });
+    }
     let left = engine.ctx_size().saturating_sub(prompt.len());
     let sampler = Sampler::new(job.params.sampler).with_adjustments(job.params.adjust.clone());
     let reply = Reply::new(tok, &job, engine.eos_ids().to_vec(), engine.kept_specials());
@@ -329,6 +334,10 @@ fn step(
         if let Part::Prompt { to, .. } = part {
             Metrics::add(&s.metrics.prompt_tokens, (to - a.done) as u64);
             a.done = *to;
+            if a.job.params.return_progress {
+                let (total, cache, time_ms) = (a.job.prompt.len(), a.stats.prompt_cached, a.t0.elapsed().as_millis());
+                let _ = a.job.events.send(Event::Progress { total, cache, processed: a.done, time_ms: time_ms as u64 });
+            }
             // where a later prompt that shares this much resumes (a hybrid's state)
             st.slots[a.slot].checkpoint();
         }

@@ -67,6 +67,14 @@ pub enum Event {
         prompt_tokens: usize,
         cached_tokens: usize,
     },
+    /// The prompt's evaluation so far (sent when the request asked for `return_progress`):
+    /// `processed` of its `total` tokens are in the cache, `cache` of them found there.
+    Progress {
+        total: usize,
+        cache: usize,
+        processed: usize,
+        time_ms: u64,
+    },
     /// Text that no stop string can claim any more, with the log-probabilities of the tokens
     /// it came from (when asked).
     Text {

@@ -84,6 +84,11 @@ FIXTURES = {
     "wide": (dict(vocab_size=512, hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                   moe_intermediate_size=32, num_experts=64, num_experts_per_tok=8, num_hidden_layers=2),
              dict(seed=7, fused=True)),
+    # YaRN as Qwen3's model card adds it (rope_scaling type yarn, factor 4), shrunk: 64 original
+    # positions x 4; the prompt (5 x 21 tokens) and its continuation run past the original 64
+    "yarn": (dict(num_hidden_layers=2, max_position_embeddings=256),
+             dict(seed=8, repeat=5, rope=dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0,
+                                             original_max_position_embeddings=64))),
 }
 
 
@@ -101,8 +106,8 @@ def hub_spelling(path):
     """config.json as the official Qwen3-MoE hub checkpoints spell it (transformers-4 keys)."""
     c = json.load(open(path))
     rp = c.pop("rope_parameters", None) or {}
-    c["rope_theta"] = rp.get("rope_theta", 1000000.0)
-    c["rope_scaling"] = None
+    c["rope_theta"] = rp.pop("rope_theta", 1000000.0)
+    c["rope_scaling"] = rp if rp.get("rope_type", "default") != "default" else None
     if "num_local_experts" in c:
         c["num_experts"] = c.pop("num_local_experts")
     c["torch_dtype"] = c.pop("dtype", "bfloat16")
@@ -137,8 +142,9 @@ def make(name, out_root):
     over, opt = FIXTURES[name]
     kw = dict(BASE)
     kw.update(over)
+    rope = opt.get("rope", {"rope_type": "default", "rope_theta": 1000000.0})
     cfg = transformers.Qwen3MoeConfig(hidden_act="silu", rms_norm_eps=1e-6, attention_bias=False,
-                                      rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                                      rope_parameters=rope,
                                       use_sliding_window=False, sliding_window=None, router_aux_loss_coef=0.001,
                                       initializer_range=0.02, **kw)
     out = os.path.join(out_root, name)
@@ -158,7 +164,7 @@ def make(name, out_root):
         ids, forced = tok.encode(PROMPT).ids, tok.encode(FORCED).ids
         assert max(ids + forced) < V
     else:
-        ids, forced = [i % V for i in QWEN3_PROMPT], [i % V for i in QWEN3_FORCED]
+        ids, forced = [i % V for i in QWEN3_PROMPT] * opt.get("repeat", 1), [i % V for i in QWEN3_FORCED]
 
     oracle(out, ids, forced, dict(fixture=name, seed=opt["seed"], config_overrides=over,
                                   fused=bool(opt.get("fused")), transformers5_config=bool(opt.get("t5_config")),
