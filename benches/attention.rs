@@ -3,7 +3,8 @@
 //! (part of one block of keys: a short chat) and 512 to 16384 positions, and a prefill tile
 //! (16 tokens x 8 heads) over 4096. Reports ns per (query, key), GFLOP/s (4 x head_dim flops
 //! each: the score and the weighted value) and, for decode, the GB/s of keys and values read
-//! (f32). Then DeepSeek-V3's absorbed latent attention in prefill: 128 heads of 576-dim queries
+//! (f32; then the decode contexts again with keys and values kept in bf16 and in q8_0, the
+//! bytes read those types'). Then DeepSeek-V3's absorbed latent attention in prefill: 128 heads of 576-dim queries
 //! over one cache row per position whose first 512 dims are the values (`Values::KeyPrefix`),
 //! tiles of 1, 4 and 16 tokens at the end of contexts of 512 and 4096 (2 x (576 + 512) flops a
 //! (query, key)). `cargo bench --bench attention`.
@@ -11,7 +12,7 @@
 use std::time::Instant;
 
 use moescope_kernels::Isa;
-use moescope_kernels::attn::{self, State};
+use moescope_kernels::attn::{self, Bf16, Cached, F16, KvElem, Q8Keys, Q8Rows, State, q8};
 
 fn main() {
     let hd = 128;
@@ -41,8 +42,8 @@ fn main() {
                     isa,
                     &q,
                     &ends,
-                    &packed,
-                    &vals,
+                    &packed[..],
+                    &vals[..],
                     attn::Scoring::full(0.088),
                     &[],
                     &mut acc,
@@ -66,7 +67,53 @@ fn main() {
             );
         }
     }
+    typed(&mut r);
     latent(&mut r);
+}
+
+/// Decode over bf16 and q8_0 caches (see the module's doc).
+fn typed(r: &mut impl FnMut() -> f32) {
+    let (hd, nq) = (128, 8);
+    for n in [4096, 16384] {
+        let keys: Vec<f32> = (0..n * hd).map(|_| r()).collect();
+        let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
+        let q: Vec<f32> = (0..nq * hd).map(|_| r()).collect();
+        let packed = attn::pack_keys(&keys, hd);
+        let bf = |x: &[f32]| x.iter().map(|&v| Bf16::from_f32(v)).collect::<Vec<_>>();
+        let (kb, vb) = (bf(&packed), bf(&vals));
+        let (mut kc, mut ks) = (vec![0i8; packed.len()], vec![F16(0); packed.len() / q8::Q8_GROUP]);
+        let (mut vc, mut vs) = (vec![0i8; vals.len()], vec![F16(0); vals.len() / q8::Q8_GROUP]);
+        for (j, (k, v)) in keys.chunks_exact(hd).zip(vals.chunks_exact(hd)).enumerate() {
+            q8::store_key(&mut kc, &mut ks, j, k);
+            q8::store_row(&mut vc, &mut vs, j * hd, v);
+        }
+        let ends = vec![n; nq];
+        let kinds = [
+            ("bf16", Cached::Bf16(&kb), Cached::Bf16(&vb), 2.0),
+            ("q8_0", Cached::Q8Keys(Q8Keys::new(&kc, &ks)), Cached::Q8Rows(Q8Rows::new(&vc, &vs)), 34.0 / 32.0),
+        ];
+        for isa in Isa::available().into_iter().filter(|&i| i >= Isa::Avx2) {
+            for &(name, k, v, bytes) in &kinds {
+                let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
+                let mut out = vec![0f32; nq * hd];
+                let mut times = vec![];
+                for _ in 0..(20_000_000 / (nq * n)).clamp(3, 200) {
+                    let t = Instant::now();
+                    let sc = attn::Scoring::full(0.088);
+                    attn::attend_cached(isa, (&q, hd), &ends, k, Some(v), sc, &[], (&mut acc, &mut part), &mut out);
+                    times.push(t.elapsed().as_secs_f64());
+                    std::hint::black_box(&out);
+                }
+                times.sort_by(f64::total_cmp);
+                let t = times[times.len() / 2];
+                println!(
+                    "attention decode    {nq} queries x {n:>5} keys, head_dim {hd}, {isa:<6} {name}: {:6.2} ns per (query, key), {:6.1} GB/s of K and V",
+                    t * 1e9 / (nq * n) as f64,
+                    2.0 * (n * hd) as f64 * bytes / t / 1e9
+                );
+            }
+        }
+    }
 }
 
 /// The latent-attention prefill tiles (see the module's doc).
@@ -87,7 +134,7 @@ fn latent(r: &mut impl FnMut() -> f32) {
                 for _ in 0..(200_000_000 / (pairs * hk)).clamp(3, 50) {
                     let t = Instant::now();
                     let sc = attn::Scoring::full(0.07);
-                    let (kp, vals) = (&packed[..], attn::Values::<f32>::KeyPrefix);
+                    let (kp, vals) = (&packed[..], attn::Values::<&[f32]>::KeyPrefix);
                     attn::attend_keyed(isa, (&q, hk), &ends, kp, vals, sc, &[], (&mut acc, &mut part), &mut out);
                     times.push(t.elapsed().as_secs_f64());
                     std::hint::black_box(&out);

@@ -271,10 +271,11 @@ pub struct RunArgs {
 #[derive(Args, Debug, Clone, Copy)]
 pub struct KvArgs {
     /// Element type of the cached keys: bf16 (half of f32's bytes, 8 significant bits), f16
-    /// (11 bits, llama.cpp's default) or f32 (exact).
+    /// (11 bits, llama.cpp's default), q8_0 (llama.cpp's 8-bit blocks: 32 values, one scale;
+    /// about a quarter of f32's bytes) or f32 (exact).
     #[arg(long = "cache-type-k", visible_alias = "ctk", default_value = "bf16", value_name = "TYPE")]
     pub k: moescope::model::KvType,
-    /// Element type of the cached values: bf16, f16 or f32.
+    /// Element type of the cached values: bf16, f16, q8_0 or f32.
     #[arg(long = "cache-type-v", visible_alias = "ctv", default_value = "bf16", value_name = "TYPE")]
     pub v: moescope::model::KvType,
 }

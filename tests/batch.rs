@@ -90,7 +90,8 @@ fn a_batch_gives_each_sequence_its_logits_alone_bit_for_bit() {
     // plain attention with q4 groups of 32 (the AVX-512 lanes) and bf16 (the demo), a hybrid
     // (Gated DeltaNet, gated attention, shared expert), q8, gpt-oss (windows, sinks, MXFP4),
     // DeepSeek-V3 (latent attention, both forms), GLM-4.5
-    for (name, quant) in [
+    let mut q8_runs = 0;
+    for (n, (name, quant)) in [
         ("demo", "bf16"),
         ("single", "q4g32"),
         ("single", "q4"),
@@ -99,7 +100,10 @@ fn a_batch_gives_each_sequence_its_logits_alone_bit_for_bit() {
         ("gpt-oss-mxfp4", "mxfp4"),
         ("deepseek", "q4"),
         ("glm", "q4g32"),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
         let ids = match name {
             "demo" => (0..40).map(|i| (i * 37 + 11) % 2000).collect(),
             _ => Reference::load(name).ids("input_ids"),
@@ -107,8 +111,14 @@ fn a_batch_gives_each_sequence_its_logits_alone_bit_for_bit() {
         let ps = prompts(&ids);
         let (_d, path) = convert(name, quant);
         let model = Decoder::load(Arc::new(Package::open(&path).unwrap())).unwrap();
-        // f32 KV, and two-byte keys and values (attention widens what it reads)
-        let typed = KvTypes { k: KvType::Bf16, v: KvType::F16 };
+        // f32 KV, and bf16 keys with f16 values or (every other fixture, where the heads are
+        // whole 32-value blocks) q8_0 keys and values: attention widens what it reads
+        let q8 = KvTypes { k: KvType::Q8_0, v: KvType::Q8_0 };
+        let typed = match KvCache::check_types(&model.cfg, q8) {
+            Ok(()) if n % 2 == 1 => q8,
+            _ => KvTypes { k: KvType::Bf16, v: KvType::F16 },
+        };
+        q8_runs += usize::from(typed == q8);
         for (isa, types) in Isa::available().into_iter().flat_map(|i| [(i, KvTypes::F32), (i, typed)]) {
             let exec = Exec::new(2, isa).unwrap();
             let want: Vec<_> = ps.iter().map(|p| alone(&model, &exec, p, types)).collect();
@@ -126,4 +136,5 @@ fn a_batch_gives_each_sequence_its_logits_alone_bit_for_bit() {
             }
         }
     }
+    assert_eq!(q8_runs, 4, "q8_0 on single, qwen35, gpt-oss and glm");
 }

@@ -1,7 +1,8 @@
 //! The KV cache's element types through the whole engine: bf16 (the default) and f16 keys and
 //! values choose the f32 cache's greedy tokens on the demo over 200 tokens (but at near-ties),
 //! and on the other attention forms (a hybrid's gated attention, DeepSeek-V3's latent attention,
-//! gpt-oss's windows and sinks, GLM) give logits within a stated distance of the f32 cache's.
+//! gpt-oss's windows and sinks, GLM) they and q8_0 give logits within a stated distance of the
+//! f32 cache's.
 
 use std::sync::Arc;
 
@@ -134,17 +135,21 @@ fn two_byte_caches_choose_the_f32_caches_tokens_on_the_demo_over_200_tokens() {
 
 /// On the other attention forms, with the f32 run's routing replayed (a router near-tie that a
 /// rounding breaks swaps a whole expert: the MoE's own discontinuity, not the cache's), the
-/// logits stay within 5% of their largest of the f32 cache's at every step. Not closer: the q4,
-/// q8 and MXFP4 products take int8 activations, so any change of a layer's input moves some
-/// activations by a quantization step, the same for f16's 11 significant bits as for bf16's 8
-/// (measured: 0.5-2% of the largest logit on these fixtures).
+/// two-byte and q8_0 caches' logits stay within 5% of their largest of the f32 cache's at every
+/// step. Not closer: the q4, q8 and MXFP4 products take int8 activations, so any change of a
+/// layer's input moves some activations by a quantization step, the same for f16's 11
+/// significant bits as for bf16's 8 (measured: 0.2-2.4% of the largest logit on these fixtures,
+/// q8_0 0.3-3.0%).
 #[test]
-fn two_byte_caches_stay_near_the_f32_caches_logits_on_every_attention_form() {
+fn typed_caches_stay_near_the_f32_caches_logits_on_every_attention_form() {
     for (name, quant) in [("qwen35", "q4"), ("deepseek", "q4"), ("gpt-oss-mxfp4", "mxfp4"), ("glm", "q4g32")] {
         let ids = Reference::load(name).ids("input_ids");
         let (_d, path) = convert(name, quant);
         let ((_, want), routes) = greedy_routed(&mut engine(&path, 320, KvTypes::F32), &ids, 8);
-        for kv in TWO_BYTE {
+        let q8 = KvTypes { k: KvType::Q8_0, v: KvType::Q8_0 };
+        // DeepSeek's tiny latent rows (40 values) are not whole q8_0 blocks
+        let eight = (name != "deepseek").then_some(q8);
+        for kv in TWO_BYTE.into_iter().chain(eight) {
             let mut e = engine(&path, 320, kv);
             e.set_route_replay(Some(routes.replay(&e))).expect("replay");
             let (_, got) = greedy(&mut e, &ids, 8);
@@ -157,5 +162,25 @@ fn two_byte_caches_stay_near_the_f32_caches_logits_on_every_attention_form() {
             }
             assert!(moved > 0.0, "{name} KV {kv}: the f32 cache's logits exactly: not rounded?");
         }
+    }
+}
+
+/// A q8_0 cache of heads that are not whole 32-value blocks (the "odd" fixture's 16) is refused
+/// with one line naming the file and the head dimension: by the engine and by the CLI, with a
+/// non-zero exit; bf16 on the same model loads.
+#[test]
+fn q8_0_is_refused_where_heads_are_not_whole_blocks() {
+    let (dir, path) = convert("odd", "q4");
+    let q8 = KvTypes { k: KvType::Bf16, v: KvType::Q8_0 };
+    let e = Engine::load(&path, options(64, q8)).err().expect("refused");
+    let msg = e.to_string();
+    assert!(msg.contains("multiple of 32 (this model's is 16)") && msg.contains(path.to_str().unwrap()), "{msg}");
+    assert!(Engine::load(&path, options(64, KvTypes::default())).is_ok());
+    let p = path.to_str().unwrap();
+    for args in [vec!["run", "-m", p, "-p", "hi", "-n", "1", "-ctv", "q8_0"], vec!["plan", "-m", p, "-ctk", "q8_0"]] {
+        let o = common::moescope(&args, dir.path());
+        let err = common::stderr(&o);
+        assert!(!o.status.success() && err.contains("multiple of 32 (this model's is 16)"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     }
 }

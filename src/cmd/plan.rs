@@ -67,6 +67,7 @@ pub fn run(a: &PlanArgs) -> Result<()> {
     if sizes.moe_layers == 0 {
         bail!("{label}: no MoE layers: nothing streams");
     }
+    moescope::model::KvCache::check_types(&sizes.cfg, a.kv.types()).map_err(|e| anyhow::anyhow!("{label}: {e}"))?;
     let allowance = match &a.mem {
         Some(m) => Allowance { bytes: parse_size(m)?, source: format!("--mem {m}"), cgroup: true },
         None => sizing::allowance(),

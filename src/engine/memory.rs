@@ -61,11 +61,14 @@ impl Engine {
     }
 
     /// Keys and values in `types` from now on: the sequence starts empty in a cache of the same
-    /// length (a no-op when they are the types already).
-    pub fn set_kv_types(&mut self, types: crate::model::KvTypes) {
+    /// length (a no-op when they are the types already). Refused, with the reason, where the
+    /// model's heads cannot be kept in them.
+    pub fn set_kv_types(&mut self, types: crate::model::KvTypes) -> Result<(), String> {
+        KvCache::check_types(&self.model.cfg, types)?;
         if types != self.seq.kv.types() {
             self.seq = super::Slot::new(&self.model.cfg, self.seq.capacity(), types);
         }
+        Ok(())
     }
 
     /// What the engine expects to use: dense weights, the expert pool, the KV cache at full

@@ -26,7 +26,9 @@ use moescope_kernels::Isa;
 
 use crate::exec::Exec;
 use crate::experts::{Experts, StreamConfig};
-use crate::model::{Decoder, ExpertSource, KvTypes, Logits, ModelError, Observer, Resident, RunState, Runtime};
+use crate::model::{
+    Decoder, ExpertSource, KvCache, KvTypes, Logits, ModelError, Observer, Resident, RunState, Runtime,
+};
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
@@ -229,6 +231,7 @@ impl Engine {
             None => None,
         };
         let exec = Exec::new(opts.threads, opts.isa).map_err(EngineError::Setup)?;
+        KvCache::check_types(cfg, opts.kv).map_err(|e| EngineError::Setup(format!("{}: {e}", path.display())))?;
         let seq = Slot::new(cfg, ctx, opts.kv);
         let experts = match (opts.stream, pkg.meta.experts.is_some()) {
             (Some(sc), true) => {

@@ -62,11 +62,12 @@ impl KvCache {
     /// A cache of `cap` positions, its keys and values in `types`.
     pub fn typed(cfg: &ModelConfig, cap: usize, types: KvTypes) -> KvCache {
         let (n_kv, hd, values) = Self::shape(cfg);
+        assert!(types.check(hd).is_ok(), "{types} KV cache of {hd}-wide heads");
         let stride = cap.next_multiple_of(KEY_BLOCK);
         let per = n_kv * stride * hd;
         let attends = |l: usize| cfg.layer_kind(l) == LayerKind::FullAttention;
-        let kv = |on: bool, t| {
-            (0..cfg.num_hidden_layers).map(|l| Buf::new(t, if attends(l) && on { per } else { 0 })).collect()
+        let kv = |on: bool, t, keys| {
+            (0..cfg.num_hidden_layers).map(|l| Buf::new(t, if attends(l) && on { per } else { 0 }, keys)).collect()
         };
         KvCache {
             n_kv,
@@ -75,8 +76,8 @@ impl KvCache {
             stride,
             len: 0,
             types,
-            k: kv(true, types.k),
-            v: kv(values, types.v),
+            k: kv(true, types.k, true),
+            v: kv(values, types.v, false),
             linear: (0..cfg.num_hidden_layers)
                 .map(|l| cfg.hybrid.as_ref().filter(|_| !attends(l)).map(LinearState::new))
                 .collect(),
@@ -106,7 +107,13 @@ impl KvCache {
     pub fn bytes_per_token(cfg: &ModelConfig, types: KvTypes) -> u64 {
         let (n_kv, hd, values) = Self::shape(cfg);
         let per = cfg.attention_layers() * n_kv * hd;
-        (per * (types.k.bytes() + if values { types.v.bytes() } else { 0 })) as u64
+        (types.k.bytes(per) + if values { types.v.bytes(per) } else { 0 }) as u64
+    }
+
+    /// Whether a cache of `cfg`'s shape can keep `types` (q8_0 needs rows of whole 32-value
+    /// blocks): the one-line reason where not.
+    pub fn check_types(cfg: &ModelConfig, types: KvTypes) -> Result<(), String> {
+        types.check(Self::shape(cfg).1)
     }
 
     /// The element types of its keys and values.
@@ -122,13 +129,8 @@ impl KvCache {
 
     /// Bytes its first `len` positions and its checkpoints take.
     pub fn bytes_used(&self) -> u64 {
-        let per_pos: usize = self
-            .k
-            .iter()
-            .chain(&self.v)
-            .filter(|b| !b.is_empty())
-            .map(|b| self.n_kv * self.hd * b.kind().bytes())
-            .sum();
+        let per_pos: usize =
+            self.k.iter().chain(&self.v).filter(|b| !b.is_empty()).map(|b| b.kind().bytes(self.n_kv * self.hd)).sum();
         let linear: u64 = self.linear.iter().flatten().map(LinearState::bytes).sum();
         (self.len.next_multiple_of(KEY_BLOCK) * per_pos) as u64 + linear * (1 + self.checkpoints.len() as u64)
     }
@@ -333,6 +335,11 @@ mod tests {
 
     /// 2 layers, 3 KV heads of 5 dims (what the cache reads of a config).
     fn config() -> ModelConfig {
+        config_hd(5)
+    }
+
+    /// [`config`] with heads `hd` wide.
+    fn config_hd(hd: usize) -> ModelConfig {
         ModelConfig {
             arch: crate::model_config::Arch::Qwen3Moe,
             vocab_size: 10,
@@ -340,7 +347,7 @@ mod tests {
             num_hidden_layers: 2,
             num_attention_heads: 6,
             num_key_value_heads: 3,
-            head_dim: 5,
+            head_dim: hd,
             intermediate_size: 8,
             moe_intermediate_size: 8,
             num_experts: 2,
@@ -408,25 +415,43 @@ mod tests {
         }
     }
 
-    /// A bf16, f16 or mixed cache holds each key and value as its type rounds it, written one
-    /// position at a time or as a prompt's rows; its bytes are the types' (the formula written
-    /// out: 2 attention layers x 3 heads x 5 dims, keys and values).
+    /// A bf16, f16, q8_0 or mixed cache holds each key and value as its type rounds it,
+    /// written one position at a time or as a prompt's rows; its bytes are the types' (the
+    /// formula written out: 2 attention layers x 3 heads x 32 dims, keys and values; q8_0 34
+    /// bytes per 32).
     #[test]
     fn a_typed_cache_holds_each_value_rounded_to_its_type() {
-        use super::super::kv_buf::KvType::{self, Bf16, F16, F32};
-        use moescope_kernels::attn::{self, stored};
-        let cfg = config();
+        use super::super::kv_buf::KvType::{self, Bf16, F16, F32, Q8_0};
+        use moescope_kernels::attn::{self, KvElem, q8, stored};
+        let cfg = config_hd(32);
         let (n_kv, hd, t_n) = (cfg.num_key_value_heads, cfg.head_dim, KEY_BLOCK + 3);
         // values no two-byte type holds exactly
         let k: Vec<f32> = (0..t_n * n_kv * hd).map(|i| 1.0 + i as f32 / 3000.0).collect();
         let v: Vec<f32> = (0..t_n * n_kv * hd).map(|i| -0.1 - i as f32 / 7000.0).collect();
         let exec = Exec::new(2, moescope_kernels::Isa::detect()).expect("threads");
-        let round = |t: KvType, x: f32| match t {
-            F32 => x,
-            Bf16 => stored::<attn::Bf16>(x),
-            F16 => stored::<attn::F16>(x),
+        // what type t holds of the row (one head's hd values) that holds src
+        let round = |t: KvType, src: usize, x: &[f32]| match t {
+            F32 => x[src],
+            Bf16 => stored::<attn::Bf16>(x[src]),
+            F16 => stored::<attn::F16>(x[src]),
+            Q8_0 => {
+                let (g0, mut codes) = (src / q8::Q8_GROUP * q8::Q8_GROUP, [0i8; q8::Q8_GROUP]);
+                let d = q8::q8_0(&x[g0..g0 + q8::Q8_GROUP], &mut codes);
+                codes[src - g0] as f32 * d.to_f32()
+            }
         };
-        for types in [KvTypes { k: Bf16, v: Bf16 }, KvTypes { k: F16, v: F16 }, KvTypes { k: Bf16, v: F32 }] {
+        let bytes = |t: KvType| match t {
+            F32 => 4.0,
+            Bf16 | F16 => 2.0,
+            Q8_0 => 34.0 / 32.0,
+        };
+        for types in [
+            KvTypes { k: Bf16, v: Bf16 },
+            KvTypes { k: F16, v: F16 },
+            KvTypes { k: Bf16, v: F32 },
+            KvTypes { k: Q8_0, v: Q8_0 },
+            KvTypes { k: Q8_0, v: F16 },
+        ] {
             let (mut one, mut rows) = (KvCache::typed(&cfg, 70, types), KvCache::typed(&cfg, 70, types));
             for t in 0..t_n {
                 let r = t * n_kv * hd..(t + 1) * n_kv * hd;
@@ -439,12 +464,12 @@ mod tests {
                 for t in 0..t_n {
                     for d in 0..hd {
                         let (kb, src) = (t / KEY_BLOCK * hd * KEY_BLOCK, (t * n_kv + h) * hd + d);
-                        assert_eq!(keys[kb + d * KEY_BLOCK + t % KEY_BLOCK], round(types.k, k[src]), "{types} key");
-                        assert_eq!(vals[t * hd + d], round(types.v, v[src]), "{types} value");
+                        assert_eq!(keys[kb + d * KEY_BLOCK + t % KEY_BLOCK], round(types.k, src, &k), "{types} key");
+                        assert_eq!(vals[t * hd + d], round(types.v, src, &v), "{types} value");
                     }
                 }
             }
-            let per = (2 * 3 * 5 * (types.k.bytes() + types.v.bytes())) as u64;
+            let per = (2.0 * 3.0 * 32.0 * (bytes(types.k) + bytes(types.v))) as u64;
             assert_eq!(KvCache::bytes_per_token(&cfg, types), per);
             assert_eq!(KvCache::bytes_at_capacity(&cfg, 70, types), 2 * KEY_BLOCK as u64 * per);
             // a cache of other types cannot take its prefix

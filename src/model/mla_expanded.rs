@@ -147,7 +147,7 @@ fn head<'w>(isa: Isa, lat: &Latent<'_>, h: usize, (q, pos0): (&[f32], usize), w:
         split_ends.clear();
         split_ends.extend((0..t_n).map(|t| (pos0 + t + 1).saturating_sub(s.start).min(s.len())));
         part.reset(t_n);
-        attn::fold_keyed(isa, (qh, hd), split_ends, keys, attn::Values::Rows(vals), 0..s.len(), sc, part);
+        attn::fold_keyed(isa, (qh, hd), split_ends, &keys[..], attn::Values::Rows(&vals[..]), 0..s.len(), sc, part);
         acc.merge(part);
     }
     acc

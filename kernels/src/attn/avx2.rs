@@ -4,17 +4,17 @@
 
 use std::arch::x86_64::*;
 
-use super::{KEY_BLOCK, KvElem, VCHUNK};
+use super::{KEY_BLOCK, KvRead, VCHUNK};
 
 /// The first `V` vectors of 8 lanes of [`super::scores`].
 ///
 /// # Safety
 /// AVX2, FMA and F16C present.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn scores<const Q: usize, const V: usize, K: KvElem>(
+pub unsafe fn scores<const Q: usize, const V: usize, K: KvRead>(
     idx: &[usize; Q],
     q: &[f32],
-    kt: &[K],
+    kt: K,
     hd: usize,
 ) -> [[f32; KEY_BLOCK]; Q] {
     assert!(V <= 8 && kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
@@ -23,10 +23,9 @@ pub unsafe fn scores<const Q: usize, const V: usize, K: KvElem>(
         let mut acc = [_mm256_setzero_ps(); V];
         for d in 0..hd {
             // SAFETY (the loads): inside `kt` and `q`, as asserted
-            let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
             let qd = _mm256_set1_ps(unsafe { *q.get_unchecked(i * hd + d) });
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(qd, unsafe { K::load8(col.add(8 * r)) }, *a);
+                *a = _mm256_fmadd_ps(qd, unsafe { kt.load8(d * KEY_BLOCK + 8 * r) }, *a);
             }
         }
         for (r, a) in acc.iter().enumerate() {
@@ -40,7 +39,7 @@ pub unsafe fn scores<const Q: usize, const V: usize, K: KvElem>(
 /// # Safety
 /// AVX2, FMA and F16C present.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn weighted<const C: usize, V: KvElem>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[V], hd: usize) -> usize {
+pub unsafe fn weighted<const C: usize, V: KvRead>(o: &mut [f32], alpha: f32, p: &[f32], vb: V, hd: usize) -> usize {
     let n = C * VCHUNK;
     assert!(o.len() >= n && (p.is_empty() || vb.len() >= (p.len() - 1) * hd + n));
     let al = _mm256_set1_ps(alpha);
@@ -55,10 +54,9 @@ pub unsafe fn weighted<const C: usize, V: KvElem>(o: &mut [f32], alpha: f32, p: 
         }
         for (j, &pj) in p.iter().enumerate() {
             let pv = _mm256_set1_ps(pj);
-            // SAFETY: row j's first n values are inside `vb`, as asserted
-            let v = unsafe { vb.as_ptr().add(j * hd + d0) };
             for (c, a) in acc.iter_mut().enumerate().take(w) {
-                *a = _mm256_fmadd_ps(pv, unsafe { V::load8(v.add(8 * c)) }, *a);
+                // SAFETY: row j's first n values are inside `vb`, as asserted
+                *a = _mm256_fmadd_ps(pv, unsafe { vb.load8(j * hd + d0 + 8 * c) }, *a);
             }
         }
         for (c, a) in acc.iter().enumerate().take(w) {

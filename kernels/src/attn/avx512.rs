@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::{KEY_BLOCK, KvElem, VCHUNK};
+use super::{KEY_BLOCK, KvRead, VCHUNK};
 
 const _: () = assert!(KEY_BLOCK == 4 * 16 && VCHUNK == 16);
 
@@ -13,18 +13,17 @@ const _: () = assert!(KEY_BLOCK == 4 * 16 && VCHUNK == 16);
 /// # Safety
 /// AVX-512 F present.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn scores<const Q: usize, const V: usize, K: KvElem>(
+pub unsafe fn scores<const Q: usize, const V: usize, K: KvRead>(
     idx: &[usize; Q],
     q: &[f32],
-    kt: &[K],
+    kt: K,
     hd: usize,
 ) -> [[f32; KEY_BLOCK]; Q] {
     assert!(V <= 4 && kt.len() >= hd * KEY_BLOCK && idx.iter().all(|&i| (i + 1) * hd <= q.len()));
     let mut acc = [[_mm512_setzero_ps(); V]; Q];
     for d in 0..hd {
         // SAFETY (the loads): inside `kt` and `q`, as asserted
-        let col = unsafe { kt.as_ptr().add(d * KEY_BLOCK) };
-        let k: [__m512; V] = std::array::from_fn(|r| unsafe { K::load16(col.add(16 * r)) });
+        let k: [__m512; V] = std::array::from_fn(|r| unsafe { kt.load16(d * KEY_BLOCK + 16 * r) });
         for (a, &i) in acc.iter_mut().zip(idx) {
             let qd = _mm512_set1_ps(unsafe { *q.get_unchecked(i * hd + d) });
             for (a, &k) in a.iter_mut().zip(&k) {
@@ -45,7 +44,7 @@ pub unsafe fn scores<const Q: usize, const V: usize, K: KvElem>(
 /// # Safety
 /// AVX-512 F present.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn weighted<const C: usize, V: KvElem>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[V], hd: usize) -> usize {
+pub unsafe fn weighted<const C: usize, V: KvRead>(o: &mut [f32], alpha: f32, p: &[f32], vb: V, hd: usize) -> usize {
     let n = C * VCHUNK;
     assert!(o.len() >= n && (p.is_empty() || vb.len() >= (p.len() - 1) * hd + n));
     let al = _mm512_set1_ps(alpha);
@@ -56,10 +55,9 @@ pub unsafe fn weighted<const C: usize, V: KvElem>(o: &mut [f32], alpha: f32, p: 
     }
     for (j, &pj) in p.iter().enumerate() {
         let pv = _mm512_set1_ps(pj);
-        // SAFETY: row j's first n values are inside `vb`, as asserted
-        let v = unsafe { vb.as_ptr().add(j * hd) };
         for (c, a) in acc.iter_mut().enumerate() {
-            *a = _mm512_fmadd_ps(pv, unsafe { V::load16(v.add(16 * c)) }, *a);
+            // SAFETY: row j's first n values are inside `vb`, as asserted
+            *a = _mm512_fmadd_ps(pv, unsafe { vb.load16(j * hd + 16 * c) }, *a);
         }
     }
     for (c, a) in acc.iter().enumerate() {
@@ -78,12 +76,12 @@ pub unsafe fn weighted<const C: usize, V: KvElem>(o: &mut [f32], alpha: f32, p: 
 /// # Safety
 /// AVX-512 F present.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn weighted_shared<const Q: usize, const C: usize, V: KvElem>(
+pub unsafe fn weighted_shared<const Q: usize, const C: usize, V: KvRead>(
     o: &mut [f32],
     at: [usize; Q],
     alpha: [f32; Q],
     p: [&[f32]; Q],
-    vb: &[V],
+    vb: V,
     hd: usize,
 ) -> usize {
     let (n, len) = (C * VCHUNK, p[0].len());
@@ -99,10 +97,9 @@ pub unsafe fn weighted_shared<const Q: usize, const C: usize, V: KvElem>(
     }
     for j in 0..len {
         // SAFETY: row j's first n values are inside `vb`, and j inside every `p[k]`, as asserted
-        let v = unsafe { vb.as_ptr().add(j * hd) };
         let pv: [__m512; Q] = std::array::from_fn(|k| _mm512_set1_ps(unsafe { *p[k].get_unchecked(j) }));
         for c in 0..C {
-            let x = unsafe { V::load16(v.add(16 * c)) };
+            let x = unsafe { vb.load16(j * hd + 16 * c) };
             for k in 0..Q {
                 acc[k][c] = _mm512_fmadd_ps(pv[k], x, acc[k][c]);
             }

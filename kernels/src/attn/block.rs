@@ -2,7 +2,7 @@
 //! (`KEY_BLOCK` lanes, each summed over the head dimension in order), the online softmax's
 //! step, and the weighted values (alone, or four queries that see the same keys at once).
 
-use super::{KEY_BLOCK, KvElem, Scoring, State, VCHUNK, exp_le0};
+use super::{KEY_BLOCK, KvRead, Scoring, State, VCHUNK, exp_le0};
 #[cfg(target_arch = "x86_64")]
 use super::{avx2, avx512};
 use crate::Isa;
@@ -13,19 +13,19 @@ pub(super) const QUERIES: usize = 4;
 
 /// One block of keys (positions `b0..b1`, transposed keys `kt`, `hk` rows) and the values
 /// (`hv` wide, row 0 at position `vbase`), in the cache's elements.
-pub(super) struct Block<'a, K, V> {
+pub(super) struct Block<K, V> {
     pub(super) isa: Isa,
     pub(super) b0: usize,
     pub(super) b1: usize,
-    pub(super) kt: &'a [K],
-    pub(super) vals: &'a [V],
+    pub(super) kt: K,
+    pub(super) vals: V,
     pub(super) vbase: usize,
     pub(super) hk: usize,
     pub(super) hv: usize,
     pub(super) sc: Scoring,
 }
 
-impl<K: KvElem, V: KvElem> Block<'_, K, V> {
+impl<K: KvRead, V: KvRead> Block<K, V> {
     /// Fold this block into the states of the queries `idx` (each sees part of it).
     #[inline(always)]
     pub(super) fn queries<const Q: usize>(&self, idx: &[usize; Q], q: &[f32], ends: &[usize], st: &mut State) {
@@ -45,12 +45,12 @@ impl<K: KvElem, V: KvElem> Block<'_, K, V> {
             let s = &mut sc[keys.start - lane0..keys.end - lane0];
             let (m, alpha, sum) = self.softmax_step(s, st.m[i]);
             let o = &mut st.o[i * hd..(i + 1) * hd];
-            let vb = &self.vals[(keys.start - self.vbase) * hd..(keys.end - self.vbase) * hd];
+            let vb = self.vals.skip((keys.start - self.vbase) * hd);
             // VCHUNK dimensions per register, up to 8 registers at once; any rest alone
             let mut c = 0;
             while c < hd {
                 let left = (hd - c) / VCHUNK;
-                let (isa, o, vb) = (self.isa, &mut o[c..], &vb[c..]);
+                let (isa, o, vb) = (self.isa, &mut o[c..], vb.skip(c));
                 c += match left {
                     8.. => weighted::<8, V>(isa, o, alpha, s, vb, hd),
                     4.. => weighted::<4, V>(isa, o, alpha, s, vb, hd),
@@ -85,12 +85,12 @@ impl<K: KvElem, V: KvElem> Block<'_, K, V> {
         }
         let alpha = steps.map(|(_, a, _)| a);
         let p: [&[f32]; Q] = std::array::from_fn(|k| &sc[k][l0..l1]);
-        let vb = &self.vals[(keys.start - self.vbase) * hd..(keys.end - self.vbase) * hd];
+        let vb = self.vals.skip((keys.start - self.vbase) * hd);
         let mut c = 0;
         while c < hd {
             let at = idx.map(|i| i * hd + c);
             // SAFETY: the caller checked the tier for AVX-512 F
-            c += unsafe { avx512::weighted_shared::<Q, 4, V>(&mut st.o, at, alpha, p, &vb[c..], hd) };
+            c += unsafe { avx512::weighted_shared::<Q, 4, V>(&mut st.o, at, alpha, p, vb.skip(c), hd) };
         }
         for (&i, (m, alpha, sum)) in idx.iter().zip(steps) {
             st.l[i] = st.l[i] * alpha + sum;
@@ -128,11 +128,11 @@ impl<K: KvElem, V: KvElem> Block<'_, K, V> {
 /// (`1..=KEY_BLOCK`) may be left unset: the vectors that hold none of the first `lanes` are
 /// skipped.
 #[inline(always)]
-fn scores<const Q: usize, K: KvElem>(
+fn scores<const Q: usize, K: KvRead>(
     isa: Isa,
     idx: &[usize; Q],
     q: &[f32],
-    kt: &[K],
+    kt: K,
     hd: usize,
     lanes: usize,
 ) -> [[f32; KEY_BLOCK]; Q] {
@@ -160,11 +160,11 @@ fn scores<const Q: usize, K: KvElem>(
     }
     let _ = isa;
     let mut sc = [[0f32; KEY_BLOCK]; Q];
-    for (d, col) in kt.chunks_exact(KEY_BLOCK).take(hd).enumerate() {
+    for d in 0..hd {
         for (s, &i) in sc.iter_mut().zip(idx) {
             let qd = q[i * hd + d];
-            for (a, &k) in s[..lanes].iter_mut().zip(col) {
-                *a += qd * k.to_f32();
+            for (j, a) in s[..lanes].iter_mut().enumerate() {
+                *a += qd * kt.get(d * KEY_BLOCK + j);
             }
         }
     }
@@ -174,7 +174,7 @@ fn scores<const Q: usize, K: KvElem>(
 /// `o[..C * VCHUNK] = o * alpha + Σ_j p[j] v[j]` with `v[j]` at `vb[j * hd..]`, in registers;
 /// returns the dimensions done. Each dimension: the rescale, then the keys in order.
 #[inline(always)]
-fn weighted<const C: usize, V: KvElem>(isa: Isa, o: &mut [f32], alpha: f32, p: &[f32], vb: &[V], hd: usize) -> usize {
+fn weighted<const C: usize, V: KvRead>(isa: Isa, o: &mut [f32], alpha: f32, p: &[f32], vb: V, hd: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 {
@@ -193,9 +193,8 @@ fn weighted<const C: usize, V: KvElem>(isa: Isa, o: &mut [f32], alpha: f32, p: &
             *a = x * alpha;
         }
         for (j, &pj) in p.iter().enumerate() {
-            let v = &vb[j * hd + c * VCHUNK..j * hd + (c + 1) * VCHUNK];
-            for (a, &x) in acc.iter_mut().zip(v) {
-                *a += pj * x.to_f32();
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a += pj * vb.get(j * hd + c * VCHUNK + k);
             }
         }
         o[c * VCHUNK..(c + 1) * VCHUNK].copy_from_slice(&acc);
@@ -205,14 +204,14 @@ fn weighted<const C: usize, V: KvElem>(isa: Isa, o: &mut [f32], alpha: f32, p: &
 
 /// [`weighted`] for the last `o.len() < VCHUNK` dimensions.
 #[inline(always)]
-fn weighted_rest<V: KvElem>(o: &mut [f32], alpha: f32, p: &[f32], vb: &[V], hd: usize) -> usize {
+fn weighted_rest<V: KvRead>(o: &mut [f32], alpha: f32, p: &[f32], vb: V, hd: usize) -> usize {
     let n = o.len();
     for x in o.iter_mut() {
         *x *= alpha;
     }
     for (j, &pj) in p.iter().enumerate() {
-        for (x, &v) in o.iter_mut().zip(&vb[j * hd..j * hd + n]) {
-            *x += pj * v.to_f32();
+        for (k, x) in o.iter_mut().enumerate() {
+            *x += pj * vb.get(j * hd + k);
         }
     }
     n

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use super::{Bf16, F16, KvElem, Scoring, State, Values};
+use super::{Bf16, F16, KvElem, KvRead, Q8Keys, Q8Rows, Scoring, State, Values};
 use crate::Isa;
 
 /// Keys (transposed blocks) or values (rows) as a cache keeps them.
@@ -12,6 +12,10 @@ pub enum Cached<'a> {
     F32(&'a [f32]),
     Bf16(&'a [Bf16]),
     F16(&'a [F16]),
+    /// q8_0 keys (their scales laid out for transposed blocks)
+    Q8Keys(Q8Keys<'a>),
+    /// q8_0 values (a scale per 32 values of a row)
+    Q8Rows(Q8Rows<'a>),
 }
 
 impl Cached<'_> {
@@ -20,6 +24,8 @@ impl Cached<'_> {
             Cached::F32(x) => x.len(),
             Cached::Bf16(x) => x.len(),
             Cached::F16(x) => x.len(),
+            Cached::Q8Keys(x) => x.len(),
+            Cached::Q8Rows(x) => x.len(),
         }
     }
 
@@ -34,6 +40,8 @@ impl Cached<'_> {
             Cached::F32(x) => out.extend_from_slice(&x[range]),
             Cached::Bf16(x) => out.extend(x[range].iter().map(|e| e.to_f32())),
             Cached::F16(x) => out.extend(x[range].iter().map(|e| e.to_f32())),
+            Cached::Q8Keys(x) => out.extend(range.map(|i| x.get(i))),
+            Cached::Q8Rows(x) => out.extend(range.map(|i| x.get(i))),
         }
     }
 }
@@ -46,12 +54,14 @@ macro_rules! with_types {
             Cached::F32($k) => with_types!(@v $vals, $k, $v, $body),
             Cached::Bf16($k) => with_types!(@v $vals, $k, $v, $body),
             Cached::F16($k) => with_types!(@v $vals, $k, $v, $body),
+            Cached::Q8Keys($k) => with_types!(@v $vals, $k, $v, $body),
+            Cached::Q8Rows(_) => unreachable!("q8_0 values given as keys"),
         }
     };
     (@v $vals:expr, $k:ident, $v:ident, $body:expr) => {
         match $vals {
             None => {
-                let $v: Values<'_, f32> = Values::KeyPrefix;
+                let $v: Values<&[f32]> = Values::KeyPrefix;
                 $body
             }
             Some(Cached::F32(x)) => {
@@ -66,6 +76,11 @@ macro_rules! with_types {
                 let $v = Values::Rows(x);
                 $body
             }
+            Some(Cached::Q8Rows(x)) => {
+                let $v = Values::Rows(x);
+                $body
+            }
+            Some(Cached::Q8Keys(_)) => unreachable!("q8_0 keys given as values"),
         }
     };
 }

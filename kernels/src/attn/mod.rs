@@ -26,6 +26,8 @@ use block::{Block, QUERIES};
 pub use cached::{Cached, attend_cached, fold_cached};
 pub use elem::{Bf16, F16, KvElem, as_elems, stored};
 pub use latent::Expansion;
+pub use q8::{Q8Keys, Q8Rows};
+pub use read::KvRead;
 
 /// Keys per step of the online softmax: its scores stay on the stack, its keys and values
 /// (`2 x 64 x head_dim` f32: 64 KiB at head_dim 128) in L1/L2 across a tile's queries.
@@ -158,12 +160,12 @@ pub fn splits(end: usize) -> impl Iterator<Item = Range<usize>> {
 /// a query's keys are grouped. The element-wise loops (rescaling, exponentials, the weighted
 /// sum of values) are compiled for the tier `isa` names.
 #[allow(clippy::too_many_arguments)]
-pub fn fold<K: KvElem, V: KvElem>(
+pub fn fold<K: KvRead, V: KvRead>(
     isa: Isa,
     q: &[f32],
     ends: &[usize],
-    keys: &[K],
-    vals: &[V],
+    keys: K,
+    vals: V,
     range: Range<usize>,
     sc: Scoring,
     st: &mut State,
@@ -173,9 +175,9 @@ pub fn fold<K: KvElem, V: KvElem>(
 
 /// Where a fold reads the values: rows of their own, or the keys' first `st.hd` dims.
 #[derive(Debug, Clone, Copy)]
-pub enum Values<'a, V> {
+pub enum Values<V> {
     /// `[positions, st.hd]`, row `j` at position `j`
-    Rows(&'a [V]),
+    Rows(V),
     /// Each key's first `st.hd` dims (DeepSeek-V3's absorbed latent attention: the compressed
     /// kv is both the keys' first part and the values). A block's value rows are copied out of
     /// its transposed keys once for every query of the fold, into a buffer of this thread, so
@@ -186,12 +188,12 @@ pub enum Values<'a, V> {
 /// [`fold`] with queries and keys `hk` wide (`q`: `[nq, hk]`), values as `vals` says, the state
 /// `st.hd` wide (`st.hd <= hk` for [`Values::KeyPrefix`]).
 #[allow(clippy::too_many_arguments)]
-pub fn fold_keyed<K: KvElem, V: KvElem>(
+pub fn fold_keyed<K: KvRead, V: KvRead>(
     isa: Isa,
     (q, hk): (&[f32], usize),
     ends: &[usize],
-    keys: &[K],
-    vals: Values<'_, V>,
+    keys: K,
+    vals: Values<V>,
     range: Range<usize>,
     sc: Scoring,
     st: &mut State,
@@ -219,8 +221,8 @@ struct FoldArgs<'a, K, V> {
     q: &'a [f32],
     hk: usize,
     ends: &'a [usize],
-    keys: &'a [K],
-    vals: Values<'a, V>,
+    keys: K,
+    vals: Values<V>,
     range: Range<usize>,
     sc: Scoring,
 }
@@ -236,18 +238,18 @@ thread_local! {
 // was measured with
 #[cfg_attr(not(fuzzing), target_feature(enable = "avx512f,avx2,fma"))]
 #[cfg_attr(fuzzing, target_feature(enable = "avx512f,avx512vl,avx512bw,avx2,fma"))]
-unsafe fn fold_avx512<K: KvElem, V: KvElem>(a: FoldArgs<'_, K, V>, st: &mut State) {
+unsafe fn fold_avx512<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State) {
     fold_body(a, st)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fold_avx2<K: KvElem, V: KvElem>(a: FoldArgs<'_, K, V>, st: &mut State) {
+unsafe fn fold_avx2<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State) {
     fold_body(a, st)
 }
 
 #[inline(always)]
-fn fold_body<K: KvElem, V: KvElem>(a: FoldArgs<'_, K, V>, st: &mut State) {
+fn fold_body<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State) {
     match a.vals {
         Values::Rows(v) => fold_blocks(&a, &mut Rows(v), st),
         Values::KeyPrefix => KEY_VALUES.with_borrow_mut(|buf| {
@@ -259,19 +261,24 @@ fn fold_body<K: KvElem, V: KvElem>(a: FoldArgs<'_, K, V>, st: &mut State) {
 
 /// Where [`fold_blocks`] finds a block's values.
 trait BlockValues<K> {
-    type W: KvElem;
+    type W<'s>: KvRead
+    where
+        Self: 's;
     /// Given the block's keys `kt` and (its first position, its lanes up to the range's
     /// end): the value rows and the position of the first.
-    fn block(&mut self, kt: &[K], lanes: (usize, usize)) -> (&[Self::W], usize);
+    fn block(&mut self, kt: K, lanes: (usize, usize)) -> (Self::W<'_>, usize);
 }
 
 /// Values as rows of their own, from position 0.
-struct Rows<'a, V>(&'a [V]);
+struct Rows<V>(V);
 
-impl<K, V: KvElem> BlockValues<K> for Rows<'_, V> {
-    type W = V;
+impl<K, V: KvRead> BlockValues<K> for Rows<V> {
+    type W<'s>
+        = V
+    where
+        Self: 's;
     #[inline(always)]
-    fn block(&mut self, _: &[K], _: (usize, usize)) -> (&[V], usize) {
+    fn block(&mut self, _: K, _: (usize, usize)) -> (V, usize) {
         (self.0, 0)
     }
 }
@@ -284,13 +291,16 @@ struct KeyRows<'b> {
     hv: usize,
 }
 
-impl<K: KvElem> BlockValues<K> for KeyRows<'_> {
-    type W = f32;
+impl<K: KvRead> BlockValues<K> for KeyRows<'_> {
+    type W<'s>
+        = &'s [f32]
+    where
+        Self: 's;
     #[inline(always)]
-    fn block(&mut self, kt: &[K], (lane0, lanes): (usize, usize)) -> (&[f32], usize) {
-        for (d, col) in kt.chunks_exact(KEY_BLOCK).take(self.hv).enumerate() {
-            for (j, &x) in col[..lanes].iter().enumerate() {
-                self.buf[j * self.hv + d] = x.to_f32();
+    fn block(&mut self, kt: K, (lane0, lanes): (usize, usize)) -> (&[f32], usize) {
+        for d in 0..self.hv {
+            for j in 0..lanes {
+                self.buf[j * self.hv + d] = kt.get(d * KEY_BLOCK + j);
             }
         }
         (&self.buf[..], lane0)
@@ -299,7 +309,7 @@ impl<K: KvElem> BlockValues<K> for KeyRows<'_> {
 
 /// The blocks of `a.range` folded into `st`, each block's values where `values` finds them.
 #[inline(always)]
-fn fold_blocks<K: KvElem, B: BlockValues<K>>(a: &FoldArgs<'_, K, impl KvElem>, values: &mut B, st: &mut State) {
+fn fold_blocks<K: KvRead, B: BlockValues<K>>(a: &FoldArgs<'_, K, impl KvRead>, values: &mut B, st: &mut State) {
     let FoldArgs { isa, q, hk, ends, keys, ref range, sc, .. } = *a;
     let hv = st.hd;
     let mut b0 = range.start;
@@ -307,7 +317,7 @@ fn fold_blocks<K: KvElem, B: BlockValues<K>>(a: &FoldArgs<'_, K, impl KvElem>, v
         let blk = b0 / KEY_BLOCK;
         let b1 = ((blk + 1) * KEY_BLOCK).min(range.end);
         // this block's keys, [hk, KEY_BLOCK]
-        let kt = &keys[blk * hk * KEY_BLOCK..(blk + 1) * hk * KEY_BLOCK];
+        let kt = keys.skip(blk * hk * KEY_BLOCK);
         let (vals, vbase) = values.block(kt, (blk * KEY_BLOCK, b1 - blk * KEY_BLOCK));
         let blk_ = Block { isa, b0, b1, kt, vals, vbase, hk, hv, sc };
         // the queries that see part of this block, QUERIES at a time (the scores of each are
@@ -370,12 +380,12 @@ pub fn exp_le0(x: f32) -> f32 {
 /// queries; decode runs the splits in parallel and merges the same states in the same order
 /// (a split no query reaches leaves nothing to merge, so it is skipped).
 #[allow(clippy::too_many_arguments)]
-pub fn attend<K: KvElem, V: KvElem>(
+pub fn attend<K: KvRead, V: KvRead>(
     isa: Isa,
     q: &[f32],
     ends: &[usize],
-    keys: &[K],
-    vals: &[V],
+    keys: K,
+    vals: V,
     sc: Scoring,
     sinks: &[f32],
     acc: &mut State,
@@ -388,12 +398,12 @@ pub fn attend<K: KvElem, V: KvElem>(
 /// [`attend`] with queries and keys `hk` wide and the values as `vals` says (see
 /// [`fold_keyed`]); `out` is `[nq, acc.hd]`.
 #[allow(clippy::too_many_arguments)]
-pub fn attend_keyed<K: KvElem, V: KvElem>(
+pub fn attend_keyed<K: KvRead, V: KvRead>(
     isa: Isa,
     (q, hk): (&[f32], usize),
     ends: &[usize],
-    keys: &[K],
-    vals: Values<'_, V>,
+    keys: K,
+    vals: Values<V>,
     sc: Scoring,
     sinks: &[f32],
     (acc, part): (&mut State, &mut State),
@@ -422,5 +432,7 @@ mod block;
 mod cached;
 mod elem;
 mod latent;
+pub mod q8;
+mod read;
 #[cfg(test)]
 mod tests;

@@ -51,7 +51,7 @@ fn attention_matches_the_textbook_formula_across_blocks_and_splits() {
             let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
             let mut out = vec![0f32; nq * hd];
             let packed = pack_keys(&keys, hd);
-            attend(isa, &q, &ends, &packed, &vals, Scoring::full(scale), &[], &mut acc, &mut part, &mut out);
+            attend(isa, &q, &ends, &packed[..], &vals[..], Scoring::full(scale), &[], &mut acc, &mut part, &mut out);
             for i in 0..nq {
                 let want = reference(&q[i * hd..(i + 1) * hd], &keys, &vals, ends[i], scale, hd);
                 for (d, (&a, &b)) in out[i * hd..(i + 1) * hd].iter().zip(&want).enumerate() {
@@ -87,13 +87,13 @@ fn a_query_gets_the_same_bits_alone_in_a_tile_and_from_parallel_splits() {
         // the tile, as prefill runs it
         let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
         let mut tile = vec![0f32; nq * hd];
-        attend(isa, &q, &ends, &keys, &vals, scale, &sinks, &mut acc, &mut part, &mut tile);
+        attend(isa, &q, &ends, &keys[..], &vals[..], scale, &sinks, &mut acc, &mut part, &mut tile);
         for i in 0..nq {
             // alone
             let (mut a1, mut p1) = (State::new(1, hd), State::new(1, hd));
             let mut alone = vec![0f32; hd];
             let qi = &q[i * hd..(i + 1) * hd];
-            attend(isa, qi, &ends[i..=i], &keys, &vals, scale, &sinks[i..=i], &mut a1, &mut p1, &mut alone);
+            attend(isa, qi, &ends[i..=i], &keys[..], &vals[..], scale, &sinks[i..=i], &mut a1, &mut p1, &mut alone);
             assert_eq!(alone, tile[i * hd..(i + 1) * hd], "{isa} {window:?} query {i}: alone vs in the tile");
             // as decode runs it: each split folded on its own (in reverse, as threads may
             // finish), the partial states merged in position order afterwards
@@ -103,7 +103,7 @@ fn a_query_gets_the_same_bits_alone_in_a_tile_and_from_parallel_splits() {
                 .rev()
                 .map(|rg| {
                     let mut p = State::new(1, hd);
-                    fold(isa, qi, &ends[i..=i], &keys, &vals, rg, scale, &mut p);
+                    fold(isa, qi, &ends[i..=i], &keys[..], &vals[..], rg, scale, &mut p);
                     p
                 })
                 .collect();
@@ -136,7 +136,7 @@ fn a_window_and_a_sink_match_the_textbook_formula() {
             let sc = Scoring { scale: 0.125, window };
             let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
             let mut out = vec![0f32; nq * hd];
-            attend(isa, &q, &ends, &packed, &vals, sc, &sinks, &mut acc, &mut part, &mut out);
+            attend(isa, &q, &ends, &packed[..], &vals[..], sc, &sinks, &mut acc, &mut part, &mut out);
             for i in 0..nq {
                 let seen = window.map_or(0, |w| ends[i].saturating_sub(w))..ends[i];
                 let want = reference_over(&q[i * hd..(i + 1) * hd], &keys, &vals, seen, 0.125, Some(sinks[i]), hd);
@@ -193,13 +193,13 @@ fn values_from_the_keys_prefix_are_the_rows_bits() {
             let packed = pack_keys(&keys, hk);
             for window in [None, Some(33)] {
                 let sc = Scoring { scale: 0.3, window };
-                let run = |v: Values<'_, f32>| {
+                let run = |v: Values<&[f32]>| {
                     let (mut acc, mut part) = (State::new(nq, hv), State::new(nq, hv));
                     let mut out = vec![0f32; nq * hv];
-                    attend_keyed(isa, (&q, hk), &ends, &packed, v, sc, &[], (&mut acc, &mut part), &mut out);
+                    attend_keyed(isa, (&q, hk), &ends, &packed[..], v, sc, &[], (&mut acc, &mut part), &mut out);
                     out
                 };
-                let (a, b) = (run(Values::KeyPrefix), run(Values::Rows(&vals)));
+                let (a, b) = (run(Values::KeyPrefix), run(Values::Rows(&vals[..])));
                 let tag = format!("{isa} hk {hk} hv {hv} n {n} window {window:?}");
                 assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{tag}: bits differ");
                 for i in 0..nq {
@@ -225,28 +225,102 @@ fn values_from_the_keys_prefix_are_the_rows_bits() {
     }
 }
 
-/// Unit roundoff of a KV element (`|x - stored(x)| <= u |x| + tiny`): bf16 keeps 8 significant
-/// bits, f16 11 (and below 2^-14 steps of 2^-24: the `tiny`), f32 is the reference's own.
-fn roundoff<E: KvElem>() -> (f64, f64) {
-    match E::BYTES {
-        4 => (0.0, 0.0),
-        _ if stored::<E>(1.0 + 1.0 / 512.0) == 1.0 => (2f64.powi(-8), 2f64.powi(-133)),
-        _ => (2f64.powi(-11), 2f64.powi(-25)),
+/// A KV cache type as the tests store rows in it.
+#[derive(Debug, Clone, Copy)]
+enum Ty {
+    F32,
+    Bf16,
+    F16,
+    Q8,
+}
+
+/// Rows stored in one of the types, keys (transposed blocks) or values (rows).
+enum Stored {
+    F32(Vec<f32>),
+    Bf16(Vec<Bf16>),
+    F16(Vec<F16>),
+    Q8(Vec<i8>, Vec<F16>, bool),
+}
+
+impl Stored {
+    fn view(&self) -> Cached<'_> {
+        match self {
+            Stored::F32(x) => Cached::F32(x),
+            Stored::Bf16(x) => Cached::Bf16(x),
+            Stored::F16(x) => Cached::F16(x),
+            Stored::Q8(c, s, true) => Cached::Q8Keys(Q8Keys::new(c, s)),
+            Stored::Q8(c, s, false) => Cached::Q8Rows(Q8Rows::new(c, s)),
+        }
     }
 }
 
-/// Attention over a cache of `K` keys and `V` values, past 4 key blocks and past a split, as a
-/// prompt's tile and as decode's merged splits: (1) the textbook formula in f64 over the values
-/// the cache holds, within f32 rounding, (2) the same formula over the unrounded values, within
-/// the bound the rounding gives: a score moves by at most `D = scale sum_d |q_d| max_j |k_jd| u_K`,
-/// so each weight by a factor within `e^(+-2D)`, and the output by at most
-/// `max|v| (e^(2D) - 1 + u_V)`.
-fn typed_attention<K: KvElem, V: KvElem>() {
-    let (uk, tk) = roundoff::<K>();
-    let (uv, tv) = roundoff::<V>();
+impl Ty {
+    /// Rows `[n, hd]` stored as keys (transposed blocks, [`pack_keys`]'s layout) or as values.
+    fn store(self, rows: &[f32], hd: usize, keys: bool) -> Stored {
+        let laid = if keys { pack_keys(rows, hd) } else { rows.to_vec() };
+        match self {
+            Ty::F32 => Stored::F32(laid),
+            Ty::Bf16 => Stored::Bf16(laid.iter().map(|&x| Bf16::from_f32(x)).collect()),
+            Ty::F16 => Stored::F16(laid.iter().map(|&x| F16::from_f32(x)).collect()),
+            Ty::Q8 => {
+                let mut codes = vec![0i8; laid.len()];
+                let mut scales = vec![F16(0); laid.len() / q8::Q8_GROUP];
+                for (j, row) in rows.chunks_exact(hd).enumerate() {
+                    if keys {
+                        q8::store_key(&mut codes, &mut scales, j, row);
+                    } else {
+                        q8::store_row(&mut codes, &mut scales, j * hd, row);
+                    }
+                }
+                Stored::Q8(codes, scales, keys)
+            }
+        }
+    }
+
+    /// What the type holds of rows (each a whole number of 32-value groups), and a bound on each value's error: bf16 keeps 8
+    /// significant bits, f16 11 (below 2^-14 steps of 2^-24); q8_0 `d / 2` of the code's
+    /// rounding plus `|code| d 2^-11` of the scale's (`d = max / 127` of the value's 32), so
+    /// `max (1/254 + 2^-11)`, 1% over for the rounding of `x / d`.
+    fn held(self, rows: &[f32]) -> (Vec<f32>, Vec<f64>) {
+        let (u, tiny) = match self {
+            Ty::F32 => return (rows.to_vec(), vec![0.0; rows.len()]),
+            Ty::Bf16 => (2f64.powi(-8), 2f64.powi(-133)),
+            Ty::F16 => (2f64.powi(-11), 2f64.powi(-25)),
+            Ty::Q8 => {
+                let mut held = Vec::with_capacity(rows.len());
+                let mut err = Vec::with_capacity(rows.len());
+                for g in rows.chunks_exact(q8::Q8_GROUP) {
+                    let mut c = [0i8; q8::Q8_GROUP];
+                    let d = q8::q8_0(g, &mut c).to_f32();
+                    held.extend(c.iter().map(|&c| c as f32 * d));
+                    let max = g.iter().fold(0f64, |m, &x| m.max(x.abs() as f64));
+                    err.extend(std::iter::repeat_n(max * (1.0 / 254.0 + 2f64.powi(-11)) * 1.01, g.len()));
+                }
+                return (held, err);
+            }
+        };
+        let held = rows
+            .iter()
+            .map(|&x| match self {
+                Ty::Bf16 => stored::<Bf16>(x),
+                _ => stored::<F16>(x),
+            })
+            .collect();
+        (held, rows.iter().map(|&x| u * x.abs() as f64 + tiny).collect())
+    }
+}
+
+/// Attention over a cache of `kt` keys and `vt` values, past 4 key blocks and past a split, as
+/// a prompt's tile and as decode's merged splits: (1) the textbook formula in f64 over the
+/// values the cache holds, within f32 rounding, (2) the same formula over the unrounded values,
+/// within the bound the rounding gives: a score moves by at most
+/// `D = scale sum_d |q_d| max_j e(k_jd)` (`e` a value's error bound, [`Ty::held`]), so each
+/// weight by a factor within `e^(+-2D)`, and the output by at most
+/// `max|v| (e^(2D) - 1) + max e(v)`.
+fn typed_attention(kt: Ty, vt: Ty) {
     for isa in Isa::available() {
         for (hd, n) in [(64, 1), (64, 5), (128, 4 * KEY_BLOCK + 37), (64, SPLIT + 300)] {
-            let mut r = uniform(hd as u64 * 7 + n as u64 + K::BYTES as u64 * 3 + V::BYTES as u64);
+            let mut r = uniform(hd as u64 * 7 + n as u64 + kt as u64 * 3 + vt as u64);
             let keys: Vec<f32> = (0..n * hd).map(|_| r() * 4.0).collect();
             let vals: Vec<f32> = (0..n * hd).map(|_| r()).collect();
             let nq = 6;
@@ -254,26 +328,24 @@ fn typed_attention<K: KvElem, V: KvElem>() {
             // four heads of the last token (weighed together), then earlier tokens
             let ends: Vec<usize> =
                 (0..nq).map(|i| if i < 4 { n } else { n.saturating_sub(70 * (i - 3)).max(1) }).collect();
-            let kc: Vec<K> = pack_keys(&keys, hd).iter().map(|&x| K::from_f32(x)).collect();
-            let vc: Vec<V> = vals.iter().map(|&x| V::from_f32(x)).collect();
-            let (ks, vs): (Vec<f32>, Vec<f32>) =
-                (keys.iter().map(|&x| stored::<K>(x)).collect(), vals.iter().map(|&x| stored::<V>(x)).collect());
+            let (kc, vc) = (kt.store(&keys, hd, true), vt.store(&vals, hd, false));
+            let ((ks, ke), (vs, ve)) = (kt.held(&keys), vt.held(&vals));
             let scale = 1.0 / (hd as f32).sqrt();
             let sc = Scoring::full(scale);
             let (mut acc, mut part) = (State::new(nq, hd), State::new(nq, hd));
             let mut out = vec![0f32; nq * hd];
-            attend(isa, &q, &ends, &kc, &vc, sc, &[], &mut acc, &mut part, &mut out);
+            let views = (kc.view(), Some(vc.view()));
+            attend_cached(isa, (&q, hd), &ends, views.0, views.1, sc, &[], (&mut acc, &mut part), &mut out);
             let vmax = vals.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
-            let tag = format!("{isa} {}/{} hd {hd} n {n}", K::BYTES, V::BYTES);
+            let verr = ve.iter().fold(0f64, |m, &e| m.max(e));
+            let tag = format!("{isa} {kt:?}/{vt:?} hd {hd} n {n}");
             for i in 0..nq {
                 let qi = &q[i * hd..(i + 1) * hd];
                 let held = reference(qi, &ks, &vs, ends[i], scale, hd);
                 let exact = reference(qi, &keys, &vals, ends[i], scale, hd);
-                let kmax: Vec<f64> =
-                    (0..hd).map(|d| (0..ends[i]).fold(0f64, |m, j| m.max(keys[j * hd + d].abs() as f64))).collect();
-                let dscore: f64 =
-                    qi.iter().zip(&kmax).map(|(&x, &k)| (x.abs() as f64) * (k * uk + tk)).sum::<f64>() * scale as f64;
-                let bound = vmax * ((2.0 * dscore).exp() - 1.0 + uv) + tv;
+                let kerr: Vec<f64> = (0..hd).map(|d| (0..ends[i]).fold(0f64, |m, j| m.max(ke[j * hd + d]))).collect();
+                let dscore: f64 = qi.iter().zip(&kerr).map(|(&x, &e)| x.abs() as f64 * e).sum::<f64>() * scale as f64;
+                let bound = vmax * ((2.0 * dscore).exp() - 1.0) + verr;
                 for d in 0..hd {
                     let a = out[i * hd + d] as f64;
                     assert!(
@@ -291,7 +363,7 @@ fn typed_attention<K: KvElem, V: KvElem>() {
                 let mut merged = State::new(1, hd);
                 for rg in splits(ends[i]) {
                     let mut p = State::new(1, hd);
-                    fold(isa, qi, &ends[i..=i], &kc, &vc, rg, sc, &mut p);
+                    fold_cached(isa, (qi, hd), &ends[i..=i], views.0, views.1, rg, sc, &mut p);
                     merged.merge(&p);
                 }
                 let mut dec = vec![0f32; hd];
@@ -307,11 +379,18 @@ fn typed_attention<K: KvElem, V: KvElem>() {
 
 #[test]
 fn each_kv_type_attends_within_its_rounding_bound() {
-    typed_attention::<f32, f32>();
-    typed_attention::<Bf16, Bf16>();
-    typed_attention::<F16, F16>();
-    typed_attention::<Bf16, F16>();
-    typed_attention::<F16, f32>();
+    for (k, v) in [
+        (Ty::F32, Ty::F32),
+        (Ty::Bf16, Ty::Bf16),
+        (Ty::F16, Ty::F16),
+        (Ty::Q8, Ty::Q8),
+        (Ty::Bf16, Ty::F16),
+        (Ty::F16, Ty::F32),
+        (Ty::Q8, Ty::Bf16),
+        (Ty::F32, Ty::Q8),
+    ] {
+        typed_attention(k, v);
+    }
 }
 
 /// Each type's rounding is torch's: to nearest, ties to even (bf16: the bits above 16 with the
@@ -328,4 +407,37 @@ fn kv_elements_round_to_nearest_even() {
     assert_eq!(F16::from_f32(1.0 + 3.0 * 2f32.powi(-11)).0, 0x3c02);
     assert_eq!(F16::from_f32(65520.0).0, 0x7c00);
     assert_eq!(F16::from_f32(2f32.powi(-24)).0, 1);
+}
+
+/// q8_0 blocks are ggml's: on values of every scale, ties, zeros and an outlier, each group's
+/// scale and codes are the bytes gguf-py's reference quantizer writes (fixture:
+/// tests/reference/make_q8_0_fixture.py); stored as keys and as values, the views read back
+/// `d * code` of the very block at every position.
+#[test]
+fn q8_0_blocks_are_ggmls_bits_and_read_back_where_stored() {
+    let b: &[u8] = include_bytes!("../../tests/fixtures/q8_0_blocks.bin");
+    let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    let x: Vec<f32> = b[4..4 + 4 * n].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let blocks = &b[4 + 4 * n..];
+    assert_eq!(blocks.len(), n / 32 * 34);
+    let mut want = Vec::new();
+    for (g, (xs, blk)) in x.chunks_exact(32).zip(blocks.chunks_exact(34)).enumerate() {
+        let mut codes = [0i8; 32];
+        let d = q8::q8_0(xs, &mut codes);
+        assert_eq!(d.0.to_le_bytes(), [blk[0], blk[1]], "group {g}: scale");
+        assert!(codes.iter().zip(&blk[2..]).all(|(&c, &w)| c as u8 == w), "group {g}: codes {codes:?}");
+        want.extend(codes.iter().map(|&c| c as f32 * d.to_f32()));
+    }
+    // the values 4 times over as rows of 32 dims (136 positions, past two key blocks), keys
+    // and values
+    let (hd, x, want) = (32, x.repeat(4), want.repeat(4));
+    let (keys, vals) = (Ty::Q8.store(&x, hd, true), Ty::Q8.store(&x, hd, false));
+    let (Cached::Q8Keys(k), Cached::Q8Rows(v)) = (keys.view(), vals.view()) else { unreachable!() };
+    for (j, row) in want.chunks_exact(hd).enumerate() {
+        for (d, &w) in row.iter().enumerate() {
+            let at = j / KEY_BLOCK * hd * KEY_BLOCK + d * KEY_BLOCK + j % KEY_BLOCK;
+            assert_eq!(k.get(at).to_bits(), w.to_bits(), "key {j} dim {d}");
+            assert_eq!(v.get(j * hd + d).to_bits(), w.to_bits(), "value {j} dim {d}");
+        }
+    }
 }

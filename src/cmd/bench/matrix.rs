@@ -98,7 +98,7 @@ pub(super) fn run(
                     pool.set_budget(budget_bytes);
                     pool.set_prefetch(prefetch);
                 }
-                bench.engine.set_kv_types(kv);
+                bench.engine.set_kv_types(kv).map_err(anyhow::Error::msg)?;
                 for (&depth, test) in plan.depths.iter().flat_map(|d| plan.tests.iter().map(move |t| (d, t))) {
                     let row = bench.test(test, depth, t)?;
                     let row = with_model(row, model);
