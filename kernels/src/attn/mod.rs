@@ -200,19 +200,29 @@ pub fn fold_keyed<K: KvRead, V: KvRead>(
 ) {
     debug_assert!(q.len() == ends.len() * hk && st.queries() == ends.len());
     debug_assert!(matches!(vals, Values::Rows(_)) || st.hd <= hk);
-    let a = FoldArgs { isa, q, hk, ends, keys, vals, range, sc };
+    // this thread's block buffers, taken here: a closure inside the tier's function would be
+    // compiled without its features
+    SCRATCH.with_borrow_mut(|scratch| {
+        let a = FoldArgs { isa, q, hk, ends, keys, vals, range, sc };
+        fold_tier(a, st, scratch)
+    })
+}
+
+/// [`fold_keyed`] in the function compiled for `a.isa`'s tier.
+fn fold_tier<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State, scratch: &mut Scratch) {
+    let isa = a.isa;
     #[cfg(target_arch = "x86_64")]
     {
         if isa >= Isa::Avx512 {
             // SAFETY: the tier says AVX-512 F is present
-            return unsafe { fold_avx512(a, st) };
+            return unsafe { fold_avx512(a, st, scratch) };
         }
         if isa.has_avx2() {
             // SAFETY: the tier says AVX2 and FMA are present
-            return unsafe { fold_avx2(a, st) };
+            return unsafe { fold_avx2(a, st, scratch) };
         }
     }
-    fold_body(a, st)
+    fold_body(a, st, scratch)
 }
 
 /// [`fold`]'s inputs, handed to the body compiled for each tier.
@@ -227,9 +237,18 @@ struct FoldArgs<'a, K, V> {
     sc: Scoring,
 }
 
+/// A thread's buffers of one block.
+#[derive(Default)]
+struct Scratch {
+    /// [`Values::KeyPrefix`]'s value rows, `[KEY_BLOCK, hd]`, or those of [`KvRead::WIDEN`]
+    /// values
+    values: Vec<f32>,
+    /// The keys of a [`KvRead::WIDEN`] type, widened (`[hk, KEY_BLOCK]`)
+    keys: Vec<f32>,
+}
+
 thread_local! {
-    /// [`Values::KeyPrefix`]'s value rows of one block, `[KEY_BLOCK, hd]`.
-    static KEY_VALUES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::new(Scratch::default());
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -238,48 +257,76 @@ thread_local! {
 // was measured with
 #[cfg_attr(not(fuzzing), target_feature(enable = "avx512f,avx2,fma"))]
 #[cfg_attr(fuzzing, target_feature(enable = "avx512f,avx512vl,avx512bw,avx2,fma"))]
-unsafe fn fold_avx512<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State) {
-    fold_body(a, st)
+unsafe fn fold_avx512<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State, scratch: &mut Scratch) {
+    fold_body(a, st, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fold_avx2<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State) {
-    fold_body(a, st)
+unsafe fn fold_avx2<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State, scratch: &mut Scratch) {
+    fold_body(a, st, scratch)
 }
 
 #[inline(always)]
-fn fold_body<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State) {
+fn fold_body<K: KvRead, V: KvRead>(a: FoldArgs<'_, K, V>, st: &mut State, scratch: &mut Scratch) {
+    let hv = st.hd;
+    let Scratch { values: buf, keys } = scratch;
     match a.vals {
-        Values::Rows(v) => fold_blocks(&a, &mut Rows(v), st),
-        Values::KeyPrefix => KEY_VALUES.with_borrow_mut(|buf| {
-            buf.resize(KEY_BLOCK * st.hd, 0.0);
-            fold_blocks(&a, &mut KeyRows { buf, hv: st.hd }, st)
-        }),
+        Values::Rows(v) if V::WIDEN => {
+            buf.resize(KEY_BLOCK * hv, 0.0);
+            fold_blocks(&a, &mut WideRows { isa: a.isa, v, buf, hv }, st, keys)
+        }
+        Values::Rows(v) => fold_blocks(&a, &mut Rows(v), st, keys),
+        Values::KeyPrefix => {
+            buf.resize(KEY_BLOCK * hv, 0.0);
+            fold_blocks(&a, &mut KeyRows { buf, hv }, st, keys)
+        }
     }
 }
 
 /// Where [`fold_blocks`] finds a block's values.
-trait BlockValues<K> {
+trait BlockValues {
     type W<'s>: KvRead
     where
         Self: 's;
     /// Given the block's keys `kt` and (its first position, its lanes up to the range's
     /// end): the value rows and the position of the first.
-    fn block(&mut self, kt: K, lanes: (usize, usize)) -> (Self::W<'_>, usize);
+    fn block<K: KvRead>(&mut self, kt: K, lanes: (usize, usize)) -> (Self::W<'_>, usize);
 }
 
 /// Values as rows of their own, from position 0.
 struct Rows<V>(V);
 
-impl<K, V: KvRead> BlockValues<K> for Rows<V> {
+impl<V: KvRead> BlockValues for Rows<V> {
     type W<'s>
         = V
     where
         Self: 's;
     #[inline(always)]
-    fn block(&mut self, _: K, _: (usize, usize)) -> (V, usize) {
+    fn block<K>(&mut self, _: K, _: (usize, usize)) -> (V, usize) {
         (self.0, 0)
+    }
+}
+
+/// Values as rows of their own, each block's widened into a buffer of this thread once for
+/// all the queries that weigh them ([`KvRead::WIDEN`]).
+struct WideRows<'b, V> {
+    isa: Isa,
+    v: V,
+    buf: &'b mut Vec<f32>,
+    hv: usize,
+}
+
+impl<V: KvRead> BlockValues for WideRows<'_, V> {
+    type W<'s>
+        = &'s [f32]
+    where
+        Self: 's;
+    #[inline(always)]
+    fn block<K>(&mut self, _: K, (lane0, lanes): (usize, usize)) -> (&[f32], usize) {
+        let n = lanes * self.hv;
+        self.v.skip(lane0 * self.hv).widen(self.isa, &mut self.buf[..n]);
+        (&self.buf[..n], lane0)
     }
 }
 
@@ -291,13 +338,13 @@ struct KeyRows<'b> {
     hv: usize,
 }
 
-impl<K: KvRead> BlockValues<K> for KeyRows<'_> {
+impl BlockValues for KeyRows<'_> {
     type W<'s>
         = &'s [f32]
     where
         Self: 's;
     #[inline(always)]
-    fn block(&mut self, kt: K, (lane0, lanes): (usize, usize)) -> (&[f32], usize) {
+    fn block<K: KvRead>(&mut self, kt: K, (lane0, lanes): (usize, usize)) -> (&[f32], usize) {
         for d in 0..self.hv {
             for j in 0..lanes {
                 self.buf[j * self.hv + d] = kt.get(d * KEY_BLOCK + j);
@@ -309,35 +356,62 @@ impl<K: KvRead> BlockValues<K> for KeyRows<'_> {
 
 /// The blocks of `a.range` folded into `st`, each block's values where `values` finds them.
 #[inline(always)]
-fn fold_blocks<K: KvRead, B: BlockValues<K>>(a: &FoldArgs<'_, K, impl KvRead>, values: &mut B, st: &mut State) {
-    let FoldArgs { isa, q, hk, ends, keys, ref range, sc, .. } = *a;
-    let hv = st.hd;
+fn fold_blocks<K: KvRead, B: BlockValues>(
+    a: &FoldArgs<'_, K, impl KvRead>,
+    values: &mut B,
+    st: &mut State,
+    wide: &mut Vec<f32>,
+) {
+    let (keys, hk, range) = (a.keys, a.hk, a.range.clone());
+    if K::WIDEN {
+        wide.resize(hk * KEY_BLOCK, 0.0);
+    }
     let mut b0 = range.start;
     while b0 < range.end {
         let blk = b0 / KEY_BLOCK;
         let b1 = ((blk + 1) * KEY_BLOCK).min(range.end);
         // this block's keys, [hk, KEY_BLOCK]
         let kt = keys.skip(blk * hk * KEY_BLOCK);
-        let (vals, vbase) = values.block(kt, (blk * KEY_BLOCK, b1 - blk * KEY_BLOCK));
-        let blk_ = Block { isa, b0, b1, kt, vals, vbase, hk, hv, sc };
-        // the queries that see part of this block, QUERIES at a time (the scores of each are
-        // the same whatever it is grouped with)
-        let mut group = [0usize; QUERIES];
-        let mut n = 0;
-        for (i, &end) in ends.iter().enumerate() {
-            if end.min(b1) > b0.max(sc.first(end)) {
-                group[n] = i;
-                n += 1;
-                if n == QUERIES {
-                    blk_.queries::<QUERIES>(&group, q, ends, st);
-                    n = 0;
-                }
-            }
-        }
-        for &i in &group[..n] {
-            blk_.queries::<1>(&[i], q, ends, st);
+        if K::WIDEN {
+            kt.widen(a.isa, wide);
+            fold_block(a, values, st, &wide[..], (b0, b1));
+        } else {
+            fold_block(a, values, st, kt, (b0, b1));
         }
         b0 = b1;
+    }
+}
+
+/// The block of keys `kt` (positions `b0..b1` of it) folded into `st`, its values where
+/// `values` finds them.
+#[inline(always)]
+fn fold_block<K: KvRead, B: BlockValues>(
+    a: &FoldArgs<'_, impl KvRead, impl KvRead>,
+    values: &mut B,
+    st: &mut State,
+    kt: K,
+    (b0, b1): (usize, usize),
+) {
+    let FoldArgs { isa, q, hk, ends, sc, .. } = *a;
+    let (hv, lane0) = (st.hd, b0 / KEY_BLOCK * KEY_BLOCK);
+    let (vals, vbase) = values.block(kt, (lane0, b1 - lane0));
+    let blk_ = Block { isa, b0, b1, kt, vals, vbase, hk, hv, sc };
+    // the queries that see part of this block, QUERIES at a time (the scores of each are
+    // the same whatever it is grouped with)
+    let mut group = [0usize; QUERIES];
+    let mut n = 0;
+    for (i, &end) in ends.iter().enumerate() {
+        if end.min(b1) > b0.max(sc.first(end)) {
+            group[n] = i;
+            n += 1;
+            if n == QUERIES {
+                blk_.queries::<QUERIES>(&group, q, ends, st);
+                n = 0;
+            }
+        }
+    }
+    for &i in &group[..n] {
+        blk_.queries::<1>(&[i], q, ends, st);
     }
 }
 

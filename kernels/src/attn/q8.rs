@@ -148,6 +148,7 @@ unsafe fn codes8(p: *const i8) -> __m256 {
 }
 
 impl<L: Layout> KvRead for Q8<'_, L> {
+    const WIDEN: bool = true;
     #[inline(always)]
     fn len(self) -> usize {
         self.codes.len() - self.at

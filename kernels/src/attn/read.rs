@@ -8,9 +8,15 @@
 use std::arch::x86_64::*;
 
 use super::KvElem;
+use crate::Isa;
 
 /// A view of cached keys or values, indexed from its start.
 pub trait KvRead: Copy + Send + Sync {
+    /// Whether a fold widens each block's keys and values into f32 once ([`widen`](Self::widen))
+    /// rather than reading them as it multiplies: where a read costs several operations (q8_0's
+    /// conversion and scale) and a block is read for several groups of queries. The same values
+    /// either way, so the same bits.
+    const WIDEN: bool = false;
     /// Elements readable from the start.
     fn len(self) -> usize;
     fn is_empty(self) -> bool {
@@ -20,6 +26,34 @@ pub trait KvRead: Copy + Send + Sync {
     fn skip(self, at: usize) -> Self;
     /// Element `i`, widened.
     fn get(self, i: usize) -> f32;
+    /// Elements `0..out.len()` widened into `out`, a vector at a time at the tier `isa` names
+    /// (`out.len()` a multiple of 16 from a key block's or a row's start).
+    #[inline(always)]
+    fn widen(self, isa: Isa, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            assert!(out.len().is_multiple_of(16) && out.len() <= self.len());
+            if isa >= Isa::Avx512 {
+                for (i, o) in out.chunks_exact_mut(16).enumerate() {
+                    // SAFETY: the tier says AVX-512 F is present; 16 elements at 16 i, inside
+                    // the view as asserted
+                    unsafe { _mm512_storeu_ps(o.as_mut_ptr(), self.load16(16 * i)) };
+                }
+                return;
+            }
+            if isa.has_avx2() {
+                for (i, o) in out.chunks_exact_mut(8).enumerate() {
+                    // SAFETY: the tier says AVX2 and F16C are present; as above, with 8
+                    unsafe { _mm256_storeu_ps(o.as_mut_ptr(), self.load8(8 * i)) };
+                }
+                return;
+            }
+        }
+        let _ = isa;
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = self.get(i);
+        }
+    }
     /// Elements `i..i + 16`, widened.
     ///
     /// # Safety
