@@ -9,6 +9,7 @@ pub mod interrupt;
 pub mod model_arg;
 pub mod perplexity;
 pub mod plan;
+pub mod prefill_progress;
 pub mod repl;
 pub mod run;
 pub mod run_config;

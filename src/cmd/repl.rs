@@ -12,6 +12,7 @@ use moescope::experts::routing_log::RoutingLog;
 use moescope::serve::think::{self, ThinkSplitter};
 
 use super::interrupt::{self, Interruptible};
+use super::prefill_progress::PrefillProgress;
 use super::run_config::{RunConfig, stats_line};
 
 /// A harmony reply's parts: content and calls to `out`; reasoning dimmed there when `out` is a
@@ -99,15 +100,22 @@ pub fn repl(mut engine: Engine, cfg: &RunConfig, mut log: Option<RoutingLog>) ->
         let show = |out: &mut std::io::StdoutLock, parts: Vec<Part>| {
             let _ = show_parts(out, &mut std::io::stderr(), tty, parts);
         };
+        // a long prompt's progress on a terminal's stderr, cleared as the reply begins
+        let prefill = PrefillProgress::default();
+        let report = |n: usize| prefill.report(n);
         let res = {
             let _g = Interruptible::start();
             let req = GenRequest {
                 max_tokens: cfg.max_tokens,
                 stop_at_eos: !cfg.ignore_eos,
                 cancel: &interrupt::STOP,
-                progress: None,
+                progress: std::io::stderr().is_terminal().then_some(&report as &(dyn Fn(usize) + Sync)),
             };
             session.turn(&mut engine, &mut sampler, req, msg, &mut log, &mut |ev| {
+                match &ev {
+                    TurnEvent::Prompt { tokens, cached, .. } => prefill.start(tokens - cached),
+                    _ => prefill.clear_line(),
+                }
                 // the template opened the reasoning block: the reply begins inside it
                 if let (TurnEvent::Prompt { in_reasoning: true, .. }, Some(t)) = (&ev, thinking.as_mut()) {
                     show(&mut out, think_parts(t.push("<think>")));

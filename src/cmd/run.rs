@@ -135,15 +135,20 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
     let tty = std::io::stdout().is_terminal();
     let mut out = std::io::stdout().lock();
     let mut write_err: Option<std::io::Error> = None;
+    // a long prompt's progress on a terminal's stderr (the cache is empty: the whole prompt)
+    let prefill = super::prefill_progress::PrefillProgress::default();
+    prefill.start(ids.len());
+    let report = |n: usize| prefill.report(n);
     let stats = {
         let _g = Interruptible::start();
         let req = GenRequest {
             max_tokens: cfg.max_tokens,
             stop_at_eos: !cfg.ignore_eos,
             cancel: &interrupt::STOP,
-            progress: None,
+            progress: std::io::stderr().is_terminal().then_some(&report as &(dyn Fn(usize) + Sync)),
         };
         engine.generate(&ids, &mut sampler, req, log, &mut |id, logits| {
+            prefill.clear_line();
             if keep_logits {
                 logits_rows.extend_from_slice(logits);
             }

@@ -66,7 +66,7 @@ pub(super) fn gpt_oss_features(
 /// beta_slow 1, truncate true, the attention factor `mscale(factor, mscale) /
 /// mscale(factor, mscale_all_dim)` where both are given and non-zero (DeepSeek-V3), else
 /// `mscale(factor, 1)`.
-fn yarn_of(k: &Keys, key: &str, y: &Value) -> Result<Yarn, ConvertError> {
+pub(super) fn yarn_of(k: &Keys, key: &str, y: &Value) -> Result<Yarn, ConvertError> {
     let num = |name: &str| -> Result<Option<f64>, ConvertError> {
         match y.get(name) {
             None | Some(Value::Null) => Ok(None),

@@ -89,14 +89,15 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
     // rope: top-level (hub) or rope_parameters (transformers 5); only plain RoPE. Qwen3.5's
     // interleaved MRoPE is plain RoPE for text, where all three position ids are equal.
     let rp = t.get("rope_parameters").filter(|x| !x.is_null());
-    // gpt-oss's YaRN (read below)
+    // YaRN (read below: gpt-oss and DeepSeek-V3 in their families' keys, the others as
+    // transformers reads any model's `rope_scaling`)
     let mut yarn_at = None;
     for (key, scaling) in [("rope_scaling", t.get("rope_scaling")), ("rope_parameters", rp)] {
         if let Some(s) = scaling.filter(|x| !x.is_null()) {
             let ty = s.get("rope_type").or_else(|| s.get("type")).and_then(|t| t.as_str()).unwrap_or("default");
             match ty {
                 "default" => {}
-                "yarn" if gpt_oss || deepseek => yarn_at = Some((key, s)),
+                "yarn" => yarn_at = Some((key, s)),
                 _ => return Err(k.err(key, &format!("RoPE scaling '{ty}' is not supported yet"))),
             }
         }
@@ -165,6 +166,12 @@ pub fn parse_config(v: &Value, path: &Path) -> Result<ModelConfig, ConvertError>
             k.usize("moe_intermediate_size")?.unwrap_or(0),
         )?,
         _ => Features::default(),
+    };
+    let features = match yarn_at {
+        Some((key, y)) if features.rope_yarn.is_none() => {
+            Features { rope_yarn: Some(families::yarn_of(&k, key, y)?), ..features }
+        }
+        _ => features,
     };
     let hybrid = if arch.is_hybrid() {
         let factor = rope_key("partial_rotary_factor")?.unwrap_or(0.25);
@@ -414,7 +421,15 @@ mod tests {
         let mut v = base();
         v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
         let e = parse_config(&v, Path::new("config.json")).unwrap_err().to_string();
-        assert!(e.contains("rope_scaling") && e.contains("yarn"), "{e}");
+        assert!(e.contains("rope_scaling.original_max_position_embeddings") && e.contains("missing"), "{e}");
+        v["rope_scaling"] = json!({"rope_type": "dynamic", "factor": 4.0});
+        let e = parse_config(&v, Path::new("config.json")).unwrap_err().to_string();
+        assert!(e.contains("rope_scaling") && e.contains("'dynamic' is not supported"), "{e}");
+        // Qwen3's YaRN as its model card adds it: transformers' attention factor 0.1 ln 4 + 1
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+        let y = parse_config(&v, Path::new("config.json")).unwrap().features.rope_yarn.unwrap();
+        assert_eq!((y.factor, y.original_max_position_embeddings, y.beta_fast, y.beta_slow), (4.0, 32768, 32.0, 1.0));
+        assert!((y.attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12, "{y:?}");
     }
 
     fn gpt_oss() -> Value {
