@@ -41,14 +41,7 @@ fn turns_reuse_state_only_where_it_is_exact_and_match_a_fresh_run() {
         let (_d, pkg) = convert(name, "bf16");
         let r = Reference::load(name);
         let (p1, forced) = (r.ids("input_ids")[..40].to_vec(), r.ids("forced_ids"));
-        let opts = EngineOptions {
-            threads: 2,
-            ctx_size: Some(256),
-            isa: Isa::detect(),
-            stream: None,
-            panels: true,
-            kv: moescope::model::KvTypes::F32,
-        };
+        let opts = EngineOptions { ctx_size: Some(256), ..common::options(None) };
         let mut eng = Engine::load(&pkg, opts).expect("load");
         let mut fresh = Engine::load(&pkg, opts).expect("load");
 

@@ -154,18 +154,7 @@ fn gpt_oss_shape_has_mxfp4_experts_of_the_releases_size() {
     let e = pkg.expert(2, 3).expect("expert");
     let (mean, std) = moments(&e.gate, 64);
     assert!(mean.abs() < 0.001 && (std - 0.02).abs() < 0.003, "expert gate: mean {mean} std {std}");
-    let mut eng = Engine::load(
-        &path,
-        EngineOptions {
-            threads: 2,
-            ctx_size: Some(256),
-            isa: Isa::detect(),
-            stream: None,
-            panels: true,
-            kv: moescope::model::KvTypes::F32,
-        },
-    )
-    .expect("load");
+    let mut eng = Engine::load(&path, EngineOptions { ctx_size: Some(256), ..common::options(None) }).expect("load");
     let ids: Vec<u32> = (0..200).map(|i| (i * 37 % 512) as u32).collect();
     let logits = eng.eval(&ids, Logits::All, &mut NoObserver).expect("eval").to_vec();
     assert!(logits.iter().all(|x| x.is_finite()), "a non-finite logit");

@@ -406,31 +406,9 @@ mod tests {
     /// (YaRN, 32768 x 4); a YaRN that reaches less than the config's maximum does not shorten it.
     #[test]
     fn the_context_reaches_yarns_scaled_positions() {
-        use crate::model_config::{Arch, Yarn};
-        let mut cfg = ModelConfig {
-            arch: Arch::Qwen3Moe,
-            vocab_size: 10,
-            hidden_size: 8,
-            num_hidden_layers: 1,
-            num_attention_heads: 2,
-            num_key_value_heads: 1,
-            head_dim: 4,
-            intermediate_size: 8,
-            moe_intermediate_size: 8,
-            num_experts: 2,
-            num_experts_per_tok: 1,
-            norm_topk_prob: true,
-            decoder_sparse_step: 1,
-            mlp_only_layers: vec![],
-            rms_norm_eps: 1e-6,
-            rope_theta: 1e6,
-            max_position_embeddings: 40960,
-            tie_word_embeddings: false,
-            bos_token_id: None,
-            eos_token_ids: vec![],
-            hybrid: None,
-            features: Default::default(),
-        };
+        use crate::model_config::Yarn;
+        let mut cfg = crate::model::kv_cache::tests::config_hd(4);
+        cfg.max_position_embeddings = 40960;
         assert_eq!(context_limit(&cfg), 40960);
         let yarn = |original, factor| Yarn {
             factor,

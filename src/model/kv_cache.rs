@@ -319,7 +319,7 @@ impl KvCache {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A head's keys and values (none: empty) widened to f32.
@@ -338,8 +338,8 @@ mod tests {
         config_hd(5)
     }
 
-    /// [`config`] with heads `hd` wide.
-    fn config_hd(hd: usize) -> ModelConfig {
+    /// [`config`] with heads `hd` wide (also the sizing tests' small config).
+    pub(crate) fn config_hd(hd: usize) -> ModelConfig {
         ModelConfig {
             arch: crate::model_config::Arch::Qwen3Moe,
             vocab_size: 10,
