@@ -7,6 +7,9 @@
 //! finite f16 scales sized for weights of about 0.01-0.1: what is tested with it is that every
 //! weight is read as the file holds it and that the model runs, not what it says.
 //!
+//! [with_yarn]: a file with YaRN's `rope.scaling.*` keys added, as llama.cpp's converter writes a
+//! checkpoint's `rope_scaling` (tests/gguf_llama_logits.rs holds it to llama.cpp's logits).
+//!
 //! [write]: a GGUF v3 writer (header, metadata, tensor infos, padding to the alignment, each
 //! tensor's data at an aligned offset), for files read by [`crate::convert::gguf::open`] and
 //! written back with other tensor data.
@@ -81,6 +84,39 @@ pub fn low_bit_mix(src: &Path, out: &Path, types: &[BlockType]) -> Result<usize,
     }
     write(out, &g.metadata, &tensors, g.alignment)?;
     Ok(k)
+}
+
+/// YaRN as [`with_yarn`] states it: factor 4 over 16 original positions, so the tiny prompt's
+/// 40 tokens run past them and the ramp between the fast and slow dims falls inside a head.
+pub const YARN_FACTOR: f32 = 4.0;
+pub const YARN_ORIGINAL_CONTEXT: u32 = 16;
+
+/// `src` written to `out` with `ARCH.rope.scaling.type` "yarn", `.factor` [YARN_FACTOR] and
+/// `.original_context_length` [YARN_ORIGINAL_CONTEXT] (ARCH from `general.architecture`),
+/// replacing any scaling keys it had; tensors unchanged.
+pub fn with_yarn(src: &Path, out: &Path) -> Result<(), String> {
+    let g = crate::convert::gguf::open(src).map_err(|e| e.to_string())?;
+    let bytes = std::fs::read(src).map_err(|e| format!("{}: {e}", src.display()))?;
+    let arch = match g.metadata.iter().find(|(k, _)| k == "general.architecture") {
+        Some((_, Value::Str(a))) => a.clone(),
+        _ => return Err(format!("{}: no general.architecture", src.display())),
+    };
+    let key = |s: &str| format!("{arch}.rope.scaling.{s}");
+    let mut metadata: Vec<(String, Value)> =
+        g.metadata.iter().filter(|(k, _)| !k.starts_with(&key(""))).cloned().collect();
+    metadata.push((key("type"), Value::Str("yarn".into())));
+    metadata.push((key("factor"), Value::F32(YARN_FACTOR)));
+    metadata.push((key("original_context_length"), Value::U32(YARN_ORIGINAL_CONTEXT)));
+    let tensors = g
+        .tensors
+        .iter()
+        .map(|t| {
+            let raw =
+                bytes.get(t.offset as usize..(t.offset + t.bytes) as usize).ok_or(format!("{}: bounds", t.name))?;
+            Ok(Tensor { name: t.name.clone(), ne: t.ne.clone(), ty: t.ty.id, data: raw.to_vec() })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    write(out, &metadata, &tensors, g.alignment)
 }
 
 /// `n` blocks of `t`: random bytes, each f16 scale (Q2_K's d and dmin, the others' d) set to a

@@ -67,3 +67,28 @@ fn every_quant_type_gives_llama_cpp_logits_on_the_same_file() {
         std::fs::remove_file(&pkg).ok();
     }
 }
+
+/// The tiny Q8_0 file with YaRN's keys as llama.cpp's converter writes them for a Qwen
+/// checkpoint (`moescope::derived_gguf::with_yarn`: factor 4 over 16 original positions, rows
+/// 20 and 39 of the prompt past them): llama.cpp's logits on that file (`llama_yarn`, made by
+/// tests/reference/llama_logits.py from `moescope-replay --write-typed-ggufs`'s tiny-yarn.gguf).
+#[test]
+fn yarn_keys_give_llama_cpp_logits_past_the_original_context() {
+    let llama = Reference::load_file("gguf/tiny", "llama-logits.safetensors");
+    let rows: Vec<usize> = llama.i64("rows").into_iter().map(|r| r as usize).collect();
+    let ids = Reference::load("gguf/tiny").ids("ids");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gguf = dir.path().join("tiny-yarn.gguf");
+    moescope::derived_gguf::with_yarn(&fixture("gguf/tiny/tiny-q8_0.gguf"), &gguf).expect("derive");
+    let pkg = dir.path().join("tiny-yarn.moe");
+    convert_gguf(&gguf, &pkg, ConvertOptions::new(QuantMode::File)).expect("convert");
+    let want = llama.f16("llama_yarn");
+    let v = want.len() / rows.len();
+    assert!(rows.iter().any(|&r| r >= moescope::derived_gguf::YARN_ORIGINAL_CONTEXT as usize));
+    let opts = EngineOptions { ctx_size: Some(64), kv: moescope::model::KvTypes::F32, ..common::options(None) };
+    let mut eng = Engine::load(&pkg, opts).expect("load");
+    let all = eng.eval(&ids, Logits::All, &mut NoObserver).expect("prefill");
+    let got: Vec<f32> = rows.iter().flat_map(|&r| all[r * v..(r + 1) * v].to_vec()).collect();
+    // measured 0.055 sigma (Q8_0's activations rounded per 32 against llama.cpp's per 32 in f16)
+    check_logits("yarn", &got, &want, v, Some((0.15, 1e-3, 0.6)));
+}

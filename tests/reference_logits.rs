@@ -270,6 +270,7 @@ fixture_tests! {
     glm4_moe_partial_rotary_qk_norms_qkv_biases_sigmoid_router_shared_expert_dense_first => "glm",
     deepseek_v3_latent_attention_q_lora_interleaved_yarn_mscale_expert_groups => "deepseek",
     deepseek_v3_plain_q_proj_halves_rope_two_shared_experts_no_renormalisation => "deepseek-noqlora",
+    qwen3_yarn_past_the_original_context => "yarn",
 }
 
 /// The "single" checkpoint in 4 shards with the hub's index: read through the index, the same

@@ -285,8 +285,8 @@ fn tools() -> serde_json::Value {
         "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}])
 }
 
-/// The tiny Q8_0 GGUF with its tensors re-typed by each of `moescope::derived_gguf`'s mixes:
-/// (what it mixes, the file).
+/// The tiny Q8_0 GGUF with its tensors re-typed by each of `moescope::derived_gguf`'s mixes, and
+/// with YaRN's keys: (what it is, the file).
 fn low_bit_ggufs(root: &Path) -> Vec<(String, Vec<u8>)> {
     let out = std::env::temp_dir().join(format!("moescope-replay-low-bit-{}.gguf", std::process::id()));
     let src = fixtures(root).join("gguf/tiny/tiny-q8_0.gguf");
@@ -296,13 +296,16 @@ fn low_bit_ggufs(root: &Path) -> Vec<(String, Vec<u8>)> {
             moescope::derived_gguf::low_bit_mix(&src, &out, types).ok()?;
             Some((format!("tiny qwen3-moe, {name} mixed"), std::fs::read(&out).ok()?))
         })
+        .chain(moescope::derived_gguf::with_yarn(&src, &out).ok().and_then(|()| {
+            Some(("tiny qwen3-moe with YaRN's rope.scaling keys".to_string(), std::fs::read(&out).ok()?))
+        }))
         .collect();
     let _ = std::fs::remove_file(&out);
     files
 }
 
 /// The tiny Q8_0 GGUF re-typed to each single type of `moescope::derived_gguf::ONE_TYPE_FILES`,
-/// as `out`/tiny-TYPE.gguf (TYPE in lower case).
+/// as `out`/tiny-TYPE.gguf (TYPE in lower case), and with YaRN's keys as `out`/tiny-yarn.gguf.
 pub fn write_typed_ggufs(root: &Path, out: &Path) -> Result<(), String> {
     std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     let src = fixtures(root).join("gguf/tiny/tiny-q8_0.gguf");
@@ -310,7 +313,7 @@ pub fn write_typed_ggufs(root: &Path, out: &Path) -> Result<(), String> {
         let file = out.join(format!("tiny-{}.gguf", t.name().to_lowercase()));
         moescope::derived_gguf::low_bit_mix(&src, &file, &[t])?;
     }
-    Ok(())
+    moescope::derived_gguf::with_yarn(&src, &out.join("tiny-yarn.gguf"))
 }
 
 /// The built-in and fixture seeds of `target`, then the saved corpus's.

@@ -7,7 +7,9 @@ usage: PYTHONPATH=LLAMA_CPP_PYTHON LLAMA_CPP_LIB_PATH=LIBDIR llama_logits.py REF
   LLAMA_CPP_PYTHON  llama-cpp-python's source tree (its ctypes bindings; nothing built there)
   LIBDIR            the folder of a libllama.so built from the same version's vendor/llama.cpp
   REFERENCE         tests/fixtures/gguf/tiny/reference.safetensors unpacked (its `ids`)
-  DIR               the typed files (tiny-TYPE.gguf)
+  DIR               the typed files (tiny-TYPE.gguf), and tiny-yarn.gguf (the q4_0 file with
+                    YaRN's rope.scaling keys: factor 4 over 16 original positions, so the
+                    40-token prompt runs past them; its logits are `llama_yarn`)
 
 The whole 40-token prompt is one batch of one sequence, KV cache in f32 (so the cache's f16
 rounding is not among the differences), 2 threads; each file's logits at the rows of ROWS kept as

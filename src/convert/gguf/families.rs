@@ -1,6 +1,6 @@
-//! What the sigmoid-router families' GGUF metadata adds to the common layer: GLM-4.5
-//! (`glm4moe`, llama.cpp's `glm4-moe.cpp`) and DeepSeek-V3 / Kimi-K2 (`deepseek2`, llama.cpp's
-//! `deepseek2.cpp`), read as llama.cpp reads them.
+//! What the families' GGUF metadata adds to the common layer, read as llama.cpp reads it: the
+//! sigmoid-router families GLM-4.5 (`glm4moe`, llama.cpp's `glm4-moe.cpp`) and DeepSeek-V3 /
+//! Kimi-K2 (`deepseek2`, llama.cpp's `deepseek2.cpp`), and YaRN for the Qwen families and GLM.
 
 use super::model::GgufModel;
 use crate::convert::error::ConvertError;
@@ -29,6 +29,47 @@ impl GgufModel {
             nextn_layers: self.u64_key(&k("nextn_predict_layers"))?.unwrap_or(0) as usize,
             ..Features::default()
         })
+    }
+
+    /// YaRN (`rope.scaling.type` "yarn") as llama.cpp applies it to an architecture without
+    /// its own rule (Qwen3-MoE, Qwen3.5/3.6, Qwen3-Next, GLM-4.5): the factor
+    /// `rope.scaling.factor`, the original context `rope.scaling.original_context_length`
+    /// (else `context_length`), betas 32 and 1 unless the file states others, the correction
+    /// range rounded outward (ggml's `floorf` / `ceilf`), and cos and sin times
+    /// `rope.scaling.attn_factor` (default 1) x `0.1 ln(factor) + 1` (ggml's `rope_yarn`
+    /// applies the second; llama.cpp cancels its own `yarn_attn_factor` against it). That is
+    /// what transformers computes from the checkpoint's `rope_scaling` the converter read.
+    /// `None` without scaling; any other type is refused naming the key.
+    pub(super) fn plain_yarn(&self, arch: &str) -> Result<Option<Yarn>, ConvertError> {
+        let k = |s: &str| format!("{arch}.{s}");
+        match self.str_key(&k("rope.scaling.type"))? {
+            None | Some("none") => Ok(None),
+            Some("yarn") => {
+                let factor = self.f64_key(&k("rope.scaling.factor"))?.unwrap_or(1.0);
+                if !(factor.is_finite() && factor > 0.0) {
+                    return Err(
+                        self.config_err(&k("rope.scaling.factor"), format!("{factor} is not a positive factor"))
+                    );
+                }
+                let orig = match self.u64_key(&k("rope.scaling.original_context_length"))? {
+                    Some(n) => n as usize,
+                    None => self.usize_req(&k("context_length"))?,
+                };
+                if orig == 0 {
+                    return Err(self.config_err(&k("rope.scaling.original_context_length"), "0 positions"));
+                }
+                let attn = self.f64_key(&k("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+                Ok(Some(Yarn {
+                    factor,
+                    beta_fast: self.f64_key(&k("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
+                    beta_slow: self.f64_key(&k("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+                    original_max_position_embeddings: orig,
+                    truncate: true,
+                    attention_factor: attn * yarn_mscale(factor, 1.0),
+                }))
+            }
+            Some(t) => Err(self.config_err(&k("rope.scaling.type"), format!("RoPE scaling '{t}' is not supported"))),
+        }
     }
 
     /// GLM-4.5's attention: q/k/v biases and q/k norms where the file holds them (it states

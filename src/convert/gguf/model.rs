@@ -226,12 +226,11 @@ impl GgufModel {
                 format!("partial RoPE ({r} of {head_dim} dims) is not supported for qwen3moe"),
             ));
         }
-        let gpt_oss = model_arch == Arch::GptOss;
         if let Some(t) = self.str_key(&k("rope.scaling.type"))?
             && t != "none"
-            && !((gpt_oss || deepseek) && t == "yarn")
+            && t != "yarn"
         {
-            return Err(self.config_err(&k("rope.scaling.type"), format!("RoPE scaling '{t}' is not supported yet")));
+            return Err(self.config_err(&k("rope.scaling.type"), format!("RoPE scaling '{t}' is not supported")));
         }
         let embd = self.ne("token_embd.weight")?;
         if embd.len() != 2 || embd[0] as usize != hidden {
@@ -317,9 +316,11 @@ impl GgufModel {
             hybrid,
             features: match model_arch {
                 Arch::GptOss => self.gpt_oss_features(arch, layers)?,
-                Arch::Glm4Moe => self.glm_features(arch, head_dim, moe_i)?,
+                Arch::Glm4Moe => {
+                    Features { rope_yarn: self.plain_yarn(arch)?, ..self.glm_features(arch, head_dim, moe_i)? }
+                }
                 Arch::DeepseekV3 => self.deepseek_features(arch, head_dim, moe_i)?,
-                _ => Default::default(),
+                _ => Features { rope_yarn: self.plain_yarn(arch)?, ..Default::default() },
             },
         };
         cfg.validate().map_err(|msg| self.config_err(arch, msg))?;
