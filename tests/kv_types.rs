@@ -184,3 +184,31 @@ fn q8_0_is_refused_where_heads_are_not_whole_blocks() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
     }
 }
+
+/// `bench -d`'s depth is evaluated once and restored from a copy before each later repetition:
+/// a restored sequence continues as the evaluated one does, bit for bit, with each cache type and
+/// on a hybrid (its recurrent states copied too).
+#[test]
+fn a_saved_and_restored_sequence_continues_as_the_evaluated_one() {
+    let q8 = KvTypes { k: KvType::Q8_0, v: KvType::Q8_0 };
+    for (name, quant, kv) in
+        [("single", "q4g32", q8), ("qwen35", "q4", KvTypes::default()), ("demo", "q4", KvTypes::F32)]
+    {
+        let (_d, pkg) = convert(name, quant);
+        let ids: Vec<u32> = match name {
+            "demo" => (0..300).map(|i| (i * 37 + 11) % 2000).collect(),
+            _ => Reference::load(name).ids("input_ids"),
+        };
+        let (head, tail) = ids.split_at(ids.len() - 3);
+        let mut e = engine(&pkg, 512, kv);
+        e.eval(head, Logits::Last, &mut moescope::model::NoObserver).expect("eval");
+        let saved = e.save_sequence().expect("a sequence copies");
+        let want = e.eval(tail, Logits::All, &mut moescope::model::NoObserver).expect("eval").to_vec();
+        e.reset();
+        assert!(e.restore_sequence(&saved), "{name}: restored");
+        let got = e.eval(tail, Logits::All, &mut moescope::model::NoObserver).expect("eval").to_vec();
+        assert!(got == want, "{name} {kv}: the restored sequence's logits differ");
+        let mut small = engine(&pkg, head.len() - 1, kv);
+        assert!(!small.restore_sequence(&saved), "{name}: a cache too short refuses it");
+    }
+}

@@ -8,7 +8,7 @@ use moescope_kernels::Isa;
 use super::call_syntax::CallSyntax;
 use super::chat_template::ChatTemplate;
 use super::tokenizer::Tok;
-use super::{Engine, EngineError};
+use super::{Engine, EngineError, Slot};
 use crate::experts::Experts;
 use crate::experts::pool::ExpertCache;
 use crate::model::{Decoder, ModelConfig, RouteReplay};
@@ -16,6 +16,18 @@ use crate::package::Package;
 
 /// What the front ends see of an engine: its model, its streamed experts, its settings.
 impl Engine {
+    /// A copy of the engine's own sequence, its cache at exactly its length (None where it
+    /// cannot be copied); [`Engine::restore_sequence`] makes it the engine's again.
+    pub fn save_sequence(&self) -> Option<Slot> {
+        self.seq.compact(&self.model.cfg)
+    }
+
+    /// Make a sequence [`Engine::save_sequence`] gave the engine's own (false: it does not fit
+    /// the engine's cache, or its types differ; the engine's sequence is then unchanged).
+    pub fn restore_sequence(&mut self, s: &Slot) -> bool {
+        self.seq.copy_prefix(s, s.cached().len())
+    }
+
     /// The model: its configuration, its routing switches' state, its sizes.
     pub fn model(&self) -> &Decoder {
         &self.model

@@ -6,11 +6,11 @@ use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Result;
-use moescope::engine::Engine;
 use moescope::engine::sampler::Rng;
+use moescope::engine::{Engine, Slot};
 use moescope::experts::routing_log::RoutingLog;
 use moescope::experts::stats::LayerStats;
-use moescope::model::Logits;
+use moescope::model::{KvTypes, Logits};
 use moescope::sysinfo;
 use moescope::trace::{self, hist::Latency};
 use serde_json::json;
@@ -39,6 +39,10 @@ struct Bench<'a> {
     rng: Rng,
     vocab: u64,
     prober: Option<Prober>,
+    /// The KV cache after a depth's tokens (the depth and the cache's types), restored before
+    /// each later repetition at that depth instead of evaluating the tokens again, as
+    /// llama-bench keeps its depth's state (32,768 tokens took minutes per repetition)
+    depth_state: Option<(usize, KvTypes, Slot)>,
 }
 
 pub(super) fn run(
@@ -73,7 +77,7 @@ pub(super) fn run(
         None => None,
     };
     let vocab = engine.config().vocab_size as u64;
-    let mut bench = Bench { engine, log, a, rng: Rng::new(0x6d6f_6573_636f_7065), vocab, prober };
+    let mut bench = Bench { engine, log, a, rng: Rng::new(0x6d6f_6573_636f_7065), vocab, prober, depth_state: None };
     let mut done = Done { rows: Vec::new(), probes: Vec::new(), disks: Vec::new() };
     for &t in &plan.threads {
         bench.engine.set_threads(t)?;
@@ -190,8 +194,8 @@ struct Timed {
 
 impl Bench<'_> {
     /// One test at the engine's current settings: warmup, then timed repetitions (each starting
-    /// from an empty pool and page cache when `--cold`, and from `depth` random tokens evaluated
-    /// untimed into the emptied KV cache).
+    /// from an empty pool and page cache when `--cold`, and from `depth` random tokens in the KV
+    /// cache: evaluated untimed the first time, restored from a copy after).
     fn test(&mut self, test: &Test, depth: usize, threads: usize) -> Result<Row> {
         let _span = trace::span("bench_test").arg("test", test.name(depth)).arg("threads", threads);
         let a = self.a;
@@ -200,8 +204,15 @@ impl Bench<'_> {
             let timed = rep >= a.warmup;
             self.engine.reset();
             if depth > 0 {
-                let ids = self.ids(depth);
-                self.engine.eval(&ids, Logits::Last, self.log)?;
+                let kv = self.engine.kv_types();
+                match &self.depth_state {
+                    Some((d, t, s)) if (*d, *t) == (depth, kv) && self.engine.restore_sequence(s) => {}
+                    _ => {
+                        let ids = self.ids(depth);
+                        self.engine.eval(&ids, Logits::Last, self.log)?;
+                        self.depth_state = self.engine.save_sequence().map(|s| (depth, kv, s));
+                    }
+                }
             }
             if let (Some(pool), true) = (self.engine.pool(), a.cold) {
                 // after the depth's tokens: a cold test starts from an empty pool whatever filled it
