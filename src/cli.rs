@@ -241,6 +241,14 @@ pub struct RunArgs {
     /// Print one JSON object (ids, text, timings) on stdout; progress goes to stderr.
     #[arg(long)]
     pub json: bool,
+    /// Speculative decoding: off, or ngram (drafts looked up in the prompt and the reply so far,
+    /// verified in one forward pass). Greedy output is the same token for token; sampled
+    /// output keeps its distribution.
+    #[arg(long, default_value = "off", value_name = "off|ngram")]
+    pub spec: String,
+    /// The most draft tokens one verify pass takes (--spec).
+    #[arg(long, default_value_t = moescope::engine::draft::DEFAULT_DRAFT)]
+    pub draft: usize,
     /// Write the raw logits that chose each generated token as float32 [N, vocab] .npy.
     #[arg(long, value_name = "FILE.npy")]
     pub logits_out: Option<PathBuf>,

@@ -489,6 +489,7 @@ fn a_reply_shorter_than_a_sample_window_still_shows_its_reads() {
         decode_tps: 1.0,
         stop: "eos".into(),
         experts: read,
+        speculation: None,
     };
     app.on_event(Event::Engine(EngineEvent::Done(Box::new(done))));
     assert_eq!(app.store.io.mbps.len(), 1, "one point for the reply");
@@ -534,4 +535,15 @@ fn grouped_router_gets_a_ruler_at_each_groups_first_expert() {
             assert!(col * per_cell <= first && first < (col + 1) * per_cell, "{size:?}: group {g} at column {col}");
         }
     }
+}
+
+#[test]
+fn the_status_line_shows_a_speculative_replys_acceptance() {
+    let evs = recorded();
+    let mut app = app_from(evs);
+    let wide = SIZES.iter().copied().max_by_key(|s| s.0).expect("sizes");
+    assert!(!screen(&render(&app, &FULL, wide)).contains("accepted"), "no drafts: nothing said");
+    app.last_done.as_mut().expect("the reply finished").speculation = Some((0.8, 2.4));
+    let s = screen(&render(&app, &FULL, wide));
+    assert!(s.contains("drafts 80% accepted, 2.40 tok/pass"), "{s}");
 }

@@ -26,7 +26,7 @@ use crate::mutate::Rng;
 const COMMANDS: [&str; 8] = ["run", "convert", "synth", "plan", "inspect", "bench", "sim", "perplexity"];
 
 /// Valid command lines, the starting points (`@NAME`: a file of [`Files`]).
-const SEEDS: [&str; 24] = [
+const SEEDS: [&str; 25] = [
     "run -p hello -n 4",
     "run -m @PKG --prompt-ids 1,2,3 -n 3 --json --seed 7 --temperature 0.8 --top-k 5",
     "run -m @CKPT -p fn -n 2 --quant q8 --cache-mb 1 --prefetch off --io buffered",
@@ -35,6 +35,7 @@ const SEEDS: [&str; 24] = [
     "run -p x -n 3 --logits-out @OUT --routing-out @OUT2 -c 64 -t 1",
     "run -p x -n 3 --route-from @TRACE --cache-aware-routing 0.02 --policy lru --io-workers 1",
     "run --prompt-ids 5 -n 2 --top-p 0.5 --min-p 0.1 --repeat-penalty 1.1 --repeat-last-n 8 --ignore-eos",
+    "run -m @PKG --prompt-ids 1,2,1,2,1 -n 6 --spec ngram --draft 3 --json --temperature 0.9 --seed 4",
     "convert @CKPT -o @OUT --quant q4g32",
     "convert @GGUF -o @OUT",
     "convert @CKPT -o @OUT --quant q2_k",

@@ -38,11 +38,12 @@ pub fn run(a: &ChatArgs) -> Result<()> {
     } else if r.trace.trace.is_some() {
         bail!("--trace needs --trace-max-events above 0");
     }
-    let (model, opts, routing_out) = (cfg.model.clone(), cfg.engine, r.experts.routing_out.clone());
+    let (model, opts, routing_out, spec) = (cfg.model.clone(), cfg.engine, r.experts.routing_out.clone(), cfg.spec);
     let (route_from, aware) = (r.experts.route_from.clone(), r.experts.aware.cache_aware_routing);
     let label = model.file_name().map_or_else(|| model.display().to_string(), |n| n.to_string_lossy().into_owned());
     let load: tui::worker::Loader = Box::new(move || {
         let mut engine = Engine::load(&model, opts).map_err(|e| format!("{}: {e}", model.display()))?;
+        engine.set_speculation(spec);
         experts_report::start_route_replay(&mut engine, route_from.as_deref()).map_err(|e| format!("{e:#}"))?;
         experts_report::start_cache_aware(&mut engine, aware).map_err(|e| format!("{e:#}"))?;
         let routing_log = match &routing_out {

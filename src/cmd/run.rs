@@ -21,6 +21,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let cfg = RunConfig::from_args(a)?;
     let trace = trace_out::begin(&a.trace);
     let mut engine = Engine::load(&cfg.model, cfg.engine)?;
+    engine.set_speculation(cfg.spec);
     for w in engine.warnings() {
         eprintln!("warning: {w}");
     }
@@ -207,6 +208,7 @@ fn one_shot(mut engine: Engine, cfg: &RunConfig, prompt: &Prompt, log: &mut Opti
             "seed": cfg.sampler.seed,
             "ctx_size": engine.ctx_size(),
             "kv_cache": kv_json(&engine),
+            "speculation": { "mode": cfg.spec.mode.name(), "draft": cfg.spec.draft },
             "route_from": engine.model().route_replay().map(|r| r.name()),
             "cache_aware_routing": experts_report::cache_aware_json(&engine, ids.len() + stats.generated.len()),
             "prompt_ids": ids,

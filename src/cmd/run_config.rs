@@ -6,6 +6,7 @@ use moescope::engine::chat_template::{TemplateArgs, reasoning_effort};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
+use moescope::engine::draft::{SpecMode, Speculation};
 use moescope::engine::sampler::SamplerParams;
 use moescope::engine::{EngineOptions, GenStats, Reuse};
 use moescope::experts::{IoMode, PolicyKind, StreamConfig};
@@ -39,6 +40,8 @@ pub struct RunConfig {
     pub engine: EngineOptions,
     pub json: bool,
     pub logits_out: Option<PathBuf>,
+    /// `--spec`, `--draft`
+    pub spec: Speculation,
 }
 
 /// `--prefetch on|off`.
@@ -190,6 +193,7 @@ impl RunConfig {
             },
             json: a.json,
             logits_out: a.logits_out.clone(),
+            spec: SpecMode::parse(&a.spec).and_then(|m| Speculation::new(m, a.draft)).map_err(anyhow::Error::msg)?,
         })
     }
 }
@@ -210,12 +214,17 @@ pub fn timings_json(s: &GenStats) -> serde_json::Value {
         "ttft_ms": s.ttft_ms,
         "prefill_tps": s.prefill_tps(),
         "decode_tps": s.decode_tps(),
+        "decode_passes": s.passes,
+        "tokens_per_pass": s.tokens_per_pass(),
+        "drafted": s.drafted,
+        "accepted": s.accepted,
+        "acceptance": s.acceptance(),
     })
 }
 
 pub fn stats_line(s: &GenStats, seed: u64) -> String {
     format!(
-        "[prefill {} tokens in {:.0} ms ({:.1} tok/s){} | decode {} tokens, {:.1} tok/s | ttft {:.0} ms | stop: {} | seed {seed}]",
+        "[prefill {} tokens in {:.0} ms ({:.1} tok/s){} | decode {} tokens, {:.1} tok/s{} | ttft {:.0} ms | stop: {} | seed {seed}]",
         s.prompt_evaluated,
         s.prefill_ms,
         s.prefill_tps(),
@@ -228,6 +237,15 @@ pub fn stats_line(s: &GenStats, seed: u64) -> String {
         },
         s.generated.len(),
         s.decode_tps(),
+        match s.acceptance() {
+            Some(a) => format!(
+                " ({} drafts, {:.0}% accepted, {:.2} tokens a pass)",
+                s.drafted,
+                a * 100.0,
+                s.tokens_per_pass().unwrap_or(1.0)
+            ),
+            None => String::new(),
+        },
         s.ttft_ms,
         s.stop.name()
     )

@@ -6,6 +6,7 @@ pub mod batch;
 pub mod call_syntax;
 pub mod chat_template;
 mod counters;
+pub mod draft;
 pub mod harmony;
 mod memory;
 pub mod outcome;
@@ -14,6 +15,7 @@ pub mod sampler;
 pub mod session;
 pub mod sizing;
 mod slot;
+mod speculate;
 pub mod tokenizer;
 mod view;
 
@@ -32,6 +34,7 @@ use crate::model::{
 use crate::package::{OpenOptions, Package, PackageError};
 use crate::trace;
 use chat_template::ChatTemplate;
+use draft::{Drafter, Speculation};
 use sampler::Sampler;
 use tokenizer::Tok;
 
@@ -109,6 +112,8 @@ pub struct Engine {
     /// Experts read through the mapping: the thread checking their checksums ahead of their
     /// first use, and its stop flag.
     verifier: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+    /// `--spec` and `--draft`: where [`Engine::generate`]'s drafts come from.
+    spec: Speculation,
 }
 
 impl Engine {
@@ -283,6 +288,7 @@ impl Engine {
             tok,
             template,
             verifier,
+            spec: Speculation::default(),
         })
     }
 
@@ -387,12 +393,14 @@ impl Engine {
     }
 
     /// Generate after `prompt` (reusing the cached prefix). `on_token(id, logits)` sees each
-    /// sampled id with the raw logits that chose it, and returns false to stop.
+    /// sampled id with the raw logits that chose it, and returns false to stop. Drafts come
+    /// from the engine's [`Speculation`] (`--spec`; none when off).
     ///
     /// Timings: prefill = evaluating the uncached part of the prompt; TTFT = prefill plus the
-    /// first sample; each decode step = one forward pass of the previous token plus sampling
-    /// the next (its latency goes into `token_ms`). `obs` sees every forward pass (a routing
-    /// log, the workbench's tap, or both through a [`Tee`](crate::model::Tee)).
+    /// first sample; each decode step = one forward pass (of the previous token, and the drafts
+    /// when speculating) plus sampling what it chose (its latency, shared by the tokens it gave,
+    /// goes into `token_ms`). `obs` sees every forward pass (a routing log, the workbench's tap,
+    /// or both through a [`Tee`](crate::model::Tee)).
     pub fn generate(
         &mut self,
         prompt: &[u32],
@@ -400,6 +408,23 @@ impl Engine {
         req: GenRequest<'_>,
         obs: &mut dyn Observer,
         on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
+    ) -> Result<GenStats, EngineError> {
+        let mut drafter = self.spec.drafter();
+        let max_draft = self.spec.draft;
+        let d = drafter.as_deref_mut().map(|d| (d as &mut dyn Drafter, max_draft));
+        self.generate_drafted(prompt, sampler, req, obs, on_token, d)
+    }
+
+    /// [`Engine::generate`] with drafts from `drafter` (up to its count a pass; None: no
+    /// speculation), whatever `--spec` says: tests give draft sources of their own.
+    pub fn generate_drafted(
+        &mut self,
+        prompt: &[u32],
+        sampler: &mut Sampler,
+        req: GenRequest<'_>,
+        obs: &mut dyn Observer,
+        on_token: &mut dyn FnMut(u32, &[f32]) -> bool,
+        mut drafter: Option<(&mut dyn Drafter, usize)>,
     ) -> Result<GenStats, EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::Setup("empty prompt".into()));
@@ -418,18 +443,7 @@ impl Engine {
             let done = self.prefill(&prompt[cached..], &req, obs, &mut logits)?;
             (cached, reuse, done)
         };
-        let mut stats = GenStats {
-            prompt_evaluated: prompt.len() - cached,
-            prompt_cached: cached,
-            reuse,
-            generated: Vec::new(),
-            prefill_ms: ms(t0),
-            decode_ms: 0.0,
-            ttft_ms: 0.0,
-            decode_steps: 0,
-            token_ms: Vec::new(),
-            stop: Stop::Length,
-        };
+        let mut stats = GenStats::new(prompt.len() - cached, cached, reuse, ms(t0));
         if !done {
             stats.stop = Stop::Cancelled;
             return Ok(stats);
@@ -444,40 +458,79 @@ impl Engine {
             sampler.sample(&logits, &history)
         };
         stats.ttft_ms = ms(t0);
+        let eos = self.eos_ids().to_vec();
+        let stop_at = |t: u32| req.stop_at_eos && eos.contains(&t);
+        // the latest verify pass, and its next token to hand out (`queued` < its tokens' count)
+        let mut spec = speculate::Verified::default();
+        let mut drafts = Vec::new();
+        let mut queued = 0;
         loop {
             stats.generated.push(id);
             history.push(id);
             let go_on = on_token(id, &logits);
-            if req.stop_at_eos && self.eos_ids().contains(&id) {
-                stats.stop = Stop::Eos;
+            let stop = if stop_at(id) {
+                Some(Stop::Eos)
+            } else if stats.generated.len() >= req.max_tokens {
+                Some(Stop::Length)
+            } else if !go_on || req.cancel.load(Ordering::Relaxed) {
+                Some(Stop::Cancelled)
+            } else if queued == spec.tokens.len() && self.seq.kv.len() + 1 > self.seq.kv.capacity() {
+                Some(Stop::ContextFull)
+            } else {
+                None
+            };
+            if let Some(stop) = stop {
+                stats.stop = stop;
+                // a verify pass's tokens not handed out leave the cache too
+                if queued < spec.tokens.len() {
+                    self.keep_evaluated(spec.base + queued, &spec, obs)?;
+                }
                 break;
             }
-            if stats.generated.len() >= req.max_tokens {
-                stats.stop = Stop::Length;
-                break;
+            if queued < spec.tokens.len() {
+                let v = logits.len();
+                id = spec.tokens[queued];
+                logits.clear();
+                logits.extend_from_slice(&spec.rows[queued * v..(queued + 1) * v]);
+                queued += 1;
+                continue;
             }
-            if !go_on || req.cancel.load(Ordering::Relaxed) {
-                stats.stop = Stop::Cancelled;
-                break;
-            }
-            if self.seq.kv.len() + 1 > self.seq.kv.capacity() {
-                stats.stop = Stop::ContextFull;
-                break;
+            // drafts: as many as the reply and the context have room for after this pass
+            drafts.clear();
+            if let Some((d, max)) = drafter.as_mut() {
+                let room = (req.max_tokens - stats.generated.len()).min(self.seq.kv.capacity() - self.seq.kv.len());
+                d.draft(&history, (*max).min(room.saturating_sub(1)), &mut drafts);
             }
             let step = Instant::now();
-            {
+            let n = {
                 let _d = trace::span("decode").arg("token", stats.generated.len()).arg("pos", self.seq.kv.len());
-                let l = self.eval(&[id], Logits::Last, obs)?;
-                logits.clear();
-                logits.extend_from_slice(l);
-                let _s = trace::span("sample");
-                id = sampler.sample(&logits, &history);
-            }
+                if drafts.is_empty() {
+                    let l = self.eval(&[id], Logits::Last, obs)?;
+                    logits.clear();
+                    logits.extend_from_slice(l);
+                    let _s = trace::span("sample");
+                    id = sampler.sample(&logits, &history);
+                    spec.tokens.clear();
+                    queued = 0;
+                    1
+                } else {
+                    self.verify(&drafts, sampler, &mut history, &stop_at, obs, &mut spec)?;
+                    stats.drafted += drafts.len();
+                    stats.accepted += spec.accepted;
+                    let v = self.model.cfg.vocab_size;
+                    id = spec.tokens[0];
+                    logits.clear();
+                    logits.extend_from_slice(&spec.rows[..v]);
+                    queued = 1;
+                    spec.tokens.len()
+                }
+            };
             let step_ms = ms(step);
-            stats.decode_steps += 1;
+            stats.passes += 1;
+            stats.decode_steps += n;
             stats.decode_ms += step_ms;
-            stats.token_ms.push(step_ms);
-            self.trace_step_counters("decode", 1, step_ms, &mut expert_prev);
+            stats.token_ms.extend(std::iter::repeat_n(step_ms / n as f64, n));
+            self.trace_step_counters("decode", n, step_ms, &mut expert_prev);
         }
         Ok(stats)
     }

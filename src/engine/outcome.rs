@@ -32,14 +32,50 @@ pub struct GenStats {
     pub prefill_ms: f64,
     pub decode_ms: f64,
     pub ttft_ms: f64,
-    /// Forward passes of one token after the first sample.
+    /// Tokens generated after the first sample (one a forward pass without speculation).
     pub decode_steps: usize,
-    /// Latency of each decode step (forward + sample), ms.
+    /// Latency of each of those tokens (its forward pass + sample, shared by the tokens a
+    /// verify pass gave), ms.
     pub token_ms: Vec<f64>,
     pub stop: Stop,
+    /// Decode forward passes (verify passes included).
+    pub passes: usize,
+    /// Draft tokens verified, and those the model's own choice confirmed (`--spec`).
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl GenStats {
+    /// Before the first token: the prompt's `evaluated` and `cached` tokens, how the cache was
+    /// reused, and the prefill's time.
+    pub fn new(evaluated: usize, cached: usize, reuse: Reuse, prefill_ms: f64) -> GenStats {
+        GenStats {
+            prompt_evaluated: evaluated,
+            prompt_cached: cached,
+            reuse,
+            generated: Vec::new(),
+            prefill_ms,
+            decode_ms: 0.0,
+            ttft_ms: 0.0,
+            decode_steps: 0,
+            token_ms: Vec::new(),
+            stop: Stop::Length,
+            passes: 0,
+            drafted: 0,
+            accepted: 0,
+        }
+    }
+
+    /// Drafts confirmed per draft verified (None: no drafts).
+    pub fn acceptance(&self) -> Option<f64> {
+        (self.drafted > 0).then(|| self.accepted as f64 / self.drafted as f64)
+    }
+
+    /// Tokens per decode forward pass (1 without speculation; None before the first).
+    pub fn tokens_per_pass(&self) -> Option<f64> {
+        (self.passes > 0).then(|| self.decode_steps as f64 / self.passes as f64)
+    }
+
     pub fn prefill_tps(&self) -> f64 {
         rate(self.prompt_evaluated, self.prefill_ms)
     }

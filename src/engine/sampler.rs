@@ -75,6 +75,8 @@ pub struct Sampler {
     touched: Vec<(u32, f32)>,
     /// the penalties' window of recent tokens, sorted
     recent: Vec<u32>,
+    /// `cand`'s probabilities, scratch as `cand`
+    probs: Vec<f64>,
 }
 
 impl Sampler {
@@ -86,6 +88,7 @@ impl Sampler {
             cand: Vec::new(),
             touched: Vec::new(),
             recent: Vec::new(),
+            probs: Vec::new(),
         }
     }
 
@@ -96,13 +99,44 @@ impl Sampler {
 
     /// The next token, given the raw logits and the tokens so far (for the penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let p = self.params;
         self.adjust(logits, history);
-        if p.temperature == 0.0 {
+        if self.params.temperature == 0.0 {
             // greedy reads the row in place: a copy of 150k (id, logit) pairs a token cost more
             // than the scan (a server samples several rows a step)
             return argmax(logits, &self.touched);
         }
+        let keep = self.distribution(logits);
+        let total: f64 = self.probs[..keep].iter().sum();
+        self.draw(keep, total, None)
+    }
+
+    /// The next token where a draft proposed `draft` (speculative decoding, a draft that is
+    /// certain: prompt lookup's, or a draft model's greedy choice): greedy takes the row's own
+    /// choice; sampling accepts the draft with the probability `p(draft)` the row gives it
+    /// (min(1, p/q) with q = 1), else draws from the row with the draft taken out and the rest
+    /// renormalised (the residual max(0, p - q)): either way a token comes out with exactly the
+    /// row's probability (Leviathan et al., 2023), whatever the draft.
+    pub fn sample_draft(&mut self, logits: &[f32], history: &[u32], draft: u32) -> u32 {
+        self.adjust(logits, history);
+        if self.params.temperature == 0.0 {
+            return argmax(logits, &self.touched);
+        }
+        let keep = self.distribution(logits);
+        let total: f64 = self.probs[..keep].iter().sum();
+        let at = self.cand[..keep].iter().position(|c| c.0 == draft);
+        let p = at.map_or(0.0, |j| self.probs[j] / total);
+        if self.rng.next_f64() < p {
+            return draft;
+        }
+        // what the draft leaves: rejecting it is possible only when p < 1, so `rest` > 0
+        let rest = total - at.map_or(0.0, |j| self.probs[j]);
+        self.draw(keep, rest, at)
+    }
+
+    /// The candidates (`cand`, highest first) and their probabilities (`probs`) after top-k,
+    /// temperature and softmax; the number top-p and min-p keep. `adjust` has run.
+    fn distribution(&mut self, logits: &[f32]) -> usize {
+        let p = self.params;
         self.cand.clear();
         self.cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         for &(id, l) in &self.touched {
@@ -114,13 +148,14 @@ impl Sampler {
             self.cand.truncate(p.top_k);
         }
         let m = self.cand[0].1;
-        let mut probs: Vec<f64> = self.cand.iter().map(|c| (((c.1 - m) / p.temperature) as f64).exp()).collect();
-        let sum: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|x| *x /= sum);
-        let mut keep = probs.len();
+        self.probs.clear();
+        self.probs.extend(self.cand.iter().map(|c| (((c.1 - m) / p.temperature) as f64).exp()));
+        let sum: f64 = self.probs.iter().sum();
+        self.probs.iter_mut().for_each(|x| *x /= sum);
+        let mut keep = self.probs.len();
         if p.top_p < 1.0 {
             let mut acc = 0.0;
-            for (i, q) in probs.iter().enumerate() {
+            for (i, q) in self.probs.iter().enumerate() {
                 acc += q;
                 if acc >= p.top_p as f64 {
                     keep = i + 1;
@@ -129,18 +164,28 @@ impl Sampler {
             }
         }
         if p.min_p > 0.0 {
-            let floor = probs[0] * p.min_p as f64;
-            keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
+            let floor = self.probs[0] * p.min_p as f64;
+            keep = keep.min(self.probs.iter().take_while(|&&q| q >= floor).count().max(1));
         }
-        let total: f64 = probs[..keep].iter().sum();
+        keep
+    }
+
+    /// One draw from the first `keep` candidates, whose probabilities sum to `total` once
+    /// candidate `skip` (if any) is left out.
+    fn draw(&mut self, keep: usize, total: f64, skip: Option<usize>) -> u32 {
         let mut r = self.rng.next_f64() * total;
-        for (i, &q) in probs[..keep].iter().enumerate() {
+        let mut last = keep - 1;
+        for (i, &q) in self.probs[..keep].iter().enumerate() {
+            if Some(i) == skip {
+                continue;
+            }
+            last = i;
             r -= q;
             if r < 0.0 {
                 return self.cand[i].0;
             }
         }
-        self.cand[keep - 1].0
+        self.cand[last].0
     }
 }
 
@@ -233,6 +278,59 @@ mod tests {
             repeat_last_n: 64,
             seed: 7,
         }
+    }
+
+    /// Chi-squared of `n` draws' `counts` against probabilities `p` (cells with p = 0 must be
+    /// empty).
+    fn chi2(counts: &[usize], p: &[f64], n: usize) -> f64 {
+        counts
+            .iter()
+            .zip(p)
+            .map(|(&c, &q)| {
+                if q == 0.0 {
+                    assert_eq!(c, 0, "a token of probability 0 was drawn");
+                    0.0
+                } else {
+                    (c as f64 - n as f64 * q).powi(2) / (n as f64 * q)
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn a_draft_accepted_or_resampled_leaves_the_rows_distribution() {
+        // the target: softmax(l / T) over what top-k keeps, computed here in f64
+        let logits = [2.0f32, 1.0, 0.5, 0.0, -1.0, 1.5];
+        let t = 0.8;
+        for (top_k, drafts) in [(0, [0u32, 3, 4]), (4, [5, 1, 4])] {
+            let mut order: Vec<usize> = (0..logits.len()).collect();
+            order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+            let kept = if top_k == 0 { logits.len() } else { top_k };
+            let mut want = vec![0.0f64; logits.len()];
+            for &i in &order[..kept] {
+                want[i] = ((logits[i] - logits[order[0]]) as f64 / t).exp();
+            }
+            let z: f64 = want.iter().sum();
+            want.iter_mut().for_each(|w| *w /= z);
+            for draft in drafts {
+                let n = 20_000;
+                let mut s = Sampler::new(SamplerParams { top_k, seed: 11 + draft as u64, ..params(t as f32) });
+                let mut counts = vec![0usize; logits.len()];
+                for _ in 0..n {
+                    counts[s.sample_draft(&logits, &[], draft) as usize] += 1;
+                }
+                // 5 degrees of freedom at most: 20.5 is the 0.1% tail
+                let x = chi2(&counts, &want, n);
+                assert!(x < 20.5, "top-k {top_k}, draft {draft}: chi2 {x:.1}, counts {counts:?}, want {want:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn greedy_takes_the_rows_choice_whatever_the_draft() {
+        let mut s = Sampler::new(params(0.0));
+        assert_eq!(s.sample_draft(&[0.1, 2.0, -1.0], &[], 2), 1);
+        assert_eq!(s.sample_draft(&[0.1, 2.0, -1.0], &[], 1), 1);
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct KvCache {
     /// the linear layers' states at positions to go back to, in position order (hybrid
     /// models; empty otherwise)
     checkpoints: Vec<Checkpoint>,
+    /// the linear layers' states before a speculative verify pass ([`KvCache::mark`])
+    mark: Option<Checkpoint>,
 }
 
 /// The linear-attention layers' states at position `at`.
@@ -82,6 +84,7 @@ impl KvCache {
                 .map(|l| cfg.hybrid.as_ref().filter(|_| !attends(l)).map(LinearState::new))
                 .collect(),
             checkpoints: Vec::new(),
+            mark: None,
         }
     }
 
@@ -132,7 +135,8 @@ impl KvCache {
         let per_pos: usize =
             self.k.iter().chain(&self.v).filter(|b| !b.is_empty()).map(|b| b.kind().bytes(self.n_kv * self.hd)).sum();
         let linear: u64 = self.linear.iter().flatten().map(LinearState::bytes).sum();
-        (self.len.next_multiple_of(KEY_BLOCK) * per_pos) as u64 + linear * (1 + self.checkpoints.len() as u64)
+        (self.len.next_multiple_of(KEY_BLOCK) * per_pos) as u64
+            + linear * (1 + self.checkpoints.len() as u64 + u64::from(self.mark.is_some()))
     }
 
     /// Positions it holds.
@@ -176,8 +180,37 @@ impl KvCache {
         self.len
     }
 
-    fn hybrid(&self) -> bool {
+    /// Whether it holds recurrent states (a hybrid model's), which go back only to a checkpoint.
+    pub fn hybrid(&self) -> bool {
         self.linear.iter().any(Option::is_some)
+    }
+
+    /// Set the linear layers' states at the current position aside, apart from the checkpoints
+    /// (a speculative verify pass: its rows past the accepted drafts are undone, and the prompt's
+    /// checkpoints must stay); one mark at a time, its buffers reused. No-op unless hybrid.
+    pub fn mark(&mut self) {
+        if !self.hybrid() {
+            return;
+        }
+        let m = self.mark.get_or_insert_with(|| Checkpoint { at: 0, states: self.linear.clone() });
+        m.at = self.len;
+        for (saved, live) in m.states.iter_mut().zip(&self.linear) {
+            saved.clone_from(live);
+        }
+    }
+
+    /// Back to the [`mark`](Self::mark)'s position and linear states (positions after it
+    /// forgotten); the position, or None without a mark at or before the current one.
+    pub fn back_to_mark(&mut self) -> Option<usize> {
+        let m = self.mark.as_ref().filter(|m| m.at <= self.len)?;
+        for (live, saved) in self.linear.iter_mut().zip(&m.states) {
+            if let (Some(live), Some(saved)) = (live, saved) {
+                live.clone_from(saved);
+            }
+        }
+        self.checkpoints.retain(|c| c.at <= m.at);
+        self.len = m.at;
+        Some(m.at)
     }
 
     /// The position [`rewind`](Self::rewind)`(len)` would go back to.
@@ -191,6 +224,7 @@ impl KvCache {
     /// Back to an empty sequence.
     pub fn clear(&mut self) {
         self.checkpoints.clear();
+        self.mark = None;
         self.linear.iter_mut().flatten().for_each(LinearState::reset);
         self.len = 0;
     }

@@ -195,18 +195,7 @@ fn admit<'t>(
         reply,
         history: prompt.clone(),
         next: None,
-        stats: GenStats {
-            prompt_evaluated: prompt.len() - cached,
-            prompt_cached: cached,
-            reuse,
-            generated: Vec::new(),
-            prefill_ms: 0.0,
-            decode_ms: 0.0,
-            ttft_ms: 0.0,
-            decode_steps: 0,
-            token_ms: Vec::new(),
-            stop: Stop::Length,
-        },
+        stats: GenStats::new(prompt.len() - cached, cached, reuse, 0.0),
         max_tokens: job.params.max_tokens.unwrap_or(left).min(left),
         t0,
         start_ticks,
@@ -349,6 +338,7 @@ fn step(
             a.stats.ttft_ms = a.stats.prefill_ms;
         } else {
             a.stats.decode_steps += 1;
+            a.stats.passes += 1;
             a.stats.decode_ms += step_ms;
             a.stats.token_ms.push(step_ms);
         }

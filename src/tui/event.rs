@@ -186,4 +186,7 @@ pub struct DoneInfo {
     pub stop: String,
     /// Expert counters over the reply.
     pub experts: LayerStats,
+    /// `--spec`: drafts confirmed per draft verified, and tokens per decode pass (None: no
+    /// drafts).
+    pub speculation: Option<(f64, f64)>,
 }

@@ -400,6 +400,7 @@ impl Reply<'_> {
                     decode_tps: stats.decode_tps(),
                     stop: stats.stop.name().into(),
                     experts: delta,
+                    speculation: stats.acceptance().map(|a| (a, stats.tokens_per_pass().unwrap_or(1.0))),
                 })));
             }
             Err(e) => send(EngineEvent::Error(e.to_string())),

@@ -57,6 +57,9 @@ pub fn line(app: &App, th: &Theme) -> Line<'static> {
             "prefill {:.1} t/s · decode {:.1} t/s · TTFT {:.0} ms",
             d.prefill_tps, d.decode_tps, d.ttft_ms
         ));
+        if let Some((accepted, per_pass)) = d.speculation {
+            parts.push(format!("drafts {:.0}% accepted, {per_pass:.2} tok/pass", accepted * 100.0));
+        }
     }
     if app.store.frozen {
         parts.push("FROZEN".into());
