@@ -488,10 +488,9 @@ impl Engine {
                 break;
             }
             if queued < spec.tokens.len() {
-                let v = logits.len();
                 id = spec.tokens[queued];
                 logits.clear();
-                logits.extend_from_slice(&spec.rows[queued * v..(queued + 1) * v]);
+                logits.extend_from_slice(spec.row(queued, self.model.cfg.vocab_size));
                 queued += 1;
                 continue;
             }
@@ -517,10 +516,9 @@ impl Engine {
                     self.verify(&drafts, sampler, &mut history, &stop_at, obs, &mut spec)?;
                     stats.drafted += drafts.len();
                     stats.accepted += spec.accepted;
-                    let v = self.model.cfg.vocab_size;
                     id = spec.tokens[0];
                     logits.clear();
-                    logits.extend_from_slice(&spec.rows[..v]);
+                    logits.extend_from_slice(spec.row(0, self.model.cfg.vocab_size));
                     queued = 1;
                     spec.tokens.len()
                 }

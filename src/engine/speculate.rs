@@ -32,6 +32,13 @@ pub(super) struct Verified {
     pub accepted: usize,
 }
 
+impl Verified {
+    /// The logits that chose `tokens[i]` (`vocab` wide).
+    pub fn row(&self, i: usize, vocab: usize) -> &[f32] {
+        &self.rows[i * vocab..(i + 1) * vocab]
+    }
+}
+
 impl Engine {
     /// Where [`Engine::generate`]'s drafts come from from now on (`--spec`, `--draft`).
     pub fn set_speculation(&mut self, spec: Speculation) {
