@@ -71,11 +71,10 @@ pub fn low_bit_mix(src: &Path, out: &Path, types: &[BlockType]) -> Result<usize,
     let mut tensors = Vec::with_capacity(g.tensors.len());
     let mut k = 0;
     for t in &g.tensors {
-        let raw = bytes.get(t.offset as usize..(t.offset + t.bytes) as usize).ok_or(format!("{}: bounds", t.name))?;
         let n = t.ne.iter().product::<u64>() as usize;
         let ty = types[k % types.len()];
         if t.ty.name != "Q8_0" || !n.is_multiple_of(ty.block()) {
-            tensors.push(Tensor { name: t.name.clone(), ne: t.ne.clone(), ty: t.ty.id, data: raw.to_vec() });
+            tensors.push(as_it_is(t, &bytes)?);
             continue;
         }
         k += 1;
@@ -107,16 +106,14 @@ pub fn with_yarn(src: &Path, out: &Path) -> Result<(), String> {
     metadata.push((key("type"), Value::Str("yarn".into())));
     metadata.push((key("factor"), Value::F32(YARN_FACTOR)));
     metadata.push((key("original_context_length"), Value::U32(YARN_ORIGINAL_CONTEXT)));
-    let tensors = g
-        .tensors
-        .iter()
-        .map(|t| {
-            let raw =
-                bytes.get(t.offset as usize..(t.offset + t.bytes) as usize).ok_or(format!("{}: bounds", t.name))?;
-            Ok(Tensor { name: t.name.clone(), ne: t.ne.clone(), ty: t.ty.id, data: raw.to_vec() })
-        })
-        .collect::<Result<Vec<_>, String>>()?;
+    let tensors = g.tensors.iter().map(|t| as_it_is(t, &bytes)).collect::<Result<Vec<_>, String>>()?;
     write(out, &metadata, &tensors, g.alignment)
+}
+
+/// Tensor `t` of the file whose bytes are `bytes`, as the file holds it.
+fn as_it_is(t: &crate::convert::gguf::TensorInfo, bytes: &[u8]) -> Result<Tensor, String> {
+    let raw = bytes.get(t.offset as usize..(t.offset + t.bytes) as usize).ok_or(format!("{}: bounds", t.name))?;
+    Ok(Tensor { name: t.name.clone(), ne: t.ne.clone(), ty: t.ty.id, data: raw.to_vec() })
 }
 
 /// `n` blocks of `t`: random bytes, each f16 scale (Q2_K's d and dmin, the others' d) set to a
